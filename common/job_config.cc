@@ -1,0 +1,203 @@
+#include "common/job_config.h"
+
+#include <google/protobuf/util/message_differencer.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace gradsync {
+namespace {
+
+bool IsLowerAlnum(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+}
+
+absl::Status ValidateTimeout(const char* field,
+                             const google::protobuf::Duration& d) {
+  absl::Duration value = FromProtoDuration(d);
+  if (value < absl::ZeroDuration() || value > kMaxTimeout) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must be between 0 and ",
+                     absl::FormatDuration(kMaxTimeout), ", got ",
+                     absl::FormatDuration(value)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateJobId(absl::string_view job_id) {
+  if (job_id.empty()) {
+    return absl::InvalidArgumentError("job id is empty");
+  }
+  bool ok = job_id.size() <= 63 && IsLowerAlnum(job_id.front()) &&
+            IsLowerAlnum(job_id.back());
+  for (char c : job_id) ok = ok && (IsLowerAlnum(c) || c == '-');
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job id '", job_id.substr(0, 80),
+        "' is not a DNS label: use 1-63 characters of a-z, 0-9 and '-', "
+        "starting and ending with a letter or digit"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<int, int>> ParseNodeRange(absl::string_view text) {
+  std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
+  int min_nodes = 0;
+  int max_nodes = 0;
+  bool ok = parts.size() <= 2 && absl::SimpleAtoi(parts[0], &min_nodes);
+  if (ok) {
+    max_nodes = min_nodes;
+    if (parts.size() == 2) ok = absl::SimpleAtoi(parts[1], &max_nodes);
+  }
+  if (!ok || min_nodes < 1 || max_nodes < min_nodes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node range '", text,
+        "' is not N or MIN:MAX with 1 <= MIN <= MAX (e.g. 2 or 2:4)"));
+  }
+  return std::make_pair(min_nodes, max_nodes);
+}
+
+absl::StatusOr<v1::JobConfig> NormalizeJobConfig(const v1::JobConfig& config) {
+  v1::JobConfig out = config;
+  absl::Status id = ValidateJobId(out.job_id());
+  if (!id.ok()) return id;
+  if (out.min_nodes() == 0) out.set_min_nodes(kDefaultMinNodes);
+  if (out.max_nodes() == 0) out.set_max_nodes(out.min_nodes());
+  if (out.min_nodes() < 1 || out.max_nodes() > kMaxNodes ||
+      out.max_nodes() < out.min_nodes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", out.job_id(), "': nodes ", out.min_nodes(), ":",
+        out.max_nodes(), " is not a range with 1 <= MIN <= MAX <= ",
+        kMaxNodes));
+  }
+  if (out.nproc_per_node() == 0) out.set_nproc_per_node(kDefaultNprocPerNode);
+  if (out.nproc_per_node() < 1 || out.nproc_per_node() > kMaxNprocPerNode) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", out.job_id(), "': nproc_per_node must be in [1, ",
+                     kMaxNprocPerNode, "], got ", out.nproc_per_node()));
+  }
+  absl::Status status = ValidateTimeout("join_timeout", out.join_timeout());
+  if (status.ok()) {
+    status = ValidateTimeout("last_call_timeout", out.last_call_timeout());
+  }
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", out.job_id(), "': ", status.message()));
+  }
+  if (FromProtoDuration(out.join_timeout()) == absl::ZeroDuration()) {
+    *out.mutable_join_timeout() = ToProtoDuration(kDefaultJoinTimeout);
+  }
+  if (!out.has_last_call_timeout()) {
+    *out.mutable_last_call_timeout() = ToProtoDuration(kDefaultLastCallTimeout);
+  }
+  if (!v1::Backend_IsValid(out.backend())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", out.job_id(), "': unknown backend ", out.backend()));
+  }
+  if (out.backend() == v1::BACKEND_UNSPECIFIED) {
+    out.set_backend(v1::BACKEND_AUTO);
+  }
+  return out;
+}
+
+bool SameJobConfig(const v1::JobConfig& a, const v1::JobConfig& b) {
+  return google::protobuf::util::MessageDifferencer::Equals(a, b);
+}
+
+absl::Duration FromProtoDuration(const google::protobuf::Duration& d) {
+  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
+}
+
+google::protobuf::Duration ToProtoDuration(absl::Duration d) {
+  google::protobuf::Duration out;
+  int64_t seconds = absl::IDivDuration(d, absl::Seconds(1), &d);
+  out.set_seconds(seconds);
+  out.set_nanos(static_cast<int32_t>(absl::ToInt64Nanoseconds(d)));
+  return out;
+}
+
+absl::Time FromProtoTime(const google::protobuf::Timestamp& t) {
+  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
+}
+
+google::protobuf::Timestamp ToProtoTime(absl::Time t) {
+  google::protobuf::Timestamp out;
+  int64_t seconds = absl::ToUnixSeconds(t);
+  out.set_seconds(seconds);
+  out.set_nanos(static_cast<int32_t>(
+      absl::ToInt64Nanoseconds(t - absl::FromUnixSeconds(seconds))));
+  return out;
+}
+
+std::string BackendName(v1::Backend backend) {
+  switch (backend) {
+    case v1::BACKEND_AUTO:
+      return "auto";
+    case v1::BACKEND_GLOO:
+      return "gloo";
+    case v1::BACKEND_NCCL:
+      return "nccl";
+    default:
+      return "-";
+  }
+}
+
+std::string JobStateName(v1::JobState state) {
+  switch (state) {
+    case v1::JOB_STATE_WAITING:
+      return "waiting";
+    case v1::JOB_STATE_RUNNING:
+      return "running";
+    case v1::JOB_STATE_DEGRADED:
+      return "degraded";
+    case v1::JOB_STATE_SUCCEEDED:
+      return "succeeded";
+    case v1::JOB_STATE_FAILED:
+      return "failed";
+    default:
+      return "unknown";
+  }
+}
+
+std::string MemberStateName(v1::MemberState state) {
+  switch (state) {
+    case v1::MEMBER_STATE_ACTIVE:
+      return "active";
+    case v1::MEMBER_STATE_WAITING:
+      return "waiting";
+    case v1::MEMBER_STATE_SPARE:
+      return "spare";
+    case v1::MEMBER_STATE_LOST:
+      return "lost";
+    case v1::MEMBER_STATE_EXITED:
+      return "exited";
+    default:
+      return "unknown";
+  }
+}
+
+std::string DeviceTypeName(v1::DeviceType type) {
+  switch (type) {
+    case v1::DEVICE_TYPE_CPU:
+      return "cpu";
+    case v1::DEVICE_TYPE_CUDA:
+      return "cuda";
+    default:
+      return "-";
+  }
+}
+
+absl::StatusOr<v1::Backend> ParseBackend(absl::string_view name) {
+  std::string lower = absl::AsciiStrToLower(name);
+  if (lower == "auto") return v1::BACKEND_AUTO;
+  if (lower == "gloo") return v1::BACKEND_GLOO;
+  if (lower == "nccl") return v1::BACKEND_NCCL;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown backend '", name, "': use auto, gloo or nccl"));
+}
+
+}  // namespace gradsync

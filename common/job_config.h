@@ -1,0 +1,59 @@
+// Validation, defaults and names for the job-level types of gradsync.v1,
+// shared by the coordinator, its client library and the CLI.
+#ifndef GRADSYNC_COMMON_JOB_CONFIG_H_
+#define GRADSYNC_COMMON_JOB_CONFIG_H_
+
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "proto/gradsync/v1/job.pb.h"
+
+namespace gradsync {
+
+// Defaults for JobConfig fields left at zero.
+inline constexpr int kDefaultMinNodes = 1;
+inline constexpr int kDefaultNprocPerNode = 1;
+inline constexpr absl::Duration kDefaultJoinTimeout = absl::Minutes(10);
+inline constexpr absl::Duration kDefaultLastCallTimeout = absl::Seconds(30);
+// Upper bounds that keep a typo from creating an absurd job.
+inline constexpr int kMaxNodes = 100000;
+inline constexpr int kMaxNprocPerNode = 1024;
+inline constexpr absl::Duration kMaxTimeout = absl::Hours(24);
+
+// OK when `job_id` is a DNS-label-like name: 1-63 characters of [a-z0-9-]
+// that start and end with a letter or digit; INVALID_ARGUMENT otherwise.
+absl::Status ValidateJobId(absl::string_view job_id);
+
+// Parses torchrun's node range syntax: "N" (min = max = N) or "MIN:MAX".
+absl::StatusOr<std::pair<int, int>> ParseNodeRange(absl::string_view text);
+
+// Validates `config` and fills its defaults; INVALID_ARGUMENT naming the
+// offending field otherwise. Normalizing twice gives the same result.
+absl::StatusOr<v1::JobConfig> NormalizeJobConfig(const v1::JobConfig& config);
+
+// True when two normalized configs describe the same job.
+bool SameJobConfig(const v1::JobConfig& a, const v1::JobConfig& b);
+
+// Duration <-> google.protobuf.Duration.
+absl::Duration FromProtoDuration(const google::protobuf::Duration& d);
+google::protobuf::Duration ToProtoDuration(absl::Duration d);
+// Time <-> google.protobuf.Timestamp.
+absl::Time FromProtoTime(const google::protobuf::Timestamp& t);
+google::protobuf::Timestamp ToProtoTime(absl::Time t);
+
+// Short lower-case names for people: "nccl", "running", "spare", "cuda".
+std::string BackendName(v1::Backend backend);
+std::string JobStateName(v1::JobState state);
+std::string MemberStateName(v1::MemberState state);
+std::string DeviceTypeName(v1::DeviceType type);
+
+// Parses "auto", "gloo" or "nccl".
+absl::StatusOr<v1::Backend> ParseBackend(absl::string_view name);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_COMMON_JOB_CONFIG_H_

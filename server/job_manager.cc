@@ -1,0 +1,179 @@
+#include "server/job_manager.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_config.h"
+#include "common/status_macros.h"
+
+namespace gradsync {
+namespace {
+
+constexpr absl::string_view kJobsPrefix = "jobs/";
+
+std::string StorageKey(absl::string_view job_id) {
+  return absl::StrCat(kJobsPrefix, job_id);
+}
+
+std::string DescribeConfig(const v1::JobConfig& c) {
+  return absl::StrCat(
+      "nodes ", c.min_nodes(), ":", c.max_nodes(), ", nproc_per_node ",
+      c.nproc_per_node(), ", join_timeout ",
+      absl::FormatDuration(FromProtoDuration(c.join_timeout())),
+      ", last_call_timeout ",
+      absl::FormatDuration(FromProtoDuration(c.last_call_timeout())),
+      ", backend ", BackendName(c.backend()));
+}
+
+}  // namespace
+
+JobManager::JobManager(Storage* storage, Clock* clock)
+    : storage_(storage), clock_(clock) {}
+
+absl::Status JobManager::LoadFromStorage() {
+  GS_ASSIGN_OR_RETURN(std::vector<Storage::Entry> entries,
+                      storage_->Scan(kJobsPrefix, /*keys_only=*/false));
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, value] : entries) {
+    v1::JobStatus record;
+    if (!record.ParseFromString(value)) {
+      return absl::DataLossError(
+          absl::StrCat("stored job record '", key, "' does not parse"));
+    }
+    jobs_[record.config().job_id()] = std::move(record);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::JobStatus> JobManager::Create(const v1::JobConfig& config) {
+  GS_ASSIGN_OR_RETURN(v1::JobConfig normalized, NormalizeJobConfig(config));
+  absl::MutexLock lock(&mu_);
+  if (jobs_.count(normalized.job_id()) > 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("job '", normalized.job_id(), "' already exists"));
+  }
+  return CreateLocked(normalized);
+}
+
+absl::StatusOr<v1::JobConfig> JobManager::GetOrCreate(
+    absl::string_view job_id, const v1::JobConfig* config) {
+  GS_RETURN_IF_ERROR(ValidateJobId(job_id));
+  v1::JobConfig normalized;
+  if (config != nullptr) {
+    v1::JobConfig with_id = *config;
+    if (with_id.job_id().empty()) with_id.set_job_id(std::string(job_id));
+    if (with_id.job_id() != job_id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the request is for job '", job_id,
+                       "' but its config names job '", with_id.job_id(), "'"));
+    }
+    GS_ASSIGN_OR_RETURN(normalized, NormalizeJobConfig(with_id));
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    if (config == nullptr) {
+      return absl::NotFoundError(absl::StrCat(
+          "job '", job_id,
+          "' does not exist: create it first or join with its config"));
+    }
+    GS_ASSIGN_OR_RETURN(v1::JobStatus created, CreateLocked(normalized));
+    return created.config();
+  }
+  if (config != nullptr && !SameJobConfig(it->second.config(), normalized)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job_id, "' exists with a different config (",
+        DescribeConfig(it->second.config()), "); this join asked for ",
+        DescribeConfig(normalized),
+        ": use the same settings on every worker or a new job id"));
+  }
+  return it->second.config();
+}
+
+absl::StatusOr<v1::JobStatus> JobManager::Get(absl::string_view job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+  }
+  return it->second;
+}
+
+bool JobManager::Exists(absl::string_view job_id) const {
+  absl::MutexLock lock(&mu_);
+  return jobs_.find(job_id) != jobs_.end();
+}
+
+std::vector<v1::JobStatus> JobManager::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::JobStatus> out;
+  out.reserve(jobs_.size());
+  for (const auto& [id, record] : jobs_) {
+    v1::JobStatus summary = record;
+    summary.clear_members();
+    out.push_back(std::move(summary));
+  }
+  return out;
+}
+
+absl::Status JobManager::RecordRoundClosed(absl::string_view job_id,
+                                           int64_t round, v1::Backend backend,
+                                           std::vector<v1::Member> members) {
+  absl::MutexLock lock(&mu_);
+  GS_ASSIGN_OR_RETURN(v1::JobStatus * record, FindLocked(job_id));
+  v1::JobStatus updated = *record;
+  google::protobuf::Timestamp now = ToProtoTime(clock_->Now());
+  updated.set_state(v1::JOB_STATE_RUNNING);
+  updated.set_round(round);
+  updated.set_world_size(static_cast<int32_t>(members.size()));
+  updated.set_backend(backend);
+  updated.clear_reason();
+  updated.clear_members();
+  for (v1::Member& m : members) *updated.add_members() = std::move(m);
+  *updated.mutable_update_time() = now;
+  *updated.mutable_round_close_time() = now;
+  GS_RETURN_IF_ERROR(PersistLocked(updated));
+  *record = std::move(updated);
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::RecordRoundSuperseded(absl::string_view job_id,
+                                               absl::string_view reason) {
+  absl::MutexLock lock(&mu_);
+  GS_ASSIGN_OR_RETURN(v1::JobStatus * record, FindLocked(job_id));
+  v1::JobStatus updated = *record;
+  updated.set_state(v1::JOB_STATE_WAITING);
+  updated.set_reason(std::string(reason));
+  *updated.mutable_update_time() = ToProtoTime(clock_->Now());
+  GS_RETURN_IF_ERROR(PersistLocked(updated));
+  *record = std::move(updated);
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::PersistLocked(const v1::JobStatus& record) {
+  return storage_->Put(StorageKey(record.config().job_id()),
+                       record.SerializeAsString());
+}
+
+absl::StatusOr<v1::JobStatus*> JobManager::FindLocked(
+    absl::string_view job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<v1::JobStatus> JobManager::CreateLocked(
+    const v1::JobConfig& normalized) {
+  v1::JobStatus record;
+  *record.mutable_config() = normalized;
+  record.set_state(v1::JOB_STATE_WAITING);
+  *record.mutable_create_time() = ToProtoTime(clock_->Now());
+  *record.mutable_update_time() = record.create_time();
+  GS_RETURN_IF_ERROR(PersistLocked(record));
+  jobs_[normalized.job_id()] = record;
+  return record;
+}
+
+}  // namespace gradsync

@@ -1,0 +1,83 @@
+// The job registry: which jobs exist, their config, lifecycle state and the
+// membership of their latest round. The rendezvous manager drives the state
+// transitions; the Jobs service reads from here.
+#ifndef GRADSYNC_SERVER_JOB_MANAGER_H_
+#define GRADSYNC_SERVER_JOB_MANAGER_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "proto/gradsync/v1/job.pb.h"
+#include "server/storage/storage.h"
+
+namespace gradsync {
+
+// Owns the record (v1::JobStatus) of every job and writes each change through
+// to Storage under "jobs/<job_id>". Thread-safe. Never calls into another
+// manager, so any manager may call it while holding its own lock. `storage`
+// and `clock` must outlive it.
+class JobManager {
+ public:
+  JobManager(Storage* storage, Clock* clock);
+
+  // Loads the records already in storage (for a durable backend); call once
+  // before serving.
+  absl::Status LoadFromStorage();
+
+  // Creates a job in state WAITING. INVALID_ARGUMENT for a bad config,
+  // ALREADY_EXISTS when the id is taken.
+  absl::StatusOr<v1::JobStatus> Create(const v1::JobConfig& config);
+
+  // Returns the normalized config of `job_id`. When the job does not exist
+  // and `config` is given, creates it; without a config that is NOT_FOUND.
+  // When it exists and `config` is given, the two must match (else
+  // FAILED_PRECONDITION naming the job's config).
+  absl::StatusOr<v1::JobConfig> GetOrCreate(absl::string_view job_id,
+                                            const v1::JobConfig* config);
+
+  // One job's record; NOT_FOUND for an unknown id.
+  absl::StatusOr<v1::JobStatus> Get(absl::string_view job_id) const;
+
+  // Whether `job_id` exists.
+  bool Exists(absl::string_view job_id) const;
+
+  // Every job's record, ordered by id, without the members lists.
+  std::vector<v1::JobStatus> List() const;
+
+  // Records that `round` closed with `members` (rank order): state RUNNING.
+  absl::Status RecordRoundClosed(absl::string_view job_id, int64_t round,
+                                 v1::Backend backend,
+                                 std::vector<v1::Member> members);
+
+  // Records that the running round ended before the job finished (a member
+  // rejoined or was lost): state back to WAITING with `reason`, members
+  // shown as they were.
+  absl::Status RecordRoundSuperseded(absl::string_view job_id,
+                                     absl::string_view reason);
+
+ private:
+  absl::Status PersistLocked(const v1::JobStatus& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::JobStatus*> FindLocked(absl::string_view job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<v1::JobStatus> CreateLocked(const v1::JobConfig& normalized)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Storage* const storage_;
+  Clock* const clock_;
+
+  mutable absl::Mutex mu_;
+  // job id -> record; every record is also in storage_.
+  std::map<std::string, v1::JobStatus, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_SERVER_JOB_MANAGER_H_

@@ -1,0 +1,466 @@
+#include "server/rendezvous_manager.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_config.h"
+#include "common/logging.h"
+
+namespace gradsync {
+namespace {
+
+constexpr size_t kMaxIdBytes = 253;
+constexpr size_t kMaxIncarnationBytes = 128;
+constexpr int kMaxAddresses = 64;
+constexpr int kMaxDeviceCount = 1024;
+
+std::string DescribeProcess(const v1::NodeDescriptor& node) {
+  return absl::StrCat("node '", node.node_id(), "' (host ", node.hostname(),
+                      ", pid ", node.pid(), ")");
+}
+
+}  // namespace
+
+absl::Status ValidateNodeDescriptor(const v1::NodeDescriptor& node) {
+  if (node.incarnation_id().empty() ||
+      node.incarnation_id().size() > kMaxIncarnationBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node.incarnation_id must be 1-", kMaxIncarnationBytes,
+        " bytes (a random id per process start), got ",
+        node.incarnation_id().size()));
+  }
+  if (node.node_id().empty() && node.hostname().empty()) {
+    return absl::InvalidArgumentError(
+        "node needs a node_id or a hostname to group its processes by");
+  }
+  if (node.node_id().size() > kMaxIdBytes ||
+      node.hostname().size() > kMaxIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node.node_id and node.hostname are at most ", kMaxIdBytes, " bytes"));
+  }
+  if (node.addresses_size() > kMaxAddresses) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node lists ", node.addresses_size(), " addresses; at most ",
+        kMaxAddresses));
+  }
+  for (const std::string& address : node.addresses()) {
+    if (address.empty() || address.size() > kMaxIdBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "node.addresses entries must be 1-", kMaxIdBytes, " bytes"));
+    }
+  }
+  if (node.pid() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node.pid must be >= 0, got ", node.pid()));
+  }
+  if (!v1::DeviceType_IsValid(node.device_type())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown node.device_type ", node.device_type()));
+  }
+  if (node.device_count() < 0 || node.device_count() > kMaxDeviceCount) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node.device_count must be in [0, ", kMaxDeviceCount,
+                     "], got ", node.device_count()));
+  }
+  return absl::OkStatus();
+}
+
+bool CanUseNccl(const v1::NodeDescriptor& node) {
+  return node.nccl_available() &&
+         node.device_type() == v1::DEVICE_TYPE_CUDA && node.device_count() > 0;
+}
+
+v1::Backend NegotiateBackend(v1::Backend preference,
+                             const std::vector<v1::NodeDescriptor>& members) {
+  if (preference == v1::BACKEND_GLOO || preference == v1::BACKEND_NCCL) {
+    return preference;
+  }
+  bool all_nccl = !members.empty() &&
+                  std::all_of(members.begin(), members.end(), CanUseNccl);
+  return all_nccl ? v1::BACKEND_NCCL : v1::BACKEND_GLOO;
+}
+
+RendezvousManager::RendezvousManager(JobManager* jobs, KvManager* kv,
+                                     Clock* clock)
+    : jobs_(jobs), kv_(kv), clock_(clock) {}
+
+uint64_t RendezvousManager::Join(const v1::JoinRequest& request,
+                                 JoinCallback done) {
+  absl::Status status = ValidateJobId(request.job_id());
+  if (status.ok()) status = ValidateNodeDescriptor(request.node());
+  absl::StatusOr<v1::JobConfig> config = status;
+  if (status.ok()) {
+    config = jobs_->GetOrCreate(
+        request.job_id(), request.has_config() ? &request.config() : nullptr);
+  }
+  if (config.ok() && config->backend() == v1::BACKEND_NCCL &&
+      !CanUseNccl(request.node())) {
+    config = absl::FailedPreconditionError(absl::StrCat(
+        "job '", request.job_id(), "' requires the nccl backend but ",
+        DescribeProcess(request.node()),
+        " reports no CUDA device with NCCL: start it on a GPU node or let "
+        "the job use backend auto or gloo"));
+  }
+  if (!config.ok()) {
+    done(config.status());
+    return 0;
+  }
+  uint64_t ticket = 0;
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<JobRendezvous>& job = rendezvous_[request.job_id()];
+    if (job == nullptr) {
+      job = std::make_unique<JobRendezvous>();
+      job->config = *config;
+    }
+    JoinLocked(job.get(), request, std::move(done), &ticket, &completions);
+  }
+  Run(std::move(completions));
+  return ticket;
+}
+
+void RendezvousManager::JoinLocked(JobRendezvous* job,
+                                   const v1::JoinRequest& request,
+                                   JoinCallback done, uint64_t* ticket,
+                                   std::vector<Completion>* completions) {
+  v1::NodeDescriptor node = request.node();
+  if (node.node_id().empty()) node.set_node_id(node.hostname());
+  const std::string& incarnation = node.incarnation_id();
+  const int nproc = job->config.nproc_per_node();
+
+  if (job->running) {
+    auto member = job->member_by_incarnation.find(incarnation);
+    if (member != job->member_by_incarnation.end()) {
+      const Member& m = job->members[member->second];
+      if (request.last_round() < job->round) {
+        // The answer to an earlier join was lost: repeat it.
+        completions->emplace_back(std::move(done), m.assignment);
+        return;
+      }
+      SupersedeLocked(job, absl::StrCat("rank ", m.assignment.rank(), " (",
+                                        DescribeProcess(m.node),
+                                        ") rejoined after round ", job->round));
+    } else if (job->node_rank_by_node.contains(node.node_id())) {
+      SupersedeLocked(job, absl::StrCat(DescribeProcess(node),
+                                        " restarted: a new process joined "
+                                        "from a node of round ",
+                                        job->round));
+    }
+  }
+
+  auto same = job->by_incarnation.find(incarnation);
+  if (same != job->by_incarnation.end()) {
+    completions->emplace_back(
+        RemovePendingLocked(job, same->second),
+        absl::AbortedError("replaced by a newer join from the same process"));
+  }
+  auto count = job->pending_per_node.find(node.node_id());
+  if (count != job->pending_per_node.end() && count->second >= nproc) {
+    auto oldest = std::find_if(
+        job->pending.begin(), job->pending.end(), [&](const Joiner& j) {
+          return j.node.node_id() == node.node_id();
+        });
+    completions->emplace_back(
+        RemovePendingLocked(job, oldest),
+        absl::AbortedError(absl::StrCat(
+            "replaced by a newer process on node '", node.node_id(),
+            "', which already had ", nproc,
+            " waiting process(es) (nproc_per_node=", nproc, ")")));
+  }
+
+  absl::Time now = clock_->Now();
+  Joiner joiner;
+  joiner.ticket = next_ticket_++;
+  joiner.node = std::move(node);
+  joiner.join_time = now;
+  joiner.deadline = now + FromProtoDuration(job->config.join_timeout());
+  joiner.done = std::move(done);
+  *ticket = joiner.ticket;
+  const std::string& job_id = job->config.job_id();
+  ticket_job_[joiner.ticket] = job_id;
+  join_deadlines_.emplace(joiner.deadline, joiner.ticket);
+  if (++job->pending_per_node[joiner.node.node_id()] == nproc) {
+    ++job->complete_nodes;
+  }
+  auto it = job->pending.insert(job->pending.end(), std::move(joiner));
+  job->by_ticket[it->ticket] = it;
+  job->by_incarnation[it->node.incarnation_id()] = it;
+  MaybeCloseLocked(job, completions);
+}
+
+void RendezvousManager::SupersedeLocked(JobRendezvous* job,
+                                        const std::string& reason) {
+  const std::string& job_id = job->config.job_id();
+  job->running = false;
+  job->member_by_incarnation.clear();
+  job->node_rank_by_node.clear();
+  job->members.clear();
+  kv_->RetireRound(job_id, job->round);
+  absl::Status recorded = jobs_->RecordRoundSuperseded(job_id, reason);
+  if (!recorded.ok()) {
+    GS_LOG(ERROR) << "job '" << job_id << "': could not record the end of round "
+                  << job->round << ": " << recorded;
+  }
+  GS_LOG(INFO) << "job '" << job_id << "' round " << job->round
+               << " superseded: " << reason;
+}
+
+void RendezvousManager::MaybeCloseLocked(JobRendezvous* job,
+                                         std::vector<Completion>* completions) {
+  if (job->running) return;
+  const v1::JobConfig& config = job->config;
+  if (job->complete_nodes >= config.max_nodes()) {
+    CloseLocked(job, completions);
+    return;
+  }
+  if (job->complete_nodes < config.min_nodes()) {
+    if (job->last_call_deadline.has_value()) {
+      last_calls_.erase({*job->last_call_deadline, config.job_id()});
+      job->last_call_deadline.reset();
+    }
+    return;
+  }
+  absl::Time now = clock_->Now();
+  if (!job->last_call_deadline.has_value()) {
+    job->last_call_deadline =
+        now + FromProtoDuration(config.last_call_timeout());
+    last_calls_.emplace(*job->last_call_deadline, config.job_id());
+  }
+  if (*job->last_call_deadline <= now) CloseLocked(job, completions);
+}
+
+void RendezvousManager::CloseLocked(JobRendezvous* job,
+                                    std::vector<Completion>* completions) {
+  const v1::JobConfig& config = job->config;
+  const std::string& job_id = config.job_id();
+  const int nproc = config.nproc_per_node();
+
+  // The complete nodes in the order their first process joined.
+  std::vector<std::string> node_order;
+  absl::flat_hash_map<std::string, std::vector<std::list<Joiner>::iterator>>
+      processes;
+  for (auto it = job->pending.begin(); it != job->pending.end(); ++it) {
+    auto& list = processes[it->node.node_id()];
+    if (list.empty()) node_order.push_back(it->node.node_id());
+    list.push_back(it);
+  }
+  std::vector<std::string> chosen;
+  for (const std::string& node_id : node_order) {
+    if (static_cast<int>(chosen.size()) == config.max_nodes()) break;
+    if (static_cast<int>(processes[node_id].size()) == nproc) {
+      chosen.push_back(node_id);
+    }
+  }
+  const int num_nodes = static_cast<int>(chosen.size());
+
+  // A returning node keeps its old node rank when it is free.
+  std::vector<int> node_rank(num_nodes, -1);
+  std::vector<bool> taken(num_nodes, false);
+  for (int i = 0; i < num_nodes; ++i) {
+    auto old = job->remembered_node_rank.find(chosen[i]);
+    if (old != job->remembered_node_rank.end() && old->second < num_nodes &&
+        !taken[old->second]) {
+      node_rank[i] = old->second;
+      taken[old->second] = true;
+    }
+  }
+  int next_free = 0;
+  for (int i = 0; i < num_nodes; ++i) {
+    if (node_rank[i] >= 0) continue;
+    while (taken[next_free]) ++next_free;
+    node_rank[i] = next_free;
+    taken[next_free] = true;
+  }
+
+  std::vector<v1::NodeDescriptor> descriptors;
+  for (const std::string& node_id : chosen) {
+    for (const auto& it : processes[node_id]) descriptors.push_back(it->node);
+  }
+  const v1::Backend backend = NegotiateBackend(config.backend(), descriptors);
+  const int world_size = num_nodes * nproc;
+
+  job->round += 1;
+  job->running = true;
+  job->members.assign(world_size, Member());
+  job->member_by_incarnation.clear();
+  job->node_rank_by_node.clear();
+  if (job->last_call_deadline.has_value()) {
+    last_calls_.erase({*job->last_call_deadline, job_id});
+    job->last_call_deadline.reset();
+  }
+  absl::Time now = clock_->Now();
+  std::vector<v1::Member> records(world_size);
+  for (int i = 0; i < num_nodes; ++i) {
+    job->remembered_node_rank[chosen[i]] = node_rank[i];
+    job->node_rank_by_node[chosen[i]] = node_rank[i];
+    std::vector<std::list<Joiner>::iterator>& procs = processes[chosen[i]];
+    for (int local = 0; local < nproc; ++local) {
+      Joiner& joiner = *procs[local];
+      const int rank = node_rank[i] * nproc + local;
+      Member& member = job->members[rank];
+      member.node = joiner.node;
+      member.joined = joiner.join_time;
+      v1::Assignment& a = member.assignment;
+      a.set_job_id(job_id);
+      a.set_round(job->round);
+      a.set_rank(rank);
+      a.set_local_rank(local);
+      a.set_world_size(world_size);
+      a.set_local_world_size(nproc);
+      a.set_node_rank(node_rank[i]);
+      a.set_num_nodes(num_nodes);
+      a.set_backend(backend);
+      a.set_kv_prefix(KvRoundPrefix(job_id, job->round));
+      job->member_by_incarnation[joiner.node.incarnation_id()] = rank;
+
+      v1::Member& record = records[rank];
+      record.set_rank(rank);
+      record.set_local_rank(local);
+      record.set_node_rank(node_rank[i]);
+      *record.mutable_node() = joiner.node;
+      record.set_state(v1::MEMBER_STATE_ACTIVE);
+      *record.mutable_last_seen() = ToProtoTime(now);
+
+      completions->emplace_back(RemovePendingLocked(job, procs[local]),
+                                a);
+    }
+  }
+  kv_->OpenRound(job_id, job->round);
+  absl::Status recorded =
+      jobs_->RecordRoundClosed(job_id, job->round, backend, std::move(records));
+  if (!recorded.ok()) {
+    GS_LOG(ERROR) << "job '" << job_id << "': could not record round "
+                  << job->round << ": " << recorded;
+  }
+  GS_LOG(INFO) << "job '" << job_id << "' round " << job->round << " closed: "
+               << num_nodes << " node(s), world size " << world_size
+               << ", backend " << BackendName(backend) << ", "
+               << job->pending.size() << " spare process(es)";
+}
+
+RendezvousManager::JoinCallback RendezvousManager::RemovePendingLocked(
+    JobRendezvous* job, std::list<Joiner>::iterator it) {
+  const int nproc = job->config.nproc_per_node();
+  auto count = job->pending_per_node.find(it->node.node_id());
+  if (count->second == nproc) --job->complete_nodes;
+  if (--count->second == 0) job->pending_per_node.erase(count);
+  job->by_ticket.erase(it->ticket);
+  job->by_incarnation.erase(it->node.incarnation_id());
+  ticket_job_.erase(it->ticket);
+  join_deadlines_.erase({it->deadline, it->ticket});
+  JoinCallback done = std::move(it->done);
+  job->pending.erase(it);
+  return done;
+}
+
+void RendezvousManager::CancelJoin(uint64_t ticket) {
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    auto owner = ticket_job_.find(ticket);
+    if (owner == ticket_job_.end()) return;
+    JobRendezvous* job = rendezvous_.at(owner->second).get();
+    completions.emplace_back(
+        RemovePendingLocked(job, job->by_ticket.at(ticket)),
+        absl::CancelledError("the join was cancelled by its caller"));
+    MaybeCloseLocked(job, &completions);
+  }
+  Run(std::move(completions));
+}
+
+absl::Status RendezvousManager::Leave(const std::string& job_id,
+                                      const std::string& incarnation_id) {
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    auto job_it = rendezvous_.find(job_id);
+    if (job_it == rendezvous_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("job '", job_id, "' has no waiting processes"));
+    }
+    JobRendezvous* job = job_it->second.get();
+    auto it = job->by_incarnation.find(incarnation_id);
+    if (it == job->by_incarnation.end()) {
+      return absl::NotFoundError(absl::StrCat("no process with incarnation '",
+                                              incarnation_id,
+                                              "' is waiting in job '", job_id,
+                                              "'"));
+    }
+    completions.emplace_back(RemovePendingLocked(job, it->second),
+                             absl::CancelledError("the process left the job"));
+    MaybeCloseLocked(job, &completions);
+  }
+  Run(std::move(completions));
+  return absl::OkStatus();
+}
+
+void RendezvousManager::Poll() {
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Time now = clock_->Now();
+    std::vector<JobRendezvous*> touched;
+    while (!join_deadlines_.empty() && join_deadlines_.begin()->first <= now) {
+      uint64_t ticket = join_deadlines_.begin()->second;
+      JobRendezvous* job = rendezvous_.at(ticket_job_.at(ticket)).get();
+      auto it = job->by_ticket.at(ticket);
+      std::string message = TimeoutMessageLocked(*job, *it);
+      completions.emplace_back(RemovePendingLocked(job, it),
+                               absl::DeadlineExceededError(message));
+      touched.push_back(job);
+    }
+    for (JobRendezvous* job : touched) MaybeCloseLocked(job, &completions);
+    while (!last_calls_.empty() && last_calls_.begin()->first <= now) {
+      std::string job_id = last_calls_.begin()->second;
+      last_calls_.erase(last_calls_.begin());
+      MaybeCloseLocked(rendezvous_.at(job_id).get(), &completions);
+    }
+  }
+  Run(std::move(completions));
+}
+
+std::string RendezvousManager::TimeoutMessageLocked(const JobRendezvous& job,
+                                                    const Joiner& joiner) const {
+  const v1::JobConfig& config = job.config;
+  std::string waited =
+      absl::FormatDuration(FromProtoDuration(config.join_timeout()));
+  if (job.running) {
+    return absl::StrCat(
+        "job '", config.job_id(), "' is running round ", job.round,
+        "; this process waited ", waited,
+        " as a spare and no new round formed: join again to keep waiting");
+  }
+  return absl::StrCat(
+      "job '", config.job_id(), "' needs at least ", config.min_nodes(),
+      " node(s) of ", config.nproc_per_node(), " process(es); within ", waited,
+      " only ", job.complete_nodes, " complete node(s) joined (",
+      job.pending.size(),
+      " process(es) waiting): check that every node was started with the "
+      "same job and can reach the coordinator");
+}
+
+void RendezvousManager::DescribeWaiting(const std::string& job_id,
+                                        v1::JobStatus* status) const {
+  absl::MutexLock lock(&mu_);
+  auto it = rendezvous_.find(job_id);
+  if (it == rendezvous_.end()) return;
+  const JobRendezvous& job = *it->second;
+  for (const Joiner& joiner : job.pending) {
+    v1::Member* member =
+        job.running ? status->add_spares() : status->add_waiting();
+    member->set_rank(-1);
+    member->set_local_rank(-1);
+    member->set_node_rank(-1);
+    *member->mutable_node() = joiner.node;
+    member->set_state(job.running ? v1::MEMBER_STATE_SPARE
+                                  : v1::MEMBER_STATE_WAITING);
+    *member->mutable_last_seen() = ToProtoTime(joiner.join_time);
+  }
+}
+
+void RendezvousManager::Run(std::vector<Completion> completions) {
+  for (auto& [done, result] : completions) done(std::move(result));
+}
+
+}  // namespace gradsync

@@ -1,0 +1,166 @@
+// Rendezvous: worker processes join a job; a round closes when enough nodes
+// have joined; every member then gets its ranks and the negotiated backend.
+//
+// A job's life in rounds:
+//   forming round N+1 --(max nodes, or min nodes + last call)--> round N+1
+//   running --(a member rejoins, or a new incarnation on a member's node)-->
+//   round N+1 superseded, forming round N+2 ...
+// Joiners that arrive while a round is running wait as spares for the next
+// round. Time-based transitions (last call, join timeout) happen in Poll(),
+// so tests drive them with a FakeClock.
+#ifndef GRADSYNC_SERVER_RENDEZVOUS_MANAGER_H_
+#define GRADSYNC_SERVER_RENDEZVOUS_MANAGER_H_
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "proto/gradsync/v1/rendezvous.pb.h"
+#include "server/job_manager.h"
+#include "server/kv_manager.h"
+
+namespace gradsync {
+
+// Thread-safe. Lock order: holds its lock while calling JobManager and
+// KvManager, which never call back. Join callbacks always run without the
+// lock held. `jobs`, `kv` and `clock` must outlive it.
+class RendezvousManager {
+ public:
+  // Called exactly once with the outcome of a Join.
+  using JoinCallback = std::function<void(absl::StatusOr<v1::Assignment>)>;
+
+  RendezvousManager(JobManager* jobs, KvManager* kv, Clock* clock);
+
+  // Starts a join (see rendezvous.proto for the semantics). `done` runs with
+  // the assignment once the round closes, or with an error: at once for bad
+  // input, DEADLINE_EXCEEDED after the job's join timeout, ABORTED when a
+  // newer join of the same process replaces this one, CANCELLED on CancelJoin
+  // or Leave. `done` may run before Join returns. Returns a ticket for
+  // CancelJoin (0 when `done` already ran).
+  uint64_t Join(const v1::JoinRequest& request, JoinCallback done);
+
+  // Withdraws a pending join (the caller went away); a no-op when it already
+  // finished.
+  void CancelJoin(uint64_t ticket);
+
+  // Removes the waiting or spare process `incarnation_id` from `job_id`.
+  // NOT_FOUND when no such process is waiting.
+  absl::Status Leave(const std::string& job_id,
+                     const std::string& incarnation_id);
+
+  // Closes rounds whose last call has passed and fails joins whose timeout
+  // has passed. Called periodically (and by tests after stepping the clock).
+  void Poll();
+
+  // Adds the job's waiting processes (forming round) or spares (while a
+  // round runs) to `status`. A no-op for jobs without waiting processes.
+  void DescribeWaiting(const std::string& job_id, v1::JobStatus* status) const;
+
+ private:
+  // A process waiting for a round to close.
+  struct Joiner {
+    uint64_t ticket = 0;
+    v1::NodeDescriptor node;  // node_id filled in
+    absl::Time join_time;
+    absl::Time deadline;
+    JoinCallback done;
+  };
+  // A member of the latest closed round.
+  struct Member {
+    v1::NodeDescriptor node;
+    v1::Assignment assignment;
+    absl::Time joined;
+  };
+  struct JobRendezvous {
+    v1::JobConfig config;
+    int64_t round = 0;  // latest closed round; 0 before the first closes
+    // Whether `round` is running (not superseded). While it runs, joiners
+    // are spares; otherwise they form round + 1.
+    bool running = false;
+    std::vector<Member> members;  // of `round`, in rank order
+    absl::flat_hash_map<std::string, size_t> member_by_incarnation;
+    absl::flat_hash_map<std::string, int> node_rank_by_node;  // of `round`
+    // Waiting processes in join order, indexed by ticket and incarnation.
+    std::list<Joiner> pending;
+    absl::flat_hash_map<uint64_t, std::list<Joiner>::iterator> by_ticket;
+    absl::flat_hash_map<std::string, std::list<Joiner>::iterator>
+        by_incarnation;
+    absl::flat_hash_map<std::string, int> pending_per_node;
+    int complete_nodes = 0;  // nodes with nproc_per_node pending processes
+    // Set while a forming round has >= min complete nodes.
+    std::optional<absl::Time> last_call_deadline;
+    // node id -> node rank it held last, so a returning node gets it back.
+    absl::flat_hash_map<std::string, int> remembered_node_rank;
+  };
+  using Completion = std::pair<JoinCallback, absl::StatusOr<v1::Assignment>>;
+
+  // Adds a validated joiner to `job`, superseding or answering as needed.
+  void JoinLocked(JobRendezvous* job, const v1::JoinRequest& request,
+                  JoinCallback done, uint64_t* ticket,
+                  std::vector<Completion>* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the running round because of `reason`; its members must rejoin.
+  void SupersedeLocked(JobRendezvous* job, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes the forming round now if it may: max nodes reached, or min nodes
+  // and the last call passed (or zero). Starts the last call when min nodes
+  // first complete.
+  void MaybeCloseLocked(JobRendezvous* job, std::vector<Completion>* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseLocked(JobRendezvous* job, std::vector<Completion>* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes a pending joiner, returning its callback.
+  JoinCallback RemovePendingLocked(JobRendezvous* job,
+                                   std::list<Joiner>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string TimeoutMessageLocked(const JobRendezvous& job,
+                                   const Joiner& joiner) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  static void Run(std::vector<Completion> completions);
+
+  JobManager* const jobs_;
+  KvManager* const kv_;
+  Clock* const clock_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<JobRendezvous>> rendezvous_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  // ticket -> job id, for CancelJoin.
+  absl::flat_hash_map<uint64_t, std::string> ticket_job_ ABSL_GUARDED_BY(mu_);
+  // (join deadline, ticket), earliest first.
+  std::set<std::pair<absl::Time, uint64_t>> join_deadlines_
+      ABSL_GUARDED_BY(mu_);
+  // (last-call deadline, job id), earliest first.
+  std::set<std::pair<absl::Time, std::string>> last_calls_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// Checks a node descriptor from a join; INVALID_ARGUMENT naming the field.
+absl::Status ValidateNodeDescriptor(const v1::NodeDescriptor& node);
+
+// The backend a round uses: NCCL when every member can use it (or the job
+// forces it), GLOO otherwise.
+v1::Backend NegotiateBackend(v1::Backend preference,
+                             const std::vector<v1::NodeDescriptor>& members);
+
+// Whether a process can take part in an NCCL round.
+bool CanUseNccl(const v1::NodeDescriptor& node);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_SERVER_RENDEZVOUS_MANAGER_H_

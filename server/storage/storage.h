@@ -1,0 +1,43 @@
+// The coordinator's persistent state sits behind this small interface: an
+// ordered map from string keys to byte values. In-memory now
+// (InMemoryStorage); a durable backend implements the same five calls.
+#ifndef GRADSYNC_SERVER_STORAGE_STORAGE_H_
+#define GRADSYNC_SERVER_STORAGE_STORAGE_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace gradsync {
+
+// An ordered key-value map. Implementations are thread-safe; each call is
+// atomic on its own (callers that need read-modify-write atomicity hold their
+// own lock around the calls).
+class Storage {
+ public:
+  using Entry = std::pair<std::string, std::string>;
+
+  virtual ~Storage() = default;
+
+  // Stores `value` under `key`, replacing any previous value.
+  virtual absl::Status Put(absl::string_view key, absl::string_view value) = 0;
+  // Returns the value of `key`; NOT_FOUND when absent.
+  virtual absl::StatusOr<std::string> Get(absl::string_view key) const = 0;
+  // Removes `key`; returns whether it existed.
+  virtual absl::StatusOr<bool> Delete(absl::string_view key) = 0;
+  // Returns the entries whose key starts with `prefix`, in key order. With
+  // `keys_only` the values are left empty.
+  virtual absl::StatusOr<std::vector<Entry>> Scan(absl::string_view prefix,
+                                                  bool keys_only) const = 0;
+  // Removes every key that starts with `prefix`; returns how many.
+  virtual absl::StatusOr<int64_t> DeletePrefix(absl::string_view prefix) = 0;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_SERVER_STORAGE_STORAGE_H_
