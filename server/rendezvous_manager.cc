@@ -19,6 +19,15 @@ std::string DescribeProcess(const v1::NodeDescriptor& node) {
                       ", pid ", node.pid(), ")");
 }
 
+// Whether a join carries settings for its job: a config with anything set
+// besides the job id. An absent or empty config means "use the job's".
+bool HasJobSettings(const v1::JoinRequest& request) {
+  if (!request.has_config()) return false;
+  v1::JobConfig settings = request.config();
+  settings.clear_job_id();
+  return settings.ByteSizeLong() > 0;
+}
+
 }  // namespace
 
 absl::Status ValidateNodeDescriptor(const v1::NodeDescriptor& node) {
@@ -88,11 +97,12 @@ uint64_t RendezvousManager::Join(const v1::JoinRequest& request,
                                  JoinCallback done) {
   absl::Status status = ValidateJobId(request.job_id());
   if (status.ok()) status = ValidateNodeDescriptor(request.node());
-  absl::StatusOr<v1::JobConfig> config = status;
-  if (status.ok()) {
-    config = jobs_->GetOrCreate(
-        request.job_id(), request.has_config() ? &request.config() : nullptr);
-  }
+  // A StatusOr must not be built from an OK status (abseil aborts).
+  absl::StatusOr<v1::JobConfig> config =
+      status.ok() ? jobs_->GetOrCreate(request.job_id(),
+                                       HasJobSettings(request) ? &request.config()
+                                                            : nullptr)
+                  : absl::StatusOr<v1::JobConfig>(status);
   if (config.ok() && config->backend() == v1::BACKEND_NCCL &&
       !CanUseNccl(request.node())) {
     config = absl::FailedPreconditionError(absl::StrCat(
@@ -186,6 +196,11 @@ void RendezvousManager::JoinLocked(JobRendezvous* job,
   auto it = job->pending.insert(job->pending.end(), std::move(joiner));
   job->by_ticket[it->ticket] = it;
   job->by_incarnation[it->node.incarnation_id()] = it;
+  GS_LOG(INFO) << "job '" << job_id << "': " << DescribeProcess(it->node)
+               << (job->running ? " joined as a spare" : " joined")
+               << " (" << job->complete_nodes << " complete node(s), need "
+               << job->config.min_nodes() << ":" << job->config.max_nodes()
+               << ")";
   MaybeCloseLocked(job, completions);
 }
 
@@ -194,6 +209,10 @@ void RendezvousManager::SupersedeLocked(JobRendezvous* job,
   const std::string& job_id = job->config.job_id();
   job->running = false;
   job->member_by_incarnation.clear();
+  job->previous_round_nodes.clear();
+  for (const auto& [node_id, rank] : job->node_rank_by_node) {
+    job->previous_round_nodes.insert(node_id);
+  }
   job->node_rank_by_node.clear();
   job->members.clear();
   kv_->RetireRound(job_id, job->round);
@@ -245,11 +264,16 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
     if (list.empty()) node_order.push_back(it->node.node_id());
     list.push_back(it);
   }
+  // Nodes of the superseded round come back first, then the others (spares
+  // included) in join order, up to max_nodes.
   std::vector<std::string> chosen;
-  for (const std::string& node_id : node_order) {
-    if (static_cast<int>(chosen.size()) == config.max_nodes()) break;
-    if (static_cast<int>(processes[node_id].size()) == nproc) {
-      chosen.push_back(node_id);
+  for (bool returning : {true, false}) {
+    for (const std::string& node_id : node_order) {
+      if (static_cast<int>(chosen.size()) == config.max_nodes()) break;
+      if (static_cast<int>(processes[node_id].size()) == nproc &&
+          job->previous_round_nodes.contains(node_id) == returning) {
+        chosen.push_back(node_id);
+      }
     }
   }
   const int num_nodes = static_cast<int>(chosen.size());
@@ -285,6 +309,7 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
   job->members.assign(world_size, Member());
   job->member_by_incarnation.clear();
   job->node_rank_by_node.clear();
+  job->previous_round_nodes.clear();
   if (job->last_call_deadline.has_value()) {
     last_calls_.erase({*job->last_call_deadline, job_id});
     job->last_call_deadline.reset();
@@ -361,6 +386,9 @@ void RendezvousManager::CancelJoin(uint64_t ticket) {
     auto owner = ticket_job_.find(ticket);
     if (owner == ticket_job_.end()) return;
     JobRendezvous* job = rendezvous_.at(owner->second).get();
+    GS_LOG(INFO) << "job '" << owner->second << "': "
+                 << DescribeProcess(job->by_ticket.at(ticket)->node)
+                 << " cancelled its join";
     completions.emplace_back(
         RemovePendingLocked(job, job->by_ticket.at(ticket)),
         absl::CancelledError("the join was cancelled by its caller"));
@@ -387,6 +415,8 @@ absl::Status RendezvousManager::Leave(const std::string& job_id,
                                               "' is waiting in job '", job_id,
                                               "'"));
     }
+    GS_LOG(INFO) << "job '" << job_id << "': "
+                 << DescribeProcess(it->second->node) << " left";
     completions.emplace_back(RemovePendingLocked(job, it->second),
                              absl::CancelledError("the process left the job"));
     MaybeCloseLocked(job, &completions);
@@ -406,6 +436,8 @@ void RendezvousManager::Poll() {
       JobRendezvous* job = rendezvous_.at(ticket_job_.at(ticket)).get();
       auto it = job->by_ticket.at(ticket);
       std::string message = TimeoutMessageLocked(*job, *it);
+      GS_LOG(WARNING) << "join timed out: " << DescribeProcess(it->node)
+                      << ": " << message;
       completions.emplace_back(RemovePendingLocked(job, it),
                                absl::DeadlineExceededError(message));
       touched.push_back(job);

@@ -23,6 +23,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -93,6 +94,9 @@ class RendezvousManager {
     std::vector<Member> members;  // of `round`, in rank order
     absl::flat_hash_map<std::string, size_t> member_by_incarnation;
     absl::flat_hash_map<std::string, int> node_rank_by_node;  // of `round`
+    // Nodes of the round superseded last; they take places in the forming
+    // round before spares do.
+    absl::flat_hash_set<std::string> previous_round_nodes;
     // Waiting processes in join order, indexed by ticket and incarnation.
     std::list<Joiner> pending;
     absl::flat_hash_map<uint64_t, std::list<Joiner>::iterator> by_ticket;

@@ -1,0 +1,72 @@
+#include "server/coordinator.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "server/storage/in_memory_storage.h"
+
+namespace gradsync {
+
+Coordinator::Coordinator(CoordinatorConfig config)
+    : config_(std::move(config)),
+      clock_(config_.clock != nullptr ? config_.clock : RealClock::Get()),
+      storage_(std::make_unique<InMemoryStorage>()),
+      jobs_(storage_.get(), clock_),
+      kv_(storage_.get(), clock_, &jobs_, config_.kv_limits),
+      rendezvous_(&jobs_, &kv_, clock_),
+      rendezvous_service_(&rendezvous_),
+      kv_service_(&kv_),
+      jobs_service_(&jobs_, &rendezvous_) {}
+
+Coordinator::~Coordinator() { Shutdown(); }
+
+absl::Status Coordinator::Start() {
+  absl::Status loaded = jobs_.LoadFromStorage();
+  if (!loaded.ok()) return loaded;
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config_.listen_address,
+                           grpc::InsecureServerCredentials(), &port_);
+  // Values are up to 1 MiB; leave room for the rest of the message.
+  builder.SetMaxReceiveMessageSize(8 << 20);
+  builder.RegisterService(&rendezvous_service_);
+  builder.RegisterService(&kv_service_);
+  builder.RegisterService(&jobs_service_);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    server_.reset();
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on '", config_.listen_address,
+        "': the address is in use or not local (use HOST:PORT)"));
+  }
+  server_->GetHealthCheckService()->SetServingStatus(true);
+  poller_ = std::thread([this] { PollLoop(); });
+  GS_LOG(INFO) << "gradsync coordinator serving gradsync.v1 on "
+               << config_.listen_address << " (port " << port_ << ")";
+  return absl::OkStatus();
+}
+
+void Coordinator::Shutdown() {
+  if (server_ == nullptr || shut_down_.HasBeenNotified()) return;
+  GS_LOG(INFO) << "coordinator shutting down";
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  server_->Shutdown(std::chrono::system_clock::now() +
+                    absl::ToChronoMilliseconds(config_.shutdown_grace));
+  stop_polling_.Notify();
+  if (poller_.joinable()) poller_.join();
+  shut_down_.Notify();
+}
+
+void Coordinator::Wait() { shut_down_.WaitForNotification(); }
+
+void Coordinator::PollLoop() {
+  while (!stop_polling_.WaitForNotificationWithTimeout(config_.poll_interval)) {
+    rendezvous_.Poll();
+    kv_.Poll();
+  }
+}
+
+}  // namespace gradsync

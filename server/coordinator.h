@@ -1,0 +1,91 @@
+// The coordinator service, assembled: storage, the three managers, their
+// gRPC services, grpc.health.v1, reflection, and the poller that drives
+// time-based transitions. main() and the integration tests both use it.
+#ifndef GRADSYNC_SERVER_COORDINATOR_H_
+#define GRADSYNC_SERVER_COORDINATOR_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "server/job_manager.h"
+#include "server/jobs_service.h"
+#include "server/kv_manager.h"
+#include "server/kv_service.h"
+#include "server/rendezvous_manager.h"
+#include "server/rendezvous_service.h"
+#include "server/storage/storage.h"
+
+namespace gradsync {
+
+struct CoordinatorConfig {
+  // Address to serve on, "HOST:PORT"; port 0 picks a free port (see port()).
+  std::string listen_address = "0.0.0.0:29400";
+  // How often timeouts (last call, join, key waits) are checked; their
+  // resolution.
+  absl::Duration poll_interval = absl::Milliseconds(10);
+  // How long Shutdown() lets in-flight calls finish before cancelling them.
+  absl::Duration shutdown_grace = absl::Seconds(2);
+  KvLimits kv_limits;
+  // Time source; nullptr means the real clock. Must outlive the coordinator.
+  Clock* clock = nullptr;
+};
+
+// Lifetime: construct, Start() once, then Shutdown() (or destroy). Start and
+// Shutdown are not thread-safe with each other; everything else the
+// coordinator does is.
+class Coordinator {
+ public:
+  explicit Coordinator(CoordinatorConfig config);
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // Binds the listen address and starts serving. UNAVAILABLE when the address
+  // cannot be bound.
+  absl::Status Start();
+
+  // The port the server listens on (valid after Start()).
+  int port() const { return port_; }
+
+  // Stops accepting calls, lets in-flight ones finish for shutdown_grace,
+  // cancels the rest and stops the poller. Idempotent.
+  void Shutdown();
+
+  // Blocks until Shutdown() has completed.
+  void Wait();
+
+  JobManager& jobs() { return jobs_; }
+  KvManager& kv() { return kv_; }
+  RendezvousManager& rendezvous() { return rendezvous_; }
+
+ private:
+  void PollLoop();
+
+  const CoordinatorConfig config_;
+  // Members in dependency order: each uses only those declared above it, so
+  // they are built top-down and destroyed bottom-up.
+  Clock* const clock_;
+  std::unique_ptr<Storage> storage_;
+  JobManager jobs_;
+  KvManager kv_;
+  RendezvousManager rendezvous_;
+  RendezvousService rendezvous_service_;
+  KvService kv_service_;
+  JobsService jobs_service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  absl::Notification stop_polling_;
+  std::thread poller_;
+  absl::Notification shut_down_;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_SERVER_COORDINATOR_H_

@@ -1,0 +1,103 @@
+#include "server/kv_service.h"
+
+#include "common/grpc_status.h"
+#include "server/cancellable_reactor.h"
+
+namespace gradsync {
+namespace {
+
+KvScope ToScope(const v1::Scope& scope) {
+  return KvScope{scope.job_id(), scope.round()};
+}
+
+// Finishes a call that completed inline.
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context,
+                               const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* KvService::Set(grpc::CallbackServerContext* context,
+                                         const v1::SetRequest* request,
+                                         v1::SetResponse* response) {
+  return Done(context, kv_->Set(ToScope(request->scope()), request->key(),
+                                request->value()));
+}
+
+grpc::ServerUnaryReactor* KvService::Get(grpc::CallbackServerContext* context,
+                                         const v1::GetRequest* request,
+                                         v1::GetResponse* response) {
+  absl::StatusOr<std::string> value =
+      kv_->Get(ToScope(request->scope()), request->key());
+  if (value.ok()) response->set_value(*std::move(value));
+  return Done(context, value.status());
+}
+
+grpc::ServerUnaryReactor* KvService::Add(grpc::CallbackServerContext* context,
+                                         const v1::AddRequest* request,
+                                         v1::AddResponse* response) {
+  absl::StatusOr<int64_t> value =
+      kv_->Add(ToScope(request->scope()), request->key(), request->delta());
+  if (value.ok()) response->set_value(*value);
+  return Done(context, value.status());
+}
+
+grpc::ServerUnaryReactor* KvService::CompareAndSet(
+    grpc::CallbackServerContext* context,
+    const v1::CompareAndSetRequest* request,
+    v1::CompareAndSetResponse* response) {
+  absl::StatusOr<CasResult> result = kv_->CompareAndSet(
+      ToScope(request->scope()), request->key(), request->expected(),
+      request->expect_absent(), request->desired());
+  if (result.ok()) {
+    response->set_swapped(result->swapped);
+    response->set_exists(result->exists);
+    response->set_value(std::move(result->value));
+  }
+  return Done(context, result.status());
+}
+
+grpc::ServerUnaryReactor* KvService::Wait(grpc::CallbackServerContext* context,
+                                          const v1::WaitRequest* request,
+                                          v1::WaitResponse* response) {
+  auto* reactor = new CancellableReactor();
+  uint64_t ticket = kv_->Wait(
+      ToScope(request->scope()),
+      {request->keys().begin(), request->keys().end()},
+      absl::Milliseconds(request->timeout_ms()),
+      [reactor](absl::Status status) { reactor->Finish(ToGrpcStatus(status)); });
+  if (ticket != 0) {
+    reactor->SetCancelHandler([kv = kv_, ticket] { kv->CancelWait(ticket); });
+  }
+  reactor->Release();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KvService::Delete(
+    grpc::CallbackServerContext* context, const v1::DeleteRequest* request,
+    v1::DeleteResponse* response) {
+  absl::StatusOr<bool> existed =
+      kv_->Delete(ToScope(request->scope()), request->key());
+  if (existed.ok()) response->set_existed(*existed);
+  return Done(context, existed.status());
+}
+
+grpc::ServerUnaryReactor* KvService::List(grpc::CallbackServerContext* context,
+                                          const v1::ListRequest* request,
+                                          v1::ListResponse* response) {
+  absl::StatusOr<std::vector<Storage::Entry>> entries = kv_->List(
+      ToScope(request->scope()), request->prefix(), request->keys_only());
+  if (entries.ok()) {
+    for (auto& [key, value] : *entries) {
+      v1::ListResponse::Entry* entry = response->add_entries();
+      entry->set_key(std::move(key));
+      entry->set_value(std::move(value));
+    }
+  }
+  return Done(context, entries.status());
+}
+
+}  // namespace gradsync

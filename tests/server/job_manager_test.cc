@@ -1,0 +1,355 @@
+#include "server/job_manager.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/job_config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/gradsync/v1/job.pb.h"
+#include "server/storage/in_memory_storage.h"
+
+namespace gradsync {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+v1::JobConfig Config(const std::string& id, int min_nodes = 0,
+                     int max_nodes = 0) {
+  v1::JobConfig config;
+  config.set_job_id(id);
+  config.set_min_nodes(min_nodes);
+  config.set_max_nodes(max_nodes);
+  return config;
+}
+
+v1::Member MemberWithRank(int rank, const std::string& node_id) {
+  v1::Member member;
+  member.set_rank(rank);
+  member.set_local_rank(0);
+  member.set_node_rank(rank);
+  member.mutable_node()->set_node_id(node_id);
+  member.mutable_node()->set_incarnation_id("inc-" + node_id);
+  member.set_state(v1::MEMBER_STATE_ACTIVE);
+  return member;
+}
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  InMemoryStorage storage_;
+  FakeClock clock_;
+  JobManager jobs_{&storage_, &clock_};
+};
+
+// ---------------------------------------------------------------------------
+// Create
+
+TEST_F(JobManagerTest, CreateMakesAWaitingJobWithANormalizedConfig) {
+  absl::StatusOr<v1::JobStatus> job = jobs_.Create(Config("train", 2, 4));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->config().job_id(), "train");
+  EXPECT_EQ(job->config().min_nodes(), 2);
+  EXPECT_EQ(job->config().max_nodes(), 4);
+  EXPECT_EQ(job->config().nproc_per_node(), 1);
+  EXPECT_EQ(job->config().backend(), v1::BACKEND_AUTO);
+  EXPECT_EQ(FromProtoDuration(job->config().last_call_timeout()),
+            kDefaultLastCallTimeout);
+  EXPECT_EQ(job->state(), v1::JOB_STATE_WAITING);
+  EXPECT_EQ(job->round(), 0);
+  EXPECT_THAT(job->members(), IsEmpty());
+  EXPECT_EQ(FromProtoTime(job->create_time()), clock_.Now());
+  EXPECT_EQ(FromProtoTime(job->update_time()), clock_.Now());
+  EXPECT_TRUE(jobs_.Exists("train"));
+}
+
+TEST_F(JobManagerTest, CreateOfAnExistingIdIsAlreadyExistsEvenWithSameConfig) {
+  ASSERT_TRUE(jobs_.Create(Config("train")).ok());
+  absl::StatusOr<v1::JobStatus> again = jobs_.Create(Config("train"));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(again.status().message(), HasSubstr("'train' already exists"));
+  absl::StatusOr<v1::JobStatus> other = jobs_.Create(Config("train", 3));
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(JobManagerTest, CreateWithBadConfigIsInvalidArgumentAndCreatesNothing) {
+  absl::StatusOr<v1::JobStatus> bad_id = jobs_.Create(Config("Bad_Id"));
+  EXPECT_EQ(bad_id.status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<v1::JobStatus> bad_range = jobs_.Create(Config("j", 3, 2));
+  EXPECT_EQ(bad_range.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_range.status().message(), HasSubstr("nodes 3:2"));
+  EXPECT_FALSE(jobs_.Exists("j"));
+  EXPECT_THAT(jobs_.List(), IsEmpty());
+  EXPECT_THAT(storage_.Scan("", true).value(), IsEmpty());
+}
+
+// ---------------------------------------------------------------------------
+// Get / Exists
+
+TEST_F(JobManagerTest, GetOfUnknownJobIsNotFound) {
+  absl::StatusOr<v1::JobStatus> job = jobs_.Get("nope");
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(job.status().message(), HasSubstr("'nope'"));
+  EXPECT_FALSE(jobs_.Exists("nope"));
+}
+
+TEST_F(JobManagerTest, GetReturnsTheCreatedRecord) {
+  ASSERT_TRUE(jobs_.Create(Config("train", 2)).ok());
+  absl::StatusOr<v1::JobStatus> job = jobs_.Get("train");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->config().min_nodes(), 2);
+  EXPECT_EQ(job->state(), v1::JOB_STATE_WAITING);
+}
+
+// ---------------------------------------------------------------------------
+// GetOrCreate
+
+TEST_F(JobManagerTest, GetOrCreateWithoutConfigForUnknownJobIsNotFound) {
+  absl::StatusOr<v1::JobConfig> config = jobs_.GetOrCreate("train", nullptr);
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(config.status().message(), HasSubstr("'train' does not exist"));
+  EXPECT_FALSE(jobs_.Exists("train"));
+}
+
+TEST_F(JobManagerTest, GetOrCreateWithConfigCreatesTheJob) {
+  v1::JobConfig in = Config("train", 2, 3);
+  absl::StatusOr<v1::JobConfig> config = jobs_.GetOrCreate("train", &in);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->min_nodes(), 2);
+  EXPECT_EQ(config->max_nodes(), 3);
+  EXPECT_EQ(config->nproc_per_node(), 1);  // normalized
+  ASSERT_TRUE(jobs_.Exists("train"));
+  EXPECT_EQ(jobs_.Get("train")->state(), v1::JOB_STATE_WAITING);
+}
+
+TEST_F(JobManagerTest, GetOrCreateFillsAMissingJobIdFromTheRequest) {
+  v1::JobConfig in = Config("", 2);
+  absl::StatusOr<v1::JobConfig> config = jobs_.GetOrCreate("train", &in);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->job_id(), "train");
+  EXPECT_TRUE(jobs_.Exists("train"));
+}
+
+TEST_F(JobManagerTest, GetOrCreateWithAConfigNamingAnotherJobIsInvalid) {
+  v1::JobConfig in = Config("other");
+  absl::StatusOr<v1::JobConfig> config = jobs_.GetOrCreate("train", &in);
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(config.status().message(), HasSubstr("'other'"));
+  EXPECT_FALSE(jobs_.Exists("train"));
+  EXPECT_FALSE(jobs_.Exists("other"));
+}
+
+TEST_F(JobManagerTest, GetOrCreateWithBadIdIsInvalidArgument) {
+  absl::StatusOr<v1::JobConfig> config = jobs_.GetOrCreate("BAD", nullptr);
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  v1::JobConfig in = Config("BAD");
+  config = jobs_.GetOrCreate("BAD", &in);
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(jobs_.List(), IsEmpty());
+}
+
+TEST_F(JobManagerTest, GetOrCreateOfExistingJobWithoutConfigReturnsItsConfig) {
+  ASSERT_TRUE(jobs_.Create(Config("train", 2, 5)).ok());
+  absl::StatusOr<v1::JobConfig> config = jobs_.GetOrCreate("train", nullptr);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->min_nodes(), 2);
+  EXPECT_EQ(config->max_nodes(), 5);
+}
+
+TEST_F(JobManagerTest, GetOrCreateOfExistingJobAcceptsAnEquivalentConfig) {
+  ASSERT_TRUE(jobs_.Create(Config("train", 2, 2)).ok());
+  // Equivalent once normalized (max defaults to min).
+  v1::JobConfig in = Config("train", 2, 0);
+  absl::StatusOr<v1::JobConfig> config = jobs_.GetOrCreate("train", &in);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->max_nodes(), 2);
+  EXPECT_EQ(jobs_.List().size(), 1u);
+}
+
+TEST_F(JobManagerTest, GetOrCreateOfExistingJobWithDifferentConfigFails) {
+  ASSERT_TRUE(jobs_.Create(Config("train", 2, 2)).ok());
+  v1::JobConfig in = Config("train", 3, 3);
+  absl::StatusOr<v1::JobConfig> config = jobs_.GetOrCreate("train", &in);
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(config.status().message(),
+              HasSubstr("exists with a different config (nodes 2:2"));
+  EXPECT_THAT(config.status().message(), HasSubstr("asked for nodes 3:3"));
+  // The job keeps its original config.
+  EXPECT_EQ(jobs_.Get("train")->config().min_nodes(), 2);
+}
+
+// ---------------------------------------------------------------------------
+// List
+
+TEST_F(JobManagerTest, ListIsOrderedByIdAndOmitsMembers) {
+  for (const char* id : {"charlie", "alpha", "bravo"}) {
+    ASSERT_TRUE(jobs_.Create(Config(id)).ok());
+  }
+  ASSERT_TRUE(jobs_
+                  .RecordRoundClosed("bravo", 1, v1::BACKEND_GLOO,
+                                     {MemberWithRank(0, "n0")})
+                  .ok());
+  std::vector<v1::JobStatus> list = jobs_.List();
+  ASSERT_EQ(list.size(), 3u);
+  EXPECT_EQ(list[0].config().job_id(), "alpha");
+  EXPECT_EQ(list[1].config().job_id(), "bravo");
+  EXPECT_EQ(list[2].config().job_id(), "charlie");
+  EXPECT_EQ(list[1].state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(list[1].world_size(), 1);
+  for (const v1::JobStatus& job : list) EXPECT_THAT(job.members(), IsEmpty());
+  // Get still has the members.
+  EXPECT_EQ(jobs_.Get("bravo")->members_size(), 1);
+}
+
+TEST_F(JobManagerTest, ListOfNoJobsIsEmpty) {
+  EXPECT_THAT(jobs_.List(), IsEmpty());
+}
+
+// ---------------------------------------------------------------------------
+// Round transitions
+
+TEST_F(JobManagerTest, RecordRoundClosedSetsRunningRoundWorldSizeAndMembers) {
+  ASSERT_TRUE(jobs_.Create(Config("train", 2)).ok());
+  clock_.Advance(absl::Seconds(5));
+  ASSERT_TRUE(
+      jobs_
+          .RecordRoundClosed("train", 1, v1::BACKEND_NCCL,
+                             {MemberWithRank(0, "a"), MemberWithRank(1, "b")})
+          .ok());
+  absl::StatusOr<v1::JobStatus> job = jobs_.Get("train");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job->round(), 1);
+  EXPECT_EQ(job->world_size(), 2);
+  EXPECT_EQ(job->backend(), v1::BACKEND_NCCL);
+  ASSERT_EQ(job->members_size(), 2);
+  EXPECT_EQ(job->members(0).rank(), 0);
+  EXPECT_EQ(job->members(0).node().node_id(), "a");
+  EXPECT_EQ(job->members(1).rank(), 1);
+  EXPECT_EQ(job->members(1).node().node_id(), "b");
+  EXPECT_EQ(FromProtoTime(job->round_close_time()), clock_.Now());
+  EXPECT_EQ(FromProtoTime(job->update_time()), clock_.Now());
+  EXPECT_LT(FromProtoTime(job->create_time()), clock_.Now());
+}
+
+TEST_F(JobManagerTest, RecordRoundSupersededGoesBackToWaitingWithReason) {
+  ASSERT_TRUE(jobs_.Create(Config("train")).ok());
+  ASSERT_TRUE(jobs_
+                  .RecordRoundClosed("train", 1, v1::BACKEND_GLOO,
+                                     {MemberWithRank(0, "a")})
+                  .ok());
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(
+      jobs_.RecordRoundSuperseded("train", "rank 0 rejoined after round 1")
+          .ok());
+  absl::StatusOr<v1::JobStatus> job = jobs_.Get("train");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_WAITING);
+  EXPECT_EQ(job->reason(), "rank 0 rejoined after round 1");
+  EXPECT_EQ(job->round(), 1);         // still the latest closed round
+  EXPECT_EQ(job->members_size(), 1);  // shown as they were
+  EXPECT_EQ(FromProtoTime(job->update_time()), clock_.Now());
+}
+
+TEST_F(JobManagerTest, RecordRoundClosedClearsTheSupersededReason) {
+  ASSERT_TRUE(jobs_.Create(Config("train")).ok());
+  ASSERT_TRUE(jobs_
+                  .RecordRoundClosed("train", 1, v1::BACKEND_GLOO,
+                                     {MemberWithRank(0, "a")})
+                  .ok());
+  ASSERT_TRUE(jobs_.RecordRoundSuperseded("train", "why").ok());
+  ASSERT_TRUE(jobs_
+                  .RecordRoundClosed("train", 2, v1::BACKEND_GLOO,
+                                     {MemberWithRank(0, "b")})
+                  .ok());
+  absl::StatusOr<v1::JobStatus> job = jobs_.Get("train");
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job->round(), 2);
+  EXPECT_EQ(job->reason(), "");
+  ASSERT_EQ(job->members_size(), 1);
+  EXPECT_EQ(job->members(0).node().node_id(), "b");
+}
+
+TEST_F(JobManagerTest, RoundTransitionsOfUnknownJobAreNotFound) {
+  EXPECT_EQ(jobs_.RecordRoundClosed("nope", 1, v1::BACKEND_GLOO, {}).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(jobs_.RecordRoundSuperseded("nope", "why").code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_FALSE(jobs_.Exists("nope"));
+}
+
+// ---------------------------------------------------------------------------
+// Persistence
+
+TEST_F(JobManagerTest, RecordsAreWrittenThroughToStorageUnderJobsPrefix) {
+  ASSERT_TRUE(jobs_.Create(Config("train", 2)).ok());
+  absl::StatusOr<std::string> stored = storage_.Get("jobs/train");
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  v1::JobStatus record;
+  ASSERT_TRUE(record.ParseFromString(*stored));
+  EXPECT_EQ(record.config().min_nodes(), 2);
+  EXPECT_EQ(record.state(), v1::JOB_STATE_WAITING);
+
+  ASSERT_TRUE(
+      jobs_
+          .RecordRoundClosed("train", 1, v1::BACKEND_GLOO,
+                             {MemberWithRank(0, "a"), MemberWithRank(1, "b")})
+          .ok());
+  ASSERT_TRUE(record.ParseFromString(storage_.Get("jobs/train").value()));
+  EXPECT_EQ(record.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(record.members_size(), 2);
+}
+
+TEST_F(JobManagerTest, ASecondManagerOnTheSameStorageLoadsEveryRecord) {
+  ASSERT_TRUE(jobs_.Create(Config("alpha", 1, 3)).ok());
+  ASSERT_TRUE(jobs_.Create(Config("bravo")).ok());
+  ASSERT_TRUE(jobs_
+                  .RecordRoundClosed("alpha", 1, v1::BACKEND_NCCL,
+                                     {MemberWithRank(0, "a")})
+                  .ok());
+  ASSERT_TRUE(jobs_.RecordRoundSuperseded("alpha", "a rejoined").ok());
+
+  JobManager reloaded(&storage_, &clock_);
+  EXPECT_FALSE(reloaded.Exists("alpha"));  // nothing until loaded
+  ASSERT_TRUE(reloaded.LoadFromStorage().ok());
+  EXPECT_TRUE(reloaded.Exists("alpha"));
+  EXPECT_TRUE(reloaded.Exists("bravo"));
+  absl::StatusOr<v1::JobStatus> alpha = reloaded.Get("alpha");
+  ASSERT_TRUE(alpha.ok()) << alpha.status();
+  EXPECT_EQ(alpha->config().max_nodes(), 3);
+  EXPECT_EQ(alpha->state(), v1::JOB_STATE_WAITING);
+  EXPECT_EQ(alpha->reason(), "a rejoined");
+  EXPECT_EQ(alpha->round(), 1);
+  EXPECT_EQ(alpha->backend(), v1::BACKEND_NCCL);
+  EXPECT_EQ(alpha->members_size(), 1);
+  std::vector<v1::JobStatus> list = reloaded.List();
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0].config().job_id(), "alpha");
+  EXPECT_EQ(list[1].config().job_id(), "bravo");
+  // The loaded manager enforces ids as before.
+  EXPECT_EQ(reloaded.Create(Config("bravo")).status().code(),
+            absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(JobManagerTest, LoadFromStorageIgnoresKeysOutsideTheJobsPrefix) {
+  ASSERT_TRUE(storage_.Put("kv/train/1/x", "not a job record").ok());
+  ASSERT_TRUE(jobs_.Create(Config("train")).ok());
+  JobManager reloaded(&storage_, &clock_);
+  ASSERT_TRUE(reloaded.LoadFromStorage().ok());
+  EXPECT_EQ(reloaded.List().size(), 1u);
+}
+
+TEST_F(JobManagerTest, LoadFromStorageOfACorruptRecordIsDataLoss) {
+  ASSERT_TRUE(storage_.Put("jobs/broken", "\xff\xff\xff garbage").ok());
+  JobManager reloaded(&storage_, &clock_);
+  absl::Status status = reloaded.LoadFromStorage();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("jobs/broken"));
+}
+
+}  // namespace
+}  // namespace gradsync

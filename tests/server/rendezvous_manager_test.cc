@@ -1,0 +1,1208 @@
+#include "server/rendezvous_manager.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/job_config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/gradsync/v1/job.pb.h"
+#include "proto/gradsync/v1/rendezvous.pb.h"
+#include "server/job_manager.h"
+#include "server/kv_manager.h"
+#include "server/storage/in_memory_storage.h"
+
+namespace gradsync {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr char kJob[] = "train";
+
+// Records the outcome of one Join; the callback may run inline or later.
+class JoinOutcome {
+ public:
+  RendezvousManager::JoinCallback Callback() {
+    return [this](absl::StatusOr<v1::Assignment> result) {
+      absl::MutexLock lock(&mu_);
+      result_ = std::move(result);
+      ++calls_;
+    };
+  }
+  bool done() const {
+    absl::MutexLock lock(&mu_);
+    return calls_ > 0;
+  }
+  int calls() const {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+  absl::StatusOr<v1::Assignment> result() const {
+    absl::MutexLock lock(&mu_);
+    if (!result_.has_value()) {
+      return absl::UnknownError("the join has not finished");
+    }
+    return *result_;
+  }
+  absl::Status status() const { return result().status(); }
+  // The assignment; an empty one (and a test failure) when there is none.
+  v1::Assignment assignment() const {
+    absl::StatusOr<v1::Assignment> r = result();
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : v1::Assignment();
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::optional<absl::StatusOr<v1::Assignment>> result_;
+  int calls_ = 0;
+};
+
+enum class Device { kCpu, kCudaNccl, kCudaNoNccl };
+
+v1::NodeDescriptor Node(const std::string& host, const std::string& incarnation,
+                        Device device = Device::kCpu) {
+  v1::NodeDescriptor node;
+  node.set_hostname(host);  // node_id defaults to the hostname
+  node.set_incarnation_id(incarnation);
+  node.add_addresses("10.0.0.1");
+  node.set_pid(1234);
+  switch (device) {
+    case Device::kCpu:
+      node.set_device_type(v1::DEVICE_TYPE_CPU);
+      break;
+    case Device::kCudaNccl:
+      node.set_device_type(v1::DEVICE_TYPE_CUDA);
+      node.set_device_count(8);
+      node.set_nccl_available(true);
+      break;
+    case Device::kCudaNoNccl:
+      node.set_device_type(v1::DEVICE_TYPE_CUDA);
+      node.set_device_count(8);
+      node.set_nccl_available(false);
+      break;
+  }
+  return node;
+}
+
+// Fluent description of a job config; unset fields keep their defaults.
+struct ConfigSpec {
+  ConfigSpec& Min(int n) {
+    min_nodes = n;
+    return *this;
+  }
+  ConfigSpec& Max(int n) {
+    max_nodes = n;
+    return *this;
+  }
+  ConfigSpec& Nproc(int n) {
+    nproc_per_node = n;
+    return *this;
+  }
+  ConfigSpec& JoinTimeout(absl::Duration d) {
+    join_timeout = d;
+    return *this;
+  }
+  ConfigSpec& LastCall(absl::Duration d) {
+    last_call_timeout = d;
+    return *this;
+  }
+  ConfigSpec& Backend(v1::Backend b) {
+    backend = b;
+    return *this;
+  }
+
+  int min_nodes = 1;
+  int max_nodes = 0;
+  int nproc_per_node = 1;
+  std::optional<absl::Duration> join_timeout;
+  std::optional<absl::Duration> last_call_timeout;
+  v1::Backend backend = v1::BACKEND_UNSPECIFIED;
+};
+
+v1::JobConfig Config(const ConfigSpec& spec) {
+  v1::JobConfig config;
+  config.set_job_id(kJob);
+  config.set_min_nodes(spec.min_nodes);
+  config.set_max_nodes(spec.max_nodes);
+  config.set_nproc_per_node(spec.nproc_per_node);
+  if (spec.join_timeout.has_value()) {
+    *config.mutable_join_timeout() = ToProtoDuration(*spec.join_timeout);
+  }
+  if (spec.last_call_timeout.has_value()) {
+    *config.mutable_last_call_timeout() =
+        ToProtoDuration(*spec.last_call_timeout);
+  }
+  config.set_backend(spec.backend);
+  return config;
+}
+
+class RendezvousManagerTest : public ::testing::Test {
+ protected:
+  // Sets the config the helpers join with.
+  void UseConfig(const ConfigSpec& spec) { config_ = Config(spec); }
+
+  v1::JoinRequest Request(const v1::NodeDescriptor& node,
+                          int64_t last_round = 0) const {
+    v1::JoinRequest request;
+    request.set_job_id(kJob);
+    *request.mutable_config() = config_;
+    *request.mutable_node() = node;
+    request.set_last_round(last_round);
+    return request;
+  }
+
+  uint64_t Join(const v1::NodeDescriptor& node, JoinOutcome* outcome,
+                int64_t last_round = 0) {
+    return rdzv_.Join(Request(node, last_round), outcome->Callback());
+  }
+
+  // Steps the clock and runs the periodic work, as the server's poller does.
+  void AdvanceAndPoll(absl::Duration d) {
+    clock_.Advance(d);
+    rdzv_.Poll();
+    kv_.Poll();
+  }
+
+  v1::JobStatus Status() const {
+    absl::StatusOr<v1::JobStatus> status = jobs_.Get(kJob);
+    EXPECT_TRUE(status.ok()) << status.status();
+    v1::JobStatus out = status.ok() ? *status : v1::JobStatus();
+    rdzv_.DescribeWaiting(kJob, &out);
+    return out;
+  }
+
+  absl::Status KvSet(int64_t round) {
+    return kv_.Set({kJob, round}, "probe", "x");
+  }
+
+  InMemoryStorage storage_;
+  FakeClock clock_;
+  JobManager jobs_{&storage_, &clock_};
+  KvManager kv_{&storage_, &clock_, &jobs_};
+  RendezvousManager rdzv_{&jobs_, &kv_, &clock_};
+  v1::JobConfig config_ = Config(ConfigSpec());
+};
+
+// ---------------------------------------------------------------------------
+// Closing a round
+
+TEST_F(RendezvousManagerTest, RoundClosesAsSoonAsMaxNodesJoin) {
+  UseConfig(ConfigSpec().Min(3).Max(3));
+  JoinOutcome a, b, c;
+  EXPECT_NE(Join(Node("host-a", "inc-a"), &a), 0u);
+  EXPECT_NE(Join(Node("host-b", "inc-b"), &b), 0u);
+  EXPECT_FALSE(a.done());
+  EXPECT_FALSE(b.done());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_WAITING);
+  Join(Node("host-c", "inc-c"), &c);
+  ASSERT_TRUE(a.done());
+  ASSERT_TRUE(b.done());
+  ASSERT_TRUE(c.done());
+
+  // Ranks in join order, contiguous from 0.
+  const JoinOutcome* outcomes[] = {&a, &b, &c};
+  for (int i = 0; i < 3; ++i) {
+    v1::Assignment assignment = outcomes[i]->assignment();
+    EXPECT_EQ(assignment.job_id(), kJob);
+    EXPECT_EQ(assignment.round(), 1);
+    EXPECT_EQ(assignment.rank(), i);
+    EXPECT_EQ(assignment.local_rank(), 0);
+    EXPECT_EQ(assignment.world_size(), 3);
+    EXPECT_EQ(assignment.local_world_size(), 1);
+    EXPECT_EQ(assignment.node_rank(), i);
+    EXPECT_EQ(assignment.num_nodes(), 3);
+    EXPECT_EQ(assignment.backend(), v1::BACKEND_GLOO);  // CPU nodes
+    EXPECT_EQ(assignment.kv_prefix(), "kv/train/1/");
+    EXPECT_EQ(outcomes[i]->calls(), 1);
+  }
+}
+
+TEST_F(RendezvousManagerTest, ClosedRoundIsRecordedInTheJobAndOpensItsKvRound) {
+  UseConfig(ConfigSpec().Min(2).Max(2));
+  JoinOutcome a, b;
+  EXPECT_EQ(KvSet(1).code(), absl::StatusCode::kNotFound);  // no job yet
+  Join(Node("host-a", "inc-a"), &a);
+  // The first join created the job; no round has closed.
+  EXPECT_EQ(KvSet(1).code(), absl::StatusCode::kFailedPrecondition);
+  Join(Node("host-b", "inc-b"), &b);
+  ASSERT_TRUE(b.done());
+
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(status.round(), 1);
+  EXPECT_EQ(status.world_size(), 2);
+  EXPECT_EQ(status.backend(), v1::BACKEND_GLOO);
+  ASSERT_EQ(status.members_size(), 2);
+  EXPECT_EQ(status.members(0).rank(), 0);
+  EXPECT_EQ(status.members(0).node().incarnation_id(), "inc-a");
+  EXPECT_EQ(status.members(0).node().node_id(), "host-a");  // from hostname
+  EXPECT_EQ(status.members(0).state(), v1::MEMBER_STATE_ACTIVE);
+  EXPECT_EQ(status.members(1).rank(), 1);
+  EXPECT_EQ(status.members(1).node().incarnation_id(), "inc-b");
+  EXPECT_EQ(FromProtoTime(status.round_close_time()), clock_.Now());
+  EXPECT_THAT(status.waiting(), IsEmpty());
+  EXPECT_THAT(status.spares(), IsEmpty());
+  EXPECT_TRUE(KvSet(1).ok());
+}
+
+TEST_F(RendezvousManagerTest, ProcessesAreGroupedIntoNodesByHostname) {
+  UseConfig(ConfigSpec().Min(2).Max(2).Nproc(2));
+  JoinOutcome a0, b0, b1, a1;
+  // Interleaved: node order is that of each node's first process.
+  Join(Node("host-a", "a0"), &a0);
+  Join(Node("host-b", "b0"), &b0);
+  Join(Node("host-b", "b1"), &b1);
+  EXPECT_FALSE(b1.done());  // host-a is not complete yet
+  Join(Node("host-a", "a1"), &a1);
+  ASSERT_TRUE(a0.done() && a1.done() && b0.done() && b1.done());
+
+  struct Expected {
+    const JoinOutcome* outcome;
+    int rank, local_rank, node_rank;
+  };
+  for (const Expected& e : {Expected{&a0, 0, 0, 0}, Expected{&a1, 1, 1, 0},
+                            Expected{&b0, 2, 0, 1}, Expected{&b1, 3, 1, 1}}) {
+    v1::Assignment assignment = e.outcome->assignment();
+    EXPECT_EQ(assignment.rank(), e.rank);
+    EXPECT_EQ(assignment.local_rank(), e.local_rank);
+    EXPECT_EQ(assignment.node_rank(), e.node_rank);
+    EXPECT_EQ(assignment.rank(),
+              assignment.node_rank() * 2 + assignment.local_rank());
+    EXPECT_EQ(assignment.world_size(), 4);
+    EXPECT_EQ(assignment.local_world_size(), 2);
+    EXPECT_EQ(assignment.num_nodes(), 2);
+  }
+  v1::JobStatus status = Status();
+  ASSERT_EQ(status.members_size(), 4);
+  EXPECT_EQ(status.members(1).node().incarnation_id(), "a1");
+  EXPECT_EQ(status.members(1).local_rank(), 1);
+  EXPECT_EQ(status.members(2).node().incarnation_id(), "b0");
+  EXPECT_EQ(status.members(2).node_rank(), 1);
+}
+
+TEST_F(RendezvousManagerTest, ExplicitNodeIdOverridesTheHostname) {
+  UseConfig(ConfigSpec().Min(2).Max(2).Nproc(2));
+  // Four processes on one host, split into two nodes by node_id.
+  JoinOutcome o[4];
+  for (int i = 0; i < 4; ++i) {
+    v1::NodeDescriptor node = Node("shared-host", absl::StrCat("p", i));
+    node.set_node_id(i < 2 ? "slot-0" : "slot-1");
+    Join(node, &o[i]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(o[i].done()) << i;
+    EXPECT_EQ(o[i].assignment().rank(), i);
+    EXPECT_EQ(o[i].assignment().node_rank(), i / 2);
+  }
+}
+
+TEST_F(RendezvousManagerTest, NodeIdAloneIsEnoughWithoutAHostname) {
+  UseConfig(ConfigSpec().Min(1).Max(1));
+  v1::NodeDescriptor node = Node("", "inc-a");
+  node.set_node_id("rack1-slot3");
+  JoinOutcome a;
+  Join(node, &a);
+  ASSERT_TRUE(a.done());
+  EXPECT_TRUE(a.status().ok()) << a.status();
+  EXPECT_EQ(Status().members(0).node().node_id(), "rack1-slot3");
+}
+
+TEST_F(RendezvousManagerTest, IncompleteNodesDoNotCountTowardMinNodes) {
+  UseConfig(ConfigSpec().Min(1).Max(2).Nproc(2).LastCall(absl::ZeroDuration()));
+  JoinOutcome a0, b0, a1;
+  Join(Node("host-a", "a0"), &a0);
+  Join(Node("host-b", "b0"), &b0);
+  AdvanceAndPoll(absl::Minutes(1));
+  EXPECT_FALSE(a0.done());
+  EXPECT_FALSE(b0.done());
+  Join(Node("host-a", "a1"), &a1);
+  // host-a is complete: min reached with a zero last call.
+  ASSERT_TRUE(a0.done());
+  ASSERT_TRUE(a1.done());
+  EXPECT_EQ(a0.assignment().world_size(), 2);
+  EXPECT_EQ(a0.assignment().num_nodes(), 1);
+  // The incomplete node waits as a spare of the running round.
+  EXPECT_FALSE(b0.done());
+  v1::JobStatus status = Status();
+  ASSERT_EQ(status.spares_size(), 1);
+  EXPECT_EQ(status.spares(0).node().incarnation_id(), "b0");
+}
+
+// ---------------------------------------------------------------------------
+// min:max and the last call
+
+TEST_F(RendezvousManagerTest, RoundClosesWithMinNodesOnlyAfterTheLastCall) {
+  UseConfig(ConfigSpec().Min(2).Max(4).LastCall(absl::Seconds(30)));
+  JoinOutcome a, b;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  EXPECT_FALSE(a.done());
+  EXPECT_FALSE(b.done());
+
+  AdvanceAndPoll(absl::Seconds(30) - absl::Milliseconds(1));
+  EXPECT_FALSE(a.done());
+  EXPECT_FALSE(b.done());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_WAITING);
+
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_FALSE(a.done());  // only Poll closes on time
+  rdzv_.Poll();
+  ASSERT_TRUE(a.done());
+  ASSERT_TRUE(b.done());
+  EXPECT_EQ(a.assignment().world_size(), 2);
+  EXPECT_EQ(a.assignment().num_nodes(), 2);
+  EXPECT_EQ(a.assignment().rank(), 0);
+  EXPECT_EQ(b.assignment().rank(), 1);
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(RendezvousManagerTest, DefaultLastCallIsThirtySeconds) {
+  UseConfig(ConfigSpec().Min(1).Max(2));
+  JoinOutcome a;
+  Join(Node("host-a", "inc-a"), &a);
+  AdvanceAndPoll(absl::Seconds(29));
+  EXPECT_FALSE(a.done());
+  AdvanceAndPoll(absl::Seconds(1));
+  ASSERT_TRUE(a.done());
+  EXPECT_EQ(a.assignment().world_size(), 1);
+}
+
+TEST_F(RendezvousManagerTest, NodesJoiningDuringTheLastCallAreIncluded) {
+  UseConfig(ConfigSpec().Min(2).Max(4).LastCall(absl::Seconds(30)));
+  JoinOutcome a, b, c;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  AdvanceAndPoll(absl::Seconds(20));
+  Join(Node("host-c", "inc-c"), &c);
+  EXPECT_FALSE(c.done());
+  // The last call runs from when min nodes first completed, not restarted.
+  AdvanceAndPoll(absl::Seconds(10));
+  ASSERT_TRUE(a.done() && b.done() && c.done());
+  EXPECT_EQ(c.assignment().world_size(), 3);
+  EXPECT_EQ(c.assignment().rank(), 2);
+}
+
+TEST_F(RendezvousManagerTest, ReachingMaxDuringTheLastCallClosesAtOnce) {
+  UseConfig(ConfigSpec().Min(1).Max(3).LastCall(absl::Seconds(30)));
+  JoinOutcome a, b, c;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  EXPECT_FALSE(a.done());
+  Join(Node("host-c", "inc-c"), &c);
+  ASSERT_TRUE(a.done() && b.done() && c.done());
+  EXPECT_EQ(a.assignment().world_size(), 3);
+  // The cancelled last call does nothing later.
+  AdvanceAndPoll(absl::Minutes(1));
+  EXPECT_EQ(Status().round(), 1);
+  EXPECT_EQ(a.calls(), 1);
+}
+
+TEST_F(RendezvousManagerTest, ZeroLastCallClosesAtMinNodesImmediately) {
+  UseConfig(ConfigSpec().Min(2).Max(4).LastCall(absl::ZeroDuration()));
+  JoinOutcome a, b, c;
+  Join(Node("host-a", "inc-a"), &a);
+  EXPECT_FALSE(a.done());
+  Join(Node("host-b", "inc-b"), &b);
+  ASSERT_TRUE(a.done());
+  ASSERT_TRUE(b.done());
+  EXPECT_EQ(a.assignment().world_size(), 2);
+  EXPECT_EQ(b.assignment().rank(), 1);
+  // A later joiner is a spare of the running round.
+  Join(Node("host-c", "inc-c"), &c);
+  EXPECT_FALSE(c.done());
+  EXPECT_EQ(Status().spares_size(), 1);
+}
+
+// ---------------------------------------------------------------------------
+// Join timeout
+
+TEST_F(RendezvousManagerTest,
+       JoinBelowMinFailsWithDeadlineExceededAfterTimeout) {
+  UseConfig(ConfigSpec().Min(3).Max(3).JoinTimeout(absl::Seconds(60)));
+  JoinOutcome a, b;
+  Join(Node("host-a", "inc-a"), &a);
+  AdvanceAndPoll(absl::Seconds(30));
+  Join(Node("host-b", "inc-b"), &b);
+
+  AdvanceAndPoll(absl::Seconds(30) - absl::Milliseconds(1));
+  EXPECT_FALSE(a.done());
+  AdvanceAndPoll(absl::Milliseconds(1));
+  ASSERT_TRUE(a.done());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(a.status().message(),
+              HasSubstr("job 'train' needs at least 3 node(s)"));
+  EXPECT_THAT(a.status().message(),
+              HasSubstr("only 2 complete node(s) joined"));
+
+  // The other joiner keeps waiting; the job is still forming.
+  EXPECT_FALSE(b.done());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_WAITING);
+  EXPECT_EQ(status.round(), 0);
+  ASSERT_EQ(status.waiting_size(), 1);
+  EXPECT_EQ(status.waiting(0).node().incarnation_id(), "inc-b");
+
+  AdvanceAndPoll(absl::Seconds(30));
+  ASSERT_TRUE(b.done());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(b.status().message(),
+              HasSubstr("only 1 complete node(s) joined"));
+  EXPECT_EQ(a.calls(), 1);
+  EXPECT_THAT(Status().waiting(), IsEmpty());
+}
+
+TEST_F(RendezvousManagerTest, TimedOutJoinerNoLongerCountsTowardTheRound) {
+  UseConfig(ConfigSpec().Min(2).Max(2).JoinTimeout(absl::Seconds(60)));
+  JoinOutcome a, b, c;
+  Join(Node("host-a", "inc-a"), &a);
+  AdvanceAndPoll(absl::Seconds(60));
+  ASSERT_TRUE(a.done());
+  Join(Node("host-b", "inc-b"), &b);
+  EXPECT_FALSE(b.done());  // a is gone: one node only
+  Join(Node("host-c", "inc-c"), &c);
+  ASSERT_TRUE(b.done() && c.done());
+  EXPECT_EQ(b.assignment().rank(), 0);
+  EXPECT_EQ(c.assignment().rank(), 1);
+}
+
+TEST_F(RendezvousManagerTest, TimedOutJoinBelowMinCancelsTheLastCall) {
+  UseConfig(ConfigSpec()
+                .Min(2)
+                .Max(3)
+                .JoinTimeout(absl::Seconds(60))
+                .LastCall(absl::Seconds(50)));
+  JoinOutcome a, b;
+  Join(Node("host-a", "inc-a"), &a);
+  AdvanceAndPoll(absl::Seconds(20));
+  Join(Node("host-b", "inc-b"), &b);  // last call until t=70s
+  AdvanceAndPoll(absl::Seconds(40));  // t=60s: a times out
+  ASSERT_TRUE(a.done());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kDeadlineExceeded);
+  AdvanceAndPoll(absl::Seconds(10));  // t=70s: no round with one node
+  EXPECT_FALSE(b.done());
+  EXPECT_EQ(Status().round(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Waiting processes and spares
+
+TEST_F(RendezvousManagerTest,
+       WaitingProcessesShowInStatusBeforeTheRoundCloses) {
+  UseConfig(ConfigSpec().Min(3).Max(3));
+  JoinOutcome a, b;
+  Join(Node("host-a", "inc-a"), &a);
+  AdvanceAndPoll(absl::Seconds(1));
+  Join(Node("host-b", "inc-b"), &b);
+  v1::JobStatus status = Status();
+  EXPECT_THAT(status.members(), IsEmpty());
+  EXPECT_THAT(status.spares(), IsEmpty());
+  ASSERT_EQ(status.waiting_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    const v1::Member& m = status.waiting(i);
+    EXPECT_EQ(m.rank(), -1);
+    EXPECT_EQ(m.local_rank(), -1);
+    EXPECT_EQ(m.node_rank(), -1);
+    EXPECT_EQ(m.state(), v1::MEMBER_STATE_WAITING);
+  }
+  // In join order, with their join time.
+  EXPECT_EQ(status.waiting(0).node().incarnation_id(), "inc-a");
+  EXPECT_EQ(status.waiting(1).node().incarnation_id(), "inc-b");
+  EXPECT_EQ(FromProtoTime(status.waiting(1).last_seen()), clock_.Now());
+  EXPECT_EQ(FromProtoTime(status.waiting(0).last_seen()),
+            clock_.Now() - absl::Seconds(1));
+}
+
+TEST_F(RendezvousManagerTest, JoinersBeyondMaxWaitAsSpares) {
+  UseConfig(ConfigSpec().Min(2).Max(2));
+  JoinOutcome a, b, c, d;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  ASSERT_TRUE(a.done() && b.done());
+  EXPECT_NE(Join(Node("host-c", "inc-c"), &c), 0u);
+  Join(Node("host-d", "inc-d"), &d);
+  EXPECT_FALSE(c.done());
+  EXPECT_FALSE(d.done());
+
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(status.members_size(), 2);
+  EXPECT_THAT(status.waiting(), IsEmpty());
+  ASSERT_EQ(status.spares_size(), 2);
+  EXPECT_EQ(status.spares(0).node().incarnation_id(), "inc-c");
+  EXPECT_EQ(status.spares(1).node().incarnation_id(), "inc-d");
+  for (const v1::Member& spare : status.spares()) {
+    EXPECT_EQ(spare.rank(), -1);
+    EXPECT_EQ(spare.state(), v1::MEMBER_STATE_SPARE);
+  }
+  // Spares do not disturb the running round.
+  EXPECT_TRUE(KvSet(1).ok());
+  EXPECT_EQ(a.calls(), 1);
+}
+
+TEST_F(RendezvousManagerTest, SpareTimesOutWithAMessageSayingItWasASpare) {
+  UseConfig(ConfigSpec().Min(1).Max(1).JoinTimeout(absl::Seconds(60)));
+  JoinOutcome a, spare;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &spare);
+  AdvanceAndPoll(absl::Seconds(60));
+  ASSERT_TRUE(spare.done());
+  EXPECT_EQ(spare.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(spare.status().message(),
+              HasSubstr("job 'train' is running round 1"));
+  EXPECT_THAT(spare.status().message(), HasSubstr("as a spare"));
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(RendezvousManagerTest, ReturningNodesTakePlacesBeforeSpares) {
+  UseConfig(ConfigSpec().Min(2).Max(2));
+  JoinOutcome a, b, c, d, a2;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  Join(Node("host-c", "inc-c"), &c);
+  Join(Node("host-d", "inc-d"), &d);
+  // a rejoins: round 1 is superseded; a, a node of round 1, takes a place
+  // first and the longest-waiting spare (c) takes the other; d stays spare.
+  Join(Node("host-a", "inc-a"), &a2, /*last_round=*/1);
+  ASSERT_TRUE(a2.done() && c.done());
+  EXPECT_EQ(a2.assignment().round(), 2);
+  EXPECT_EQ(c.assignment().round(), 2);
+  EXPECT_EQ(a2.assignment().node_rank(), 0) << "a keeps its old node rank";
+  EXPECT_FALSE(d.done());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.round(), 2);
+  ASSERT_EQ(status.spares_size(), 1);
+  EXPECT_EQ(status.spares(0).node().incarnation_id(), "inc-d");
+}
+
+TEST_F(RendezvousManagerTest, DescribeWaitingOfUnknownJobIsANoOp) {
+  v1::JobStatus status;
+  rdzv_.DescribeWaiting("nope", &status);
+  EXPECT_THAT(status.waiting(), IsEmpty());
+  EXPECT_THAT(status.spares(), IsEmpty());
+}
+
+// ---------------------------------------------------------------------------
+// Rejoins and stale rounds
+
+TEST_F(RendezvousManagerTest, MemberRejoiningSupersedesTheRoundAndKvGoesStale) {
+  UseConfig(ConfigSpec().Min(2).Max(2));
+  JoinOutcome a, b;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  ASSERT_TRUE(a.done() && b.done());
+  ASSERT_TRUE(KvSet(1).ok());
+
+  JoinOutcome a2;
+  Join(Node("host-a", "inc-a"), &a2, /*last_round=*/1);
+  EXPECT_FALSE(a2.done());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_WAITING);
+  EXPECT_EQ(status.round(), 1);
+  EXPECT_THAT(status.reason(), HasSubstr("rank 0"));
+  EXPECT_THAT(status.reason(), HasSubstr("rejoined after round 1"));
+  ASSERT_EQ(status.waiting_size(), 1);
+
+  // Round 1's key-value calls are refused; round 2 has not closed.
+  absl::Status stale = KvSet(1);
+  EXPECT_EQ(stale.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(stale.message(), HasSubstr("round 1 of job 'train' is over"));
+  absl::Status early = KvSet(2);
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(early.message(), HasSubstr("has not closed"));
+
+  // Once the other member rejoins, round 2 closes.
+  JoinOutcome b2;
+  Join(Node("host-b", "inc-b"), &b2, /*last_round=*/1);
+  ASSERT_TRUE(a2.done() && b2.done());
+  EXPECT_EQ(a2.assignment().round(), 2);
+  EXPECT_EQ(b2.assignment().round(), 2);
+  EXPECT_EQ(a2.assignment().kv_prefix(), "kv/train/2/");
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Status().round(), 2);
+  EXPECT_TRUE(KvSet(2).ok());
+  EXPECT_EQ(KvSet(1).code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(RendezvousManagerTest, SupersedingARoundAbortsItsPendingKvWaits) {
+  UseConfig(ConfigSpec().Min(2).Max(2));
+  JoinOutcome a, b, a2;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  absl::Status wait_status = absl::UnknownError("not called");
+  kv_.Wait({kJob, 1}, {"never"}, absl::Seconds(10),
+           [&](absl::Status s) { wait_status = s; });
+  Join(Node("host-a", "inc-a"), &a2, /*last_round=*/1);
+  EXPECT_EQ(wait_status.code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(RendezvousManagerTest, NewIncarnationOnAMembersNodeSupersedesTheRound) {
+  UseConfig(ConfigSpec().Min(2).Max(2));
+  JoinOutcome a, b, restarted;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  ASSERT_TRUE(b.done());
+  // host-b's process restarted: a new incarnation with last_round 0.
+  Join(Node("host-b", "inc-b-2"), &restarted);
+  EXPECT_FALSE(restarted.done());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_WAITING);
+  EXPECT_THAT(status.reason(), HasSubstr("restarted"));
+  EXPECT_EQ(KvSet(1).code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(RendezvousManagerTest,
+       RetriedJoinGetsTheSameAssignmentWithoutSuperseding) {
+  UseConfig(ConfigSpec().Min(2).Max(2));
+  JoinOutcome a, b;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  ASSERT_TRUE(a.done());
+  ASSERT_TRUE(KvSet(1).ok());
+
+  // The answer to a's join was lost; it retries with last_round 0.
+  JoinOutcome retry;
+  EXPECT_EQ(Join(Node("host-a", "inc-a"), &retry, /*last_round=*/0), 0u);
+  ASSERT_TRUE(retry.done());
+  EXPECT_EQ(retry.assignment().SerializeAsString(),
+            a.assignment().SerializeAsString());
+  EXPECT_EQ(retry.assignment().round(), 1);
+  EXPECT_EQ(retry.assignment().rank(), 0);
+
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(status.round(), 1);
+  EXPECT_THAT(status.spares(), IsEmpty());
+  EXPECT_TRUE(KvSet(1).ok());
+}
+
+TEST_F(RendezvousManagerTest, RejoiningNodesKeepTheirNodeRanks) {
+  UseConfig(ConfigSpec().Min(3).Max(3));
+  JoinOutcome a, b, c;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  Join(Node("host-c", "inc-c"), &c);
+  ASSERT_EQ(a.assignment().node_rank(), 0);
+  ASSERT_EQ(b.assignment().node_rank(), 1);
+  ASSERT_EQ(c.assignment().node_rank(), 2);
+
+  // They rejoin in reverse order (c first, superseding round 1).
+  JoinOutcome a2, b2, c2;
+  Join(Node("host-c", "inc-c"), &c2, 1);
+  Join(Node("host-b", "inc-b"), &b2, 1);
+  Join(Node("host-a", "inc-a"), &a2, 1);
+  ASSERT_TRUE(a2.done() && b2.done() && c2.done());
+  EXPECT_EQ(a2.assignment().round(), 2);
+  EXPECT_EQ(a2.assignment().node_rank(), 0);
+  EXPECT_EQ(b2.assignment().node_rank(), 1);
+  EXPECT_EQ(c2.assignment().node_rank(), 2);
+  EXPECT_EQ(a2.assignment().rank(), 0);
+  EXPECT_EQ(b2.assignment().rank(), 1);
+  EXPECT_EQ(c2.assignment().rank(), 2);
+}
+
+TEST_F(RendezvousManagerTest, RestartedProcessesGetTheirNodesOldNodeRank) {
+  UseConfig(ConfigSpec().Min(2).Max(2));
+  JoinOutcome a, b;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  // Both restart with new incarnations, b first.
+  JoinOutcome a2, b2;
+  Join(Node("host-b", "inc-b-2"), &b2);
+  Join(Node("host-a", "inc-a-2"), &a2);
+  ASSERT_TRUE(a2.done() && b2.done());
+  EXPECT_EQ(a2.assignment().node_rank(), 0);
+  EXPECT_EQ(b2.assignment().node_rank(), 1);
+}
+
+TEST_F(RendezvousManagerTest, NewNodeTakesTheNodeRankThatIsFree) {
+  UseConfig(ConfigSpec().Min(3).Max(3));
+  JoinOutcome a, b, c;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  Join(Node("host-c", "inc-c"), &c);
+  // host-b is replaced by host-d; c and a keep their node ranks.
+  JoinOutcome c2, d, a2;
+  Join(Node("host-c", "inc-c"), &c2, 1);
+  Join(Node("host-d", "inc-d"), &d);
+  Join(Node("host-a", "inc-a"), &a2, 1);
+  ASSERT_TRUE(a2.done() && c2.done() && d.done());
+  EXPECT_EQ(a2.assignment().node_rank(), 0);
+  EXPECT_EQ(d.assignment().node_rank(), 1);
+  EXPECT_EQ(c2.assignment().node_rank(), 2);
+}
+
+TEST_F(RendezvousManagerTest,
+       SameIncarnationRejoinWhilePendingReplacesTheOldJoin) {
+  UseConfig(ConfigSpec().Min(2).Max(2));
+  JoinOutcome first, second, b;
+  Join(Node("host-a", "inc-a"), &first);
+  Join(Node("host-a", "inc-a"), &second);
+  ASSERT_TRUE(first.done());
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(first.status().message(), HasSubstr("replaced by a newer join"));
+  EXPECT_FALSE(second.done());
+  EXPECT_EQ(Status().waiting_size(), 1);
+
+  Join(Node("host-b", "inc-b"), &b);
+  ASSERT_TRUE(second.done());
+  EXPECT_EQ(second.assignment().rank(), 0);
+  EXPECT_EQ(second.assignment().world_size(), 2);
+  EXPECT_EQ(first.calls(), 1);
+}
+
+TEST_F(RendezvousManagerTest, ExtraProcessOnAFullNodeReplacesItsOldestProcess) {
+  UseConfig(ConfigSpec().Min(2).Max(2).Nproc(1));
+  JoinOutcome old_proc, new_proc;
+  Join(Node("host-a", "inc-old"), &old_proc);
+  Join(Node("host-a", "inc-new"), &new_proc);
+  ASSERT_TRUE(old_proc.done());
+  EXPECT_EQ(old_proc.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(old_proc.status().message(),
+              HasSubstr("replaced by a newer process on node 'host-a'"));
+  EXPECT_FALSE(new_proc.done());
+  ASSERT_EQ(Status().waiting_size(), 1);
+  EXPECT_EQ(Status().waiting(0).node().incarnation_id(), "inc-new");
+}
+
+// ---------------------------------------------------------------------------
+// Backend negotiation
+
+TEST_F(RendezvousManagerTest, AllCudaNodesWithNcclNegotiateNccl) {
+  UseConfig(ConfigSpec().Min(2).Max(2));
+  JoinOutcome a, b;
+  Join(Node("host-a", "inc-a", Device::kCudaNccl), &a);
+  Join(Node("host-b", "inc-b", Device::kCudaNccl), &b);
+  EXPECT_EQ(a.assignment().backend(), v1::BACKEND_NCCL);
+  EXPECT_EQ(b.assignment().backend(), v1::BACKEND_NCCL);
+  EXPECT_EQ(Status().backend(), v1::BACKEND_NCCL);
+}
+
+TEST_F(RendezvousManagerTest, MixedNodesNegotiateGloo) {
+  UseConfig(ConfigSpec().Min(2).Max(2));
+  JoinOutcome a, b;
+  Join(Node("host-a", "inc-a", Device::kCudaNccl), &a);
+  Join(Node("host-b", "inc-b", Device::kCpu), &b);
+  EXPECT_EQ(a.assignment().backend(), v1::BACKEND_GLOO);
+  EXPECT_EQ(b.assignment().backend(), v1::BACKEND_GLOO);
+  EXPECT_EQ(Status().backend(), v1::BACKEND_GLOO);
+}
+
+TEST_F(RendezvousManagerTest, CudaWithoutNcclNegotiatesGloo) {
+  UseConfig(ConfigSpec().Min(2).Max(2));
+  JoinOutcome a, b;
+  Join(Node("host-a", "inc-a", Device::kCudaNccl), &a);
+  Join(Node("host-b", "inc-b", Device::kCudaNoNccl), &b);
+  EXPECT_EQ(a.assignment().backend(), v1::BACKEND_GLOO);
+}
+
+TEST_F(RendezvousManagerTest, JobForcingNcclRefusesACpuJoiner) {
+  UseConfig(ConfigSpec().Min(2).Max(2).Backend(v1::BACKEND_NCCL));
+  JoinOutcome a, cpu;
+  Join(Node("host-a", "inc-a", Device::kCudaNccl), &a);
+  EXPECT_EQ(Join(Node("host-b", "inc-b", Device::kCpu), &cpu), 0u);
+  ASSERT_TRUE(cpu.done());
+  EXPECT_EQ(cpu.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(cpu.status().message(),
+              HasSubstr("job 'train' requires the nccl backend"));
+  EXPECT_THAT(cpu.status().message(), HasSubstr("host-b"));
+  // The refused process does not take part.
+  EXPECT_FALSE(a.done());
+  EXPECT_EQ(Status().waiting_size(), 1);
+}
+
+TEST_F(RendezvousManagerTest, JobForcingNcclWithCudaNodesUsesNccl) {
+  UseConfig(ConfigSpec().Min(1).Max(1).Backend(v1::BACKEND_NCCL));
+  JoinOutcome a;
+  Join(Node("host-a", "inc-a", Device::kCudaNccl), &a);
+  EXPECT_EQ(a.assignment().backend(), v1::BACKEND_NCCL);
+}
+
+TEST_F(RendezvousManagerTest, JobForcingGlooUsesGlooEvenOnCudaNodes) {
+  UseConfig(ConfigSpec().Min(2).Max(2).Backend(v1::BACKEND_GLOO));
+  JoinOutcome a, b;
+  Join(Node("host-a", "inc-a", Device::kCudaNccl), &a);
+  Join(Node("host-b", "inc-b", Device::kCudaNccl), &b);
+  EXPECT_EQ(a.assignment().backend(), v1::BACKEND_GLOO);
+  EXPECT_EQ(b.assignment().backend(), v1::BACKEND_GLOO);
+}
+
+TEST(NegotiateBackendTest, PicksNcclOnlyWhenEveryMemberCanUseIt) {
+  const v1::NodeDescriptor gpu = Node("h", "i", Device::kCudaNccl);
+  const v1::NodeDescriptor cpu = Node("h", "i", Device::kCpu);
+  EXPECT_EQ(NegotiateBackend(v1::BACKEND_AUTO, {gpu, gpu}), v1::BACKEND_NCCL);
+  EXPECT_EQ(NegotiateBackend(v1::BACKEND_AUTO, {gpu, cpu}), v1::BACKEND_GLOO);
+  EXPECT_EQ(NegotiateBackend(v1::BACKEND_AUTO, {}), v1::BACKEND_GLOO);
+  EXPECT_EQ(NegotiateBackend(v1::BACKEND_GLOO, {gpu}), v1::BACKEND_GLOO);
+  EXPECT_EQ(NegotiateBackend(v1::BACKEND_NCCL, {gpu}), v1::BACKEND_NCCL);
+}
+
+TEST(CanUseNcclTest, NeedsCudaDevicesAndNccl) {
+  EXPECT_TRUE(CanUseNccl(Node("h", "i", Device::kCudaNccl)));
+  EXPECT_FALSE(CanUseNccl(Node("h", "i", Device::kCpu)));
+  EXPECT_FALSE(CanUseNccl(Node("h", "i", Device::kCudaNoNccl)));
+  v1::NodeDescriptor no_devices = Node("h", "i", Device::kCudaNccl);
+  no_devices.set_device_count(0);
+  EXPECT_FALSE(CanUseNccl(no_devices));
+}
+
+// ---------------------------------------------------------------------------
+// Bad joins
+
+TEST_F(RendezvousManagerTest,
+       SecondJoinWithADifferentConfigIsFailedPrecondition) {
+  UseConfig(ConfigSpec().Min(2).Max(2));
+  JoinOutcome a, b;
+  Join(Node("host-a", "inc-a"), &a);
+  UseConfig(ConfigSpec().Min(3).Max(3));
+  EXPECT_EQ(Join(Node("host-b", "inc-b"), &b), 0u);
+  ASSERT_TRUE(b.done());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(b.status().message(), HasSubstr("different config"));
+  EXPECT_EQ(Status().config().min_nodes(), 2);
+  EXPECT_EQ(Status().waiting_size(), 1);
+}
+
+TEST_F(RendezvousManagerTest, LaterJoinsMayLeaveTheConfigOut) {
+  UseConfig(ConfigSpec().Min(2).Max(2));
+  JoinOutcome a, b;
+  Join(Node("host-a", "inc-a"), &a);
+  v1::JoinRequest request = Request(Node("host-b", "inc-b"));
+  request.clear_config();
+  rdzv_.Join(request, b.Callback());
+  ASSERT_TRUE(b.done());
+  EXPECT_EQ(b.assignment().world_size(), 2);
+}
+
+TEST_F(RendezvousManagerTest, JoiningAJobCreatedAheadUsesItsConfig) {
+  v1::JobConfig config = Config(ConfigSpec().Min(1).Max(1));
+  ASSERT_TRUE(jobs_.Create(config).ok());
+  v1::JoinRequest request = Request(Node("host-a", "inc-a"));
+  request.clear_config();
+  JoinOutcome a;
+  rdzv_.Join(request, a.Callback());
+  ASSERT_TRUE(a.done());
+  EXPECT_EQ(a.assignment().world_size(), 1);
+}
+
+TEST_F(RendezvousManagerTest, JoinWithEmptyConfigUsesTheJobsConfig) {
+  UseConfig(ConfigSpec().Min(2).Max(2));
+  JoinOutcome a, b;
+  Join(Node("host-a", "inc-a"), &a);
+  // A later join whose config holds only the job id takes the job's settings.
+  v1::JoinRequest bare = Request(Node("host-b", "inc-b"));
+  bare.mutable_config()->Clear();
+  bare.mutable_config()->set_job_id(kJob);
+  rdzv_.Join(bare, b.Callback());
+  ASSERT_TRUE(a.done() && b.done());
+  EXPECT_TRUE(b.status().ok()) << b.status();
+  EXPECT_EQ(b.assignment().world_size(), 2);
+}
+
+TEST_F(RendezvousManagerTest, JoinWithoutConfigOfUnknownJobIsNotFound) {
+  v1::JoinRequest request = Request(Node("host-a", "inc-a"));
+  request.clear_config();
+  JoinOutcome a;
+  EXPECT_EQ(rdzv_.Join(request, a.Callback()), 0u);
+  ASSERT_TRUE(a.done());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(a.status().message(), HasSubstr("'train' does not exist"));
+  EXPECT_FALSE(jobs_.Exists(kJob));
+}
+
+TEST_F(RendezvousManagerTest, BadJobIdIsInvalidArgumentAndChangesNothing) {
+  v1::JoinRequest request = Request(Node("host-a", "inc-a"));
+  request.set_job_id("Not_A_Label");
+  request.mutable_config()->set_job_id("Not_A_Label");
+  JoinOutcome a;
+  EXPECT_EQ(rdzv_.Join(request, a.Callback()), 0u);
+  ASSERT_TRUE(a.done());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(a.status().message(), HasSubstr("not a DNS label"));
+  EXPECT_FALSE(jobs_.Exists("Not_A_Label"));
+  EXPECT_THAT(jobs_.List(), IsEmpty());
+}
+
+TEST_F(RendezvousManagerTest,
+       MissingIncarnationIsInvalidArgumentAndChangesNothing) {
+  JoinOutcome a;
+  EXPECT_EQ(Join(Node("host-a", ""), &a), 0u);
+  ASSERT_TRUE(a.done());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(a.status().message(), HasSubstr("incarnation_id"));
+  EXPECT_FALSE(jobs_.Exists(kJob));
+  v1::JobStatus status;
+  rdzv_.DescribeWaiting(kJob, &status);
+  EXPECT_THAT(status.waiting(), IsEmpty());
+}
+
+TEST_F(RendezvousManagerTest, NodeWithoutIdOrHostnameIsInvalidArgument) {
+  JoinOutcome a;
+  Join(Node("", "inc-a"), &a);
+  ASSERT_TRUE(a.done());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(a.status().message(), HasSubstr("node_id or a hostname"));
+  EXPECT_FALSE(jobs_.Exists(kJob));
+}
+
+TEST_F(RendezvousManagerTest, BadConfigIsInvalidArgumentAndChangesNothing) {
+  UseConfig(ConfigSpec().Min(3).Max(2));
+  JoinOutcome a;
+  Join(Node("host-a", "inc-a"), &a);
+  ASSERT_TRUE(a.done());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(jobs_.Exists(kJob));
+}
+
+TEST(ValidateNodeDescriptorTest, ChecksEachField) {
+  EXPECT_TRUE(ValidateNodeDescriptor(Node("h", "i")).ok());
+  struct Case {
+    const char* what;
+    void (*mutate)(v1::NodeDescriptor*);
+  };
+  const Case cases[] = {
+      {"incarnation_id",
+       [](v1::NodeDescriptor* n) { n->clear_incarnation_id(); }},
+      {"incarnation_id",
+       [](v1::NodeDescriptor* n) {
+         n->set_incarnation_id(std::string(129, 'i'));
+       }},
+      {"node_id or a hostname",
+       [](v1::NodeDescriptor* n) { n->clear_hostname(); }},
+      {"at most 253 bytes",
+       [](v1::NodeDescriptor* n) { n->set_node_id(std::string(254, 'n')); }},
+      {"addresses", [](v1::NodeDescriptor* n) { n->add_addresses(""); }},
+      {"node.pid", [](v1::NodeDescriptor* n) { n->set_pid(-1); }},
+      {"device_type",
+       [](v1::NodeDescriptor* n) {
+         n->set_device_type(static_cast<v1::DeviceType>(9));
+       }},
+      {"device_count", [](v1::NodeDescriptor* n) { n->set_device_count(-1); }},
+      {"device_count",
+       [](v1::NodeDescriptor* n) { n->set_device_count(1025); }},
+  };
+  for (const Case& c : cases) {
+    v1::NodeDescriptor node = Node("h", "i");
+    c.mutate(&node);
+    absl::Status status = ValidateNodeDescriptor(node);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_THAT(status.message(), HasSubstr(c.what));
+  }
+  v1::NodeDescriptor many = Node("h", "i");
+  for (int i = 0; i < 64; ++i) many.add_addresses("10.0.0.2");
+  EXPECT_EQ(ValidateNodeDescriptor(many).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------
+// CancelJoin and Leave
+
+TEST_F(RendezvousManagerTest, CancelJoinRemovesTheWaiterAndCancelsTheLastCall) {
+  UseConfig(ConfigSpec().Min(2).Max(3).LastCall(absl::Seconds(30)));
+  JoinOutcome a, b, c;
+  Join(Node("host-a", "inc-a"), &a);
+  uint64_t ticket = Join(Node("host-b", "inc-b"), &b);  // last call starts
+  ASSERT_NE(ticket, 0u);
+  AdvanceAndPoll(absl::Seconds(10));
+  rdzv_.CancelJoin(ticket);
+  ASSERT_TRUE(b.done());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kCancelled);
+  ASSERT_EQ(Status().waiting_size(), 1);
+  EXPECT_EQ(Status().waiting(0).node().incarnation_id(), "inc-a");
+
+  // Below min: the old last call no longer closes the round.
+  AdvanceAndPoll(absl::Seconds(30));
+  EXPECT_FALSE(a.done());
+
+  // Back at min, a new last call starts from now.
+  Join(Node("host-c", "inc-c"), &c);
+  AdvanceAndPoll(absl::Seconds(30) - absl::Milliseconds(1));
+  EXPECT_FALSE(a.done());
+  AdvanceAndPoll(absl::Milliseconds(1));
+  ASSERT_TRUE(a.done() && c.done());
+  EXPECT_EQ(a.assignment().world_size(), 2);
+  EXPECT_EQ(c.assignment().rank(), 1);
+  EXPECT_EQ(b.calls(), 1);
+}
+
+TEST_F(RendezvousManagerTest, CancelJoinAfterCompletionIsANoOp) {
+  UseConfig(ConfigSpec().Min(1).Max(1));
+  JoinOutcome a;
+  uint64_t ticket = Join(Node("host-a", "inc-a"), &a);
+  ASSERT_TRUE(a.done());
+  rdzv_.CancelJoin(ticket);
+  rdzv_.CancelJoin(0);
+  rdzv_.CancelJoin(987654);
+  EXPECT_EQ(a.calls(), 1);
+  EXPECT_TRUE(a.status().ok());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(RendezvousManagerTest, LeaveRemovesTheWaiterAndCancelsTheLastCall) {
+  UseConfig(ConfigSpec().Min(2).Max(3).LastCall(absl::Seconds(30)));
+  JoinOutcome a, b;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  ASSERT_TRUE(rdzv_.Leave(kJob, "inc-b").ok());
+  ASSERT_TRUE(b.done());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(b.status().message(), HasSubstr("left the job"));
+  AdvanceAndPoll(absl::Seconds(30));
+  EXPECT_FALSE(a.done());
+  EXPECT_EQ(Status().waiting_size(), 1);
+}
+
+TEST_F(RendezvousManagerTest, LeaveRemovesASpare) {
+  UseConfig(ConfigSpec().Min(1).Max(1));
+  JoinOutcome a, spare;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &spare);
+  ASSERT_EQ(Status().spares_size(), 1);
+  ASSERT_TRUE(rdzv_.Leave(kJob, "inc-b").ok());
+  ASSERT_TRUE(spare.done());
+  EXPECT_EQ(spare.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(Status().spares(), IsEmpty());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(RendezvousManagerTest, LeaveOfUnknownProcessOrJobIsNotFound) {
+  UseConfig(ConfigSpec().Min(1).Max(1));
+  absl::Status no_job = rdzv_.Leave(kJob, "inc-a");
+  EXPECT_EQ(no_job.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(no_job.message(), HasSubstr("job 'train'"));
+  JoinOutcome a;
+  Join(Node("host-a", "inc-a"), &a);
+  // Members of the running round leave by finishing, not through Leave.
+  absl::Status member = rdzv_.Leave(kJob, "inc-a");
+  EXPECT_EQ(member.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(member.message(),
+              HasSubstr("no process with incarnation 'inc-a'"));
+  EXPECT_EQ(rdzv_.Leave(kJob, "inc-zzz").code(), absl::StatusCode::kNotFound);
+}
+
+// ---------------------------------------------------------------------------
+// Concurrency
+
+TEST_F(RendezvousManagerTest, ConcurrentJoinsGetDistinctContiguousRanks) {
+  constexpr int kNodes = 64;
+  UseConfig(ConfigSpec().Min(kNodes).Max(kNodes));
+  absl::Mutex mu;
+  std::vector<absl::StatusOr<v1::Assignment>> results;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kNodes; ++i) {
+    threads.emplace_back([&, i] {
+      rdzv_.Join(
+          Request(Node(absl::StrCat("host-", i), absl::StrCat("inc-", i))),
+          [&](absl::StatusOr<v1::Assignment> result) {
+            absl::MutexLock lock(&mu);
+            results.push_back(std::move(result));
+          });
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(results.size(), static_cast<size_t>(kNodes));
+  std::set<int> ranks;
+  std::set<int> node_ranks;
+  for (const absl::StatusOr<v1::Assignment>& result : results) {
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->round(), 1);
+    EXPECT_EQ(result->world_size(), kNodes);
+    EXPECT_EQ(result->num_nodes(), kNodes);
+    EXPECT_EQ(result->rank(), result->node_rank());
+    ranks.insert(result->rank());
+    node_ranks.insert(result->node_rank());
+  }
+  EXPECT_EQ(ranks.size(), static_cast<size_t>(kNodes));
+  EXPECT_EQ(*ranks.begin(), 0);
+  EXPECT_EQ(*ranks.rbegin(), kNodes - 1);
+  EXPECT_EQ(node_ranks.size(), static_cast<size_t>(kNodes));
+  EXPECT_EQ(jobs_.Get(kJob)->members_size(), kNodes);
+}
+
+TEST_F(RendezvousManagerTest, ConcurrentJoinsGroupProcessesIntoNodes) {
+  constexpr int kNodes = 8;
+  constexpr int kNproc = 8;
+  UseConfig(ConfigSpec().Min(kNodes).Max(kNodes).Nproc(kNproc));
+  absl::Mutex mu;
+  std::vector<std::pair<std::string, absl::StatusOr<v1::Assignment>>> results;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kNodes * kNproc; ++i) {
+    threads.emplace_back([&, i] {
+      const std::string host = absl::StrCat("host-", i % kNodes);
+      rdzv_.Join(Request(Node(host, absl::StrCat("inc-", i))),
+                 [&, host](absl::StatusOr<v1::Assignment> result) {
+                   absl::MutexLock lock(&mu);
+                   results.emplace_back(host, std::move(result));
+                 });
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(results.size(), static_cast<size_t>(kNodes * kNproc));
+  std::set<int> ranks;
+  std::map<std::string, std::set<int>> node_rank_of_host;
+  std::map<std::string, std::set<int>> local_ranks_of_host;
+  for (const auto& [host, result] : results) {
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->world_size(), kNodes * kNproc);
+    EXPECT_EQ(result->rank(),
+              result->node_rank() * kNproc + result->local_rank());
+    ranks.insert(result->rank());
+    node_rank_of_host[host].insert(result->node_rank());
+    local_ranks_of_host[host].insert(result->local_rank());
+  }
+  EXPECT_EQ(ranks.size(), static_cast<size_t>(kNodes * kNproc));
+  EXPECT_EQ(*ranks.rbegin(), kNodes * kNproc - 1);
+  std::set<int> node_ranks;
+  for (const auto& [host, node_rank] : node_rank_of_host) {
+    EXPECT_EQ(node_rank.size(), 1u) << host;  // one node rank per host
+    node_ranks.insert(*node_rank.begin());
+    EXPECT_EQ(local_ranks_of_host[host].size(), static_cast<size_t>(kNproc));
+  }
+  EXPECT_EQ(node_ranks.size(), static_cast<size_t>(kNodes));
+}
+
+TEST_F(RendezvousManagerTest, ConcurrentJoinsAndPollsCloseExactlyOneRound) {
+  // Joins race with Poll; every joiner gets exactly one answer and exactly
+  // one round closes.
+  constexpr int kNodes = 32;
+  UseConfig(
+      ConfigSpec().Min(kNodes).Max(kNodes).LastCall(absl::ZeroDuration()));
+  absl::Mutex mu;
+  int answers = 0;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kNodes; ++i) {
+    threads.emplace_back([&, i] {
+      rdzv_.Join(
+          Request(Node(absl::StrCat("host-", i), absl::StrCat("inc-", i))),
+          [&](absl::StatusOr<v1::Assignment> result) {
+            EXPECT_TRUE(result.ok()) << result.status();
+            absl::MutexLock lock(&mu);
+            ++answers;
+          });
+      rdzv_.Poll();
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(answers, kNodes);
+  EXPECT_EQ(jobs_.Get(kJob)->round(), 1);
+}
+
+}  // namespace
+}  // namespace gradsync

@@ -1,0 +1,74 @@
+// gradsync: the command-line view of a coordinator.
+//
+//   gradsync --coordinator=HOST:PORT jobs [--json]
+//   gradsync --coordinator=HOST:PORT status JOB [--json]
+//
+// Exit codes: 0 success, 1 the coordinator answered with an error (e.g. an
+// unknown job) or could not be reached, 2 bad usage. Errors are one line on
+// stderr.
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "worker/cli/job_format.h"
+#include "worker/client/coordinator_client.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400",
+          "the coordinator, HOST:PORT");
+ABSL_FLAG(bool, json, false, "print JSON instead of tables");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5),
+          "give up when the coordinator does not answer within this time");
+
+namespace {
+
+constexpr char kUsage[] =
+    "gradsync: inspect a gradsync coordinator.\n"
+    "Usage:\n"
+    "  gradsync --coordinator=HOST:PORT jobs [--json]\n"
+    "  gradsync --coordinator=HOST:PORT status JOB [--json]";
+
+int Fail(const std::string& message, int code) {
+  std::fprintf(stderr, "gradsync: %s\n", message.c_str());
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() < 2) return Fail(std::string("no command\n") + kUsage, 2);
+  const std::string command = args[1];
+
+  gradsync::ClientOptions options;
+  options.target = absl::GetFlag(FLAGS_coordinator);
+  options.call_timeout = absl::GetFlag(FLAGS_timeout);
+  options.retry.max_attempts = 3;
+  options.retry.budget = absl::GetFlag(FLAGS_timeout);
+  auto client = gradsync::CoordinatorClient::Create(options);
+  if (!client.ok()) return Fail(std::string(client.status().message()), 2);
+  const bool json = absl::GetFlag(FLAGS_json);
+
+  if (command == "jobs" && args.size() == 2) {
+    auto jobs = (*client)->ListJobs();
+    if (!jobs.ok()) return Fail(std::string(jobs.status().message()), 1);
+    std::cout << (json ? gradsync::JobsToJson(*jobs)
+                       : gradsync::FormatJobsTable(*jobs, absl::Now()));
+    return 0;
+  }
+  if (command == "status" && args.size() == 3) {
+    auto job = (*client)->GetJob(args[2]);
+    if (!job.ok()) return Fail(std::string(job.status().message()), 1);
+    std::cout << (json ? gradsync::JobStatusToJson(*job)
+                       : gradsync::FormatJobStatus(*job, absl::Now()));
+    return 0;
+  }
+  return Fail("unknown command or wrong arguments\n" + std::string(kUsage), 2);
+}

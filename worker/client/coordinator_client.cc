@@ -1,0 +1,288 @@
+#include "worker/client/coordinator_client.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/random/random.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/job_config.h"
+
+namespace gradsync {
+namespace {
+
+// Extra time a blocking call's deadline allows beyond the server-side wait,
+// so the coordinator's precise timeout error arrives before the deadline.
+constexpr absl::Duration kWaitMargin = absl::Seconds(30);
+
+absl::Status ValidateTarget(const std::string& target) {
+  size_t colon = target.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(target.substr(colon + 1), &port) || port < 1 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "coordinator address '", target,
+        "' is not HOST:PORT (e.g. 127.0.0.1:29400)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
+    ClientOptions options) {
+  absl::Status valid = ValidateTarget(options.target);
+  if (!valid.ok()) return valid;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  // Reconnect quickly while the coordinator starts or restarts.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  auto channel = grpc::CreateCustomChannel(
+      options.target, grpc::InsecureChannelCredentials(), args);
+  return std::unique_ptr<CoordinatorClient>(
+      new CoordinatorClient(std::move(options), std::move(channel)));
+}
+
+CoordinatorClient::CoordinatorClient(ClientOptions options,
+                                     std::shared_ptr<grpc::Channel> channel)
+    : options_(std::move(options)),
+      channel_(std::move(channel)),
+      rendezvous_(v1::Rendezvous::NewStub(channel_)),
+      kv_(v1::KeyValue::NewStub(channel_)),
+      jobs_(v1::Jobs::NewStub(channel_)) {}
+
+absl::Status CoordinatorClient::Call(
+    const char* what, absl::Duration timeout,
+    const std::function<grpc::Status(grpc::ClientContext*)>& attempt) {
+  const RetryPolicy& retry = options_.retry;
+  const absl::Time start = absl::Now();
+  absl::Duration backoff = retry.initial_backoff;
+  absl::BitGen random;
+  for (int attempt_number = 1;; ++attempt_number) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         absl::ToChronoMilliseconds(timeout));
+    grpc::Status status = attempt(&context);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      return FromGrpcStatus(status);
+    }
+    absl::Duration pause =
+        backoff * absl::Uniform(random, 1.0 - retry.jitter, 1.0 + retry.jitter);
+    if (attempt_number >= retry.max_attempts ||
+        absl::Now() + pause - start > retry.budget) {
+      return absl::UnavailableError(absl::StrCat(
+          what, ": cannot reach the coordinator at ", options_.target,
+          " after ", attempt_number, " attempt(s) in ",
+          absl::FormatDuration(absl::Trunc(absl::Now() - start,
+                                           absl::Milliseconds(1))),
+          ": ", status.error_message(),
+          " (is it running, and is the address right?)"));
+    }
+    absl::SleepFor(pause);
+    backoff = std::min(retry.max_backoff, backoff * retry.backoff_multiplier);
+  }
+}
+
+absl::StatusOr<v1::Assignment> CoordinatorClient::Join(
+    const v1::JoinRequest& request, absl::Duration max_wait) {
+  if (max_wait <= absl::ZeroDuration()) {
+    absl::Duration join_timeout =
+        FromProtoDuration(request.config().join_timeout());
+    max_wait = (join_timeout > absl::ZeroDuration() ? join_timeout
+                                                    : kDefaultJoinTimeout) +
+               kWaitMargin;
+  }
+  v1::JoinResponse response;
+  absl::Status status =
+      Call("join", max_wait, [&](grpc::ClientContext* context) {
+        // Wait for the connection rather than failing fast while the
+        // coordinator starts.
+        context->set_wait_for_ready(true);
+        return rendezvous_->Join(context, request, &response);
+      });
+  if (!status.ok()) return status;
+  return response.assignment();
+}
+
+absl::Status CoordinatorClient::Leave(const std::string& job_id,
+                                      const std::string& incarnation_id) {
+  v1::LeaveRequest request;
+  request.set_job_id(job_id);
+  request.set_incarnation_id(incarnation_id);
+  v1::LeaveResponse response;
+  return Call("leave", options_.call_timeout, [&](grpc::ClientContext* c) {
+    return rendezvous_->Leave(c, request, &response);
+  });
+}
+
+absl::Status CoordinatorClient::Set(const v1::Scope& scope,
+                                    const std::string& key,
+                                    const std::string& value) {
+  v1::SetRequest request;
+  *request.mutable_scope() = scope;
+  request.set_key(key);
+  request.set_value(value);
+  v1::SetResponse response;
+  return Call("set", options_.call_timeout, [&](grpc::ClientContext* c) {
+    return kv_->Set(c, request, &response);
+  });
+}
+
+absl::StatusOr<std::string> CoordinatorClient::Get(const v1::Scope& scope,
+                                                   const std::string& key) {
+  v1::GetRequest request;
+  *request.mutable_scope() = scope;
+  request.set_key(key);
+  v1::GetResponse response;
+  absl::Status status =
+      Call("get", options_.call_timeout, [&](grpc::ClientContext* c) {
+        return kv_->Get(c, request, &response);
+      });
+  if (!status.ok()) return status;
+  return std::move(*response.mutable_value());
+}
+
+absl::StatusOr<int64_t> CoordinatorClient::Add(const v1::Scope& scope,
+                                               const std::string& key,
+                                               int64_t delta) {
+  v1::AddRequest request;
+  *request.mutable_scope() = scope;
+  request.set_key(key);
+  request.set_delta(delta);
+  v1::AddResponse response;
+  absl::Status status =
+      Call("add", options_.call_timeout, [&](grpc::ClientContext* c) {
+        return kv_->Add(c, request, &response);
+      });
+  if (!status.ok()) return status;
+  return response.value();
+}
+
+absl::StatusOr<v1::CompareAndSetResponse> CoordinatorClient::CompareAndSet(
+    const v1::CompareAndSetRequest& request) {
+  v1::CompareAndSetResponse response;
+  absl::Status status = Call(
+      "compare-and-set", options_.call_timeout, [&](grpc::ClientContext* c) {
+        return kv_->CompareAndSet(c, request, &response);
+      });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::Status CoordinatorClient::Wait(const v1::Scope& scope,
+                                     const std::vector<std::string>& keys,
+                                     absl::Duration timeout) {
+  v1::WaitRequest request;
+  *request.mutable_scope() = scope;
+  for (const std::string& key : keys) request.add_keys(key);
+  request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  v1::WaitResponse response;
+  return Call("wait", timeout + kWaitMargin, [&](grpc::ClientContext* c) {
+    return kv_->Wait(c, request, &response);
+  });
+}
+
+absl::StatusOr<bool> CoordinatorClient::Delete(const v1::Scope& scope,
+                                               const std::string& key) {
+  v1::DeleteRequest request;
+  *request.mutable_scope() = scope;
+  request.set_key(key);
+  v1::DeleteResponse response;
+  absl::Status status =
+      Call("delete", options_.call_timeout, [&](grpc::ClientContext* c) {
+        return kv_->Delete(c, request, &response);
+      });
+  if (!status.ok()) return status;
+  return response.existed();
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>>
+CoordinatorClient::List(const v1::Scope& scope, const std::string& prefix,
+                        bool keys_only) {
+  v1::ListRequest request;
+  *request.mutable_scope() = scope;
+  request.set_prefix(prefix);
+  request.set_keys_only(keys_only);
+  v1::ListResponse response;
+  absl::Status status =
+      Call("list", options_.call_timeout, [&](grpc::ClientContext* c) {
+        return kv_->List(c, request, &response);
+      });
+  if (!status.ok()) return status;
+  std::vector<std::pair<std::string, std::string>> entries;
+  for (v1::ListResponse::Entry& e : *response.mutable_entries()) {
+    entries.emplace_back(std::move(*e.mutable_key()),
+                         std::move(*e.mutable_value()));
+  }
+  return entries;
+}
+
+absl::StatusOr<v1::JobStatus> CoordinatorClient::CreateJob(
+    const v1::JobConfig& config) {
+  v1::CreateJobRequest request;
+  *request.mutable_config() = config;
+  v1::CreateJobResponse response;
+  absl::Status status =
+      Call("create job", options_.call_timeout, [&](grpc::ClientContext* c) {
+        return jobs_->CreateJob(c, request, &response);
+      });
+  if (!status.ok()) return status;
+  return response.job();
+}
+
+absl::StatusOr<v1::JobStatus> CoordinatorClient::GetJob(
+    const std::string& job_id) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  v1::GetJobResponse response;
+  absl::Status status =
+      Call("get job", options_.call_timeout, [&](grpc::ClientContext* c) {
+        return jobs_->GetJob(c, request, &response);
+      });
+  if (!status.ok()) return status;
+  return response.job();
+}
+
+absl::StatusOr<std::vector<v1::JobStatus>> CoordinatorClient::ListJobs() {
+  v1::ListJobsRequest request;
+  v1::ListJobsResponse response;
+  absl::Status status =
+      Call("list jobs", options_.call_timeout, [&](grpc::ClientContext* c) {
+        return jobs_->ListJobs(c, request, &response);
+      });
+  if (!status.ok()) return status;
+  return std::vector<v1::JobStatus>(response.jobs().begin(),
+                                    response.jobs().end());
+}
+
+std::string NewIncarnationId() {
+  absl::BitGen random;
+  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(random),
+                         absl::Uniform<uint64_t>(random));
+}
+
+v1::NodeDescriptor LocalNodeDescriptor() {
+  v1::NodeDescriptor node;
+  char hostname[256] = {};
+  if (gethostname(hostname, sizeof(hostname) - 1) == 0) {
+    node.set_hostname(hostname);
+  } else {
+    node.set_hostname("localhost");
+  }
+  node.set_node_id(node.hostname());
+  node.set_pid(getpid());
+  node.set_incarnation_id(NewIncarnationId());
+  node.set_device_type(v1::DEVICE_TYPE_CPU);
+  node.set_device_count(1);
+  node.set_nccl_available(false);
+  return node;
+}
+
+}  // namespace gradsync

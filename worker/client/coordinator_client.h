@@ -1,0 +1,116 @@
+// The C++ client of the coordinator, used by workers and the CLI.
+//
+// Every call has a deadline; calls that fail with UNAVAILABLE (coordinator
+// not up yet, restarting, connection broken) are retried with exponential
+// backoff and jitter within a time budget. Other errors are returned at once
+// with the coordinator's code and message.
+#ifndef GRADSYNC_WORKER_CLIENT_COORDINATOR_CLIENT_H_
+#define GRADSYNC_WORKER_CLIENT_COORDINATOR_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/gradsync/v1/jobs.grpc.pb.h"
+#include "proto/gradsync/v1/kv.grpc.pb.h"
+#include "proto/gradsync/v1/rendezvous.grpc.pb.h"
+
+namespace gradsync {
+
+// How UNAVAILABLE calls are retried.
+struct RetryPolicy {
+  // Attempts in all, the first included; 1 disables retries.
+  int max_attempts = 10;
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+  double backoff_multiplier = 2.0;
+  // Each backoff is scaled by a random factor in [1 - jitter, 1 + jitter].
+  double jitter = 0.2;
+  // No retry starts once this much time has passed since the first attempt.
+  absl::Duration budget = absl::Seconds(30);
+};
+
+struct ClientOptions {
+  // The coordinator, "HOST:PORT".
+  std::string target;
+  // Deadline of each attempt of a call that does not wait by design.
+  absl::Duration call_timeout = absl::Seconds(10);
+  RetryPolicy retry;
+};
+
+// One connection (channel) to a coordinator. Thread-safe: many threads may
+// call at once.
+class CoordinatorClient {
+ public:
+  // INVALID_ARGUMENT when `options.target` is not HOST:PORT. Does not
+  // connect yet: the first call does.
+  static absl::StatusOr<std::unique_ptr<CoordinatorClient>> Create(
+      ClientOptions options);
+
+  // Joins a job and blocks until its round closes. Waits at most `max_wait`
+  // (default: the join timeout of `request.config()`, or 10 minutes, plus a
+  // margin so that the coordinator's own timeout error arrives first).
+  absl::StatusOr<v1::Assignment> Join(
+      const v1::JoinRequest& request,
+      absl::Duration max_wait = absl::ZeroDuration());
+  absl::Status Leave(const std::string& job_id,
+                     const std::string& incarnation_id);
+
+  // Key-value store of one job round (see kv.proto).
+  absl::Status Set(const v1::Scope& scope, const std::string& key,
+                   const std::string& value);
+  absl::StatusOr<std::string> Get(const v1::Scope& scope,
+                                  const std::string& key);
+  absl::StatusOr<int64_t> Add(const v1::Scope& scope, const std::string& key,
+                              int64_t delta);
+  absl::StatusOr<v1::CompareAndSetResponse> CompareAndSet(
+      const v1::CompareAndSetRequest& request);
+  // Blocks until every key exists or `timeout` passes (DEADLINE_EXCEEDED).
+  absl::Status Wait(const v1::Scope& scope, const std::vector<std::string>& keys,
+                    absl::Duration timeout);
+  absl::StatusOr<bool> Delete(const v1::Scope& scope, const std::string& key);
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> List(
+      const v1::Scope& scope, const std::string& prefix, bool keys_only);
+
+  // Jobs.
+  absl::StatusOr<v1::JobStatus> CreateJob(const v1::JobConfig& config);
+  absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id);
+  absl::StatusOr<std::vector<v1::JobStatus>> ListJobs();
+
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  CoordinatorClient(ClientOptions options,
+                    std::shared_ptr<grpc::Channel> channel);
+
+  // Runs `attempt` with a fresh context whose deadline is `timeout` away,
+  // retrying UNAVAILABLE per the retry policy. `what` names the call in
+  // errors.
+  absl::Status Call(const char* what, absl::Duration timeout,
+                    const std::function<grpc::Status(grpc::ClientContext*)>&
+                        attempt);
+
+  const ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Rendezvous::Stub> rendezvous_;
+  std::unique_ptr<v1::KeyValue::Stub> kv_;
+  std::unique_ptr<v1::Jobs::Stub> jobs_;
+};
+
+// A random 128-bit id in hex, for NodeDescriptor.incarnation_id.
+std::string NewIncarnationId();
+
+// This process's descriptor: hostname, pid, a fresh incarnation id, CPU
+// device. Callers adjust node_id, devices and addresses as needed.
+v1::NodeDescriptor LocalNodeDescriptor();
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_CLIENT_COORDINATOR_CLIENT_H_
