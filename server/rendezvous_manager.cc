@@ -28,6 +28,14 @@ bool HasJobSettings(const v1::JoinRequest& request) {
   return settings.ByteSizeLong() > 0;
 }
 
+absl::Status NcclRefusal(const v1::JoinRequest& request) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job '", request.job_id(), "' requires the nccl backend but ",
+      DescribeProcess(request.node()),
+      " reports no CUDA device with NCCL: start it on a GPU node or let "
+      "the job use backend auto or gloo"));
+}
+
 }  // namespace
 
 absl::Status ValidateNodeDescriptor(const v1::NodeDescriptor& node) {
@@ -97,6 +105,19 @@ uint64_t RendezvousManager::Join(const v1::JoinRequest& request,
                                  JoinCallback done) {
   absl::Status status = ValidateJobId(request.job_id());
   if (status.ok()) status = ValidateNodeDescriptor(request.node());
+  // Refuse a node that cannot run NCCL a job forced to NCCL by this very
+  // request before GetOrCreate can create the job: a refused join must not
+  // leave a job behind, or its retry with another backend would meet a config
+  // mismatch. (Invalid settings are left to GetOrCreate to report.)
+  if (status.ok() && HasJobSettings(request) && !CanUseNccl(request.node())) {
+    v1::JobConfig settings = request.config();
+    if (settings.job_id().empty()) settings.set_job_id(request.job_id());
+    absl::StatusOr<v1::JobConfig> normalized = NormalizeJobConfig(settings);
+    if (settings.job_id() == request.job_id() && normalized.ok() &&
+        normalized->backend() == v1::BACKEND_NCCL) {
+      status = NcclRefusal(request);
+    }
+  }
   // A StatusOr must not be built from an OK status (abseil aborts).
   absl::StatusOr<v1::JobConfig> config =
       status.ok() ? jobs_->GetOrCreate(request.job_id(),
@@ -105,11 +126,7 @@ uint64_t RendezvousManager::Join(const v1::JoinRequest& request,
                   : absl::StatusOr<v1::JobConfig>(status);
   if (config.ok() && config->backend() == v1::BACKEND_NCCL &&
       !CanUseNccl(request.node())) {
-    config = absl::FailedPreconditionError(absl::StrCat(
-        "job '", request.job_id(), "' requires the nccl backend but ",
-        DescribeProcess(request.node()),
-        " reports no CUDA device with NCCL: start it on a GPU node or let "
-        "the job use backend auto or gloo"));
+    config = NcclRefusal(request);
   }
   if (!config.ok()) {
     done(config.status());
@@ -399,6 +416,14 @@ void RendezvousManager::CancelJoin(uint64_t ticket) {
 
 absl::Status RendezvousManager::Leave(const std::string& job_id,
                                       const std::string& incarnation_id) {
+  // Malformed input is INVALID_ARGUMENT, as in every other call.
+  absl::Status valid = ValidateJobId(job_id);
+  if (!valid.ok()) return valid;
+  if (incarnation_id.empty() || incarnation_id.size() > kMaxIncarnationBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "incarnation_id must be 1-", kMaxIncarnationBytes, " bytes, got ",
+        incarnation_id.size()));
+  }
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);

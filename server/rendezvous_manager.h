@@ -58,7 +58,8 @@ class RendezvousManager {
   void CancelJoin(uint64_t ticket);
 
   // Removes the waiting or spare process `incarnation_id` from `job_id`.
-  // NOT_FOUND when no such process is waiting.
+  // INVALID_ARGUMENT for a malformed id; NOT_FOUND when no such process is
+  // waiting.
   absl::Status Leave(const std::string& job_id,
                      const std::string& incarnation_id);
 

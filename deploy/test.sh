@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs gradsync's whole test suite (installing what it needs first):
+#   deploy/test.sh [extra bazel test flags]
+# Ends with one line "gtest: N passed, N failed" counted from the test cases.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+deploy/install_deps.sh || exit 1
+
+bazel test //... "$@" 2>&1 | tee /tmp/gradsync-test.log
+status=${PIPESTATUS[0]}
+
+# Count test cases from the JUnit XML of each test target this run reported.
+passed=0
+failed=0
+while IFS= read -r target; do
+  xml="bazel-testlogs/${target#//}/test.xml"
+  xml="${xml/://}"
+  [ -f "$xml" ] || continue
+  line=$(grep -m1 -o '<testsuites [^>]*>' "$xml" || true)
+  tests=$(sed -n 's/.* tests="\([0-9]*\)".*/\1/p' <<<"$line")
+  failures=$(sed -n 's/.* failures="\([0-9]*\)".*/\1/p' <<<"$line")
+  errors=$(sed -n 's/.* errors="\([0-9]*\)".*/\1/p' <<<"$line")
+  disabled=$(sed -n 's/.* disabled="\([0-9]*\)".*/\1/p' <<<"$line")
+  tests=${tests:-0}; failures=${failures:-0}; errors=${errors:-0}; disabled=${disabled:-0}
+  failed=$((failed + failures + errors))
+  passed=$((passed + tests - failures - errors - disabled))
+done < <(grep -oE '^//[^ ]+' /tmp/gradsync-test.log | sort -u)
+[ "$status" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1  # a build or harness failure
+echo "gtest: ${passed} passed, ${failed} failed"
+exit "$status"

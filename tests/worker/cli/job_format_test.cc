@@ -1,0 +1,349 @@
+#include "worker/cli/job_format.h"
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "common/job_config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/gradsync/v1/job.pb.h"
+
+namespace gradsync {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::ContainsRegex;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+// 2023-11-14T22:13:20Z: every age below is relative to this.
+const absl::Time kNow = absl::FromUnixSeconds(1700000000);
+
+v1::NodeDescriptor Node(const std::string& node_id, const std::string& host,
+                        int64_t pid, v1::DeviceType device, int devices) {
+  v1::NodeDescriptor node;
+  node.set_node_id(node_id);
+  node.set_hostname(host);
+  node.set_pid(pid);
+  node.set_incarnation_id("inc-" + node_id + "-" + std::to_string(pid));
+  node.set_device_type(device);
+  node.set_device_count(devices);
+  node.add_addresses("10.0.0." + std::to_string(pid % 250));
+  return node;
+}
+
+v1::Member ActiveMember(int rank, int local_rank, int node_rank,
+                        v1::NodeDescriptor node, absl::Duration seen_ago) {
+  v1::Member m;
+  m.set_rank(rank);
+  m.set_local_rank(local_rank);
+  m.set_node_rank(node_rank);
+  *m.mutable_node() = std::move(node);
+  m.set_state(v1::MEMBER_STATE_ACTIVE);
+  *m.mutable_last_seen() = ToProtoTime(kNow - seen_ago);
+  return m;
+}
+
+v1::Member Pending(v1::MemberState state, v1::NodeDescriptor node,
+                   absl::Duration seen_ago) {
+  v1::Member m;
+  m.set_rank(-1);
+  m.set_local_rank(-1);
+  m.set_node_rank(-1);
+  *m.mutable_node() = std::move(node);
+  m.set_state(state);
+  *m.mutable_last_seen() = ToProtoTime(kNow - seen_ago);
+  return m;
+}
+
+// A running job of 2 nodes x 2 processes, with one spare process.
+v1::JobStatus RunningJob() {
+  v1::JobStatus job;
+  v1::JobConfig* c = job.mutable_config();
+  c->set_job_id("resnet");
+  c->set_min_nodes(2);
+  c->set_max_nodes(4);
+  c->set_nproc_per_node(2);
+  c->set_backend(v1::BACKEND_AUTO);
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_round(3);
+  job.set_world_size(4);
+  job.set_backend(v1::BACKEND_NCCL);
+  *job.mutable_create_time() = ToProtoTime(kNow - absl::Hours(3));
+  *job.mutable_update_time() = ToProtoTime(kNow - absl::Minutes(4));
+  *job.mutable_round_close_time() = ToProtoTime(kNow - absl::Minutes(4));
+  *job.add_members() = ActiveMember(
+      0, 0, 0, Node("gpu-a", "host-a", 101, v1::DEVICE_TYPE_CUDA, 8),
+      absl::Seconds(5));
+  *job.add_members() = ActiveMember(
+      1, 1, 0, Node("gpu-a", "host-a", 102, v1::DEVICE_TYPE_CUDA, 8),
+      absl::Seconds(5));
+  *job.add_members() = ActiveMember(
+      2, 0, 1, Node("gpu-b", "host-b", 201, v1::DEVICE_TYPE_CUDA, 8),
+      absl::Seconds(7));
+  *job.add_members() = ActiveMember(
+      3, 1, 1, Node("gpu-b", "host-b", 202, v1::DEVICE_TYPE_CUDA, 8),
+      absl::Seconds(7));
+  *job.add_spares() = Pending(
+      v1::MEMBER_STATE_SPARE,
+      Node("gpu-c", "host-c", 301, v1::DEVICE_TYPE_CUDA, 8), absl::Seconds(42));
+  return job;
+}
+
+// A job whose first round has not closed: two processes wait.
+v1::JobStatus WaitingJob() {
+  v1::JobStatus job;
+  v1::JobConfig* c = job.mutable_config();
+  c->set_job_id("bert");
+  c->set_min_nodes(3);
+  c->set_max_nodes(3);
+  c->set_nproc_per_node(1);
+  c->set_backend(v1::BACKEND_GLOO);
+  job.set_state(v1::JOB_STATE_WAITING);
+  *job.mutable_create_time() = ToProtoTime(kNow - absl::Hours(24 * 3));
+  *job.mutable_update_time() = job.create_time();
+  *job.add_waiting() = Pending(
+      v1::MEMBER_STATE_WAITING,
+      Node("cpu-1", "host-1", 11, v1::DEVICE_TYPE_CPU, 1), absl::Seconds(20));
+  *job.add_waiting() = Pending(
+      v1::MEMBER_STATE_WAITING,
+      Node("cpu-2", "host-2", 12, v1::DEVICE_TYPE_CPU, 1), absl::Minutes(2));
+  return job;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  return absl::StrSplit(text, '\n', absl::SkipEmpty());
+}
+
+// ---------------------------------------------------------------------------
+// FormatJobsTable
+
+TEST(FormatJobsTableTest, NoJobs) {
+  EXPECT_EQ(FormatJobsTable({}, kNow), "no jobs\n");
+}
+
+TEST(FormatJobsTableTest, OneRowPerJobUnderAHeader) {
+  std::string table = FormatJobsTable({WaitingJob(), RunningJob()}, kNow);
+  std::vector<std::string> lines = Lines(table);
+  ASSERT_EQ(lines.size(), 3u) << table;
+  EXPECT_THAT(lines[0], ContainsRegex("^JOB +STATE +ROUND +WORLD +NODES +"
+                                      "BACKEND +CREATED$"));
+  EXPECT_THAT(lines[1], ContainsRegex("^bert +waiting +0 +0 +3 +- +3d ago$"));
+  EXPECT_THAT(lines[2],
+              ContainsRegex("^resnet +running +3 +4 +2:4 +nccl +3h ago$"));
+  // Columns line up: every row starts its STATE column at the same offset.
+  size_t state_column = lines[0].find("STATE");
+  EXPECT_EQ(lines[1].find("waiting"), state_column);
+  EXPECT_EQ(lines[2].find("running"), state_column);
+  EXPECT_EQ(table.back(), '\n');
+}
+
+TEST(FormatJobsTableTest, UnsetCreateTimeShowsADash) {
+  v1::JobStatus job = WaitingJob();
+  job.clear_create_time();
+  EXPECT_THAT(Lines(FormatJobsTable({job}, kNow))[1], ContainsRegex(" -$"));
+}
+
+TEST(FormatJobsTableTest, TimesInTheFutureShowAsZeroSeconds) {
+  v1::JobStatus job = WaitingJob();
+  *job.mutable_create_time() = ToProtoTime(kNow + absl::Seconds(30));
+  EXPECT_THAT(Lines(FormatJobsTable({job}, kNow))[1],
+              ContainsRegex(" 0s ago$"));
+}
+
+// ---------------------------------------------------------------------------
+// FormatJobStatus
+
+TEST(FormatJobStatusTest, SummaryAndMemberRows) {
+  std::string text = FormatJobStatus(RunningJob(), kNow);
+  EXPECT_THAT(text, ContainsRegex("(^|\n)job +resnet\n"));
+  EXPECT_THAT(text, ContainsRegex("\nstate +running\n"));
+  EXPECT_THAT(text, ContainsRegex("\nround +3 \\(closed 4m ago\\)\n"));
+  EXPECT_THAT(text, ContainsRegex(
+                        "\nworld size +4 \\(nodes 2:4 x 2 process\\(es\\) per "
+                        "node\\)\n"));
+  EXPECT_THAT(text, ContainsRegex("\nbackend +nccl \\(preference auto\\)\n"));
+  EXPECT_THAT(text, HasSubstr("(3h ago)"));
+  EXPECT_THAT(text, Not(HasSubstr("reason")));
+
+  EXPECT_THAT(text, HasSubstr("\nmembers (round 3):\n"));
+  EXPECT_THAT(text, ContainsRegex("\nRANK +LOCAL +NODE +NODE_ID +HOST +PID +"
+                                  "DEVICE +STATE +LAST SEEN\n"));
+  EXPECT_THAT(
+      text,
+      ContainsRegex("\n0 +0 +0 +gpu-a +host-a +101 +cuda:8 +active +5s ago\n"));
+  EXPECT_THAT(
+      text,
+      ContainsRegex("\n1 +1 +0 +gpu-a +host-a +102 +cuda:8 +active +5s ago\n"));
+  EXPECT_THAT(
+      text,
+      ContainsRegex("\n2 +0 +1 +gpu-b +host-b +201 +cuda:8 +active +7s ago\n"));
+  EXPECT_THAT(
+      text,
+      ContainsRegex("\n3 +1 +1 +gpu-b +host-b +202 +cuda:8 +active +7s ago\n"));
+
+  // The spare is listed in its own section, without ranks.
+  EXPECT_THAT(text, HasSubstr("\nspares:\n"));
+  EXPECT_THAT(
+      text,
+      ContainsRegex("\n- +- +- +gpu-c +host-c +301 +cuda:8 +spare +42s ago\n"));
+  EXPECT_THAT(text, Not(HasSubstr("waiting for the next round")));
+  // Sections come in order: summary, members, spares.
+  EXPECT_LT(text.find("members (round 3)"), text.find("spares:"));
+}
+
+TEST(FormatJobStatusTest, WaitingJobShowsWaitingProcessesAndNoMembers) {
+  std::string text = FormatJobStatus(WaitingJob(), kNow);
+  EXPECT_THAT(text, ContainsRegex("\nstate +waiting\n"));
+  EXPECT_THAT(text, ContainsRegex("\nround +none closed yet\n"));
+  EXPECT_THAT(text, ContainsRegex("\nbackend +- \\(preference gloo\\)\n"));
+  EXPECT_THAT(text, Not(HasSubstr("members (round")));
+  EXPECT_THAT(text, Not(HasSubstr("spares:")));
+  EXPECT_THAT(text, HasSubstr("\nwaiting for the next round:\n"));
+  EXPECT_THAT(
+      text,
+      ContainsRegex("\n- +- +- +cpu-1 +host-1 +11 +cpu:1 +waiting +20s ago\n"));
+  EXPECT_THAT(
+      text,
+      ContainsRegex("\n- +- +- +cpu-2 +host-2 +12 +cpu:1 +waiting +2m ago\n"));
+  // Join order is kept.
+  EXPECT_LT(text.find("cpu-1"), text.find("cpu-2"));
+}
+
+TEST(FormatJobStatusTest, ReasonIsShownWhenSet) {
+  v1::JobStatus job = RunningJob();
+  job.set_state(v1::JOB_STATE_WAITING);
+  job.set_reason("rank 2 rejoined after round 3");
+  EXPECT_THAT(FormatJobStatus(job, kNow),
+              ContainsRegex("\nreason +rank 2 rejoined after round 3\n"));
+}
+
+TEST(FormatJobStatusTest, CreatedShowsRfc3339AndAge) {
+  std::string text = FormatJobStatus(RunningJob(), kNow);
+  EXPECT_THAT(text, ContainsRegex("\ncreated +2023-11-14T19:13:20(Z|\\+00:00) "
+                                  "\\(3h ago\\)\n"));
+}
+
+// ---------------------------------------------------------------------------
+// JSON
+
+TEST(JobsToJsonTest, ListsSummariesWithRequiredFields) {
+  std::string text = JobsToJson({WaitingJob(), RunningJob()});
+  nlohmann::json j = nlohmann::json::parse(text);  // throws on bad JSON
+  ASSERT_TRUE(j.is_object());
+  ASSERT_TRUE(j.contains("jobs"));
+  ASSERT_TRUE(j["jobs"].is_array());
+  ASSERT_EQ(j["jobs"].size(), 2u);
+
+  const nlohmann::json& bert = j["jobs"][0];
+  EXPECT_EQ(bert["job"], "bert");
+  EXPECT_EQ(bert["state"], "waiting");
+  EXPECT_EQ(bert["round"], 0);
+  EXPECT_EQ(bert["world_size"], 0);
+  EXPECT_EQ(bert["backend"], "-");
+  EXPECT_EQ(bert["backend_preference"], "gloo");
+  EXPECT_EQ(bert["min_nodes"], 3);
+  EXPECT_EQ(bert["max_nodes"], 3);
+  EXPECT_EQ(bert["round_closed"], "");
+
+  const nlohmann::json& resnet = j["jobs"][1];
+  EXPECT_EQ(resnet["job"], "resnet");
+  EXPECT_EQ(resnet["state"], "running");
+  EXPECT_EQ(resnet["round"], 3);
+  EXPECT_EQ(resnet["world_size"], 4);
+  EXPECT_EQ(resnet["backend"], "nccl");
+  EXPECT_EQ(resnet["backend_preference"], "auto");
+  EXPECT_EQ(resnet["min_nodes"], 2);
+  EXPECT_EQ(resnet["max_nodes"], 4);
+  EXPECT_EQ(resnet["nproc_per_node"], 2);
+  EXPECT_THAT(resnet["created"].get<std::string>(),
+              StartsWith("2023-11-14T19:13:20"));
+  // The list is a summary: no member lists.
+  EXPECT_FALSE(resnet.contains("members"));
+}
+
+TEST(JobsToJsonTest, EmptyListIsAnEmptyArray) {
+  nlohmann::json j = nlohmann::json::parse(JobsToJson({}));
+  ASSERT_TRUE(j["jobs"].is_array());
+  EXPECT_TRUE(j["jobs"].empty());
+}
+
+TEST(JobStatusToJsonTest, RunningJobHasSummaryAndMembers) {
+  std::string text = JobStatusToJson(RunningJob());
+  nlohmann::json j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["job"], "resnet");
+  EXPECT_EQ(j["state"], "running");
+  EXPECT_EQ(j["round"], 3);
+  EXPECT_EQ(j["world_size"], 4);
+  EXPECT_EQ(j["backend"], "nccl");
+  EXPECT_EQ(j["reason"], "");
+
+  ASSERT_TRUE(j["members"].is_array());
+  ASSERT_EQ(j["members"].size(), 4u);
+  for (int r = 0; r < 4; ++r) {
+    const nlohmann::json& m = j["members"][r];
+    SCOPED_TRACE(m.dump());
+    EXPECT_EQ(m["rank"], r);
+    EXPECT_EQ(m["local_rank"], r % 2);
+    EXPECT_EQ(m["node_rank"], r / 2);
+    EXPECT_EQ(m["host"], r < 2 ? "host-a" : "host-b");
+    EXPECT_EQ(m["node"], r < 2 ? "gpu-a" : "gpu-b");
+    EXPECT_EQ(m["state"], "active");
+    EXPECT_EQ(m["device"], "cuda");
+    EXPECT_EQ(m["device_count"], 8);
+    ASSERT_TRUE(m["addresses"].is_array());
+    EXPECT_EQ(m["addresses"].size(), 1u);
+    EXPECT_THAT(m["last_seen"].get<std::string>(), StartsWith("2023-11-14T"));
+  }
+  EXPECT_EQ(j["members"][2]["pid"], 201);
+
+  ASSERT_TRUE(j["waiting"].is_array());
+  EXPECT_TRUE(j["waiting"].empty());
+  ASSERT_TRUE(j["spares"].is_array());
+  ASSERT_EQ(j["spares"].size(), 1u);
+  EXPECT_EQ(j["spares"][0]["rank"], -1);
+  EXPECT_EQ(j["spares"][0]["host"], "host-c");
+  EXPECT_EQ(j["spares"][0]["state"], "spare");
+}
+
+TEST(JobStatusToJsonTest, WaitingJobListsWaitingProcesses) {
+  nlohmann::json j = nlohmann::json::parse(JobStatusToJson(WaitingJob()));
+  EXPECT_EQ(j["job"], "bert");
+  EXPECT_EQ(j["state"], "waiting");
+  EXPECT_EQ(j["round"], 0);
+  EXPECT_EQ(j["world_size"], 0);
+  ASSERT_TRUE(j["members"].is_array());
+  EXPECT_TRUE(j["members"].empty());
+  ASSERT_EQ(j["waiting"].size(), 2u);
+  EXPECT_EQ(j["waiting"][0]["host"], "host-1");
+  EXPECT_EQ(j["waiting"][1]["host"], "host-2");
+  for (const auto& m : j["waiting"]) {
+    EXPECT_EQ(m["rank"], -1);
+    EXPECT_EQ(m["state"], "waiting");
+    EXPECT_EQ(m["device"], "cpu");
+  }
+  EXPECT_TRUE(j["spares"].empty());
+}
+
+TEST(JobStatusToJsonTest, EscapesAwkwardStrings) {
+  v1::JobStatus job = RunningJob();
+  job.set_reason("quote \" backslash \\ newline \n tab \t");
+  job.mutable_members(0)->mutable_node()->set_hostname("h\"ost");
+  nlohmann::json j = nlohmann::json::parse(JobStatusToJson(job));
+  EXPECT_EQ(j["reason"], "quote \" backslash \\ newline \n tab \t");
+  EXPECT_EQ(j["members"][0]["host"], "h\"ost");
+}
+
+TEST(JobStatusToJsonTest, OutputEndsWithANewline) {
+  std::string text = JobStatusToJson(RunningJob());
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.back(), '\n');
+  EXPECT_THAT(JobsToJson({}), AllOf(StartsWith("{"), HasSubstr("\"jobs\"")));
+}
+
+}  // namespace
+}  // namespace gradsync
