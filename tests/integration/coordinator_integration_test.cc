@@ -30,6 +30,7 @@
 #include "proto/gradsync/v1/kv.grpc.pb.h"
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
 #include "server/coordinator.h"
+#include "tests/testing/ports.h"
 #include "worker/client/coordinator_client.h"
 
 namespace gradsync {
@@ -56,21 +57,6 @@ bool Eventually(const std::function<bool()>& condition,
     if (absl::Now() > deadline) return false;
   }
   return true;
-}
-
-// A loopback port that nothing listens on (at the time of the call).
-int PickUnusedPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  EXPECT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t len = sizeof(addr);
-  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 v1::JobConfig Config(const std::string& job_id, int min_nodes, int max_nodes,

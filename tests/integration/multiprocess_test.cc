@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/ports.h"
 
 extern char** environ;
 
@@ -67,21 +68,6 @@ std::string Hostname() {
   char name[256] = {};
   if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
   return name;
-}
-
-// A loopback port that nothing listens on (at the time of the call).
-int PickUnusedPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  EXPECT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t len = sizeof(addr);
-  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 // A child process, optionally with its stdout and stderr captured through

@@ -1,0 +1,51 @@
+// The handle of an asynchronous collective: completion, wait with a timeout,
+// and the error the operation ended with (stored by the backend thread that
+// ran it, returned by every Wait).
+#ifndef GRADSYNC_WORKER_BACKEND_WORK_H_
+#define GRADSYNC_WORKER_BACKEND_WORK_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace gradsync {
+
+// Thread-safe. Shared (std::shared_ptr) between the caller and the backend
+// that completes it; Finish() is called exactly once.
+class Work {
+ public:
+  // `sequence` is the backend's collective number (1, 2, ...) for messages.
+  explicit Work(uint64_t sequence) : sequence_(sequence) {}
+
+  // A Work that has already finished with `status`.
+  static std::shared_ptr<Work> Done(uint64_t sequence, absl::Status status);
+
+  // Whether the operation has finished (successfully or not).
+  bool IsCompleted() const;
+
+  // Blocks until the operation finishes and returns its status, or returns
+  // DEADLINE_EXCEEDED when `timeout` passes first (the operation goes on).
+  absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration()) const;
+
+  // The status once completed; UNKNOWN before.
+  absl::Status status() const;
+
+  uint64_t sequence() const { return sequence_; }
+
+  // Called by the backend once: records the outcome and wakes waiters.
+  void Finish(absl::Status status);
+
+ private:
+  const uint64_t sequence_;
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_BACKEND_WORK_H_
