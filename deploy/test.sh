@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs gradsync's whole test suite (installing what it needs first):
 #   deploy/test.sh [extra bazel test flags]
-# Ends with one line "gtest: N passed, N failed" counted from the test cases.
+# Ends with one line "gtest: N passed, N failed, N skipped" counted from the
+# test cases (GPU tests skip on machines without a GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 deploy/install_deps.sh || exit 1
@@ -12,6 +13,7 @@ status=${PIPESTATUS[0]}
 # Count test cases from the JUnit XML of each test target this run reported.
 passed=0
 failed=0
+skipped=0
 while IFS= read -r target; do
   xml="bazel-testlogs/${target#//}/test.xml"
   xml="${xml/://}"
@@ -22,9 +24,11 @@ while IFS= read -r target; do
   errors=$(sed -n 's/.* errors="\([0-9]*\)".*/\1/p' <<<"$line")
   disabled=$(sed -n 's/.* disabled="\([0-9]*\)".*/\1/p' <<<"$line")
   tests=${tests:-0}; failures=${failures:-0}; errors=${errors:-0}; disabled=${disabled:-0}
+  skipped_here=$(grep -c '<skipped' "$xml" || true)
   failed=$((failed + failures + errors))
-  passed=$((passed + tests - failures - errors - disabled))
+  skipped=$((skipped + skipped_here))
+  passed=$((passed + tests - failures - errors - disabled - skipped_here))
 done < <(grep -oE '^//[^ ]+' /tmp/gradsync-test.log | sort -u)
 [ "$status" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1  # a build or harness failure
-echo "gtest: ${passed} passed, ${failed} failed"
+echo "gtest: ${passed} passed, ${failed} failed, ${skipped} skipped"
 exit "$status"

@@ -1,0 +1,881 @@
+// Tests of GlooBackend: N ranks as N threads of this process, bootstrapping
+// concurrently through one InMemoryStore (and, once, through a real
+// coordinator), over loopback TCP. Results are checked against closed forms.
+#include "worker/backend/gloo_backend.h"
+
+#include <gloo/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/job_config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/gradsync/v1/job.pb.h"
+#include "proto/gradsync/v1/kv.pb.h"
+#include "proto/gradsync/v1/rendezvous.pb.h"
+#include "server/coordinator.h"
+#include "worker/backend/backend.h"
+#include "worker/backend/coordinator_store.h"
+#include "worker/backend/store.h"
+#include "worker/backend/work.h"
+#include "worker/client/coordinator_client.h"
+
+namespace gradsync {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::Combine;
+using ::testing::HasSubstr;
+using ::testing::Values;
+
+// The backend timeout of tests where every rank takes part: long enough
+// never to fire on a loaded machine.
+constexpr absl::Duration kHealthyTimeout = absl::Seconds(20);
+// How long a test waits for something that must happen (well below
+// kHealthyTimeout, so a failure that should be prompt cannot be a timeout).
+constexpr absl::Duration kBound = absl::Seconds(8);
+// A bounded wait for something that cannot happen yet.
+constexpr absl::Duration kBriefly = absl::Milliseconds(50);
+// Element counts: empty, one, odd, several segments, and more than a
+// power of two.
+constexpr size_t kCounts[] = {0, 1, 7, 1000, (1 << 16) + 3};
+// Makes int64 values need all 64 bits; odd, so averages truncate.
+constexpr int64_t kBig = 1'000'000'000'007;
+
+template <typename T>
+DataType DataTypeOf();
+template <>
+DataType DataTypeOf<float>() {
+  return DataType::kFloat32;
+}
+template <>
+DataType DataTypeOf<double>() {
+  return DataType::kFloat64;
+}
+template <>
+DataType DataTypeOf<gloo::float16>() {
+  return DataType::kFloat16;
+}
+template <>
+DataType DataTypeOf<int32_t>() {
+  return DataType::kInt32;
+}
+template <>
+DataType DataTypeOf<int64_t>() {
+  return DataType::kInt64;
+}
+template <>
+DataType DataTypeOf<uint8_t>() {
+  return DataType::kUInt8;
+}
+
+// A CPU Buffer over `values` (which must outlive the collective).
+template <typename T>
+Buffer BufferOf(std::vector<T>& values) {
+  Buffer buffer;
+  buffer.data = values.data();
+  buffer.count = values.size();
+  buffer.dtype = DataTypeOf<T>();
+  return buffer;
+}
+
+// `value` as gtest prints it: numbers, never characters.
+template <typename T>
+auto Printable(T value) {
+  if constexpr (std::is_same_v<T, gloo::float16>) {
+    return gloo::cpu_half2float(value);
+  } else {
+    return +value;
+  }
+}
+
+// Fails the test unless got[i] == expected(i) for every i; reports the
+// number of wrong elements and the first one.
+template <typename T, typename Expected>
+void ExpectElements(const std::vector<T>& got, Expected expected,
+                    const std::string& what) {
+  size_t wrong = 0;
+  size_t first = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!(got[i] == static_cast<T>(expected(i)))) {
+      if (wrong++ == 0) first = i;
+    }
+  }
+  EXPECT_EQ(wrong, 0u) << what << ": " << wrong << " of " << got.size()
+                       << " elements wrong; first at " << first << ": got "
+                       << Printable(got[first]) << ", expected "
+                       << Printable(static_cast<T>(expected(first)));
+}
+
+BackendOptions OptionsFor(int rank, int world_size, absl::Duration timeout) {
+  BackendOptions options;
+  options.rank = rank;
+  options.world_size = world_size;
+  options.timeout = timeout;
+  return options;
+}
+
+// Runs fn(rank) on one thread per rank and joins them.
+void OnEveryRank(int world_size, const std::function<void(int rank)>& fn) {
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world_size; ++rank) {
+    threads.emplace_back(fn, rank);
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
+// Creates the backends of `world_size` ranks, each on its own thread, so
+// that they bootstrap concurrently through `store`. Empty (and the test
+// failed) if any rank could not.
+std::vector<std::unique_ptr<GlooBackend>> StartGroup(
+    int world_size, Store* store, absl::Duration timeout = kHealthyTimeout) {
+  std::vector<absl::StatusOr<std::unique_ptr<GlooBackend>>> created;
+  for (int rank = 0; rank < world_size; ++rank) {
+    created.emplace_back(absl::UnknownError("not created"));
+  }
+  OnEveryRank(world_size, [&](int rank) {
+    created[rank] =
+        GlooBackend::Create(OptionsFor(rank, world_size, timeout), store);
+  });
+  std::vector<std::unique_ptr<GlooBackend>> backends;
+  for (int rank = 0; rank < world_size; ++rank) {
+    EXPECT_TRUE(created[rank].ok())
+        << "rank " << rank << ": " << created[rank].status();
+    if (!created[rank].ok()) return {};
+    backends.push_back(std::move(*created[rank]));
+  }
+  return backends;
+}
+
+void ExpectAllOk(const std::vector<std::shared_ptr<Work>>& works) {
+  for (const auto& work : works) {
+    EXPECT_TRUE(work->Wait(kBound).ok())
+        << "collective #" << work->sequence() << ": " << work->Wait(kBound);
+  }
+}
+
+// Sum over ranks r of r: n(n-1)/2.
+int64_t RankSum(int n) { return static_cast<int64_t>(n) * (n - 1) / 2; }
+
+// ---------------------------------------------------------------------------
+// Every collective, over world size x element count.
+
+class GlooCollectiveTest
+    : public ::testing::TestWithParam<std::tuple<int, size_t>> {
+ protected:
+  void SetUp() override {
+    backends_ = StartGroup(world_size(), &store_);
+    ASSERT_EQ(static_cast<int>(backends_.size()), world_size());
+  }
+
+  int world_size() const { return std::get<0>(GetParam()); }
+  size_t count() const { return std::get<1>(GetParam()); }
+
+  // Rank r's input: value(r, i) for i in [0, count()).
+  template <typename T>
+  std::vector<std::vector<T>> Inputs(
+      const std::function<T(int rank, size_t i)>& value) const {
+    std::vector<std::vector<T>> inputs(world_size());
+    for (int r = 0; r < world_size(); ++r) {
+      inputs[r].resize(count());
+      for (size_t i = 0; i < count(); ++i) inputs[r][i] = value(r, i);
+    }
+    return inputs;
+  }
+
+  // Runs an allreduce of `buffers[r]` on every rank r and waits.
+  template <typename T>
+  void AllReduce(std::vector<std::vector<T>>& buffers, ReduceOp op) {
+    std::vector<std::shared_ptr<Work>> works;
+    for (int r = 0; r < world_size(); ++r) {
+      works.push_back(backends_[r]->AllReduce(BufferOf(buffers[r]), op));
+    }
+    ExpectAllOk(works);
+  }
+
+  InMemoryStore store_;
+  std::vector<std::unique_ptr<GlooBackend>> backends_;
+};
+
+TEST_P(GlooCollectiveTest, AllReduceSumOfFloat32) {
+  auto buffers = Inputs<float>(
+      [](int r, size_t i) { return static_cast<float>(r * 1000 + i); });
+  AllReduce(buffers, ReduceOp::kSum);
+  const int n = world_size();
+  for (int r = 0; r < n; ++r) {
+    ExpectElements(
+        buffers[r],
+        [n](size_t i) {
+          return static_cast<double>(n * i + 1000 * RankSum(n));
+        },
+        absl::StrCat("rank ", r));
+  }
+}
+
+TEST_P(GlooCollectiveTest, AllReduceAverageOfFloat32) {
+  auto buffers = Inputs<float>(
+      [](int r, size_t i) { return static_cast<float>(r * 1000 + i); });
+  AllReduce(buffers, ReduceOp::kAverage);
+  const int n = world_size();
+  for (int r = 0; r < n; ++r) {
+    // (n*i + 1000*n(n-1)/2) / n, exact in float32 for these counts.
+    ExpectElements(
+        buffers[r],
+        [n](size_t i) { return static_cast<double>(i + 500 * (n - 1)); },
+        absl::StrCat("rank ", r));
+  }
+}
+
+TEST_P(GlooCollectiveTest, AllReduceSumOfInt64) {
+  auto buffers = Inputs<int64_t>(
+      [](int r, size_t i) { return r * kBig + static_cast<int64_t>(i); });
+  AllReduce(buffers, ReduceOp::kSum);
+  const int n = world_size();
+  for (int r = 0; r < n; ++r) {
+    ExpectElements(
+        buffers[r],
+        [n](size_t i) {
+          return n * static_cast<int64_t>(i) + kBig * RankSum(n);
+        },
+        absl::StrCat("rank ", r));
+  }
+}
+
+TEST_P(GlooCollectiveTest, AllReduceAverageOfInt64Truncates) {
+  auto buffers = Inputs<int64_t>(
+      [](int r, size_t i) { return r * kBig + static_cast<int64_t>(i); });
+  AllReduce(buffers, ReduceOp::kAverage);
+  const int n = world_size();
+  for (int r = 0; r < n; ++r) {
+    // floor((n*i + kBig*n(n-1)/2) / n) = i + floor(kBig*n(n-1)/2 / n).
+    ExpectElements(
+        buffers[r],
+        [n](size_t i) {
+          return static_cast<int64_t>(i) + kBig * RankSum(n) / n;
+        },
+        absl::StrCat("rank ", r));
+  }
+}
+
+TEST_P(GlooCollectiveTest, BroadcastFromEveryRoot) {
+  const int n = world_size();
+  // buffers[root][r]: rank r's buffer in the broadcast from `root`. All
+  // broadcasts are issued back to back, then waited for.
+  std::vector<std::vector<std::vector<double>>> buffers;
+  std::vector<std::shared_ptr<Work>> works;
+  for (int root = 0; root < n; ++root) {
+    buffers.push_back(
+        Inputs<double>([](int r, size_t i) { return r * 1000 + i + 0.25; }));
+  }
+  for (int root = 0; root < n; ++root) {
+    for (int r = 0; r < n; ++r) {
+      works.push_back(
+          backends_[r]->Broadcast(BufferOf(buffers[root][r]), root));
+    }
+  }
+  ExpectAllOk(works);
+  for (int root = 0; root < n; ++root) {
+    for (int r = 0; r < n; ++r) {
+      ExpectElements(
+          buffers[root][r], [root](size_t i) { return root * 1000 + i + 0.25; },
+          absl::StrCat("root ", root, ", rank ", r));
+    }
+  }
+}
+
+TEST_P(GlooCollectiveTest, AllGatherInRankOrder) {
+  const int n = world_size();
+  auto inputs = Inputs<int32_t>(
+      [](int r, size_t i) { return static_cast<int32_t>(r * 1000 + i); });
+  std::vector<std::vector<int32_t>> outputs(
+      n, std::vector<int32_t>(n * count(), -1));
+  std::vector<std::shared_ptr<Work>> works;
+  for (int r = 0; r < n; ++r) {
+    works.push_back(
+        backends_[r]->AllGather(BufferOf(inputs[r]), BufferOf(outputs[r])));
+  }
+  ExpectAllOk(works);
+  const size_t c = count();
+  for (int r = 0; r < n; ++r) {
+    ExpectElements(
+        outputs[r],
+        [c](size_t j) { return static_cast<int32_t>((j / c) * 1000 + j % c); },
+        absl::StrCat("rank ", r));
+  }
+}
+
+std::string CollectiveTestName(
+    const ::testing::TestParamInfo<std::tuple<int, size_t>>& info) {
+  return absl::StrCat("world", std::get<0>(info.param), "_count",
+                      std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizeByCount, GlooCollectiveTest,
+                         Combine(Values(1, 2, 3, 4),
+                                 ::testing::ValuesIn(kCounts)),
+                         CollectiveTestName);
+
+// ---------------------------------------------------------------------------
+// Behaviour that depends on the world size only.
+
+class GlooGroupTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    backends_ = StartGroup(world_size(), &store_);
+    ASSERT_EQ(static_cast<int>(backends_.size()), world_size());
+  }
+
+  int world_size() const { return GetParam(); }
+
+  InMemoryStore store_;
+  std::vector<std::unique_ptr<GlooBackend>> backends_;
+};
+
+TEST_P(GlooGroupTest, BarrierCompletesOnlyOnceEveryRankEntered) {
+  const int n = world_size();
+  std::vector<std::shared_ptr<Work>> works;
+  for (int r = 0; r + 1 < n; ++r) works.push_back(backends_[r]->Barrier());
+  for (const auto& work : works) {
+    EXPECT_EQ(work->Wait(kBriefly).code(), absl::StatusCode::kDeadlineExceeded)
+        << "a barrier completed before the last rank entered it";
+  }
+  works.push_back(backends_[n - 1]->Barrier());
+  ExpectAllOk(works);
+}
+
+// Each rank issues a long mix of collectives from its own thread without
+// waiting in between, then waits for all: every one completes, in issue
+// order, with the right result.
+TEST_P(GlooGroupTest, ManyCollectivesIssuedBackToBackCompleteInOrder) {
+  const int n = world_size();
+  constexpr int kCollectives = 60;
+  // What collective j is, the same on every rank: 0 allreduce sum (int64),
+  // 1 allreduce average (float32), 2 broadcast (int64), 3 allgather (int64),
+  // 4 barrier. Sizes vary and include 0.
+  auto kind = [](int j) { return j % 5; };
+  auto size = [](int j) { return static_cast<size_t>((j * 37) % 101); };
+  auto value = [](int r, int j, size_t i) {
+    return static_cast<int64_t>(r * 100000 + j * 1000 + i);
+  };
+
+  std::vector<std::vector<std::vector<int64_t>>> ints(n);
+  std::vector<std::vector<std::vector<float>>> floats(n);
+  std::vector<std::vector<std::vector<int64_t>>> gathered(n);
+  std::vector<std::vector<std::shared_ptr<Work>>> works(n);
+  OnEveryRank(n, [&](int r) {
+    ints[r].resize(kCollectives);
+    floats[r].resize(kCollectives);
+    gathered[r].resize(kCollectives);
+    for (int j = 0; j < kCollectives; ++j) {
+      for (size_t i = 0; i < size(j); ++i) {
+        ints[r][j].push_back(value(r, j, i));
+        floats[r][j].push_back(static_cast<float>(value(r, j, i)));
+      }
+      gathered[r][j].assign(n * size(j), -1);
+    }
+    GlooBackend& backend = *backends_[r];
+    for (int j = 0; j < kCollectives; ++j) {
+      switch (kind(j)) {
+        case 0:
+          works[r].push_back(
+              backend.AllReduce(BufferOf(ints[r][j]), ReduceOp::kSum));
+          break;
+        case 1:
+          works[r].push_back(
+              backend.AllReduce(BufferOf(floats[r][j]), ReduceOp::kAverage));
+          break;
+        case 2:
+          works[r].push_back(backend.Broadcast(BufferOf(ints[r][j]), j % n));
+          break;
+        case 3:
+          works[r].push_back(backend.AllGather(BufferOf(ints[r][j]),
+                                               BufferOf(gathered[r][j])));
+          break;
+        case 4:
+          works[r].push_back(backend.Barrier());
+          break;
+      }
+    }
+    for (int j = 0; j < kCollectives; ++j) {
+      EXPECT_EQ(works[r][j]->sequence(), static_cast<uint64_t>(j + 1));
+      absl::Status status = works[r][j]->Wait(kBound);
+      EXPECT_TRUE(status.ok())
+          << "rank " << r << ", #" << j + 1 << ": " << status;
+      // Completed in order: everything issued before it has completed too.
+      for (int k = 0; k < j; ++k) EXPECT_TRUE(works[r][k]->IsCompleted());
+    }
+  });
+
+  for (int r = 0; r < n; ++r) {
+    for (int j = 0; j < kCollectives; ++j) {
+      const std::string what =
+          absl::StrCat("rank ", r, ", collective #", j + 1);
+      switch (kind(j)) {
+        case 0:
+          ExpectElements(
+              ints[r][j],
+              [&](size_t i) {
+                return n * value(0, j, i) + 100000 * RankSum(n);
+              },
+              what);
+          break;
+        case 1:
+          ExpectElements(
+              floats[r][j],
+              [&](size_t i) {
+                return static_cast<double>(value(0, j, i) + 50000 * (n - 1));
+              },
+              what);
+          break;
+        case 2:
+          ExpectElements(
+              ints[r][j], [&](size_t i) { return value(j % n, j, i); }, what);
+          break;
+        case 3:
+          ExpectElements(
+              gathered[r][j],
+              [&](size_t k) {
+                return value(static_cast<int>(k / size(j)), j, k % size(j));
+              },
+              what);
+          break;
+      }
+    }
+  }
+}
+
+// A collective of zero elements runs no Gloo code yet waits its turn: it
+// does not complete before a collective issued earlier.
+TEST_P(GlooGroupTest, EmptyCollectiveWaitsForEarlierOnes) {
+  const int n = world_size();
+  std::vector<std::vector<float>> data(n, std::vector<float>(5, 1.0f));
+  std::vector<float> empty;
+  std::vector<std::shared_ptr<Work>> first;
+  std::vector<std::shared_ptr<Work>> second;
+  for (int r = 0; r + 1 < n; ++r) {
+    first.push_back(backends_[r]->AllReduce(BufferOf(data[r]), ReduceOp::kSum));
+    second.push_back(backends_[r]->AllReduce(BufferOf(empty), ReduceOp::kSum));
+  }
+  for (const auto& work : second) {
+    EXPECT_EQ(work->Wait(kBriefly).code(), absl::StatusCode::kDeadlineExceeded)
+        << "the empty allreduce overtook the one before it";
+  }
+  first.push_back(
+      backends_[n - 1]->AllReduce(BufferOf(data[n - 1]), ReduceOp::kSum));
+  second.push_back(
+      backends_[n - 1]->AllReduce(BufferOf(empty), ReduceOp::kSum));
+  ExpectAllOk(first);
+  ExpectAllOk(second);
+  for (int r = 0; r < n; ++r) {
+    ExpectElements(
+        data[r], [n](size_t) { return static_cast<float>(n); },
+        absl::StrCat("rank ", r));
+  }
+}
+
+// Sum and average of every dtype the backend reduces.
+TEST_P(GlooGroupTest, AllReduceOfEveryDtype) {
+  const int n = world_size();
+  constexpr size_t kCount = 7;
+  // Rank r holds r + (i % 8): small integers, exact in every dtype.
+  auto run = [&](auto zero, ReduceOp op, auto expected) {
+    using T = decltype(zero);
+    std::vector<std::vector<T>> buffers(n);
+    std::vector<std::shared_ptr<Work>> works;
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < kCount; ++i) {
+        buffers[r].push_back(static_cast<T>(r + static_cast<int>(i % 8)));
+      }
+      works.push_back(backends_[r]->AllReduce(BufferOf(buffers[r]), op));
+    }
+    ExpectAllOk(works);
+    for (int r = 0; r < n; ++r) {
+      ExpectElements(
+          buffers[r], expected,
+          absl::StrCat(DataTypeName(DataTypeOf<T>()), " ",
+                       op == ReduceOp::kSum ? "sum" : "average", ", rank ", r));
+    }
+  };
+  auto sum = [n](size_t i) { return n * static_cast<int>(i % 8) + RankSum(n); };
+  // Integers truncate; floats hold (n*k + n(n-1)/2) / n = k + (n-1)/2.
+  auto int_average = [n](size_t i) {
+    return static_cast<int>(i % 8) + RankSum(n) / n;
+  };
+  auto float_average = [n](size_t i) {
+    return static_cast<int>(i % 8) + (n - 1) / 2.0;
+  };
+  run(float{}, ReduceOp::kSum, sum);
+  run(double{}, ReduceOp::kSum, sum);
+  run(int32_t{}, ReduceOp::kSum, sum);
+  run(int64_t{}, ReduceOp::kSum, sum);
+  run(uint8_t{}, ReduceOp::kSum, sum);
+  run(float{}, ReduceOp::kAverage, float_average);
+  run(double{}, ReduceOp::kAverage, float_average);
+  run(int32_t{}, ReduceOp::kAverage, int_average);
+  run(int64_t{}, ReduceOp::kAverage, int_average);
+  run(uint8_t{}, ReduceOp::kAverage, int_average);
+
+  // float16 through gloo's own half type (its == compares bits).
+  auto half = [](double x) {
+    return gloo::cpu_float2half_rn(static_cast<float>(x));
+  };
+  run(gloo::float16{}, ReduceOp::kSum, [&](size_t i) { return half(sum(i)); });
+  run(gloo::float16{}, ReduceOp::kAverage,
+      [&](size_t i) { return half(float_average(i)); });
+}
+
+// Broadcast and allgather move bytes, so they take dtypes that allreduce
+// cannot reduce.
+TEST_P(GlooGroupTest, BroadcastAndAllGatherTakeBFloat16) {
+  const int n = world_size();
+  std::vector<std::vector<uint16_t>> data(n);
+  std::vector<std::vector<uint16_t>> gathered(n, std::vector<uint16_t>(2 * n));
+  std::vector<std::shared_ptr<Work>> works;
+  for (int r = 0; r < n; ++r) {
+    data[r] = {static_cast<uint16_t>(r), static_cast<uint16_t>(0x3f80 + r)};
+    Buffer input{data[r].data(), 2, DataType::kBFloat16};
+    Buffer output{gathered[r].data(), gathered[r].size(), DataType::kBFloat16};
+    works.push_back(backends_[r]->AllGather(input, output));
+  }
+  ExpectAllOk(works);
+  works.clear();
+  for (int r = 0; r < n; ++r) {
+    works.push_back(backends_[r]->Broadcast(
+        Buffer{data[r].data(), 2, DataType::kBFloat16}, n - 1));
+  }
+  ExpectAllOk(works);
+  for (int r = 0; r < n; ++r) {
+    ExpectElements(
+        gathered[r],
+        [](size_t k) { return k % 2 == 0 ? k / 2 : 0x3f80 + k / 2; },
+        absl::StrCat("allgather, rank ", r));
+    ExpectElements(
+        data[r], [n](size_t k) { return k == 0 ? n - 1 : 0x3f80 + n - 1; },
+        absl::StrCat("broadcast, rank ", r));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooGroupTest, Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return absl::StrCat("world", info.param);
+                         });
+
+// ---------------------------------------------------------------------------
+// Bad arguments.
+
+TEST(GlooBackendArgumentsTest, BadArgumentsFailAtOnceAndUseNoSequenceNumber) {
+  InMemoryStore store;
+  auto backends = StartGroup(2, &store);
+  ASSERT_EQ(backends.size(), 2u);
+  GlooBackend& backend = *backends[0];
+  std::vector<float> data(4, 1.0f);
+  std::vector<float> small_output(7);
+
+  Buffer cuda = BufferOf(data);
+  cuda.device = DeviceKind::kCuda;
+  Buffer null_data{nullptr, 3, DataType::kFloat32};
+  Buffer bfloat16{data.data(), 4, DataType::kBFloat16};
+
+  struct Case {
+    const char* what;
+    std::shared_ptr<Work> work;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"cuda allreduce", backend.AllReduce(cuda, ReduceOp::kSum),
+       "buffer is on cuda, expected cpu"},
+      {"cuda broadcast", backend.Broadcast(cuda, 0),
+       "buffer is on cuda, expected cpu"},
+      {"cuda allgather output", backend.AllGather(BufferOf(data), cuda),
+       "gloo allgather output: buffer is on cuda"},
+      {"null data", backend.AllReduce(null_data, ReduceOp::kSum),
+       "buffer of 3 elements has no data pointer"},
+      {"null allgather input", backend.AllGather(null_data, BufferOf(data)),
+       "no data pointer"},
+      {"allgather output too small",
+       backend.AllGather(BufferOf(data), BufferOf(small_output)),
+       "output holds 7 elements; needs 4 x 2 ranks"},
+      {"allgather dtype mismatch",
+       backend.AllGather(BufferOf(data),
+                         Buffer{small_output.data(), 8, DataType::kInt32}),
+       "input is float32, output is int32"},
+      {"negative root", backend.Broadcast(BufferOf(data), -1),
+       "broadcast root -1 is not a rank in [0, 2)"},
+      {"root past the last rank", backend.Broadcast(BufferOf(data), 2),
+       "broadcast root 2 is not a rank in [0, 2)"},
+      {"bfloat16 allreduce", backend.AllReduce(bfloat16, ReduceOp::kSum),
+       "gloo backend does not support dtype bfloat16"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_TRUE(c.work->IsCompleted()) << c.what;
+    EXPECT_EQ(c.work->status().code(), absl::StatusCode::kInvalidArgument)
+        << c.what << ": " << c.work->status();
+    EXPECT_THAT(std::string(c.work->status().message()), HasSubstr(c.message))
+        << c.what;
+  }
+
+  // The rejected calls consumed no sequence number: rank 0's next
+  // collective still matches rank 1's first.
+  std::vector<float> other(4, 2.0f);
+  auto work0 = backends[0]->AllReduce(BufferOf(data), ReduceOp::kSum);
+  auto work1 = backends[1]->AllReduce(BufferOf(other), ReduceOp::kSum);
+  ExpectAllOk({work0, work1});
+  EXPECT_EQ(work0->sequence(), 1u);
+  EXPECT_EQ(work1->sequence(), 1u);
+  ExpectElements(
+      data, [](size_t) { return 3.0f; }, "rank 0");
+}
+
+TEST(GlooBackendArgumentsTest, CreateRejectsBadOptions) {
+  InMemoryStore store;
+  struct Case {
+    const char* what;
+    BackendOptions options;
+    Store* store;
+    GlooOptions gloo;
+    const char* message;
+  };
+  GlooOptions foreign_address;
+  foreign_address.hostname = "192.0.2.1";  // TEST-NET-1: not this machine's
+  GlooOptions no_such_interface;
+  no_such_interface.network_interface = "gradsync-no-such-if";
+  const Case cases[] = {
+      {"rank past the world",
+       OptionsFor(2, 2, kBound),
+       &store,
+       {},
+       "rank 2 is not in [0, 2)"},
+      {"negative rank",
+       OptionsFor(-1, 2, kBound),
+       &store,
+       {},
+       "rank -1 is not in [0, 2)"},
+      {"empty world",
+       OptionsFor(0, 0, kBound),
+       &store,
+       {},
+       "world size 0 is not positive"},
+      {"zero timeout",
+       OptionsFor(0, 1, absl::ZeroDuration()),
+       &store,
+       {},
+       "timeout 0 is not positive"},
+      {"no store", OptionsFor(0, 1, kBound), nullptr, {}, "no store"},
+      {"foreign address", OptionsFor(0, 1, kBound), &store, foreign_address,
+       "cannot listen on host '192.0.2.1'"},
+      {"no such interface", OptionsFor(0, 1, kBound), &store, no_such_interface,
+       "cannot listen on interface 'gradsync-no-such-if'"},
+  };
+  for (const Case& c : cases) {
+    auto backend = GlooBackend::Create(c.options, c.store, c.gloo);
+    EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.what << ": " << backend.status();
+    EXPECT_THAT(std::string(backend.status().message()), HasSubstr(c.message))
+        << c.what;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Failures: a missing peer, a peer that never issues a collective, a peer
+// that dies, a backend destroyed with collectives queued.
+
+TEST(GlooBackendFailureTest, BootstrapFailsWhenAPeerNeverArrives) {
+  InMemoryStore store;
+  const absl::Time start = absl::Now();
+  auto backend =
+      GlooBackend::Create(OptionsFor(0, 2, absl::Milliseconds(300)), &store);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << backend.status();
+  EXPECT_THAT(std::string(backend.status().message()),
+              HasSubstr("gloo bootstrap (rank 0 of 2)"));
+  EXPECT_THAT(std::string(backend.status().message()), HasSubstr("missing: 1"));
+  EXPECT_LT(took, kBound);
+}
+
+TEST(GlooBackendFailureTest, CollectiveAPeerNeverIssuesFailsAtTheTimeout) {
+  constexpr absl::Duration kTimeout = absl::Milliseconds(500);
+  InMemoryStore store;
+  auto backends = StartGroup(2, &store, kTimeout);
+  ASSERT_EQ(backends.size(), 2u);
+  std::vector<float> data(1000, 1.0f);
+
+  // Rank 1 never issues this allreduce.
+  const absl::Time start = absl::Now();
+  auto work = backends[0]->AllReduce(BufferOf(data), ReduceOp::kSum);
+  // Waiting less than the backend's timeout: the Work's own deadline.
+  absl::Status early = work->Wait(kBriefly);
+  EXPECT_EQ(early.code(), absl::StatusCode::kDeadlineExceeded) << early;
+  EXPECT_THAT(std::string(early.message()), HasSubstr("did not finish within"));
+
+  // The backend's timeout fails the collective itself.
+  absl::Status status = work->Wait(kBound);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("gloo allreduce #1 (rank 0 of 2): "));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("Timed out"));
+  EXPECT_GE(took, kTimeout - absl::Milliseconds(50));
+  EXPECT_LT(took, kBound);
+
+  // The connections are gone now: later collectives fail at once, on both
+  // ranks.
+  auto after = backends[0]->Barrier();
+  absl::Status after_status = after->Wait(kBound);
+  EXPECT_EQ(after_status.code(), absl::StatusCode::kAborted) << after_status;
+  EXPECT_THAT(std::string(after_status.message()),
+              HasSubstr("gloo barrier #2 (rank 0 of 2): not run"));
+  EXPECT_THAT(std::string(after_status.message()),
+              HasSubstr("create a new backend"));
+
+  auto peer = backends[1]->AllReduce(BufferOf(data), ReduceOp::kSum);
+  absl::Status peer_status = peer->Wait(kBound);
+  EXPECT_EQ(peer_status.code(), absl::StatusCode::kUnavailable) << peer_status;
+  EXPECT_THAT(std::string(peer_status.message()),
+              HasSubstr("gloo allreduce #1 (rank 1 of 2): "));
+}
+
+class GlooPeerDeathTest : public ::testing::TestWithParam<int> {};
+
+// Rank 1's backend is destroyed (its sockets close) while the other ranks
+// are in an allreduce: they fail with UNAVAILABLE well before their timeout.
+TEST_P(GlooPeerDeathTest, OthersFailPromptlyWhenARankDies) {
+  const int n = GetParam();
+  InMemoryStore store;
+  auto backends = StartGroup(n, &store);  // kHealthyTimeout: 20s
+  ASSERT_EQ(static_cast<int>(backends.size()), n);
+  std::vector<std::vector<float>> data(n, std::vector<float>(1 << 16, 1.0f));
+  std::vector<std::shared_ptr<Work>> works;
+  for (int r = 0; r < n; ++r) {
+    if (r == 1) continue;
+    works.push_back(backends[r]->AllReduce(BufferOf(data[r]), ReduceOp::kSum));
+  }
+  const absl::Time start = absl::Now();
+  backends[1].reset();
+  for (const auto& work : works) {
+    absl::Status status = work->Wait(kBound);
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr("gloo allreduce #1 (rank "));
+  }
+  EXPECT_LT(absl::Now() - start, kBound);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooPeerDeathTest, Values(2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return absl::StrCat("world", info.param);
+                         });
+
+TEST(GlooBackendFailureTest, DestroyingCancelsCollectivesNotStarted) {
+  constexpr absl::Duration kTimeout = absl::Seconds(1);
+  InMemoryStore store;
+  auto backends = StartGroup(2, &store, kTimeout);
+  ASSERT_EQ(backends.size(), 2u);
+  std::vector<float> data(10, 1.0f);
+  // Rank 1 issues none of these: the first blocks until the timeout, and the
+  // destructor runs long before it ends.
+  auto first = backends[0]->AllReduce(BufferOf(data), ReduceOp::kSum);
+  auto second = backends[0]->Broadcast(BufferOf(data), 0);
+  auto third = backends[0]->Barrier();
+  const absl::Time start = absl::Now();
+  backends[0].reset();
+  EXPECT_LT(absl::Now() - start, kTimeout + kBound);
+
+  // The first was either running (and timed out) or not started yet.
+  EXPECT_THAT(first->status().code(), AnyOf(absl::StatusCode::kDeadlineExceeded,
+                                            absl::StatusCode::kCancelled))
+      << first->status();
+  for (const auto& work : {second, third}) {
+    EXPECT_EQ(work->status().code(), absl::StatusCode::kCancelled)
+        << work->status();
+    EXPECT_THAT(std::string(work->status().message()),
+                HasSubstr("the backend was destroyed before it ran"));
+  }
+  EXPECT_THAT(std::string(third->status().message()),
+              HasSubstr("gloo barrier #3 (rank 0 of 2)"));
+}
+
+// ---------------------------------------------------------------------------
+// Bootstrapping through a real coordinator's key-value store.
+
+TEST(GlooBackendCoordinatorTest, RanksBootstrapThroughTheCoordinator) {
+  CoordinatorConfig config;
+  config.listen_address = "127.0.0.1:0";
+  config.poll_interval = absl::Milliseconds(5);
+  Coordinator coordinator(config);
+  ASSERT_TRUE(coordinator.Start().ok());
+  const std::string target = absl::StrCat("127.0.0.1:", coordinator.port());
+
+  constexpr int kWorld = 2;
+  v1::JobConfig job;
+  job.set_job_id("gloo-bootstrap");
+  job.set_min_nodes(kWorld);
+  job.set_max_nodes(kWorld);
+  *job.mutable_join_timeout() = ToProtoDuration(absl::Seconds(30));
+  *job.mutable_last_call_timeout() = ToProtoDuration(absl::ZeroDuration());
+
+  std::vector<std::vector<float>> data(kWorld);
+  std::vector<absl::Status> results(kWorld, absl::UnknownError("not run"));
+  std::vector<v1::Assignment> assignments(kWorld);
+  OnEveryRank(kWorld, [&](int thread) {
+    ClientOptions options;
+    options.target = target;
+    auto client = CoordinatorClient::Create(options);
+    if (!client.ok()) {
+      results[thread] = client.status();
+      return;
+    }
+    v1::JoinRequest join;
+    join.set_job_id(job.job_id());
+    *join.mutable_config() = job;
+    *join.mutable_node() = LocalNodeDescriptor();
+    join.mutable_node()->set_node_id(absl::StrCat("node-", thread));
+    join.mutable_node()->add_addresses("127.0.0.1");
+    auto assignment = (*client)->Join(join);
+    if (!assignment.ok()) {
+      results[thread] = assignment.status();
+      return;
+    }
+    assignments[thread] = *assignment;
+    v1::Scope scope;
+    scope.set_job_id(assignment->job_id());
+    scope.set_round(assignment->round());
+    CoordinatorStore store(client->get(), scope, "gloo/");
+    auto backend = GlooBackend::Create(
+        OptionsFor(assignment->rank(), assignment->world_size(), kBound),
+        &store);
+    if (!backend.ok()) {
+      results[thread] = backend.status();
+      return;
+    }
+    data[thread].assign(1000, static_cast<float>(assignment->rank() + 1));
+    results[thread] = (*backend)
+                          ->AllReduce(BufferOf(data[thread]), ReduceOp::kSum)
+                          ->Wait(kBound);
+  });
+
+  for (int t = 0; t < kWorld; ++t) {
+    EXPECT_TRUE(results[t].ok()) << "thread " << t << ": " << results[t];
+    EXPECT_EQ(assignments[t].backend(), v1::BACKEND_GLOO);
+    ExpectElements(
+        data[t], [](size_t) { return 3.0f; }, absl::StrCat("thread ", t));
+  }
+  EXPECT_NE(assignments[0].rank(), assignments[1].rank());
+  coordinator.Shutdown();
+}
+
+}  // namespace
+}  // namespace gradsync

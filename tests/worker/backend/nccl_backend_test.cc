@@ -1,0 +1,163 @@
+// NCCL backend tests. Without a GPU only the "no device" behaviour runs; the
+// rest skip. A single GPU runs world size 1 (NCCL refuses two ranks on one
+// device), which still exercises bootstrap, streams, events, the watchdog
+// and every collective's plumbing.
+#include "worker/backend/nccl_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/backend/store.h"
+
+namespace gradsync {
+namespace {
+
+using ::testing::HasSubstr;
+
+#define SKIP_WITHOUT_GPU()                                 \
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device"
+
+// A device copy of `host` that frees itself.
+template <typename T>
+class DeviceVector {
+ public:
+  explicit DeviceVector(const std::vector<T>& host) : count_(host.size()) {
+    EXPECT_EQ(cudaMalloc(&data_, std::max<size_t>(1, count_) * sizeof(T)),
+              cudaSuccess);
+    if (count_ > 0) {
+      EXPECT_EQ(cudaMemcpy(data_, host.data(), count_ * sizeof(T),
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+  }
+  ~DeviceVector() { cudaFree(data_); }
+  std::vector<T> ToHost() const {
+    std::vector<T> host(count_);
+    if (count_ > 0) {
+      EXPECT_EQ(cudaMemcpy(host.data(), data_, count_ * sizeof(T),
+                           cudaMemcpyDeviceToHost),
+                cudaSuccess);
+    }
+    return host;
+  }
+  Buffer buffer(DataType dtype) {
+    return Buffer{data_, count_, dtype, DeviceKind::kCuda, 0};
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t count_;
+};
+
+std::unique_ptr<Backend> MakeSingleRank() {
+  InMemoryStore store;
+  BackendOptions options;
+  options.timeout = absl::Seconds(30);
+  auto backend = CreateNcclBackend(options, &store, NcclOptions());
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return backend.ok() ? *std::move(backend) : nullptr;
+}
+
+TEST(NcclBackendTest, CreatingWithoutAGpuIsFailedPrecondition) {
+  if (CudaDeviceCount() > 0) GTEST_SKIP() << "this machine has a GPU";
+  InMemoryStore store;
+  auto backend = CreateNcclBackend(BackendOptions(), &store, NcclOptions());
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(backend.status().message(), HasSubstr("gloo"));
+}
+
+class NcclCollectivesTest : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(NcclCollectivesTest, SingleRankCollectivesKeepOrCopyTheData) {
+  SKIP_WITHOUT_GPU();
+  const size_t count = GetParam();
+  std::unique_ptr<Backend> backend = MakeSingleRank();
+  ASSERT_NE(backend, nullptr);
+  std::vector<float> values(count);
+  std::iota(values.begin(), values.end(), 1.0f);
+  std::vector<int64_t> ints(count);
+  std::iota(ints.begin(), ints.end(), int64_t{-3});
+
+  DeviceVector<float> sum(values), avg(values), bcast(values), in(values),
+      out(values);
+  DeviceVector<int64_t> int_sum(ints);
+  std::vector<std::shared_ptr<Work>> works = {
+      backend->AllReduce(sum.buffer(DataType::kFloat32), ReduceOp::kSum),
+      backend->AllReduce(avg.buffer(DataType::kFloat32), ReduceOp::kAverage),
+      backend->AllReduce(int_sum.buffer(DataType::kInt64), ReduceOp::kSum),
+      backend->Broadcast(bcast.buffer(DataType::kFloat32), 0),
+      backend->AllGather(in.buffer(DataType::kFloat32),
+                         out.buffer(DataType::kFloat32)),
+      backend->Barrier(),
+  };
+  for (const auto& work : works) {
+    ASSERT_TRUE(work->Wait(absl::Seconds(30)).ok()) << work->status();
+  }
+  EXPECT_EQ(sum.ToHost(), values);
+  EXPECT_EQ(avg.ToHost(), values);
+  EXPECT_EQ(int_sum.ToHost(), ints);
+  EXPECT_EQ(bcast.ToHost(), values);
+  EXPECT_EQ(out.ToHost(), values);
+}
+
+INSTANTIATE_TEST_SUITE_P(Counts, NcclCollectivesTest,
+                         ::testing::Values(0, 1, 7, 1000, (1 << 20) + 3));
+
+TEST(NcclBackendTest, ManyCollectivesBackToBackCompleteInOrder) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<Backend> backend = MakeSingleRank();
+  ASSERT_NE(backend, nullptr);
+  DeviceVector<float> data(std::vector<float>(4096, 2.0f));
+  std::vector<std::shared_ptr<Work>> works;
+  for (int i = 0; i < 200; ++i) {
+    works.push_back(
+        backend->AllReduce(data.buffer(DataType::kFloat32), ReduceOp::kSum));
+  }
+  ASSERT_TRUE(works.back()->Wait(absl::Seconds(60)).ok());
+  for (size_t i = 0; i < works.size(); ++i) {
+    EXPECT_TRUE(works[i]->IsCompleted()) << "collective " << i;
+    EXPECT_EQ(works[i]->sequence(), i + 1);
+  }
+}
+
+TEST(NcclBackendTest, BadArgumentsAreInvalidArgument) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<Backend> backend = MakeSingleRank();
+  ASSERT_NE(backend, nullptr);
+  std::vector<float> host(8, 1.0f);
+  Buffer cpu{host.data(), host.size(), DataType::kFloat32, DeviceKind::kCpu, 0};
+  EXPECT_EQ(backend->AllReduce(cpu, ReduceOp::kSum)->Wait().code(),
+            absl::StatusCode::kInvalidArgument);
+  DeviceVector<float> in(host), out(host);
+  EXPECT_EQ(backend->Broadcast(in.buffer(DataType::kFloat32), 1)->Wait().code(),
+            absl::StatusCode::kInvalidArgument);
+  Buffer short_out = out.buffer(DataType::kFloat32);
+  short_out.count = 3;
+  EXPECT_EQ(backend->AllGather(in.buffer(DataType::kFloat32), short_out)
+                ->Wait()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(NcclBackendTest, CreationFailsWithinTheTimeoutWhenARankNeverArrives) {
+  SKIP_WITHOUT_GPU();
+  InMemoryStore store;
+  BackendOptions options;
+  options.rank = 0;
+  options.world_size = 2;  // rank 1 never comes
+  options.timeout = absl::Seconds(3);
+  const absl::Time start = absl::Now();
+  auto backend = CreateNcclBackend(options, &store, NcclOptions());
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << backend.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+}
+
+}  // namespace
+}  // namespace gradsync

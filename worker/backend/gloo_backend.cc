@@ -1,0 +1,452 @@
+#include "worker/backend/gloo_backend.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/logging.h"
+
+namespace gradsync {
+namespace {
+
+// Gloo waits with std::condition_variable::wait_for, which overflows on
+// durations near the maximum; an infinite timeout becomes a year.
+constexpr absl::Duration kLongestGlooTimeout = absl::Hours(24 * 365);
+
+std::chrono::milliseconds ToGlooTimeout(absl::Duration timeout) {
+  timeout = std::min(timeout, kLongestGlooTimeout);
+  return std::chrono::milliseconds(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
+}
+
+// Gloo writes to its sockets without MSG_NOSIGNAL, so a write to a peer that
+// has died raises SIGPIPE, whose default action kills the whole process.
+// Rather than change the process's disposition, the threads that write on
+// Gloo's sockets block it, and the write fails with EPIPE, which Gloo
+// reports as an IoException. Those threads are: the one running Create
+// (connecting), Gloo's event loop (started by CreateDevice, so it inherits
+// the creating thread's mask) and the backend's own thread.
+void BlockSigpipeInThisThread(sigset_t* previous_mask) {
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, previous_mask);
+}
+
+// Blocks SIGPIPE in this thread for its lifetime; on the way out, discards a
+// SIGPIPE raised meanwhile (one that was pending before is left alone), then
+// restores the thread's mask.
+class ScopedSigpipeBlock {
+ public:
+  ScopedSigpipeBlock() {
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    BlockSigpipeInThisThread(&previous_mask_);
+  }
+  ~ScopedSigpipeBlock() {
+    sigset_t pending;
+    sigpending(&pending);
+    if (!was_pending_ && sigismember(&pending, SIGPIPE) == 1) {
+      sigset_t pipe;
+      sigemptyset(&pipe);
+      sigaddset(&pipe, SIGPIPE);
+      const timespec no_wait = {0, 0};
+      sigtimedwait(&pipe, nullptr, &no_wait);
+    }
+    pthread_sigmask(SIG_SETMASK, &previous_mask_, nullptr);
+  }
+  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
+  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
+
+ private:
+  bool was_pending_ = false;
+  sigset_t previous_mask_;
+};
+
+// A Store error, carried through Gloo's rendezvous code as an exception (its
+// Store interface has no other way to fail) and turned back into the status
+// by GlooBackend::Create.
+class StoreError : public gloo::Exception {
+ public:
+  explicit StoreError(absl::Status status)
+      : gloo::Exception(status.ToString()), status_(std::move(status)) {}
+  const absl::Status& status() const { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
+// Our Store seen as Gloo's rendezvous store. Gloo's get must block until the
+// key exists, so it waits up to the backend's timeout. Used only during
+// bootstrap, by one thread; `store` must outlive it.
+class GlooStoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(gradsync::Store* store, absl::Duration timeout)
+      : store_(store), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    absl::Status status =
+        store_->Set(key, std::string(data.begin(), data.end()));
+    if (!status.ok()) throw StoreError(Annotate(status, "set", key));
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    absl::StatusOr<std::string> value = store_->Get(key, timeout_);
+    if (!value.ok()) throw StoreError(Annotate(value.status(), "get", key));
+    return std::vector<char>(value->begin(), value->end());
+  }
+
+  void wait(const std::vector<std::string>& keys) override {
+    WaitFor(keys, timeout_);
+  }
+
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    // Gloo's "no timeout" is zero; ours is then the backend's.
+    WaitFor(keys,
+            timeout == gloo::kNoTimeout ? timeout_ : absl::FromChrono(timeout));
+  }
+
+ private:
+  void WaitFor(const std::vector<std::string>& keys, absl::Duration timeout) {
+    absl::Status status = store_->Wait(keys, timeout);
+    if (!status.ok()) {
+      throw StoreError(Annotate(status, "wait for",
+                                keys.size() == 1 ? keys[0] : "several keys"));
+    }
+  }
+
+  static absl::Status Annotate(const absl::Status& status, const char* verb,
+                               const std::string& key) {
+    return absl::Status(status.code(),
+                        absl::StrCat("store ", verb, " '", key,
+                                     "' failed: ", status.message()));
+  }
+
+  gradsync::Store* const store_;
+  const absl::Duration timeout_;
+};
+
+// Maps the exception being handled (call only inside a catch block) to a
+// status whose message starts with `where`. Gloo reports timeouts and broken
+// connections as IoException; only its message tells them apart.
+absl::Status StatusFromCurrentException(const std::string& where,
+                                        absl::Duration timeout) {
+  try {
+    throw;
+  } catch (const StoreError& e) {
+    return absl::Status(e.status().code(),
+                        absl::StrCat(where, ": ", e.status().message()));
+  } catch (const gloo::IoException& e) {
+    const std::string message = e.what();
+    const std::string lower = absl::AsciiStrToLower(message);
+    if (absl::StrContains(lower, "timed out") ||
+        absl::StrContains(lower, "timeout")) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          where, ": ", message, " (a peer did not take part within ",
+          absl::FormatDuration(timeout),
+          ": check that every rank issues the same collectives in the same "
+          "order and is alive)"));
+    }
+    return absl::UnavailableError(absl::StrCat(
+        where, ": ", message,
+        " (a peer's connection broke: it died, timed out or shut its backend "
+        "down)"));
+  } catch (const gloo::EnforceNotMet& e) {
+    return absl::InternalError(absl::StrCat(where, ": ", e.what()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(where, ": ", e.what()));
+  } catch (...) {
+    return absl::InternalError(
+        absl::StrCat(where, ": an exception that is not a std::exception"));
+  }
+}
+
+// Calls `f` with a value of the C++ type Gloo reduces `dtype` as. Only for
+// dtypes CheckReducible accepts.
+template <typename F>
+void VisitReducible(DataType dtype, F&& f) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      return f(float{});
+    case DataType::kFloat64:
+      return f(double{});
+    case DataType::kFloat16:
+      return f(gloo::float16{});
+    case DataType::kInt32:
+      return f(int32_t{});
+    case DataType::kInt64:
+      return f(int64_t{});
+    case DataType::kUInt8:
+      return f(uint8_t{});
+    case DataType::kBFloat16:
+      break;
+  }
+  GS_CHECK(false) << "dtype " << DataTypeName(dtype)
+                  << " reached the gloo thread unchecked";
+}
+
+absl::Status CheckReducible(DataType dtype) {
+  if (dtype == DataType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo allreduce: gloo backend does not support dtype ",
+                     DataTypeName(dtype)));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+void SumInto(void* out, const void* a, const void* b, size_t n) {
+  gloo::sum<T>(out, a, b, n);
+}
+
+// Divides each element by `divisor` (integers truncate toward zero).
+template <typename T>
+void DivideInPlace(T* data, size_t count, int divisor) {
+  if constexpr (std::is_same_v<T, gloo::float16>) {
+    const float d = static_cast<float>(divisor);
+    for (size_t i = 0; i < count; ++i) {
+      data[i] = gloo::cpu_float2half_rn(gloo::cpu_half2float(data[i]) / d);
+    }
+  } else {
+    const T d = static_cast<T>(divisor);
+    for (size_t i = 0; i < count; ++i) data[i] = static_cast<T>(data[i] / d);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
+    const BackendOptions& options, Store* store, GlooOptions gloo_options) {
+  if (options.world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gloo backend: world size ", options.world_size, " is not positive"));
+  }
+  if (options.rank < 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo backend: rank ", options.rank, " is not in [0, ",
+                     options.world_size, ")"));
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gloo backend: timeout ", absl::FormatDuration(options.timeout),
+        " is not positive"));
+  }
+  if (store == nullptr) {
+    return absl::InvalidArgumentError(
+        "gloo backend: no store to bootstrap through");
+  }
+  const std::string where = absl::StrCat("gloo bootstrap (rank ", options.rank,
+                                         " of ", options.world_size, ")");
+  const std::string address =
+      gloo_options.network_interface.empty()
+          ? absl::StrCat("host '", gloo_options.hostname, "'")
+          : absl::StrCat("interface '", gloo_options.network_interface, "'");
+
+  // Held until the backend (and its thread) exist: see ScopedSigpipeBlock.
+  ScopedSigpipeBlock block_sigpipe;
+  std::shared_ptr<gloo::transport::Device> device;
+  try {
+    gloo::transport::tcp::attr attr;
+    if (!gloo_options.network_interface.empty()) {
+      attr.iface = gloo_options.network_interface;
+    } else {
+      attr.hostname = gloo_options.hostname;
+    }
+    device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": cannot listen on ", address, ": ", e.what(),
+                     " (pass an address or interface of this machine)"));
+  }
+
+  const std::chrono::milliseconds gloo_timeout = ToGlooTimeout(options.timeout);
+  auto context = std::make_shared<gloo::rendezvous::Context>(
+      options.rank, options.world_size);
+  context->setTimeout(gloo_timeout);
+  GlooStoreAdapter adapter(store, options.timeout);
+  try {
+    context->connectFullMesh(adapter, device);
+  } catch (...) {
+    return StatusFromCurrentException(where, options.timeout);
+  }
+  return std::unique_ptr<GlooBackend>(
+      new GlooBackend(options, std::move(context)));
+}
+
+GlooBackend::GlooBackend(const BackendOptions& options,
+                         std::shared_ptr<gloo::Context> context)
+    : Backend(options),
+      gloo_timeout_(ToGlooTimeout(options.timeout)),
+      context_(std::move(context)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+GlooBackend::~GlooBackend() {
+  std::deque<Op> cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    cancelled.swap(queue_);
+  }
+  for (Op& op : cancelled) {
+    op.work->Finish(absl::CancelledError(
+        absl::StrCat(Describe(op.collective, op.sequence),
+                     ": cancelled: the backend was destroyed before it ran")));
+  }
+  thread_.join();
+  // context_ goes with the members: its connections close, and peers still
+  // in a collective with this rank see them break.
+}
+
+std::shared_ptr<Work> GlooBackend::AllReduce(Buffer buffer, ReduceOp op) {
+  absl::Status valid = CheckBuffer(buffer, DeviceKind::kCpu, "gloo allreduce");
+  if (valid.ok()) valid = CheckReducible(buffer.dtype);
+  if (!valid.ok()) return Work::Done(0, std::move(valid));
+  if (buffer.count == 0) return Enqueue("allreduce", nullptr);
+  return Enqueue("allreduce", [this, buffer, op](uint32_t tag) {
+    VisitReducible(buffer.dtype, [&](auto zero) {
+      using T = decltype(zero);
+      T* data = static_cast<T*>(buffer.data);
+      gloo::AllreduceOptions opts(context_);
+      opts.setOutput<T>(data, buffer.count);
+      opts.setReduceFunction(&SumInto<T>);
+      opts.setTag(tag);
+      opts.setTimeout(gloo_timeout_);
+      gloo::allreduce(opts);
+      if (op == ReduceOp::kAverage) {
+        DivideInPlace(data, buffer.count, world_size());
+      }
+    });
+  });
+}
+
+std::shared_ptr<Work> GlooBackend::Broadcast(Buffer buffer, int root) {
+  absl::Status valid = CheckBuffer(buffer, DeviceKind::kCpu, "gloo broadcast");
+  if (valid.ok()) valid = CheckRoot(root, world_size());
+  if (!valid.ok()) return Work::Done(0, std::move(valid));
+  if (buffer.count == 0) return Enqueue("broadcast", nullptr);
+  // Broadcast copies bytes, whatever the dtype.
+  return Enqueue("broadcast", [this, buffer, root](uint32_t tag) {
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput<uint8_t>(static_cast<uint8_t*>(buffer.data), buffer.bytes());
+    opts.setRoot(root);
+    opts.setTag(tag);
+    opts.setTimeout(gloo_timeout_);
+    gloo::broadcast(opts);
+  });
+}
+
+std::shared_ptr<Work> GlooBackend::AllGather(Buffer input, Buffer output) {
+  absl::Status valid =
+      CheckBuffer(input, DeviceKind::kCpu, "gloo allgather input");
+  if (valid.ok()) {
+    valid = CheckBuffer(output, DeviceKind::kCpu, "gloo allgather output");
+  }
+  if (valid.ok()) valid = CheckAllGatherSizes(input, output, world_size());
+  if (!valid.ok()) return Work::Done(0, std::move(valid));
+  if (input.count == 0) return Enqueue("allgather", nullptr);
+  // Allgather copies bytes, whatever the dtype.
+  return Enqueue("allgather", [this, input, output](uint32_t tag) {
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput<uint8_t>(static_cast<uint8_t*>(input.data), input.bytes());
+    opts.setOutput<uint8_t>(static_cast<uint8_t*>(output.data), output.bytes());
+    opts.setTag(tag);
+    opts.setTimeout(gloo_timeout_);
+    gloo::allgather(opts);
+  });
+}
+
+std::shared_ptr<Work> GlooBackend::Barrier() {
+  return Enqueue("barrier", [this](uint32_t tag) {
+    gloo::BarrierOptions opts(context_);
+    opts.setTag(tag);
+    opts.setTimeout(gloo_timeout_);
+    gloo::barrier(opts);
+  });
+}
+
+std::shared_ptr<Work> GlooBackend::Enqueue(
+    const char* collective, std::function<void(uint32_t tag)> run) {
+  absl::MutexLock lock(&mu_);
+  Op op;
+  op.sequence = ++last_sequence_;
+  op.work = std::make_shared<Work>(op.sequence);
+  op.collective = collective;
+  op.run = std::move(run);
+  std::shared_ptr<Work> work = op.work;
+  queue_.push_back(std::move(op));
+  return work;
+}
+
+void GlooBackend::Loop() {
+  BlockSigpipeInThisThread(nullptr);  // for good: see ScopedSigpipeBlock
+  for (;;) {
+    Op op;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &GlooBackend::HasOpOrStopping));
+      // Stopping, and the destructor has taken (cancelled) what was left.
+      if (queue_.empty()) return;
+      op = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    op.work->Finish(Run(op));
+  }
+}
+
+absl::Status GlooBackend::Run(Op& op) {
+  const std::string where = Describe(op.collective, op.sequence);
+  if (!broken_.ok()) {
+    return absl::AbortedError(absl::StrCat(
+        where, ": not run: the connections broke earlier (", broken_.ToString(),
+        "); create a new backend in a new round"));
+  }
+  if (!op.run) return absl::OkStatus();  // no elements
+  try {
+    // Tags keep collectives' messages apart; sequence numbers wrap at 2^32.
+    op.run(static_cast<uint32_t>(op.sequence));
+    return absl::OkStatus();
+  } catch (...) {
+    broken_ = StatusFromCurrentException(where, options().timeout);
+  }
+  // Gloo closes every connection itself when an operation times out, but
+  // not when one connection breaks: close them all, so that peers waiting
+  // on this rank fail now instead of at their timeout.
+  try {
+    context_->closeConnections();
+  } catch (const std::exception& e) {
+    GS_LOG(WARNING) << where << ": closing gloo connections: " << e.what();
+  }
+  return broken_;
+}
+
+std::string GlooBackend::Describe(const char* collective,
+                                  uint64_t sequence) const {
+  return absl::StrCat("gloo ", collective, " #", sequence, " (rank ", rank(),
+                      " of ", world_size(), ")");
+}
+
+}  // namespace gradsync

@@ -1,0 +1,312 @@
+#include "worker/ddp/reducer.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "worker/ddp/autograd_hooks.h"
+#include "worker/ddp/tensor_buffer.h"
+
+namespace gradsync {
+namespace {
+
+int64_t Bytes(const torch::Tensor& t) { return t.numel() * t.element_size(); }
+
+// Fails the running backward() with `message` (autograd rethrows it).
+[[noreturn]] void FailBackward(const std::string& message) {
+  TORCH_CHECK(false, "DistributedDataParallel: ", message);
+  std::abort();  // TORCH_CHECK(false) always throws
+}
+
+}  // namespace
+
+Reducer::Reducer(std::vector<std::string> names,
+                 std::vector<torch::Tensor> params, Backend* backend,
+                 ReducerOptions options, Clock* clock)
+    : names_(std::move(names)),
+      params_(std::move(params)),
+      backend_(backend),
+      options_(options),
+      clock_(clock) {
+  GS_CHECK(names_.size() == params_.size());
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<size_t> reverse(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      reverse[i] = params_.size() - 1 - i;
+    }
+    InitializeBuckets(reverse);
+    ready_.assign(params_.size(), false);
+    if (options_.gradient_as_bucket_view) PointGradientsAtBuckets();
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    grad_accumulators_.push_back(
+        AddPostAccumulateHook(params_[i], [this, i] { AutogradHook(i); }));
+  }
+}
+
+// The hooks capture `this`; a Reducer outlives the backward passes over its
+// parameters (the DDP wrapper owns both), so nothing fires after this.
+Reducer::~Reducer() = default;
+
+void Reducer::PrepareForBackward(bool sync, absl::Duration forward) {
+  absl::MutexLock lock(&mu_);
+  // A forward whose backward never ran leaves nothing launched (launches
+  // happen in hooks), so starting over is safe.
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (Bucket& bucket : buckets_) {
+    bucket.pending = bucket.variables.size();
+    bucket.work.reset();
+  }
+  next_bucket_ = 0;
+  sync_ = sync;
+  forward_ = forward;
+  backward_start_ = clock_->Now();
+  last_hook_ = backward_start_;
+  first_launch_ = absl::InfiniteFuture();
+}
+
+void Reducer::AutogradHook(size_t variable) {
+  bool queue_finalize = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!sync_) return;  // no_sync: gradients accumulate locally
+    MarkVariableReady(variable);
+    queue_finalize = !finalize_queued_;
+    finalize_queued_ = true;
+  }
+  if (queue_finalize) QueueEndOfBackwardCallback([this] { FinalizeBackward(); });
+}
+
+void Reducer::MarkVariableReady(size_t variable) {
+  if (ready_[variable]) {
+    FailBackward(absl::StrCat(
+        "parameter ", names_[variable],
+        " got a gradient twice in one step: run one backward per forward "
+        "(or use no_sync for accumulation)"));
+  }
+  ready_[variable] = true;
+  last_hook_ = clock_->Now();
+  if (!rebuilt_) ready_order_.push_back(variable);
+
+  torch::NoGradGuard no_grad;
+  const Slot& slot = slots_[variable];
+  Bucket& bucket = buckets_[slot.bucket];
+  torch::Tensor& view = bucket.views[slot.index];
+  const torch::Tensor& param = params_[variable];
+  const torch::Tensor& grad = param.grad();
+  if (!grad.defined()) {
+    view.zero_();
+  } else if (!grad.is_same(view)) {
+    view.copy_(grad);
+  }
+  if (options_.gradient_as_bucket_view && !param.grad().is_same(view)) {
+    param.mutable_grad() = view;  // from now on autograd writes in place
+  }
+  if (--bucket.pending == 0) MarkBucketReady();
+}
+
+void Reducer::MarkBucketReady() {
+  while (next_bucket_ < buckets_.size() &&
+         buckets_[next_bucket_].pending == 0) {
+    Bucket& bucket = buckets_[next_bucket_];
+    if (first_launch_ == absl::InfiniteFuture()) first_launch_ = clock_->Now();
+    absl::StatusOr<Buffer> buffer = ToBuffer(bucket.contents);
+    bucket.work = buffer.ok() ? backend_->AllReduce(*buffer, ReduceOp::kAverage)
+                              : Work::Done(0, buffer.status());
+    ++next_bucket_;
+  }
+}
+
+void Reducer::FinalizeBackward() {
+  absl::MutexLock lock(&mu_);
+  finalize_queued_ = false;
+  if (!sync_) return;
+  sync_ = false;  // this step ends here, whatever happens below
+  std::vector<size_t> unready;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!ready_[i]) unready.push_back(i);
+  }
+  if (!unready.empty()) {
+    if (!options_.find_unused_parameters) {
+      // Launched buckets finish on their own; their Works are dropped.
+      FailBackward(absl::StrCat(
+          "parameter(s) ", absl::StrJoin(UnreadyNamesLocked(), ", "),
+          " received no gradient in this backward pass: if the model does not "
+          "use every parameter in every step, construct it with "
+          "find_unused_parameters=true"));
+    }
+    for (size_t i : unready) MarkVariableReady(i);  // reduced as zeros
+  }
+
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    absl::Status status = buckets_[b].work->Wait(options_.timeout);
+    if (!status.ok()) {
+      FailBackward(absl::StrCat("all-reduce of gradient bucket ", b, " of ",
+                                buckets_.size(), " failed: ",
+                                status.ToString()));
+    }
+  }
+  const absl::Time end = clock_->Now();
+
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Slot& slot = slots_[i];
+    const torch::Tensor& view = buckets_[slot.bucket].views[slot.index];
+    const torch::Tensor& grad = params_[i].grad();
+    if (grad.is_same(view)) continue;
+    if (grad.defined()) {
+      params_[i].mutable_grad().copy_(view);
+    } else {
+      params_[i].mutable_grad() = view.clone();
+    }
+  }
+
+  StepTimings timings;
+  timings.forward = forward_;
+  timings.backward_compute = last_hook_ - backward_start_;
+  timings.communication = end - first_launch_;
+  absl::Duration exposed =
+      std::min(timings.communication, std::max(absl::ZeroDuration(),
+                                               end - last_hook_));
+  timings.hidden_communication = timings.communication - exposed;
+  timings.buckets = static_cast<int>(buckets_.size());
+  last_timings_ = timings;
+
+  if (!rebuilt_) {
+    absl::Status rebuilt = RebuildBuckets();
+    if (!rebuilt.ok()) {
+      FailBackward(absl::StrCat("rebuilding buckets failed: ",
+                                rebuilt.ToString()));
+    }
+  }
+}
+
+void Reducer::InitializeBuckets(const std::vector<size_t>& order) {
+  buckets_.clear();
+  slots_.assign(params_.size(), Slot());
+  // One open bucket per (dtype, device); a bucket closes once it reaches its
+  // limit. The first bucket's limit is small so communication starts early.
+  std::map<std::pair<int, std::string>, size_t> open;
+  std::vector<int64_t> bucket_bytes;
+  for (size_t variable : order) {
+    const torch::Tensor& param = params_[variable];
+    auto key = std::make_pair(static_cast<int>(param.scalar_type()),
+                              param.device().str());
+    auto it = open.find(key);
+    if (it == open.end()) {
+      it = open.emplace(key, buckets_.size()).first;
+      buckets_.emplace_back();
+      bucket_bytes.push_back(0);
+    }
+    const size_t b = it->second;
+    slots_[variable] = Slot{b, buckets_[b].variables.size()};
+    buckets_[b].variables.push_back(variable);
+    bucket_bytes[b] += Bytes(param);
+    const int64_t limit =
+        b == 0 ? options_.first_bucket_bytes : options_.bucket_cap_bytes;
+    if (bucket_bytes[b] >= limit) open.erase(it);
+  }
+  torch::NoGradGuard no_grad;
+  for (Bucket& bucket : buckets_) {
+    int64_t elements = 0;
+    for (size_t v : bucket.variables) elements += params_[v].numel();
+    const torch::Tensor& first = params_[bucket.variables.front()];
+    bucket.contents = torch::zeros({elements}, first.options());
+    int64_t offset = 0;
+    for (size_t v : bucket.variables) {
+      const torch::Tensor& param = params_[v];
+      // A plain tensor over the bucket's memory rather than an autograd view
+      // of it: LibTorch's Optimizer::zero_grad() detaches gradients in place,
+      // which views refuse. The deleter holds the bucket's storage alive.
+      void* slice = static_cast<char*>(bucket.contents.data_ptr()) +
+                    offset * bucket.contents.element_size();
+      bucket.views.push_back(torch::from_blob(
+          slice, param.sizes(), [keep = bucket.contents](void*) {},
+          bucket.contents.options()));
+      offset += param.numel();
+    }
+    bucket.pending = bucket.variables.size();
+  }
+  next_bucket_ = 0;
+}
+
+absl::Status Reducer::RebuildBuckets() {
+  std::vector<size_t> order = ready_order_;
+  std::vector<bool> seen(params_.size(), false);
+  for (size_t v : order) seen[v] = true;
+  for (size_t v = params_.size(); v-- > 0;) {
+    if (!seen[v]) order.push_back(v);  // unused: last, in reverse order
+  }
+  // Every rank adopts rank 0's order, so buckets match across ranks.
+  std::vector<int64_t> as_ints(order.begin(), order.end());
+  torch::Tensor shared =
+      torch::tensor(as_ints, torch::kInt64).to(params_.front().device());
+  absl::StatusOr<Buffer> buffer = ToBuffer(shared);
+  if (!buffer.ok()) return buffer.status();
+  absl::Status status = backend_->Broadcast(*buffer, 0)->Wait(options_.timeout);
+  if (!status.ok()) return status;
+  torch::Tensor agreed = shared.cpu();
+  std::vector<size_t> rank0_order(params_.size());
+  std::vector<bool> used(params_.size(), false);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    int64_t v = agreed[i].item<int64_t>();
+    if (v < 0 || v >= static_cast<int64_t>(params_.size()) || used[v]) {
+      return absl::InternalError(
+          "rank 0's gradient order is not a permutation of this rank's "
+          "parameters: do all ranks run the same model?");
+    }
+    used[v] = true;
+    rank0_order[i] = static_cast<size_t>(v);
+  }
+  InitializeBuckets(rank0_order);
+  if (options_.gradient_as_bucket_view) PointGradientsAtBuckets();
+  rebuilt_ = true;
+  ready_order_.clear();
+  return absl::OkStatus();
+}
+
+void Reducer::PointGradientsAtBuckets() {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Slot& slot = slots_[i];
+    torch::Tensor& view = buckets_[slot.bucket].views[slot.index];
+    const torch::Tensor& grad = params_[i].grad();
+    if (grad.defined()) {
+      view.copy_(grad);
+    } else {
+      view.zero_();
+    }
+    params_[i].mutable_grad() = view;
+  }
+}
+
+std::vector<std::string> Reducer::UnreadyNamesLocked() const {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!ready_[i]) names.push_back(names_[i]);
+  }
+  return names;
+}
+
+StepTimings Reducer::last_timings() const {
+  absl::MutexLock lock(&mu_);
+  return last_timings_;
+}
+
+std::vector<std::vector<size_t>> Reducer::bucket_assignment() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::vector<size_t>> out;
+  for (const Bucket& bucket : buckets_) out.push_back(bucket.variables);
+  return out;
+}
+
+bool Reducer::buckets_rebuilt() const {
+  absl::MutexLock lock(&mu_);
+  return rebuilt_;
+}
+
+}  // namespace gradsync

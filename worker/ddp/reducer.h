@@ -1,0 +1,138 @@
+// The gradient reducer behind DistributedDataParallel: buckets gradients and
+// all-reduces each bucket as soon as its gradients are ready, while the rest
+// of backward runs. Its flow reads as four verbs:
+//   autograd hook -> MarkVariableReady -> MarkBucketReady -> FinalizeBackward
+#ifndef GRADSYNC_WORKER_DDP_REDUCER_H_
+#define GRADSYNC_WORKER_DDP_REDUCER_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "worker/backend/backend.h"
+
+namespace gradsync {
+
+struct ReducerOptions {
+  // Size limit of the first bucket (it holds the last layers, whose
+  // gradients are ready first, so small means communication starts early).
+  int64_t first_bucket_bytes = int64_t{1} << 20;
+  // Size limit of every later bucket.
+  int64_t bucket_cap_bytes = int64_t{25} << 20;
+  // Gradients are views into the buckets: no copy in or out.
+  bool gradient_as_bucket_view = false;
+  // Parameters that get no gradient in a backward pass are reduced as zeros
+  // instead of stalling the step (costs a scan per step).
+  bool find_unused_parameters = false;
+  // How long FinalizeBackward waits for the bucket all-reduces.
+  absl::Duration timeout = absl::Minutes(30);
+};
+
+// Where the time of one synchronized step went.
+struct StepTimings {
+  absl::Duration forward;
+  // From the end of forward to the last gradient hook.
+  absl::Duration backward_compute;
+  // From the first bucket's all-reduce start to the last one's end.
+  absl::Duration communication;
+  // The part of `communication` that overlapped backward compute.
+  absl::Duration hidden_communication;
+  int buckets = 0;
+};
+
+// Thread-safety: hooks may run on autograd threads; every method is
+// thread-safe. Lifetime: must outlive every backward pass over its
+// parameters; `backend` and `clock` must outlive it.
+class Reducer {
+ public:
+  // `params` in registration order, with their `names` (for errors).
+  Reducer(std::vector<std::string> names, std::vector<torch::Tensor> params,
+          Backend* backend, ReducerOptions options,
+          Clock* clock = RealClock::Get());
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Starts an iteration after a forward pass that took `forward`: with
+  // `sync` false (no_sync), the next backward only accumulates gradients
+  // locally.
+  void PrepareForBackward(bool sync, absl::Duration forward);
+
+  // Timings of the last synchronized step.
+  StepTimings last_timings() const;
+
+  // The parameter indices of each bucket, in reduction order.
+  std::vector<std::vector<size_t>> bucket_assignment() const;
+
+  // Whether buckets have been rebuilt in gradient-ready order.
+  bool buckets_rebuilt() const;
+
+ private:
+  struct Bucket {
+    std::vector<size_t> variables;
+    torch::Tensor contents;             // flat, one dtype and device
+    std::vector<torch::Tensor> views;   // per variable, shaped like it
+    size_t pending = 0;                 // variables not yet ready
+    std::shared_ptr<Work> work;
+  };
+  // Where a parameter's gradient lives.
+  struct Slot {
+    size_t bucket = 0;
+    size_t index = 0;  // within the bucket
+  };
+
+  void AutogradHook(size_t variable);
+  void MarkVariableReady(size_t variable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkBucketReady() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinalizeBackward();
+
+  // Assigns parameters, taken in `order`, to buckets.
+  void InitializeBuckets(const std::vector<size_t>& order)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After the first step: buckets in the order gradients became ready, as
+  // rank 0 saw it (broadcast), so every rank agrees.
+  absl::Status RebuildBuckets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes each parameter's grad the view into its bucket.
+  void PointGradientsAtBuckets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::string> UnreadyNamesLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::vector<std::string> names_;
+  const std::vector<torch::Tensor> params_;
+  Backend* const backend_;
+  const ReducerOptions options_;
+  Clock* const clock_;
+  // Keeps the hooked grad accumulators alive.
+  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
+
+  mutable absl::Mutex mu_;
+  std::vector<Bucket> buckets_ ABSL_GUARDED_BY(mu_);
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  // This iteration: whether hooks reduce, which variables are ready, the
+  // next bucket to launch, and whether FinalizeBackward is queued.
+  bool sync_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<bool> ready_ ABSL_GUARDED_BY(mu_);
+  size_t next_bucket_ ABSL_GUARDED_BY(mu_) = 0;
+  bool finalize_queued_ ABSL_GUARDED_BY(mu_) = false;
+  // The order variables became ready in, recorded until buckets rebuild.
+  std::vector<size_t> ready_order_ ABSL_GUARDED_BY(mu_);
+  bool rebuilt_ ABSL_GUARDED_BY(mu_) = false;
+  // Timing marks of this iteration.
+  absl::Duration forward_ ABSL_GUARDED_BY(mu_);
+  absl::Time backward_start_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_hook_ ABSL_GUARDED_BY(mu_);
+  absl::Time first_launch_ ABSL_GUARDED_BY(mu_);
+  StepTimings last_timings_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_DDP_REDUCER_H_

@@ -1,0 +1,49 @@
+#include "worker/ddp/tensor_buffer.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace gradsync {
+
+absl::StatusOr<Buffer> ToBuffer(const torch::Tensor& tensor) {
+  if (!tensor.is_contiguous()) {
+    return absl::InvalidArgumentError("collectives need contiguous tensors");
+  }
+  Buffer buffer;
+  buffer.data = tensor.data_ptr();
+  buffer.count = static_cast<size_t>(tensor.numel());
+  switch (tensor.scalar_type()) {
+    case torch::kFloat32:
+      buffer.dtype = DataType::kFloat32;
+      break;
+    case torch::kFloat64:
+      buffer.dtype = DataType::kFloat64;
+      break;
+    case torch::kFloat16:
+      buffer.dtype = DataType::kFloat16;
+      break;
+    case torch::kBFloat16:
+      buffer.dtype = DataType::kBFloat16;
+      break;
+    case torch::kInt32:
+      buffer.dtype = DataType::kInt32;
+      break;
+    case torch::kInt64:
+      buffer.dtype = DataType::kInt64;
+      break;
+    case torch::kUInt8:
+    case torch::kBool:
+      buffer.dtype = DataType::kUInt8;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensors of dtype ", c10::toString(tensor.scalar_type()),
+          " cannot be communicated"));
+  }
+  if (tensor.is_cuda()) {
+    buffer.device = DeviceKind::kCuda;
+    buffer.device_index = tensor.get_device();
+  }
+  return buffer;
+}
+
+}  // namespace gradsync
