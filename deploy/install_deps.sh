@@ -8,8 +8,11 @@ packages=(
   bazel-bootstrap bazel-rules-java g++
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
+  libtorch-dev libgloo-dev
   procps
 )
+# CUDA and NCCL are not Debian packages: where /usr/local/cuda (or
+# $CUDA_HOME) has them, the NCCL backend is built too.
 packages+=("$@")
 
 missing=()
