@@ -49,8 +49,8 @@ constexpr absl::Duration kHealthyTimeout = absl::Seconds(20);
 constexpr absl::Duration kBound = absl::Seconds(8);
 // A bounded wait for something that cannot happen yet.
 constexpr absl::Duration kBriefly = absl::Milliseconds(50);
-// Element counts: empty, one, odd, several segments, and more than a
-// power of two.
+// Element counts: empty, one, and sizes that do not divide evenly among
+// the ranks, up to just past a power of two.
 constexpr size_t kCounts[] = {0, 1, 7, 1000, (1 << 16) + 3};
 // Makes int64 values need all 64 bits; odd, so averages truncate.
 constexpr int64_t kBig = 1'000'000'000'007;
@@ -160,6 +160,8 @@ std::vector<std::unique_ptr<GlooBackend>> StartGroup(
   return backends;
 }
 
+// Waits (up to kBound each) for every Work and fails the test for each one
+// that did not finish OK.
 void ExpectAllOk(const std::vector<std::shared_ptr<Work>>& works) {
   for (const auto& work : works) {
     EXPECT_TRUE(work->Wait(kBound).ok())
