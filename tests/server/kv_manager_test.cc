@@ -18,6 +18,7 @@
 #include "proto/gradsync/v1/job.pb.h"
 #include "server/job_manager.h"
 #include "server/storage/in_memory_storage.h"
+#include "tests/testing/outcome.h"
 
 namespace gradsync {
 namespace {
@@ -30,33 +31,10 @@ using ::testing::Pair;
 
 constexpr char kJob[] = "train";
 
-// Records the outcome of one Wait; the callback may run inline or later.
-class WaitOutcome {
+// The outcome of a Wait.
+class WaitOutcome : public Outcome<absl::Status> {
  public:
-  KvManager::WaitCallback Callback() {
-    return [this](absl::Status status) {
-      absl::MutexLock lock(&mu_);
-      status_ = std::move(status);
-      ++calls_;
-    };
-  }
-  bool done() const {
-    absl::MutexLock lock(&mu_);
-    return calls_ > 0;
-  }
-  int calls() const {
-    absl::MutexLock lock(&mu_);
-    return calls_;
-  }
-  absl::Status status() const {
-    absl::MutexLock lock(&mu_);
-    return status_.value_or(absl::UnknownError("the wait has not finished"));
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  std::optional<absl::Status> status_;
-  int calls_ = 0;
+  absl::Status status() const { return result(); }
 };
 
 class KvManagerTest : public ::testing::Test {

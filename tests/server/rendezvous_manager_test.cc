@@ -22,6 +22,7 @@
 #include "server/job_manager.h"
 #include "server/kv_manager.h"
 #include "server/storage/in_memory_storage.h"
+#include "tests/testing/outcome.h"
 
 namespace gradsync {
 namespace {
@@ -31,31 +32,9 @@ using ::testing::IsEmpty;
 
 constexpr char kJob[] = "train";
 
-// Records the outcome of one Join; the callback may run inline or later.
-class JoinOutcome {
+// The outcome of one Join.
+class JoinOutcome : public Outcome<absl::StatusOr<v1::Assignment>> {
  public:
-  RendezvousManager::JoinCallback Callback() {
-    return [this](absl::StatusOr<v1::Assignment> result) {
-      absl::MutexLock lock(&mu_);
-      result_ = std::move(result);
-      ++calls_;
-    };
-  }
-  bool done() const {
-    absl::MutexLock lock(&mu_);
-    return calls_ > 0;
-  }
-  int calls() const {
-    absl::MutexLock lock(&mu_);
-    return calls_;
-  }
-  absl::StatusOr<v1::Assignment> result() const {
-    absl::MutexLock lock(&mu_);
-    if (!result_.has_value()) {
-      return absl::UnknownError("the join has not finished");
-    }
-    return *result_;
-  }
   absl::Status status() const { return result().status(); }
   // The assignment; an empty one (and a test failure) when there is none.
   v1::Assignment assignment() const {
@@ -63,11 +42,6 @@ class JoinOutcome {
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : v1::Assignment();
   }
-
- private:
-  mutable absl::Mutex mu_;
-  std::optional<absl::StatusOr<v1::Assignment>> result_;
-  int calls_ = 0;
 };
 
 enum class Device { kCpu, kCudaNccl, kCudaNoNccl };
