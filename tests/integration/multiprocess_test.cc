@@ -37,11 +37,16 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/ports.h"
-
-extern char** environ;
+#include "tests/testing/subprocess.h"
 
 namespace gradsync {
 namespace {
+
+using ::gradsync::testing::Child;
+using ::gradsync::testing::CoordinatorProcess;
+using ::gradsync::testing::Hostname;
+using ::gradsync::testing::Runfile;
+using ::gradsync::testing::WaitAll;
 
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -51,193 +56,6 @@ constexpr absl::Duration kStartBound = absl::Seconds(20);
 constexpr absl::Duration kWorkersBound = absl::Seconds(90);
 constexpr absl::Duration kCliBound = absl::Seconds(20);
 constexpr absl::Duration kStopBound = absl::Seconds(10);
-
-std::string Runfile(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir != nullptr ? srcdir : ".", "/",
-                      workspace != nullptr ? workspace : "gradsync", "/", path);
-}
-
-std::string TempPath(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
-}
-
-std::string Hostname() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
-  return name;
-}
-
-// A child process, optionally with its stdout and stderr captured through
-// pipes. Killed and reaped on destruction if it is still running.
-class Child {
- public:
-  Child() = default;
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-  ~Child() {
-    if (running()) {
-      kill(pid_, SIGKILL);
-      int status = 0;
-      waitpid(pid_, &status, 0);
-    }
-    CloseFd(&out_fd_);
-    CloseFd(&err_fd_);
-  }
-
-  // Starts `argv`. With `capture`, stdout and stderr go to pipes read by
-  // Pump(); otherwise they are the test's own (its log).
-  bool Start(const std::vector<std::string>& argv, bool capture) {
-    argv_ = absl::StrJoin(argv, " ");
-    int out[2] = {-1, -1};
-    int err[2] = {-1, -1};
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    if (capture) {
-      // O_CLOEXEC: no other child inherits these pipes, so each one reaches
-      // EOF when its own process exits.
-      if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
-        ADD_FAILURE() << "pipe2: " << strerror(errno);
-        return false;
-      }
-      posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-      posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
-    }
-    std::vector<char*> args;
-    for (const std::string& a : argv)
-      args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    int rc =
-        posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (capture) {
-      close(out[1]);
-      close(err[1]);
-      out_fd_ = out[0];
-      err_fd_ = err[0];
-    }
-    if (rc != 0) {
-      ADD_FAILURE() << "cannot start " << argv_ << ": " << strerror(rc);
-      pid_ = -1;
-      CloseFd(&out_fd_);
-      CloseFd(&err_fd_);
-      return false;
-    }
-    return true;
-  }
-
-  pid_t pid() const { return pid_; }
-  bool running() const { return pid_ > 0 && !exited_; }
-  bool pipes_open() const { return out_fd_ >= 0 || err_fd_ >= 0; }
-  // The exit code, or -1 for a process killed by a signal.
-  int exit_code() const {
-    return WIFEXITED(status_) ? WEXITSTATUS(status_) : -1;
-  }
-  std::string describe() const {
-    std::string how =
-        exited_
-            ? (WIFEXITED(status_) ? absl::StrCat("exit ", exit_code())
-                                  : absl::StrCat("signal ", WTERMSIG(status_)))
-            : "running";
-    return absl::StrCat("`", argv_, "` (", how, ")\nstdout: ", out_,
-                        "\nstderr: ", err_);
-  }
-  const std::string& out() const { return out_; }
-  const std::string& err() const { return err_; }
-
-  // Reaps the process if it has exited; true once it has.
-  bool Reap() {
-    if (!running()) return exited_;
-    int status = 0;
-    pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) {
-      exited_ = true;
-      status_ = status;
-    }
-    return exited_;
-  }
-
-  // Adds the open pipes to `fds`.
-  void AddPollFds(std::vector<pollfd>* fds) const {
-    for (int fd : {out_fd_, err_fd_}) {
-      if (fd >= 0) fds->push_back(pollfd{fd, POLLIN, 0});
-    }
-  }
-
-  // Reads what is available on the pipes; closes them at EOF.
-  void Pump(const std::vector<pollfd>& ready) {
-    for (const pollfd& p : ready) {
-      if (p.revents == 0) continue;
-      if (p.fd == out_fd_) Drain(&out_fd_, &out_);
-      if (p.fd == err_fd_) Drain(&err_fd_, &err_);
-    }
-  }
-
-  // Signals the process (if still running).
-  void Signal(int signal_number) {
-    if (running()) kill(pid_, signal_number);
-  }
-
- private:
-  static void CloseFd(int* fd) {
-    if (*fd >= 0) close(*fd);
-    *fd = -1;
-  }
-  static void Drain(int* fd, std::string* into) {
-    char buffer[4096];
-    ssize_t n = read(*fd, buffer, sizeof(buffer));
-    if (n > 0) {
-      into->append(buffer, n);
-    } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-      CloseFd(fd);
-    }
-  }
-
-  std::string argv_;
-  pid_t pid_ = -1;
-  int out_fd_ = -1;
-  int err_fd_ = -1;
-  bool exited_ = false;
-  int status_ = 0;
-  std::string out_;
-  std::string err_;
-};
-
-// Collects the output of `children` and reaps them until all have exited and
-// closed their pipes, or `bound` passes: then the stragglers are killed and
-// the call returns false. poll() wakes on output; its timeout only paces the
-// reaping of processes that have closed their pipes.
-bool WaitAll(const std::vector<Child*>& children, absl::Duration bound) {
-  const absl::Time deadline = absl::Now() + bound;
-  while (true) {
-    bool all_done = true;
-    std::vector<pollfd> fds;
-    for (Child* c : children) {
-      c->AddPollFds(&fds);
-      if (!c->Reap() || c->pipes_open()) all_done = false;
-    }
-    if (all_done) return true;
-    absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) break;
-    int timeout_ms = static_cast<int>(
-        std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 20));
-    int n = poll(fds.data(), fds.size(), timeout_ms);
-    if (n > 0) {
-      for (Child* c : children) c->Pump(fds);
-    }
-  }
-  for (Child* c : children) {
-    if (c->running()) {
-      c->Signal(SIGKILL);
-      int status = 0;
-      waitpid(c->pid(), &status, 0);
-      c->Reap();
-    }
-  }
-  return false;
-}
 
 struct CliResult {
   int exit_code = -1;
@@ -260,58 +78,21 @@ class MultiprocessTest : public ::testing::Test {
 
   void TearDown() override {
     // Every test ends by stopping the coordinator as an operator would.
-    if (coordinator_.running()) StopCoordinator();
+    if (coordinator_.child().running()) StopCoordinator();
   }
 
   void StartCoordinator() {
     const ::testing::TestInfo* info =
         ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = absl::StrCat(info->test_suite_name(), ".", info->name());
-    for (char& c : name) {
-      if (c == '/') c = '_';
-    }
-    const std::string port_file = TempPath(absl::StrCat("port-", name));
-    unlink(port_file.c_str());
-    ASSERT_TRUE(
-        coordinator_.Start({coordinator_bin_, "--listen=127.0.0.1:0",
-                            absl::StrCat("--port_file=", port_file),
-                            "--poll_interval=5ms", "--shutdown_grace=500ms"},
-                           /*capture=*/false));
-    // The port file appears once the coordinator serves. Polled with a short
-    // pause: it is written by another process.
-    const absl::Time deadline = absl::Now() + kStartBound;
-    while (true) {
-      ASSERT_FALSE(coordinator_.Reap())
-          << "the coordinator exited before serving: "
-          << coordinator_.describe();
-      std::ifstream in(port_file);
-      std::string text((std::istreambuf_iterator<char>(in)),
-                       std::istreambuf_iterator<char>());
-      // Complete once the newline is there.
-      if (!text.empty() && text.back() == '\n' &&
-          absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port_)) {
-        break;
-      }
-      ASSERT_LT(absl::Now(), deadline)
-          << "no port file " << port_file << " after "
-          << absl::FormatDuration(kStartBound);
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    ASSERT_GT(port_, 0);
-    ASSERT_LT(port_, 65536);
-    address_ = absl::StrCat("127.0.0.1:", port_);
+    ASSERT_TRUE(coordinator_.Start(
+        coordinator_bin_,
+        absl::StrCat(info->test_suite_name(), ".", info->name())));
+    address_ = coordinator_.address();
   }
 
   // SIGTERM, then the coordinator must exit 0 within kStopBound.
-  void StopCoordinator() {
-    const absl::Time start = absl::Now();
-    coordinator_.Signal(SIGTERM);
-    bool stopped = WaitAll({&coordinator_}, kStopBound);
-    EXPECT_TRUE(stopped) << "the coordinator ignored SIGTERM for "
-                         << absl::FormatDuration(kStopBound);
-    EXPECT_EQ(coordinator_.exit_code(), 0) << coordinator_.describe();
-    EXPECT_LT(absl::Now() - start, kStopBound);
-  }
+  void StopCoordinator() { EXPECT_TRUE(coordinator_.Stop(kStopBound)); }
+
 
   std::vector<std::string> WorkerArgs(const std::string& job, int nodes,
                                       int nproc, const std::string& node_id) {
@@ -345,8 +126,7 @@ class MultiprocessTest : public ::testing::Test {
   std::string coordinator_bin_;
   std::string worker_bin_;
   std::string cli_bin_;
-  Child coordinator_;
-  int port_ = 0;
+  CoordinatorProcess coordinator_;
   std::string address_;
 };
 
