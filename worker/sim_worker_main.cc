@@ -18,6 +18,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/client/coordinator_client.h"
+#include "worker/runtime/join.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400",
           "the coordinator, HOST:PORT");
@@ -39,38 +40,27 @@ ABSL_FLAG(absl::Duration, bootstrap_timeout, absl::Minutes(2),
 namespace gradsync {
 namespace {
 
-absl::StatusOr<v1::JoinRequest> BuildJoinRequest() {
-  v1::JoinRequest request;
-  request.set_job_id(absl::GetFlag(FLAGS_job));
-  v1::JobConfig* config = request.mutable_config();
-  config->set_job_id(request.job_id());
-  GS_ASSIGN_OR_RETURN(auto range, ParseNodeRange(absl::GetFlag(FLAGS_nnodes)));
-  config->set_min_nodes(range.first);
-  config->set_max_nodes(range.second);
-  config->set_nproc_per_node(absl::GetFlag(FLAGS_nproc_per_node));
-  *config->mutable_join_timeout() =
-      ToProtoDuration(absl::GetFlag(FLAGS_join_timeout));
-  *config->mutable_last_call_timeout() =
-      ToProtoDuration(absl::GetFlag(FLAGS_last_call_timeout));
-  GS_ASSIGN_OR_RETURN(v1::Backend backend,
-                      ParseBackend(absl::GetFlag(FLAGS_backend)));
-  config->set_backend(backend);
-
-  v1::NodeDescriptor node = LocalNodeDescriptor();
-  if (!absl::GetFlag(FLAGS_node_id).empty()) {
-    node.set_node_id(absl::GetFlag(FLAGS_node_id));
-  }
+absl::StatusOr<v1::JoinRequest> BuildRequestFromFlags() {
+  JoinConfig config;
+  config.job_id = absl::GetFlag(FLAGS_job);
+  config.nnodes = absl::GetFlag(FLAGS_nnodes);
+  config.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
+  config.node_id = absl::GetFlag(FLAGS_node_id);
+  config.backend = absl::GetFlag(FLAGS_backend);
+  config.join_timeout = absl::GetFlag(FLAGS_join_timeout);
+  config.last_call_timeout = absl::GetFlag(FLAGS_last_call_timeout);
+  config.address = "127.0.0.1";
+  // A simulated worker claims what --device says without probing it.
   const std::string device = absl::GetFlag(FLAGS_device);
   if (device == "cuda") {
-    node.set_device_type(v1::DEVICE_TYPE_CUDA);
-    node.set_nccl_available(true);
+    config.device_type = v1::DEVICE_TYPE_CUDA;
+    config.device_count = 1;
+    config.nccl_available = true;
   } else if (device != "cpu") {
     return absl::InvalidArgumentError(
         absl::StrCat("--device must be cpu or cuda, got '", device, "'"));
   }
-  node.add_addresses("127.0.0.1");
-  *request.mutable_node() = std::move(node);
-  return request;
+  return BuildJoinRequest(config);
 }
 
 // The bootstrap a real backend performs through the store.
@@ -108,7 +98,7 @@ absl::Status Bootstrap(CoordinatorClient& client, const v1::Assignment& a,
 }
 
 absl::Status Run() {
-  GS_ASSIGN_OR_RETURN(v1::JoinRequest request, BuildJoinRequest());
+  GS_ASSIGN_OR_RETURN(v1::JoinRequest request, BuildRequestFromFlags());
   ClientOptions options;
   options.target = absl::GetFlag(FLAGS_coordinator);
   GS_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Create(options));

@@ -1,0 +1,69 @@
+#include "worker/runtime/process_group.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_config.h"
+#include "common/logging.h"
+#include "worker/backend/coordinator_store.h"
+#include "worker/backend/gloo_backend.h"
+#ifdef GRADSYNC_HAS_NCCL
+#include "worker/backend/nccl_backend.h"
+#endif
+
+namespace gradsync {
+
+bool NcclUsable() {
+#ifdef GRADSYNC_HAS_NCCL
+  return CudaDeviceCount() > 0;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateProcessGroup(
+    CoordinatorClient* client, const v1::Assignment& assignment,
+    const ProcessGroupOptions& options) {
+  BackendOptions backend_options;
+  backend_options.rank = assignment.rank();
+  backend_options.world_size = assignment.world_size();
+  backend_options.timeout = options.timeout;
+  v1::Scope scope;
+  scope.set_job_id(assignment.job_id());
+  scope.set_round(assignment.round());
+  const std::string name = BackendName(assignment.backend());
+  // One key namespace per backend kind within the round's scope.
+  CoordinatorStore store(client, scope, absl::StrCat("pg/", name, "/"));
+  GS_LOG(INFO) << "rank " << assignment.rank() << "/"
+               << assignment.world_size() << " of round "
+               << assignment.round() << ": connecting " << name;
+
+  switch (assignment.backend()) {
+    case v1::BACKEND_GLOO: {
+      GlooOptions gloo;
+      gloo.hostname = options.address;
+      gloo.network_interface = options.network_interface;
+      auto backend = GlooBackend::Create(backend_options, &store, gloo);
+      if (!backend.ok()) return backend.status();
+      return std::unique_ptr<Backend>(std::move(*backend));
+    }
+    case v1::BACKEND_NCCL: {
+#ifdef GRADSYNC_HAS_NCCL
+      NcclOptions nccl;
+      nccl.device_index = options.cuda_device;
+      nccl.compute_stream = options.cuda_stream;
+      return CreateNcclBackend(backend_options, &store, nccl);
+#else
+      return absl::FailedPreconditionError(
+          "the round chose NCCL but this gradsync was built without it "
+          "(no CUDA/NCCL found at build time); join with --backend=gloo");
+#endif
+    }
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the coordinator assigned backend ", name,
+          ", which this worker does not know"));
+  }
+}
+
+}  // namespace gradsync

@@ -1,0 +1,46 @@
+// Builds the communication backend a closed round negotiated, bootstrapped
+// through the coordinator's key-value store of that round.
+#ifndef GRADSYNC_WORKER_RUNTIME_PROCESS_GROUP_H_
+#define GRADSYNC_WORKER_RUNTIME_PROCESS_GROUP_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/gradsync/v1/job.pb.h"
+#include "worker/backend/backend.h"
+#include "worker/client/coordinator_client.h"
+
+namespace gradsync {
+
+struct ProcessGroupOptions {
+  // Bootstrap and per-collective timeout.
+  absl::Duration timeout = absl::Minutes(5);
+  // Gloo: the address this process registered with the coordinator (its
+  // NodeDescriptor's first address); it binds and advertises it.
+  std::string address = "127.0.0.1";
+  // Gloo: a network interface to bind instead (e.g. "eth0").
+  std::string network_interface;
+  // NCCL: the CUDA device of this process and the cudaStream_t its
+  // collectives wait for (nullptr: the default stream, LibTorch's default).
+  int cuda_device = 0;
+  void* cuda_stream = nullptr;
+};
+
+// Creates the backend `assignment` names (Gloo or NCCL) for its rank and
+// world size; blocks until every rank of the round has connected.
+// Collective: every member of the round calls it. FAILED_PRECONDITION when
+// the round chose NCCL and this build has none; ABORTED when the round has
+// been superseded; otherwise the backend's own errors.
+absl::StatusOr<std::unique_ptr<Backend>> CreateProcessGroup(
+    CoordinatorClient* client, const v1::Assignment& assignment,
+    const ProcessGroupOptions& options);
+
+// Whether this build has the NCCL backend and this process sees a CUDA
+// device.
+bool NcclUsable();
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_RUNTIME_PROCESS_GROUP_H_
