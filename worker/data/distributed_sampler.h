@@ -1,0 +1,59 @@
+// Which samples each rank trains on: the semantics of PyTorch's
+// torch.utils.data.DistributedSampler, index for index.
+#ifndef GRADSYNC_WORKER_DATA_DISTRIBUTED_SAMPLER_H_
+#define GRADSYNC_WORKER_DATA_DISTRIBUTED_SAMPLER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace gradsync {
+
+struct SamplerOptions {
+  int64_t dataset_size = 0;
+  int rank = 0;
+  int world_size = 1;
+  // Shuffle each epoch with the permutation torch.randperm draws from a
+  // generator seeded with seed + epoch.
+  bool shuffle = false;
+  uint64_t seed = 0;
+  // Drop the tail that does not divide evenly among ranks instead of padding
+  // with samples from the start.
+  bool drop_last = false;
+};
+
+// Without shuffle, rank r of W takes indices r, r+W, r+2W, ...; with
+// shuffle, the same positions of the epoch's permutation. Without drop_last
+// the index list is padded by repeating its start so every rank gets
+// num_samples(); with it, the tail is dropped. Matches PyTorch 1.13 and 2.x,
+// so a job can switch between them and see the same batches.
+// A value type; not thread-safe to mutate (SetEpoch) while reading.
+class DistributedSampler {
+ public:
+  // INVALID_ARGUMENT for a negative size, a world size < 1 or a rank outside
+  // [0, world_size).
+  static absl::StatusOr<DistributedSampler> Create(SamplerOptions options);
+
+  // Chooses the epoch's permutation (with shuffle); call before each epoch.
+  void SetEpoch(int64_t epoch) { epoch_ = epoch; }
+  int64_t epoch() const { return epoch_; }
+
+  // This rank's indices for the current epoch, num_samples() of them.
+  std::vector<int64_t> Indices() const;
+
+  // Samples per rank per epoch, and across all ranks.
+  int64_t num_samples() const { return num_samples_; }
+  int64_t total_size() const { return num_samples_ * options_.world_size; }
+
+ private:
+  explicit DistributedSampler(SamplerOptions options);
+
+  SamplerOptions options_;
+  int64_t num_samples_ = 0;
+  int64_t epoch_ = 0;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_DATA_DISTRIBUTED_SAMPLER_H_
