@@ -101,6 +101,32 @@ absl::StatusOr<v1::JobConfig> NormalizeJobConfig(const v1::JobConfig& config) {
   if (out.backend() == v1::BACKEND_UNSPECIFIED) {
     out.set_backend(v1::BACKEND_AUTO);
   }
+  // Health settings: zero means the coordinator's default, which only the
+  // coordinator knows, so they stay zero here.
+  for (const auto& [field, value] :
+       {std::make_pair("heartbeat_interval", &out.heartbeat_interval()),
+        std::make_pair("straggler_threshold", &out.straggler_threshold()),
+        std::make_pair("hang_timeout", &out.hang_timeout())}) {
+    status = ValidateTimeout(field, *value);
+    if (!status.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job '", out.job_id(), "': ", status.message()));
+    }
+  }
+  if (out.missed_heartbeats() < 0 ||
+      out.missed_heartbeats() > kMaxMissedHeartbeats) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", out.job_id(), "': missed_heartbeats must be in [0, ",
+        kMaxMissedHeartbeats, "], got ", out.missed_heartbeats()));
+  }
+  if (!v1::FailurePolicy_IsValid(out.failure_policy())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", out.job_id(), "': unknown failure_policy ",
+        out.failure_policy()));
+  }
+  if (out.failure_policy() == v1::FAILURE_POLICY_UNSPECIFIED) {
+    out.set_failure_policy(v1::FAILURE_POLICY_DEGRADE);
+  }
   return out;
 }
 
@@ -177,6 +203,23 @@ std::string MemberStateName(v1::MemberState state) {
       return "exited";
     default:
       return "unknown";
+  }
+}
+
+std::string WorkerStateName(v1::WorkerState state) {
+  switch (state) {
+    case v1::WORKER_STATE_STARTING:
+      return "starting";
+    case v1::WORKER_STATE_TRAINING:
+      return "training";
+    case v1::WORKER_STATE_EVALUATING:
+      return "evaluating";
+    case v1::WORKER_STATE_CHECKPOINTING:
+      return "checkpointing";
+    case v1::WORKER_STATE_STOPPING:
+      return "stopping";
+    default:
+      return "-";
   }
 }
 

@@ -23,6 +23,7 @@ inline constexpr absl::Duration kDefaultLastCallTimeout = absl::Seconds(30);
 inline constexpr int kMaxNodes = 100000;
 inline constexpr int kMaxNprocPerNode = 1024;
 inline constexpr absl::Duration kMaxTimeout = absl::Hours(24);
+inline constexpr int kMaxMissedHeartbeats = 1000;
 
 // OK when `job_id` is a DNS-label-like name: 1-63 characters of [a-z0-9-]
 // that start and end with a letter or digit; INVALID_ARGUMENT otherwise.
@@ -49,6 +50,7 @@ google::protobuf::Timestamp ToProtoTime(absl::Time t);
 std::string BackendName(v1::Backend backend);
 std::string JobStateName(v1::JobState state);
 std::string MemberStateName(v1::MemberState state);
+std::string WorkerStateName(v1::WorkerState state);
 std::string DeviceTypeName(v1::DeviceType type);
 
 // Parses "auto", "gloo" or "nccl".

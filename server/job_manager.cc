@@ -27,6 +27,10 @@ std::string DescribeConfig(const v1::JobConfig& c) {
 
 }  // namespace
 
+bool IsTerminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED;
+}
+
 JobManager::JobManager(Storage* storage, Clock* clock)
     : storage_(storage), clock_(clock) {}
 
@@ -79,6 +83,12 @@ absl::StatusOr<v1::JobConfig> JobManager::GetOrCreate(
     }
     GS_ASSIGN_OR_RETURN(v1::JobStatus created, CreateLocked(normalized));
     return created.config();
+  }
+  if (IsTerminal(it->second.state())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job_id, "' has ended (", JobStateName(it->second.state()),
+        it->second.reason().empty() ? "" : ": ", it->second.reason(),
+        "): start a new job with another id"));
   }
   if (config != nullptr && !SameJobConfig(it->second.config(), normalized)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -148,6 +158,84 @@ absl::Status JobManager::RecordRoundSuperseded(absl::string_view job_id,
   GS_RETURN_IF_ERROR(PersistLocked(updated));
   *record = std::move(updated);
   return absl::OkStatus();
+}
+
+absl::StatusOr<JobPhase> JobManager::GetPhase(absl::string_view job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+  }
+  return JobPhase{it->second.round(), it->second.state(), it->second.reason()};
+}
+
+absl::StatusOr<RoundMembers> JobManager::GetRoundMembers(
+    absl::string_view job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+  }
+  const v1::JobStatus& record = it->second;
+  RoundMembers out;
+  out.config = record.config();
+  out.phase = JobPhase{record.round(), record.state(), record.reason()};
+  out.incarnations.reserve(record.members_size());
+  out.hosts.reserve(record.members_size());
+  for (const v1::Member& m : record.members()) {
+    out.incarnations.push_back(m.node().incarnation_id());
+    out.hosts.push_back(m.node().hostname());
+  }
+  return out;
+}
+
+absl::Status JobManager::RecordHealth(absl::string_view job_id, int64_t round,
+                                      const HealthUpdate& update) {
+  absl::MutexLock lock(&mu_);
+  GS_ASSIGN_OR_RETURN(v1::JobStatus * record, FindLocked(job_id));
+  if (record->round() != round ||
+      (record->state() != v1::JOB_STATE_RUNNING &&
+       record->state() != v1::JOB_STATE_DEGRADED)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "round ", round, " of job '", job_id, "' is not running (job is ",
+        JobStateName(record->state()), " in round ", record->round(), ")"));
+  }
+  v1::JobStatus updated = *record;
+  for (const HealthUpdate::MemberChange& change : update.members) {
+    if (change.rank < 0 || change.rank >= updated.members_size()) continue;
+    v1::Member* member = updated.mutable_members(change.rank);
+    member->set_state(change.state);
+    member->set_state_reason(change.reason);
+  }
+  const absl::Time now = clock_->Now();
+  if (update.job_state != v1::JOB_STATE_UNSPECIFIED) {
+    updated.set_state(update.job_state);
+    updated.set_reason(update.reason);
+    if (IsTerminal(update.job_state)) {
+      *updated.mutable_end_time() = ToProtoTime(now);
+    }
+  }
+  *updated.mutable_update_time() = ToProtoTime(now);
+  GS_RETURN_IF_ERROR(PersistLocked(updated));
+  *record = std::move(updated);
+  return absl::OkStatus();
+}
+
+std::vector<std::string> JobManager::ForgetEndedBefore(absl::Time cutoff) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> forgotten;
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    const v1::JobStatus& record = it->second;
+    if (!IsTerminal(record.state()) ||
+        FromProtoTime(record.end_time()) >= cutoff ||
+        !storage_->Delete(StorageKey(it->first)).ok()) {
+      ++it;
+      continue;
+    }
+    forgotten.push_back(it->first);
+    it = jobs_.erase(it);
+  }
+  return forgotten;
 }
 
 absl::Status JobManager::PersistLocked(const v1::JobStatus& record) {

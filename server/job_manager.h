@@ -19,6 +19,38 @@
 
 namespace gradsync {
 
+// A change failure detection (HealthManager) makes to a running round.
+struct HealthUpdate {
+  struct MemberChange {
+    int rank = 0;
+    v1::MemberState state = v1::MEMBER_STATE_UNSPECIFIED;
+    std::string reason;  // Member.state_reason
+  };
+  std::vector<MemberChange> members;
+  // The job's new state; UNSPECIFIED keeps it.
+  v1::JobState job_state = v1::JOB_STATE_UNSPECIFIED;
+  // JobStatus.reason with the new state.
+  std::string reason;
+};
+
+// Where a job is in its life, without its members: cheap to read often.
+struct JobPhase {
+  int64_t round = 0;
+  v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+  std::string reason;
+};
+
+// Who the members of a job's latest round are, by rank.
+struct RoundMembers {
+  v1::JobConfig config;
+  JobPhase phase;
+  std::vector<std::string> incarnations;
+  std::vector<std::string> hosts;
+};
+
+// Whether `state` is final (SUCCEEDED or FAILED).
+bool IsTerminal(v1::JobState state);
+
 // Owns the record (v1::JobStatus) of every job and writes each change through
 // to Storage under "jobs/<job_id>". Thread-safe. Never calls into another
 // manager, so any manager may call it while holding its own lock. `storage`
@@ -61,6 +93,22 @@ class JobManager {
   // shown as they were.
   absl::Status RecordRoundSuperseded(absl::string_view job_id,
                                      absl::string_view reason);
+
+  // The job's round, state and reason; NOT_FOUND for an unknown id.
+  absl::StatusOr<JobPhase> GetPhase(absl::string_view job_id) const;
+
+  // The config, phase and members (by rank) of the job's latest round.
+  absl::StatusOr<RoundMembers> GetRoundMembers(absl::string_view job_id) const;
+
+  // Applies `update` to round `round` of the job. FAILED_PRECONDITION (and
+  // no change) unless `round` is the job's latest and it is running (RUNNING
+  // or DEGRADED). A terminal job state sets end_time.
+  absl::Status RecordHealth(absl::string_view job_id, int64_t round,
+                            const HealthUpdate& update);
+
+  // Removes the jobs that ended (SUCCEEDED or FAILED) before `cutoff` and
+  // returns their ids, so the other managers can forget them too.
+  std::vector<std::string> ForgetEndedBefore(absl::Time cutoff);
 
  private:
   absl::Status PersistLocked(const v1::JobStatus& record)

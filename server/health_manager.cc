@@ -1,0 +1,628 @@
+#include "server/health_manager.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/job_config.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace gradsync {
+namespace {
+
+constexpr size_t kMaxIncarnationBytes = 128;
+constexpr int kMaxEvents = 256;
+constexpr int kMaxBuckets = 4096;
+constexpr size_t kMaxErrorBytes = 4096;
+constexpr size_t kMaxNameBytes = 64;
+
+absl::Status ValidateMemberRef(const v1::MemberRef& member) {
+  GS_RETURN_IF_ERROR(ValidateJobId(member.job_id()));
+  if (member.round() < 1 || member.rank() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "member.round must be >= 1 and member.rank >= 0, got round ",
+        member.round(), " rank ", member.rank(),
+        ": report with the Assignment of a closed round"));
+  }
+  if (member.incarnation_id().empty() ||
+      member.incarnation_id().size() > kMaxIncarnationBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "member.incarnation_id must be 1-", kMaxIncarnationBytes,
+        " bytes (the one the process joined with), got ",
+        member.incarnation_id().size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMetrics(const v1::WorkerMetrics& m) {
+  if (m.step() < 0 || m.last_started_collective() < 0 ||
+      m.last_finished_collective() < 0 || m.rss_bytes() < 0 ||
+      m.gpu_memory_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        "metrics: step, collective sequence numbers and memory sizes must be "
+        ">= 0");
+  }
+  if (m.recent_collectives_size() > kMaxEvents ||
+      m.first_bucket_ready_size() > kMaxEvents ||
+      m.buckets_size() > kMaxBuckets) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics: at most ", kMaxEvents,
+        " recent_collectives and first_bucket_ready entries and ", kMaxBuckets,
+        " buckets per heartbeat"));
+  }
+  if (m.last_error().size() > kMaxErrorBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics.last_error is at most ", kMaxErrorBytes, " bytes"));
+  }
+  for (const v1::CollectiveFingerprint& f : m.recent_collectives()) {
+    if (f.op().size() > kMaxNameBytes || f.dtype().size() > kMaxNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "metrics.recent_collectives: op and dtype are at most ",
+          kMaxNameBytes, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool SameFingerprint(const v1::CollectiveFingerprint& a,
+                     const v1::CollectiveFingerprint& b) {
+  return a.op() == b.op() && a.dtype() == b.dtype() && a.count() == b.count() &&
+         a.bucket_index() == b.bucket_index();
+}
+
+std::string DescribeFingerprint(const v1::CollectiveFingerprint& f) {
+  std::string text =
+      absl::StrCat(f.op(), " of ", f.count(), " ", f.dtype());
+  if (f.bucket_index() >= 0) absl::StrAppend(&text, " (bucket ", f.bucket_index(), ")");
+  return text;
+}
+
+std::string RoundOver(absl::string_view job_id, int64_t round) {
+  return absl::StrCat("round ", round, " of job '", job_id,
+                      "' is over: rejoin to get the next round");
+}
+
+absl::Duration Median(std::vector<absl::Duration> samples) {
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+}  // namespace
+
+std::string FormatRanks(const std::vector<int>& ranks, size_t max_items) {
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<std::string> items;
+  for (size_t i = 0; i < sorted.size();) {
+    size_t j = i;
+    while (j + 1 < sorted.size() && sorted[j + 1] == sorted[j] + 1) ++j;
+    if (items.size() == max_items) {
+      items.push_back("...");
+      break;
+    }
+    if (j - i >= 3) {
+      items.push_back(absl::StrCat(sorted[i], "-", sorted[j]));
+      i = j + 1;
+    } else {
+      items.push_back(absl::StrCat(sorted[i]));
+      ++i;
+    }
+  }
+  return absl::StrJoin(items, ",");
+}
+
+HealthManager::HealthManager(JobManager* jobs, Clock* clock,
+                             HealthConfig config)
+    : jobs_(jobs), clock_(clock), config_(config) {}
+
+HealthManager::~HealthManager() = default;
+
+std::unique_ptr<HealthManager::Session> HealthManager::NewSession() {
+  return std::make_unique<Session>();
+}
+
+absl::StatusOr<std::shared_ptr<HealthManager::JobHealth>>
+HealthManager::FindOrStart(const v1::MemberRef& member) {
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = jobs_health_.find(member.job_id());
+    if (it != jobs_health_.end() && it->second->round == member.round()) {
+      return it->second;
+    }
+  }
+  // Not monitored yet, or another round: ask the job registry.
+  GS_ASSIGN_OR_RETURN(RoundMembers round,
+                      jobs_->GetRoundMembers(member.job_id()));
+  const JobPhase& phase = round.phase;
+  if (member.round() < phase.round ||
+      (member.round() == phase.round &&
+       phase.state == v1::JOB_STATE_WAITING)) {
+    return absl::AbortedError(RoundOver(member.job_id(), member.round()));
+  }
+  if (member.round() > phase.round) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "round ", member.round(), " of job '", member.job_id(),
+        "' has not closed (the latest is ", phase.round, ")"));
+  }
+  auto job = std::make_shared<JobHealth>();
+  const v1::JobConfig& c = round.config;
+  job->job_id = member.job_id();
+  job->round = phase.round;
+  job->interval = c.has_heartbeat_interval() &&
+                          FromProtoDuration(c.heartbeat_interval()) >
+                              absl::ZeroDuration()
+                      ? FromProtoDuration(c.heartbeat_interval())
+                      : config_.heartbeat_interval;
+  job->missed = c.missed_heartbeats() > 0 ? c.missed_heartbeats()
+                                          : config_.missed_heartbeats;
+  job->policy = c.failure_policy() == v1::FAILURE_POLICY_FAIL
+                    ? v1::FAILURE_POLICY_FAIL
+                    : v1::FAILURE_POLICY_DEGRADE;
+  job->straggler_threshold =
+      FromProtoDuration(c.straggler_threshold()) > absl::ZeroDuration()
+          ? FromProtoDuration(c.straggler_threshold())
+          : config_.straggler_threshold;
+  job->hang_timeout = FromProtoDuration(c.hang_timeout()) > absl::ZeroDuration()
+                          ? FromProtoDuration(c.hang_timeout())
+                          : config_.hang_timeout;
+  const size_t world = round.incarnations.size();
+  const absl::Time now = clock_->Now();
+  {
+    absl::MutexLock lock(&job->mu);
+    job->state = phase.state;
+    job->reason = phase.reason;
+    job->last_progress = now;
+    job->members.resize(world);
+    for (size_t r = 0; r < world; ++r) {
+      MemberHealth& m = job->members[r];
+      m.incarnation_id = std::move(round.incarnations[r]);
+      m.host = std::move(round.hosts[r]);
+      m.last_seen = now;
+      m.lags.assign(kLagSamples, absl::ZeroDuration());
+    }
+    job->collectives.resize(kCollectiveWindow);
+    job->steps.resize(kStepWindow);
+    for (StepSlot& slot : job->steps) {
+      slot.ready.assign(world, absl::InfinitePast());
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<JobHealth>& slot = jobs_health_[member.job_id()];
+  if (slot != nullptr && slot->round == job->round) return slot;  // a race
+  if (slot != nullptr && slot->round > job->round) {
+    return absl::AbortedError(RoundOver(member.job_id(), member.round()));
+  }
+  if (slot != nullptr) {
+    absl::MutexLock old_lock(&slot->mu);
+    slot->current = false;
+  }
+  slot = job;
+  GS_LOG(INFO) << "job '" << job->job_id << "' round " << job->round
+               << ": monitoring " << world << " member(s), heartbeat every "
+               << absl::FormatDuration(job->interval) << ", lost after "
+               << job->missed << " missed";
+  return job;
+}
+
+absl::Status HealthManager::Resolve(Session* session,
+                                    const v1::MemberRef& member) {
+  GS_RETURN_IF_ERROR(ValidateMemberRef(member));
+  GS_ASSIGN_OR_RETURN(std::shared_ptr<JobHealth> job, FindOrStart(member));
+  {
+    absl::MutexLock lock(&job->mu);
+    if (!job->current) {
+      return absl::AbortedError(RoundOver(job->job_id, job->round));
+    }
+    if (member.rank() >= static_cast<int>(job->members.size())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", member.rank(), " is not in round ", job->round, " of job '",
+          job->job_id, "' (world size ", job->members.size(), ")"));
+    }
+    const std::string& expected = job->members[member.rank()].incarnation_id;
+    if (expected != member.incarnation_id()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", member.rank(), " of round ", job->round, " of job '",
+          job->job_id, "' is process '", expected, "', not '",
+          member.incarnation_id(), "': report with your own assignment"));
+    }
+  }
+  session->job = std::move(job);
+  session->job_id = member.job_id();
+  session->round = member.round();
+  session->rank = member.rank();
+  session->incarnation_id = member.incarnation_id();
+  session->generation_sent = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> HealthManager::Heartbeat(Session* session,
+                                              v1::HeartbeatRequest* request,
+                                              v1::HeartbeatResponse* response) {
+  const v1::MemberRef& ref = request->member();
+  if (session->job == nullptr || ref.rank() != session->rank ||
+      ref.round() != session->round || ref.job_id() != session->job_id ||
+      ref.incarnation_id() != session->incarnation_id) {
+    GS_RETURN_IF_ERROR(Resolve(session, ref));
+  }
+  GS_RETURN_IF_ERROR(ValidateMetrics(request->metrics()));
+  JobHealth* job = session->job.get();
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&job->mu);
+  if (!job->current) {
+    return absl::AbortedError(RoundOver(job->job_id, job->round));
+  }
+  MemberHealth& m = job->members[session->rank];
+  const v1::WorkerMetrics& in = request->metrics();
+  m.heard = true;
+  m.last_seen = now;
+  if (in.last_finished_collective() > m.last_finished) {
+    job->last_progress = now;
+    job->diagnosis.clear_hang();
+  }
+  m.last_started = in.last_started_collective();
+  m.last_finished = in.last_finished_collective();
+  if (job->detecting()) {
+    RecordCollectives(job, session->rank, in);
+    RecordReadyTimes(job, session->rank, in);
+  }
+  m.metrics.Swap(request->mutable_metrics());
+  m.metrics.clear_recent_collectives();
+  m.metrics.clear_first_bucket_ready();
+  heartbeats_.fetch_add(1, std::memory_order_relaxed);
+  if (session->generation_sent == job->generation) return false;
+  session->generation_sent = job->generation;
+  response->set_job_state(job->state);
+  response->set_reason(job->reason);
+  *response->mutable_heartbeat_interval() = ToProtoDuration(job->interval);
+  return true;
+}
+
+void HealthManager::RecordCollectives(JobHealth* job, int rank,
+                                      const v1::WorkerMetrics& metrics) {
+  for (const v1::CollectiveFingerprint& f : metrics.recent_collectives()) {
+    if (f.sequence() <= 0) continue;
+    CollectiveSlot& slot = job->collectives[f.sequence() % kCollectiveWindow];
+    if (slot.sequence < f.sequence()) {
+      slot.sequence = f.sequence();
+      slot.rank = rank;
+      slot.fingerprint = f;
+      continue;
+    }
+    if (slot.sequence > f.sequence() || slot.rank == rank ||
+        SameFingerprint(slot.fingerprint, f) ||
+        !job->diagnosis.desync().empty()) {
+      continue;
+    }
+    std::string text = absl::StrCat(
+        "collectives desynchronized at #", f.sequence(), ": rank ", slot.rank,
+        " issued ", DescribeFingerprint(slot.fingerprint), " but rank ", rank,
+        " issued ", DescribeFingerprint(f),
+        "; every rank must issue the same collectives in the same order "
+        "(look for rank-dependent control flow)");
+    job->diagnosis.set_desync(text);
+    HealthUpdate update;
+    update.job_state = v1::JOB_STATE_FAILED;
+    update.reason = std::move(text);
+    Transition(job, std::move(update));
+    if (!job->detecting()) return;
+  }
+}
+
+void HealthManager::RecordReadyTimes(JobHealth* job, int rank,
+                                     const v1::WorkerMetrics& metrics) {
+  const int world = static_cast<int>(job->members.size());
+  for (const v1::StepReady& ready : metrics.first_bucket_ready()) {
+    if (ready.step() < 0) continue;
+    StepSlot& slot = job->steps[ready.step() % kStepWindow];
+    if (slot.step > ready.step()) continue;
+    if (slot.step < ready.step()) {
+      slot.step = ready.step();
+      slot.reported = 0;
+      std::fill(slot.ready.begin(), slot.ready.end(), absl::InfinitePast());
+    }
+    if (slot.ready[rank] != absl::InfinitePast()) continue;
+    slot.ready[rank] = FromProtoTime(ready.time());
+    if (++slot.reported < world) continue;
+
+    // Every rank reported this step: each one's lag behind the earliest.
+    const absl::Time earliest =
+        *std::min_element(slot.ready.begin(), slot.ready.end());
+    job->diagnosis.clear_stragglers();
+    for (int r = 0; r < world; ++r) {
+      MemberHealth& m = job->members[r];
+      m.lags[m.lag_count++ % kLagSamples] = slot.ready[r] - earliest;
+      const int samples = std::min(m.lag_count, kLagSamples);
+      m.lag = Median(std::vector<absl::Duration>(m.lags.begin(),
+                                                 m.lags.begin() + samples));
+      if (samples >= kMinLagSamples && m.lag > job->straggler_threshold) {
+        v1::Straggler* s = job->diagnosis.add_stragglers();
+        s->set_rank(r);
+        *s->mutable_lag() = ToProtoDuration(m.lag);
+        s->set_steps(samples);
+      }
+    }
+    std::sort(job->diagnosis.mutable_stragglers()->begin(),
+              job->diagnosis.mutable_stragglers()->end(),
+              [](const v1::Straggler& a, const v1::Straggler& b) {
+                return FromProtoDuration(a.lag()) > FromProtoDuration(b.lag());
+              });
+    slot.step = -1;
+  }
+}
+
+void HealthManager::ApplyPolicy(JobHealth* job, const std::string& what,
+                                HealthUpdate* update) {
+  if (job->policy == v1::FAILURE_POLICY_FAIL) {
+    update->job_state = v1::JOB_STATE_FAILED;
+    update->reason = what;
+  } else if (job->state == v1::JOB_STATE_RUNNING) {
+    update->job_state = v1::JOB_STATE_DEGRADED;
+    update->reason =
+        absl::StrCat(what, "; the other members must rejoin to form round ",
+                     job->round + 1);
+  }
+}
+
+void HealthManager::Transition(JobHealth* job, HealthUpdate update) {
+  absl::Status recorded = jobs_->RecordHealth(job->job_id, job->round, update);
+  if (!recorded.ok()) {
+    // The round ended meanwhile (superseded or finished); the next Poll
+    // follows the job's new phase.
+    GS_LOG(INFO) << "job '" << job->job_id << "' round " << job->round
+                 << ": not recorded: " << recorded.message();
+    return;
+  }
+  for (const HealthUpdate::MemberChange& change : update.members) {
+    job->members[change.rank].state = change.state;
+    GS_LOG(WARNING) << "job '" << job->job_id << "' round " << job->round
+                    << ": rank " << change.rank << " ("
+                    << job->members[change.rank].host << ") "
+                    << MemberStateName(change.state) << ": " << change.reason;
+  }
+  if (update.job_state != v1::JOB_STATE_UNSPECIFIED) {
+    job->state = update.job_state;
+    job->reason = update.reason;
+    ++job->generation;
+    GS_LOG(WARNING) << "job '" << job->job_id << "' "
+                    << JobStateName(update.job_state) << ": " << update.reason;
+  }
+}
+
+void HealthManager::StreamBroken(Session* session) {
+  if (session->job == nullptr || stopped_.load()) return;
+  JobHealth* job = session->job.get();
+  absl::MutexLock lock(&job->mu);
+  MemberHealth& m = job->members[session->rank];
+  if (!job->detecting() || m.state != v1::MEMBER_STATE_ACTIVE) return;
+  HealthUpdate update;
+  std::string why = "heartbeat stream broke (process killed or connection lost)";
+  update.members.push_back({session->rank, v1::MEMBER_STATE_LOST, why});
+  ApplyPolicy(job,
+              absl::StrCat("rank ", session->rank, " (", m.host, ") lost: ", why),
+              &update);
+  Transition(job, std::move(update));
+}
+
+absl::StatusOr<v1::JobState> HealthManager::ReportCompletion(
+    const v1::ReportCompletionRequest& request) {
+  Session session;
+  GS_RETURN_IF_ERROR(Resolve(&session, request.member()));
+  if (request.has_metrics()) GS_RETURN_IF_ERROR(ValidateMetrics(request.metrics()));
+  if (request.message().size() > kMaxErrorBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("message is at most ", kMaxErrorBytes, " bytes"));
+  }
+  JobHealth* job = session.job.get();
+  const int rank = session.rank;
+  absl::MutexLock lock(&job->mu);
+  MemberHealth& m = job->members[rank];
+  if (m.state == v1::MEMBER_STATE_EXITED) return job->state;  // a repeat
+  m.heard = true;
+  m.last_seen = clock_->Now();
+  if (request.has_metrics()) {
+    m.metrics = request.metrics();
+    m.metrics.clear_recent_collectives();
+    m.metrics.clear_first_bucket_ready();
+  }
+  HealthUpdate update;
+  if (request.success()) {
+    update.members.push_back({rank, v1::MEMBER_STATE_EXITED, "succeeded"});
+    m.succeeded = true;
+    if (++job->succeeded == static_cast<int>(job->members.size())) {
+      update.job_state = v1::JOB_STATE_SUCCEEDED;
+      update.reason = absl::StrCat("all ", job->members.size(),
+                                   " member(s) of round ", job->round,
+                                   " succeeded");
+    }
+  } else {
+    std::string how = absl::StrCat("failed with exit code ", request.exit_code(),
+                                   request.message().empty() ? "" : ": ",
+                                   request.message());
+    update.members.push_back({rank, v1::MEMBER_STATE_EXITED, how});
+    update.job_state = v1::JOB_STATE_FAILED;
+    update.reason = absl::StrCat("rank ", rank, " (", m.host, ") ", how);
+  }
+  if (job->detecting()) {
+    Transition(job, std::move(update));
+  } else {
+    m.state = v1::MEMBER_STATE_EXITED;  // the job already ended
+  }
+  return job->state;
+}
+
+std::vector<std::shared_ptr<HealthManager::JobHealth>> HealthManager::Snapshot()
+    const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<std::shared_ptr<JobHealth>> jobs;
+  jobs.reserve(jobs_health_.size());
+  for (const auto& [id, job] : jobs_health_) jobs.push_back(job);
+  return jobs;
+}
+
+void HealthManager::Poll() {
+  const absl::Time now = clock_->Now();
+  std::vector<std::shared_ptr<JobHealth>> ended;
+  for (const std::shared_ptr<JobHealth>& job : Snapshot()) {
+    absl::MutexLock lock(&job->mu);
+    PollJob(job.get(), now);
+    if (!job->current) ended.push_back(job);
+  }
+  if (ended.empty()) return;
+  absl::MutexLock lock(&mu_);
+  for (const std::shared_ptr<JobHealth>& job : ended) {
+    auto it = jobs_health_.find(job->job_id);
+    if (it != jobs_health_.end() && it->second == job) jobs_health_.erase(it);
+  }
+}
+
+void HealthManager::PollJob(JobHealth* job, absl::Time now) {
+  // Follow the job's phase: a superseded round ends its monitoring.
+  absl::StatusOr<JobPhase> phase = jobs_->GetPhase(job->job_id);
+  if (!phase.ok() || phase->round != job->round ||
+      phase->state == v1::JOB_STATE_WAITING) {
+    job->current = false;
+    ++job->generation;
+    return;
+  }
+  if (phase->state != job->state || phase->reason != job->reason) {
+    job->state = phase->state;
+    job->reason = std::move(phase->reason);
+    ++job->generation;
+  }
+  if (!job->detecting()) return;
+
+  const absl::Duration limit = job->interval * job->missed;
+  HealthUpdate update;
+  for (size_t r = 0; r < job->members.size(); ++r) {
+    const MemberHealth& m = job->members[r];
+    if (m.state != v1::MEMBER_STATE_ACTIVE || now - m.last_seen <= limit) {
+      continue;
+    }
+    const std::string silent = absl::FormatDuration(
+        absl::Trunc(now - m.last_seen, absl::Milliseconds(1)));
+    update.members.push_back(
+        {static_cast<int>(r), v1::MEMBER_STATE_LOST,
+         m.heard ? absl::StrCat("missed ", job->missed, " heartbeats (every ",
+                                absl::FormatDuration(job->interval),
+                                "): last heard ", silent, " ago")
+                 : absl::StrCat("sent no heartbeat in the ", silent,
+                                " since monitoring began")});
+  }
+  if (!update.members.empty()) {
+    const HealthUpdate::MemberChange& first = update.members.front();
+    std::string what = absl::StrCat("rank ", first.rank, " (",
+                                    job->members[first.rank].host, ") lost: ",
+                                    first.reason);
+    if (update.members.size() > 1) {
+      absl::StrAppend(&what, " (and ", update.members.size() - 1,
+                      " more rank(s))");
+    }
+    ApplyPolicy(job, what, &update);
+    Transition(job, std::move(update));
+  }
+  DiagnoseHang(job, now);
+}
+
+void HealthManager::DiagnoseHang(JobHealth* job, absl::Time now) {
+  if (now - job->last_progress < job->hang_timeout) {
+    job->diagnosis.clear_hang();
+    return;
+  }
+  // Ranks grouped by (last finished, last started), most advanced first.
+  std::map<std::pair<int64_t, int64_t>, std::vector<int>, std::greater<>>
+      groups;
+  int64_t max_started = 0;
+  for (size_t r = 0; r < job->members.size(); ++r) {
+    const MemberHealth& m = job->members[r];
+    groups[{m.last_finished, m.last_started}].push_back(static_cast<int>(r));
+    max_started = std::max(max_started, m.last_started);
+  }
+  const auto& [only, unused] = *groups.begin();
+  if (max_started == 0 || (groups.size() == 1 && only.first == only.second)) {
+    job->diagnosis.clear_hang();  // no collective, or all ranks agree
+    return;
+  }
+  std::vector<std::string> parts;
+  constexpr size_t kMaxGroups = 4;
+  for (const auto& [position, ranks] : groups) {
+    if (parts.size() == kMaxGroups) {
+      parts.push_back("...");
+      break;
+    }
+    const auto [finished, started] = position;
+    const bool one = ranks.size() == 1;
+    std::string text = absl::StrCat(one ? "rank " : "ranks ", FormatRanks(ranks));
+    const char* number = parts.empty() ? " collective #" : " #";
+    if (started > finished) {
+      absl::StrAppend(&text, " started", number, started, " and ",
+                      one ? "has" : "have", " not finished it");
+    } else {
+      absl::StrAppend(&text, " finished", number, finished);
+      if (finished < max_started) {
+        absl::StrAppend(&text, " and ", one ? "has" : "have", " not started #",
+                        finished + 1);
+      }
+    }
+    parts.push_back(std::move(text));
+  }
+  job->diagnosis.set_hang(absl::StrCat(
+      absl::StrJoin(parts, "; "), " (no collective finished for ",
+      absl::FormatDuration(absl::Trunc(now - job->last_progress,
+                                       absl::Seconds(1))),
+      ")"));
+}
+
+void HealthManager::Describe(v1::JobStatus* status) const {
+  std::shared_ptr<JobHealth> job;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = jobs_health_.find(status->config().job_id());
+    if (it == jobs_health_.end()) return;
+    job = it->second;
+  }
+  if (job->round != status->round()) return;
+  absl::MutexLock lock(&job->mu);
+  const int n = std::min<int>(status->members_size(), job->members.size());
+  for (int r = 0; r < n; ++r) {
+    const MemberHealth& m = job->members[r];
+    v1::Member* out = status->mutable_members(r);
+    if (m.heard) {
+      *out->mutable_last_seen() = ToProtoTime(m.last_seen);
+      *out->mutable_metrics() = m.metrics;
+    }
+    if (m.lag > absl::ZeroDuration()) {
+      *out->mutable_lag() = ToProtoDuration(m.lag);
+    }
+  }
+  *status->mutable_diagnosis() = job->diagnosis;
+}
+
+void HealthManager::ForEachMember(
+    const std::function<void(const MemberSample&)>& fn) const {
+  const absl::Time now = clock_->Now();
+  for (const std::shared_ptr<JobHealth>& job : Snapshot()) {
+    absl::MutexLock lock(&job->mu);
+    if (!job->current) continue;
+    for (size_t r = 0; r < job->members.size(); ++r) {
+      const MemberHealth& m = job->members[r];
+      fn(MemberSample{&job->job_id, static_cast<int>(r), &m.host, m.state,
+                      m.heard, now - m.last_seen, m.lag, &m.metrics});
+    }
+  }
+}
+
+void HealthManager::Forget(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_health_.find(job_id);
+  if (it == jobs_health_.end()) return;
+  {
+    absl::MutexLock job_lock(&it->second->mu);
+    it->second->current = false;
+  }
+  jobs_health_.erase(it);
+}
+
+}  // namespace gradsync

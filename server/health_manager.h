@@ -1,0 +1,241 @@
+// Failure detection and diagnosis for running rounds: ingests worker
+// heartbeats (Monitor.Heartbeat), marks members LOST when they miss heartbeats
+// or their stream breaks, moves jobs to DEGRADED, FAILED or SUCCEEDED, and
+// diagnoses hangs, desyncs and stragglers from what workers report.
+//
+// A round is monitored from the first heartbeat or completion report of any
+// of its members: jobs whose workers never heartbeat are never marked LOST.
+// From then on every member must heartbeat; one silent for
+// missed_heartbeats x heartbeat_interval (counted from its last heartbeat, or
+// from the start of monitoring) is LOST. Time comes from the injected Clock
+// and detection runs in Poll(), so tests step a FakeClock.
+//
+// Hot path: a heartbeat takes one per-job lock and swaps the reported metrics
+// into the member's slot (no allocation in steady state); low-rate state
+// changes are recorded in JobManager.
+#ifndef GRADSYNC_SERVER_HEALTH_MANAGER_H_
+#define GRADSYNC_SERVER_HEALTH_MANAGER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "proto/gradsync/v1/health.pb.h"
+#include "server/job_manager.h"
+
+namespace gradsync {
+
+// Coordinator-wide defaults for the health settings a JobConfig leaves zero.
+struct HealthConfig {
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  int missed_heartbeats = 3;
+  absl::Duration straggler_threshold = absl::Milliseconds(100);
+  absl::Duration hang_timeout = absl::Seconds(30);
+};
+
+// One member as the Prometheus exposition sees it (see ForEachMember).
+struct MemberSample {
+  const std::string* job_id;
+  int rank;
+  const std::string* host;
+  v1::MemberState state;
+  bool heard;                 // whether a heartbeat arrived yet
+  absl::Duration age;         // since the last heartbeat (or monitoring start)
+  absl::Duration lag;         // median first-bucket lag; 0 when unknown
+  const v1::WorkerMetrics* metrics;
+};
+
+class HealthManager {
+ public:
+  // What one heartbeat stream remembers between messages so that the next
+  // heartbeat of the same member skips the lookups. Owned by the stream;
+  // used by one thread at a time.
+  class Session;
+
+  // `jobs` and `clock` must outlive it.
+  HealthManager(JobManager* jobs, Clock* clock, HealthConfig config);
+  ~HealthManager();
+
+  // Creates the state of one heartbeat stream.
+  static std::unique_ptr<Session> NewSession();
+
+  // Records one heartbeat of `session`'s stream. Takes the metrics out of
+  // `request` (swapped, so the caller's message keeps its capacity). Fills
+  // `response` and returns true when the worker should be told the job's
+  // state: on the stream's first heartbeat and whenever the job's state or
+  // reason changed since. Errors (the stream should end with them):
+  // INVALID_ARGUMENT, NOT_FOUND, ABORTED (round over), FAILED_PRECONDITION
+  // (not a member). Thread-safe across sessions.
+  absl::StatusOr<bool> Heartbeat(Session* session, v1::HeartbeatRequest* request,
+                                 v1::HeartbeatResponse* response);
+
+  // The stream of `session` broke (cancelled, connection reset): its member
+  // is LOST unless it already exited or detection is stopped.
+  void StreamBroken(Session* session);
+
+  // Records a member's completion; returns the job's state after it.
+  absl::StatusOr<v1::JobState> ReportCompletion(
+      const v1::ReportCompletionRequest& request);
+
+  // Follows the jobs' phases (rounds superseded, jobs ended), marks silent
+  // members LOST and diagnoses hangs. Called every poll interval.
+  void Poll();
+
+  // Stops marking members LOST for broken streams (the server is shutting
+  // down and cancels every stream). Irreversible.
+  void StopDetection() { stopped_.store(true); }
+
+  // Adds what monitoring knows to `status` (read from JobManager): each
+  // member's metrics, last heartbeat and lag, and the job's diagnosis. A
+  // no-op when the status's round is not monitored.
+  void Describe(v1::JobStatus* status) const;
+
+  // Calls `fn` for every member of every monitored round, under that job's
+  // lock (fn must not call back into the manager).
+  void ForEachMember(const std::function<void(const MemberSample&)>& fn) const;
+
+  // Heartbeats accepted since start.
+  int64_t heartbeats() const { return heartbeats_.load(); }
+
+  // Drops everything about `job_id` (it was forgotten after retention).
+  void Forget(const std::string& job_id);
+
+ private:
+  // Desync detection remembers this many recent collective sequence numbers
+  // and straggler detection this many recent steps.
+  static constexpr int kCollectiveWindow = 1024;
+  static constexpr int kStepWindow = 16;
+  // A rank's lag is the median of its last kLagSamples complete steps;
+  // it is flagged once it has kMinLagSamples of them.
+  static constexpr int kLagSamples = 8;
+  static constexpr int kMinLagSamples = 5;
+
+  struct MemberHealth {
+    std::string incarnation_id;
+    std::string host;
+    v1::MemberState state = v1::MEMBER_STATE_ACTIVE;
+    bool heard = false;
+    absl::Time last_seen;  // last heartbeat, or the start of monitoring
+    int64_t last_started = 0;
+    int64_t last_finished = 0;
+    v1::WorkerMetrics metrics;  // latest snapshot, events cleared
+    std::vector<absl::Duration> lags;  // ring of the last kLagSamples
+    int lag_count = 0;                 // samples ever recorded
+    absl::Duration lag;                // median of `lags`
+    bool succeeded = false;            // reported success
+  };
+  // The first fingerprint reported for one collective sequence number.
+  struct CollectiveSlot {
+    int64_t sequence = 0;  // 0: empty
+    int rank = 0;
+    v1::CollectiveFingerprint fingerprint;
+  };
+  // First-bucket-ready times of one step, by rank.
+  struct StepSlot {
+    int64_t step = -1;  // -1: empty
+    int reported = 0;
+    std::vector<absl::Time> ready;  // InfinitePast: not reported
+  };
+  // The monitoring of one round of one job.
+  struct JobHealth {
+    absl::Mutex mu;
+    // Set at creation, then constant.
+    std::string job_id;
+    int64_t round = 0;
+    absl::Duration interval;
+    int missed = 0;
+    v1::FailurePolicy policy = v1::FAILURE_POLICY_DEGRADE;
+    absl::Duration straggler_threshold;
+    absl::Duration hang_timeout;
+
+    // The job's state and reason as last recorded or read from JobManager;
+    // `generation` counts their changes so streams know what to resend.
+    v1::JobState state ABSL_GUARDED_BY(mu) = v1::JOB_STATE_RUNNING;
+    std::string reason ABSL_GUARDED_BY(mu);
+    int64_t generation ABSL_GUARDED_BY(mu) = 1;
+    // False once the round was superseded or forgotten: heartbeats get
+    // ABORTED.
+    bool current ABSL_GUARDED_BY(mu) = true;
+    std::vector<MemberHealth> members ABSL_GUARDED_BY(mu);
+    int succeeded ABSL_GUARDED_BY(mu) = 0;  // members that reported success
+    // When any rank last finished a collective (or monitoring started).
+    absl::Time last_progress ABSL_GUARDED_BY(mu);
+    std::vector<CollectiveSlot> collectives ABSL_GUARDED_BY(mu);
+    std::vector<StepSlot> steps ABSL_GUARDED_BY(mu);
+    v1::JobDiagnosis diagnosis ABSL_GUARDED_BY(mu);
+
+    // Whether failure detection applies: the round runs and has not ended.
+    bool detecting() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return current && (state == v1::JOB_STATE_RUNNING ||
+                         state == v1::JOB_STATE_DEGRADED);
+    }
+  };
+
+  // Finds or starts the monitoring of the session's round and checks the
+  // member; points `session` at it.
+  absl::Status Resolve(Session* session, const v1::MemberRef& member);
+  absl::StatusOr<std::shared_ptr<JobHealth>> FindOrStart(
+      const v1::MemberRef& member);
+  std::vector<std::shared_ptr<JobHealth>> Snapshot() const;
+
+  // Ingest helpers.
+  void RecordCollectives(JobHealth* job, int rank,
+                         const v1::WorkerMetrics& metrics)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  void RecordReadyTimes(JobHealth* job, int rank,
+                        const v1::WorkerMetrics& metrics)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // Records member changes and a job state in JobManager, then mirrors them.
+  void Transition(JobHealth* job, HealthUpdate update)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // Adds the job state a lost or failed member leads to, per the policy.
+  void ApplyPolicy(JobHealth* job, const std::string& what,
+                   HealthUpdate* update) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  void PollJob(JobHealth* job, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // Sets or clears the hang diagnosis.
+  void DiagnoseHang(JobHealth* job, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+
+  JobManager* const jobs_;
+  Clock* const clock_;
+  const HealthConfig config_;
+  std::atomic<bool> stopped_{false};
+  std::atomic<int64_t> heartbeats_{0};
+
+  mutable absl::Mutex mu_;
+  // job id -> the monitoring of its latest round.
+  absl::flat_hash_map<std::string, std::shared_ptr<JobHealth>> jobs_health_
+      ABSL_GUARDED_BY(mu_);
+};
+
+class HealthManager::Session {
+ private:
+  friend class HealthManager;
+  std::shared_ptr<JobHealth> job;
+  std::string job_id;
+  int64_t round = 0;
+  int rank = -1;
+  std::string incarnation_id;
+  // JobHealth::generation last sent to the worker; 0: nothing sent yet.
+  int64_t generation_sent = 0;
+};
+
+// "0,1,2" or, for runs of 4 or more, "0-9,12": sorted ranks, at most
+// `max_items` items and then "...".
+std::string FormatRanks(const std::vector<int>& ranks, size_t max_items = 16);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_SERVER_HEALTH_MANAGER_H_

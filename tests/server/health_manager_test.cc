@@ -1,0 +1,524 @@
+#include "server/health_manager.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/job_config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/gradsync/v1/health.pb.h"
+#include "server/job_manager.h"
+#include "server/storage/in_memory_storage.h"
+
+namespace gradsync {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr char kJob[] = "train";
+
+std::string Incarnation(int rank) { return absl::StrCat("inc-", rank); }
+
+// A JobManager with one running round of `world` members (round 1) and a
+// HealthManager over it, on a FakeClock.
+class HealthManagerTest : public ::testing::Test {
+ protected:
+  void StartJob(int world, v1::FailurePolicy policy = v1::FAILURE_POLICY_DEGRADE,
+                absl::Duration interval = absl::ZeroDuration()) {
+    world_ = world;
+    v1::JobConfig config;
+    config.set_job_id(kJob);
+    config.set_min_nodes(world);
+    config.set_failure_policy(policy);
+    if (interval > absl::ZeroDuration()) {
+      *config.mutable_heartbeat_interval() = ToProtoDuration(interval);
+    }
+    ASSERT_TRUE(jobs_.Create(config).ok());
+    CloseRound(1);
+  }
+
+  void CloseRound(int64_t round) {
+    std::vector<v1::Member> members(world_);
+    for (int r = 0; r < world_; ++r) {
+      members[r].set_rank(r);
+      members[r].mutable_node()->set_hostname(absl::StrCat("host-", r));
+      members[r].mutable_node()->set_incarnation_id(Incarnation(r));
+      members[r].set_state(v1::MEMBER_STATE_ACTIVE);
+    }
+    ASSERT_TRUE(jobs_.RecordRoundClosed(kJob, round, v1::BACKEND_GLOO,
+                                        std::move(members))
+                    .ok());
+  }
+
+  static v1::MemberRef Ref(int rank, int64_t round = 1) {
+    v1::MemberRef ref;
+    ref.set_job_id(kJob);
+    ref.set_round(round);
+    ref.set_rank(rank);
+    ref.set_incarnation_id(Incarnation(rank));
+    return ref;
+  }
+
+  // One heartbeat of `rank` on its own stream; returns whether the
+  // coordinator answered (response in last_response_).
+  absl::StatusOr<bool> Beat(int rank, v1::WorkerMetrics metrics = {},
+                            int64_t round = 1) {
+    std::unique_ptr<HealthManager::Session>& session = sessions_[rank];
+    if (session == nullptr) session = HealthManager::NewSession();
+    v1::HeartbeatRequest request;
+    *request.mutable_member() = Ref(rank, round);
+    *request.mutable_metrics() = std::move(metrics);
+    last_response_.Clear();
+    return health_.Heartbeat(session.get(), &request, &last_response_);
+  }
+
+  void BeatAll(v1::WorkerMetrics metrics = {}) {
+    for (int r = 0; r < world_; ++r) ASSERT_TRUE(Beat(r, metrics).ok());
+  }
+
+  absl::StatusOr<v1::JobState> Complete(int rank, bool success, int exit_code,
+                                        const std::string& message) {
+    v1::ReportCompletionRequest request;
+    *request.mutable_member() = Ref(rank);
+    request.set_success(success);
+    request.set_exit_code(exit_code);
+    request.set_message(message);
+    return health_.ReportCompletion(request);
+  }
+
+  v1::JobStatus Status() {
+    absl::StatusOr<v1::JobStatus> status = jobs_.Get(kJob);
+    EXPECT_TRUE(status.ok()) << status.status();
+    health_.Describe(&*status);
+    return *status;
+  }
+
+  // Steps the clock by `d` and runs detection.
+  void Advance(absl::Duration d) {
+    clock_.Advance(d);
+    health_.Poll();
+  }
+
+  FakeClock clock_;
+  InMemoryStorage storage_;
+  JobManager jobs_{&storage_, &clock_};
+  HealthManager health_{&jobs_, &clock_, HealthConfig()};
+  int world_ = 0;
+  std::map<int, std::unique_ptr<HealthManager::Session>> sessions_;
+  v1::HeartbeatResponse last_response_;
+};
+
+// ---------------------------------------------------------------------------
+// Liveness and the state machine
+
+TEST_F(HealthManagerTest, MemberSilentForThreeIntervalsIsLostAndJobDegraded) {
+  StartJob(2);
+  BeatAll();
+  // Rank 0 keeps beating; rank 1 goes silent.
+  for (int i = 0; i < 3; ++i) {
+    Advance(absl::Seconds(1));
+    ASSERT_TRUE(Beat(0).ok());
+  }
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING) << "3 s is the bound";
+  Advance(absl::Milliseconds(10));
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_DEGRADED);
+  EXPECT_THAT(status.reason(), HasSubstr("rank 1 (host-1) lost: missed 3 "
+                                         "heartbeats (every 1s)"));
+  EXPECT_THAT(status.reason(), HasSubstr("must rejoin to form round 2"));
+  EXPECT_EQ(status.members(0).state(), v1::MEMBER_STATE_ACTIVE);
+  EXPECT_EQ(status.members(1).state(), v1::MEMBER_STATE_LOST);
+  EXPECT_THAT(status.members(1).state_reason(), HasSubstr("last heard 3.01s ago"));
+}
+
+TEST_F(HealthManagerTest, FailPolicyFailsTheJobWhenAMemberIsLost) {
+  StartJob(2, v1::FAILURE_POLICY_FAIL);
+  BeatAll();
+  Advance(absl::Seconds(3) + absl::Milliseconds(1));
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(status.reason(), HasSubstr("rank 0 (host-0) lost"));
+  EXPECT_THAT(status.reason(), HasSubstr("and 1 more rank(s)"));
+  EXPECT_TRUE(status.has_end_time());
+}
+
+TEST_F(HealthManagerTest, PerJobIntervalOverridesTheDefault) {
+  StartJob(1, v1::FAILURE_POLICY_DEGRADE, absl::Seconds(10));
+  ASSERT_TRUE(Beat(0).ok());
+  EXPECT_EQ(FromProtoDuration(last_response_.heartbeat_interval()),
+            absl::Seconds(10));
+  Advance(absl::Seconds(29));
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  Advance(absl::Seconds(2));
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_DEGRADED);
+}
+
+TEST_F(HealthManagerTest, BrokenStreamIsLostAtOnce) {
+  StartJob(2);
+  BeatAll();
+  health_.StreamBroken(sessions_[1].get());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.members(1).state(), v1::MEMBER_STATE_LOST);
+  EXPECT_THAT(status.members(1).state_reason(),
+              HasSubstr("heartbeat stream broke"));
+  EXPECT_EQ(status.state(), v1::JOB_STATE_DEGRADED);
+}
+
+TEST_F(HealthManagerTest, BrokenStreamsDuringShutdownMarkNothing) {
+  StartJob(2);
+  BeatAll();
+  health_.StopDetection();
+  health_.StreamBroken(sessions_[1].get());
+  EXPECT_EQ(Status().members(1).state(), v1::MEMBER_STATE_ACTIVE);
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(HealthManagerTest, JobsWithoutHeartbeatsAreNeverMarkedLost) {
+  StartJob(2);
+  Advance(absl::Hours(1));
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(status.members(0).state(), v1::MEMBER_STATE_ACTIVE);
+}
+
+TEST_F(HealthManagerTest, MemberThatNeverBeatsIsLostOnceTheRoundIsMonitored) {
+  StartJob(2);
+  ASSERT_TRUE(Beat(0).ok());
+  Advance(absl::Seconds(2));
+  ASSERT_TRUE(Beat(0).ok());
+  Advance(absl::Seconds(1) + absl::Milliseconds(1));
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.members(1).state(), v1::MEMBER_STATE_LOST);
+  EXPECT_THAT(status.members(1).state_reason(),
+              HasSubstr("sent no heartbeat in the 3.001s since monitoring"));
+}
+
+TEST_F(HealthManagerTest, AnsweringFirstHeartbeatAndStateChangesOnly) {
+  StartJob(2);
+  absl::StatusOr<bool> first = Beat(0);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(*first);
+  EXPECT_EQ(last_response_.job_state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(FromProtoDuration(last_response_.heartbeat_interval()),
+            absl::Seconds(1));
+  EXPECT_FALSE(*Beat(0));
+  ASSERT_TRUE(Beat(1).ok());
+  health_.StreamBroken(sessions_[1].get());
+  absl::StatusOr<bool> after = Beat(0);
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(*after);
+  EXPECT_EQ(last_response_.job_state(), v1::JOB_STATE_DEGRADED);
+  EXPECT_THAT(last_response_.reason(), HasSubstr("rank 1"));
+}
+
+TEST_F(HealthManagerTest, SupersededRoundEndsMonitoringWithoutLosses) {
+  StartJob(2);
+  BeatAll();
+  ASSERT_TRUE(jobs_.RecordRoundSuperseded(kJob, "rank 0 rejoined").ok());
+  Advance(absl::Seconds(10));
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_WAITING);
+  EXPECT_EQ(status.members(0).state(), v1::MEMBER_STATE_ACTIVE);
+  absl::StatusOr<bool> stale = Beat(0);
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(stale.status().message(), HasSubstr("rejoin"));
+
+  // The next round is monitored afresh.
+  CloseRound(2);
+  sessions_.clear();
+  absl::StatusOr<bool> fresh = Beat(0, {}, /*round=*/2);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(Beat(1, {}, /*round=*/1).status().code(),
+            absl::StatusCode::kAborted);
+}
+
+// ---------------------------------------------------------------------------
+// Completion and retention
+
+TEST_F(HealthManagerTest, JobSucceedsWhenEveryMemberSucceeds) {
+  StartJob(2);
+  BeatAll();
+  absl::StatusOr<v1::JobState> one = Complete(0, true, 0, "");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(*one, v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(*Complete(0, true, 0, ""), v1::JOB_STATE_RUNNING) << "idempotent";
+  // An exited member is not LOST when it stops beating.
+  Advance(absl::Seconds(2));
+  ASSERT_TRUE(Beat(1).ok());
+  Advance(absl::Seconds(2));
+  EXPECT_EQ(Status().members(0).state(), v1::MEMBER_STATE_EXITED);
+  EXPECT_EQ(*Complete(1, true, 0, ""), v1::JOB_STATE_SUCCEEDED);
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(status.reason(), "all 2 member(s) of round 1 succeeded");
+  EXPECT_EQ(status.members(1).state_reason(), "succeeded");
+  EXPECT_EQ(FromProtoTime(status.end_time()), clock_.Now());
+  // An ended job takes no more joins.
+  v1::JobConfig config;
+  config.set_job_id(kJob);
+  absl::StatusOr<v1::JobConfig> join = jobs_.GetOrCreate(kJob, nullptr);
+  EXPECT_EQ(join.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(join.status().message(), HasSubstr("has ended (succeeded"));
+}
+
+TEST_F(HealthManagerTest, AFailedMemberFailsTheJobWithItsExitCodeAndMessage) {
+  StartJob(3);
+  EXPECT_EQ(*Complete(2, false, 3, "CUDA out of memory at step 1200"),
+            v1::JOB_STATE_FAILED);
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.reason(),
+            "rank 2 (host-2) failed with exit code 3: CUDA out of memory at "
+            "step 1200");
+  EXPECT_EQ(status.members(2).state(), v1::MEMBER_STATE_EXITED);
+  // Failed jobs are not monitored for liveness any more.
+  Advance(absl::Minutes(1));
+  EXPECT_EQ(Status().members(0).state(), v1::MEMBER_STATE_ACTIVE);
+}
+
+TEST_F(HealthManagerTest, EndedJobsAreForgottenAfterRetention) {
+  StartJob(1);
+  ASSERT_TRUE(Complete(0, true, 0, "").ok());
+  clock_.Advance(absl::Minutes(30));
+  EXPECT_THAT(jobs_.ForgetEndedBefore(clock_.Now() - absl::Hours(1)),
+              IsEmpty());
+  clock_.Advance(absl::Minutes(31));
+  EXPECT_EQ(jobs_.ForgetEndedBefore(clock_.Now() - absl::Hours(1)),
+            std::vector<std::string>{kJob});
+  health_.Forget(kJob);
+  EXPECT_EQ(jobs_.Get(kJob).status().code(), absl::StatusCode::kNotFound);
+  sessions_.clear();
+  EXPECT_EQ(Beat(0).status().code(), absl::StatusCode::kNotFound);
+}
+
+// ---------------------------------------------------------------------------
+// Refused heartbeats
+
+TEST_F(HealthManagerTest, RefusesHeartbeatsThatAreNotFromAMember) {
+  StartJob(2);
+  v1::HeartbeatResponse response;
+  auto beat = [&](v1::MemberRef ref, v1::WorkerMetrics metrics = {}) {
+    auto session = HealthManager::NewSession();
+    v1::HeartbeatRequest request;
+    *request.mutable_member() = std::move(ref);
+    *request.mutable_metrics() = std::move(metrics);
+    return health_.Heartbeat(session.get(), &request, &response).status();
+  };
+  v1::MemberRef unknown = Ref(0);
+  unknown.set_job_id("other");
+  EXPECT_EQ(beat(unknown).code(), absl::StatusCode::kNotFound);
+  v1::MemberRef bad_id = Ref(0);
+  bad_id.set_job_id("Not A Label");
+  EXPECT_EQ(beat(bad_id).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(beat(Ref(0, /*round=*/0)).code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::Status future = beat(Ref(0, /*round=*/2));
+  EXPECT_EQ(future.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(future.message(), HasSubstr("has not closed"));
+  absl::Status beyond = beat(Ref(2));
+  EXPECT_EQ(beyond.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(beyond.message(), HasSubstr("world size 2"));
+  v1::MemberRef impostor = Ref(1);
+  impostor.set_incarnation_id("someone-else");
+  absl::Status wrong = beat(impostor);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(wrong.message(), HasSubstr("is process 'inc-1'"));
+  v1::WorkerMetrics negative;
+  negative.set_step(-1);
+  EXPECT_EQ(beat(Ref(0), negative).code(), absl::StatusCode::kInvalidArgument);
+  v1::WorkerMetrics flood;
+  for (int i = 0; i < 257; ++i) flood.add_recent_collectives()->set_sequence(i);
+  EXPECT_EQ(beat(Ref(0), flood).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(health_.heartbeats(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Status
+
+TEST_F(HealthManagerTest, StatusShowsTheLatestMetricsAndLastSeen) {
+  StartJob(2);
+  v1::WorkerMetrics metrics;
+  metrics.set_state(v1::WORKER_STATE_TRAINING);
+  metrics.set_step(41);
+  metrics.set_samples_per_second(1234.5);
+  metrics.mutable_step_timings()->set_step_seconds(0.25);
+  metrics.add_recent_collectives()->set_sequence(1);
+  ASSERT_TRUE(Beat(0, metrics).ok());
+  clock_.Advance(absl::Milliseconds(500));
+  metrics.set_step(42);
+  ASSERT_TRUE(Beat(0, metrics).ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.members(0).metrics().step(), 42);
+  EXPECT_EQ(status.members(0).metrics().samples_per_second(), 1234.5);
+  EXPECT_EQ(status.members(0).metrics().step_timings().step_seconds(), 0.25);
+  EXPECT_EQ(status.members(0).metrics().recent_collectives_size(), 0)
+      << "events are consumed, not shown";
+  EXPECT_EQ(FromProtoTime(status.members(0).last_seen()), clock_.Now());
+  EXPECT_FALSE(status.members(1).has_metrics());
+  EXPECT_EQ(health_.heartbeats(), 2);
+}
+
+// ---------------------------------------------------------------------------
+// Diagnosis
+
+v1::WorkerMetrics Collectives(int64_t started, int64_t finished) {
+  v1::WorkerMetrics m;
+  m.set_last_started_collective(started);
+  m.set_last_finished_collective(finished);
+  return m;
+}
+
+TEST_F(HealthManagerTest, HangNamesTheRanksBehind) {
+  StartJob(4);
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(Beat(r, Collectives(183, 183)).ok());
+  ASSERT_TRUE(Beat(3, Collectives(182, 182)).ok());
+  for (int i = 0; i < 29; ++i) {
+    Advance(absl::Seconds(1));
+    EXPECT_THAT(Status().diagnosis().hang(), IsEmpty()) << i;
+    for (int r = 0; r < 3; ++r) ASSERT_TRUE(Beat(r, Collectives(183, 183)).ok());
+    ASSERT_TRUE(Beat(3, Collectives(182, 182)).ok());
+  }
+  Advance(absl::Seconds(1));
+  EXPECT_EQ(Status().diagnosis().hang(),
+            "ranks 0,1,2 finished collective #183; rank 3 finished #182 and "
+            "has not started #183 (no collective finished for 30s)");
+  // Progress clears it.
+  ASSERT_TRUE(Beat(3, Collectives(183, 183)).ok());
+  EXPECT_THAT(Status().diagnosis().hang(), IsEmpty());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING) << "a hang only reports";
+}
+
+TEST_F(HealthManagerTest, HangWithRanksInsideACollective) {
+  StartJob(3);
+  ASSERT_TRUE(Beat(0, Collectives(8, 7)).ok());
+  ASSERT_TRUE(Beat(1, Collectives(8, 7)).ok());
+  ASSERT_TRUE(Beat(2, Collectives(7, 7)).ok());
+  for (int i = 0; i < 31; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_TRUE(Beat(0, Collectives(8, 7)).ok());
+    ASSERT_TRUE(Beat(1, Collectives(8, 7)).ok());
+    ASSERT_TRUE(Beat(2, Collectives(7, 7)).ok());
+  }
+  health_.Poll();
+  EXPECT_THAT(Status().diagnosis().hang(),
+              HasSubstr("ranks 0,1 started collective #8 and have not finished "
+                        "it; rank 2 finished #7 and has not started #8"));
+}
+
+TEST_F(HealthManagerTest, AllRanksIdleBetweenCollectivesIsNoHang) {
+  StartJob(2);
+  BeatAll(Collectives(5, 5));
+  for (int i = 0; i < 40; ++i) {
+    Advance(absl::Seconds(1));
+    BeatAll(Collectives(5, 5));
+  }
+  EXPECT_THAT(Status().diagnosis().hang(), IsEmpty());
+}
+
+v1::WorkerMetrics Fingerprint(int64_t sequence, const std::string& op,
+                              int64_t count, int bucket) {
+  v1::WorkerMetrics m;
+  v1::CollectiveFingerprint* f = m.add_recent_collectives();
+  f->set_sequence(sequence);
+  f->set_op(op);
+  f->set_dtype("float32");
+  f->set_count(count);
+  f->set_bucket_index(bucket);
+  return m;
+}
+
+TEST_F(HealthManagerTest, MismatchedCollectivesFailTheJobWithADesyncError) {
+  StartJob(3);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(Beat(r, Fingerprint(4, "allreduce", 1024, 0)).ok());
+  }
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(Beat(0, Fingerprint(5, "allreduce", 1024, 1)).ok());
+  ASSERT_TRUE(Beat(1, Fingerprint(5, "allreduce", 1024, 1)).ok());
+  ASSERT_TRUE(Beat(2, Fingerprint(5, "allreduce", 512, 2)).ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
+  const std::string expected =
+      "collectives desynchronized at #5: rank 0 issued allreduce of 1024 "
+      "float32 (bucket 1) but rank 2 issued allreduce of 512 float32 "
+      "(bucket 2)";
+  EXPECT_THAT(status.diagnosis().desync(), HasSubstr(expected));
+  EXPECT_THAT(status.reason(), HasSubstr(expected));
+  // The workers hear it on their next heartbeat.
+  ASSERT_TRUE(*Beat(1));
+  EXPECT_EQ(last_response_.job_state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(last_response_.reason(), HasSubstr("desynchronized at #5"));
+}
+
+TEST_F(HealthManagerTest, DifferentOpsAtTheSameSequenceAreADesync) {
+  StartJob(2);
+  ASSERT_TRUE(Beat(0, Fingerprint(1, "allreduce", 10, -1)).ok());
+  ASSERT_TRUE(Beat(1, Fingerprint(1, "broadcast", 10, -1)).ok());
+  EXPECT_THAT(Status().diagnosis().desync(),
+              HasSubstr("rank 0 issued allreduce of 10 float32 but rank 1 "
+                        "issued broadcast of 10 float32"));
+}
+
+// Every rank reports step `step` ready at base + offsets[rank].
+void ReportSteps(int first_step, int steps,
+                 const std::vector<absl::Duration>& offsets,
+                 const std::function<absl::Status(int, v1::WorkerMetrics)>&
+                     beat) {
+  const absl::Time base = absl::FromUnixSeconds(1767225600);
+  for (size_t r = 0; r < offsets.size(); ++r) {
+    v1::WorkerMetrics m;
+    for (int s = first_step; s < first_step + steps; ++s) {
+      v1::StepReady* ready = m.add_first_bucket_ready();
+      ready->set_step(s);
+      *ready->mutable_time() =
+          ToProtoTime(base + absl::Seconds(s) + offsets[r]);
+    }
+    ASSERT_TRUE(beat(static_cast<int>(r), m).ok());
+  }
+}
+
+TEST_F(HealthManagerTest, ConsistentlyLateRankIsFlaggedWithItsLag) {
+  StartJob(3);
+  auto beat = [this](int rank, v1::WorkerMetrics m) {
+    return Beat(rank, std::move(m)).status();
+  };
+  // Rank 1 jitters by 20 ms; rank 2 is 250 ms late every step.
+  const std::vector<absl::Duration> offsets = {
+      absl::ZeroDuration(), absl::Milliseconds(20), absl::Milliseconds(250)};
+  ReportSteps(0, 4, offsets, beat);
+  EXPECT_EQ(Status().diagnosis().stragglers_size(), 0)
+      << "not flagged before 5 steps";
+  ReportSteps(4, 4, offsets, beat);
+  v1::JobStatus status = Status();
+  ASSERT_EQ(status.diagnosis().stragglers_size(), 1);
+  EXPECT_EQ(status.diagnosis().stragglers(0).rank(), 2);
+  EXPECT_EQ(FromProtoDuration(status.diagnosis().stragglers(0).lag()),
+            absl::Milliseconds(250));
+  EXPECT_EQ(status.diagnosis().stragglers(0).steps(), 8);
+  EXPECT_EQ(FromProtoDuration(status.members(2).lag()),
+            absl::Milliseconds(250));
+  EXPECT_EQ(FromProtoDuration(status.members(1).lag()),
+            absl::Milliseconds(20));
+  EXPECT_FALSE(status.members(0).has_lag());
+  // Once it catches up for most of the window, the flag goes.
+  ReportSteps(8, 5, {absl::ZeroDuration(), absl::ZeroDuration(),
+                           absl::ZeroDuration()},
+              beat);
+  EXPECT_EQ(Status().diagnosis().stragglers_size(), 0);
+}
+
+TEST(FormatRanksTest, ListsAndCollapsesRuns) {
+  EXPECT_EQ(FormatRanks({2, 0, 1}), "0,1,2");
+  EXPECT_EQ(FormatRanks({0, 1, 2, 3, 7, 9, 10, 11, 12}), "0-3,7,9-12");
+  EXPECT_EQ(FormatRanks({0, 2, 4, 6}, 2), "0,2,...");
+  EXPECT_EQ(FormatRanks({}), "");
+}
+
+}  // namespace
+}  // namespace gradsync
