@@ -8,7 +8,7 @@ packages=(
   bazel-bootstrap bazel-rules-java g++
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-  libtorch-dev libgloo-dev
+  libtorch-dev libgloo-dev libcpp-httplib-dev python3-prometheus-client
   procps
 )
 # CUDA and NCCL are not Debian packages: where /usr/local/cuda (or

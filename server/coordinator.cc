@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "server/metrics.h"
 #include "server/storage/in_memory_storage.h"
 
 namespace gradsync {
@@ -16,9 +17,12 @@ Coordinator::Coordinator(CoordinatorConfig config)
       jobs_(storage_.get(), clock_),
       kv_(storage_.get(), clock_, &jobs_, config_.kv_limits),
       rendezvous_(&jobs_, &kv_, clock_),
+      health_(&jobs_, clock_, config_.health),
       rendezvous_service_(&rendezvous_),
       kv_service_(&kv_),
-      jobs_service_(&jobs_, &rendezvous_) {}
+      jobs_service_(&jobs_, &rendezvous_, &health_, clock_),
+      monitor_service_(&health_),
+      metrics_([this] { return RenderMetrics(); }) {}
 
 Coordinator::~Coordinator() { Shutdown(); }
 
@@ -28,6 +32,11 @@ absl::Status Coordinator::Start() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(rpc_stats_.NewInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.AddListeningPort(config_.listen_address,
                            grpc::InsecureServerCredentials(), &port_);
   // Values are up to 1 MiB; leave room for the rest of the message.
@@ -35,12 +44,24 @@ absl::Status Coordinator::Start() {
   builder.RegisterService(&rendezvous_service_);
   builder.RegisterService(&kv_service_);
   builder.RegisterService(&jobs_service_);
+  builder.RegisterService(&monitor_service_);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     server_.reset();
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on '", config_.listen_address,
         "': the address is in use or not local (use HOST:PORT)"));
+  }
+  if (!config_.metrics_listen_address.empty()) {
+    absl::Status metrics = metrics_.Start(config_.metrics_listen_address);
+    if (!metrics.ok()) {
+      server_->Shutdown();
+      server_.reset();
+      return metrics;
+    }
+    GS_LOG(INFO) << "serving Prometheus metrics on http://"
+                 << config_.metrics_listen_address << "/metrics (port "
+                 << metrics_.port() << ")";
   }
   server_->GetHealthCheckService()->SetServingStatus(true);
   poller_ = std::thread([this] { PollLoop(); });
@@ -53,6 +74,9 @@ void Coordinator::Shutdown() {
   if (server_ == nullptr || shut_down_.HasBeenNotified()) return;
   GS_LOG(INFO) << "coordinator shutting down";
   server_->GetHealthCheckService()->SetServingStatus(false);
+  // Shutdown cancels every heartbeat stream: that is not the workers' death.
+  health_.StopDetection();
+  metrics_.Stop();
   server_->Shutdown(std::chrono::system_clock::now() +
                     absl::ToChronoMilliseconds(config_.shutdown_grace));
   stop_polling_.Notify();
@@ -62,10 +86,24 @@ void Coordinator::Shutdown() {
 
 void Coordinator::Wait() { shut_down_.WaitForNotification(); }
 
+std::string Coordinator::RenderMetrics() const {
+  return gradsync::RenderMetrics(jobs_, rendezvous_, health_, rpc_stats_);
+}
+
 void Coordinator::PollLoop() {
   while (!stop_polling_.WaitForNotificationWithTimeout(config_.poll_interval)) {
     rendezvous_.Poll();
     kv_.Poll();
+    health_.Poll();
+    jobs_service_.PollWatches();
+    for (const std::string& job_id :
+         jobs_.ForgetEndedBefore(clock_->Now() - config_.retention)) {
+      GS_LOG(INFO) << "job '" << job_id << "' forgotten: it ended more than "
+                   << absl::FormatDuration(config_.retention) << " ago";
+      rendezvous_.ForgetJob(job_id);
+      kv_.ForgetJob(job_id);
+      health_.Forget(job_id);
+    }
   }
 }
 

@@ -1,6 +1,6 @@
-// The coordinator service, assembled: storage, the three managers, their
-// gRPC services, grpc.health.v1, reflection, and the poller that drives
-// time-based transitions. main() and the integration tests both use it.
+// The coordinator service, assembled: storage, the four managers, their
+// gRPC services, grpc.health.v1, reflection, RPC statistics, the Prometheus
+// metrics endpoint, and the poller that drives time-based transitions. main() and the integration tests both use it.
 #ifndef GRADSYNC_SERVER_COORDINATOR_H_
 #define GRADSYNC_SERVER_COORDINATOR_H_
 
@@ -14,12 +14,16 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "server/health_manager.h"
 #include "server/job_manager.h"
 #include "server/jobs_service.h"
 #include "server/kv_manager.h"
 #include "server/kv_service.h"
+#include "server/metrics_http_server.h"
+#include "server/monitor_service.h"
 #include "server/rendezvous_manager.h"
 #include "server/rendezvous_service.h"
+#include "server/rpc_stats.h"
 #include "server/storage/storage.h"
 
 namespace gradsync {
@@ -33,6 +37,12 @@ struct CoordinatorConfig {
   // How long Shutdown() lets in-flight calls finish before cancelling them.
   absl::Duration shutdown_grace = absl::Seconds(2);
   KvLimits kv_limits;
+  // Failure detection defaults (jobs may override them in their config).
+  HealthConfig health;
+  // How long a job that SUCCEEDED or FAILED stays queryable.
+  absl::Duration retention = absl::Hours(1);
+  // "HOST:PORT" to serve Prometheus metrics on (GET /metrics); empty: none.
+  std::string metrics_listen_address;
   // Time source; nullptr means the real clock. Must outlive the coordinator.
   Clock* clock = nullptr;
 };
@@ -53,6 +63,8 @@ class Coordinator {
 
   // The port the server listens on (valid after Start()).
   int port() const { return port_; }
+  // The metrics port (valid after Start() with a metrics address).
+  int metrics_port() const { return metrics_.port(); }
 
   // Stops accepting calls, lets in-flight ones finish for shutdown_grace,
   // cancels the rest and stops the poller. Idempotent.
@@ -64,6 +76,10 @@ class Coordinator {
   JobManager& jobs() { return jobs_; }
   KvManager& kv() { return kv_; }
   RendezvousManager& rendezvous() { return rendezvous_; }
+  HealthManager& health() { return health_; }
+
+  // The Prometheus exposition of the coordinator's metrics.
+  std::string RenderMetrics() const;
 
  private:
   void PollLoop();
@@ -76,9 +92,13 @@ class Coordinator {
   JobManager jobs_;
   KvManager kv_;
   RendezvousManager rendezvous_;
+  HealthManager health_;
+  RpcStats rpc_stats_;
   RendezvousService rendezvous_service_;
   KvService kv_service_;
   JobsService jobs_service_;
+  MonitorService monitor_service_;
+  MetricsHttpServer metrics_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   absl::Notification stop_polling_;

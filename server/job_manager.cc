@@ -114,6 +114,17 @@ bool JobManager::Exists(absl::string_view job_id) const {
   return jobs_.find(job_id) != jobs_.end();
 }
 
+JobCensus JobManager::Census() const {
+  absl::MutexLock lock(&mu_);
+  JobCensus census;
+  for (const auto& [id, record] : jobs_) {
+    ++census.jobs[record.state()];
+    for (const v1::Member& m : record.members()) ++census.members[m.state()];
+    census.rounds.emplace_back(id, record.round());
+  }
+  return census;
+}
+
 std::vector<v1::JobStatus> JobManager::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::JobStatus> out;

@@ -48,6 +48,14 @@ struct RoundMembers {
   std::vector<std::string> hosts;
 };
 
+// Counts over every job, for metrics.
+struct JobCensus {
+  std::map<v1::JobState, int64_t> jobs;        // jobs by state
+  std::map<v1::MemberState, int64_t> members;  // latest rounds' members
+  // (job id, rounds closed so far), by job id.
+  std::vector<std::pair<std::string, int64_t>> rounds;
+};
+
 // Whether `state` is final (SUCCEEDED or FAILED).
 bool IsTerminal(v1::JobState state);
 
@@ -79,6 +87,9 @@ class JobManager {
 
   // Whether `job_id` exists.
   bool Exists(absl::string_view job_id) const;
+
+  // Jobs and members by state, and each job's round count.
+  JobCensus Census() const;
 
   // Every job's record, ordered by id, without the members lists.
   std::vector<v1::JobStatus> List() const;

@@ -1,19 +1,30 @@
 #ifndef GRADSYNC_SERVER_JOBS_SERVICE_H_
 #define GRADSYNC_SERVER_JOBS_SERVICE_H_
 
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "proto/gradsync/v1/jobs.grpc.pb.h"
+#include "server/health_manager.h"
 #include "server/job_manager.h"
 #include "server/rendezvous_manager.h"
 
 namespace gradsync {
 
 // gRPC handlers of gradsync.v1.Jobs: job records from JobManager, with the
-// waiting and spare processes from RendezvousManager. Thread-safe; the
-// managers must outlive it.
+// waiting and spare processes from RendezvousManager and members' metrics and
+// the diagnosis from HealthManager. Watches hold no thread: PollWatches()
+// sends their updates. Thread-safe; the managers and `clock` must outlive it,
+// and it must outlive the server it is registered with.
 class JobsService final : public v1::Jobs::CallbackService {
  public:
-  JobsService(JobManager* jobs, const RendezvousManager* rendezvous)
-      : jobs_(jobs), rendezvous_(rendezvous) {}
+  JobsService(JobManager* jobs, const RendezvousManager* rendezvous,
+              const HealthManager* health, Clock* clock);
+  ~JobsService() override;
 
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* context,
                                       const v1::CreateJobRequest* request,
@@ -24,10 +35,27 @@ class JobsService final : public v1::Jobs::CallbackService {
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
                                      const v1::ListJobsRequest* request,
                                      v1::ListJobsResponse* response) override;
+  grpc::ServerWriteReactor<v1::WatchJobResponse>* WatchJob(
+      grpc::CallbackServerContext* context,
+      const v1::WatchJobRequest* request) override;
+
+  // Sends each watch whose interval has passed the job's status if it
+  // changed, and releases finished watches. Called every poll interval.
+  void PollWatches();
+
+  // One job's full status, as GetJob answers it.
+  absl::StatusOr<v1::JobStatus> JobStatus(const std::string& job_id) const;
 
  private:
+  class Watch;
+
   JobManager* const jobs_;
   const RendezvousManager* const rendezvous_;
+  const HealthManager* const health_;
+  Clock* const clock_;
+
+  absl::Mutex mu_;
+  absl::flat_hash_set<Watch*> watches_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradsync

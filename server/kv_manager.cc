@@ -72,6 +72,19 @@ void KvManager::RetireRound(const std::string& job_id, int64_t round) {
   Run(std::move(completions));
 }
 
+void KvManager::ForgetJob(const std::string& job_id) {
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_kv_.find(job_id);
+    if (it == jobs_kv_.end()) return;
+    ResetJobLocked(job_id, &it->second,
+                   absl::StrCat("job '", job_id, "' has ended"), &completions);
+    jobs_kv_.erase(it);
+  }
+  Run(std::move(completions));
+}
+
 absl::Status KvManager::Set(const KvScope& scope, const std::string& key,
                             const std::string& value) {
   std::vector<Completion> completions;

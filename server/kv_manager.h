@@ -65,6 +65,10 @@ class KvManager {
   // ABORTED and its calls are refused with ABORTED until a newer round opens.
   void RetireRound(const std::string& job_id, int64_t round);
 
+  // Drops every key and wait of `job_id` (the job was forgotten after its
+  // retention period); a later job with the same id starts afresh.
+  void ForgetJob(const std::string& job_id);
+
   absl::Status Set(const KvScope& scope, const std::string& key,
                    const std::string& value);
   // NOT_FOUND when `key` does not exist.

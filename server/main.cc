@@ -23,9 +23,43 @@ ABSL_FLAG(absl::Duration, poll_interval, absl::Milliseconds(10),
           "resolution of timeouts (last call, join, key waits)");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(2),
           "how long in-flight calls may finish on shutdown");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT to serve Prometheus metrics on over HTTP (GET /metrics; "
+          "port 0 picks a free port); empty: no metrics endpoint");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "if set, write the bound metrics port to this file once serving");
+ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
+          "how often workers send heartbeats (jobs may set their own)");
+ABSL_FLAG(int, missed_heartbeats, 3,
+          "a member that misses this many heartbeat intervals is LOST (jobs "
+          "may set their own)");
+ABSL_FLAG(absl::Duration, straggler_threshold, absl::Milliseconds(100),
+          "a rank whose first gradient bucket is consistently later than the "
+          "earliest rank's by more than this is flagged as a straggler");
+ABSL_FLAG(absl::Duration, hang_timeout, absl::Seconds(30),
+          "how long collectives may stop advancing, with ranks disagreeing, "
+          "before status reports a hang");
+ABSL_FLAG(absl::Duration, retention, absl::Hours(1),
+          "how long jobs that succeeded or failed stay queryable");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write the bound port to this file once serving (for "
           "scripts that start the coordinator on port 0)");
+
+namespace {
+
+// Writes `port` and a newline to `path` (nothing when `path` is empty).
+bool WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return true;
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr || std::fprintf(f, "%d\n", port) < 0 ||
+      std::fclose(f) != 0) {
+    GS_LOG(ERROR) << "cannot write the port to " << path;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -50,20 +84,28 @@ int main(int argc, char** argv) {
   config.listen_address = absl::GetFlag(FLAGS_listen);
   config.poll_interval = absl::GetFlag(FLAGS_poll_interval);
   config.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  config.metrics_listen_address = absl::GetFlag(FLAGS_metrics_listen);
+  config.health.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+  config.health.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
+  config.health.straggler_threshold = absl::GetFlag(FLAGS_straggler_threshold);
+  config.health.hang_timeout = absl::GetFlag(FLAGS_hang_timeout);
+  config.retention = absl::GetFlag(FLAGS_retention);
+  if (config.health.heartbeat_interval <= absl::ZeroDuration() ||
+      config.health.missed_heartbeats < 1 || config.retention < absl::ZeroDuration()) {
+    GS_LOG(ERROR) << "--heartbeat_interval must be > 0, --missed_heartbeats "
+                     ">= 1 and --retention >= 0";
+    return EXIT_FAILURE;
+  }
   gradsync::Coordinator coordinator(config);
   absl::Status started = coordinator.Start();
   if (!started.ok()) {
     GS_LOG(ERROR) << "cannot start: " << started;
     return EXIT_FAILURE;
   }
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty()) {
-    FILE* f = std::fopen(port_file.c_str(), "w");
-    if (f == nullptr || std::fprintf(f, "%d\n", coordinator.port()) < 0 ||
-        std::fclose(f) != 0) {
-      GS_LOG(ERROR) << "cannot write the port to " << port_file;
-      return EXIT_FAILURE;
-    }
+  if (!WritePortFile(absl::GetFlag(FLAGS_metrics_port_file),
+                     coordinator.metrics_port()) ||
+      !WritePortFile(absl::GetFlag(FLAGS_port_file), coordinator.port())) {
+    return EXIT_FAILURE;
   }
 
   int signal_number = 0;

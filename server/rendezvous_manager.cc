@@ -450,6 +450,36 @@ absl::Status RendezvousManager::Leave(const std::string& job_id,
   return absl::OkStatus();
 }
 
+void RendezvousManager::ForgetJob(const std::string& job_id) {
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = rendezvous_.find(job_id);
+    if (it == rendezvous_.end()) return;
+    JobRendezvous* job = it->second.get();
+    while (!job->pending.empty()) {
+      completions.emplace_back(
+          RemovePendingLocked(job, job->pending.begin()),
+          absl::FailedPreconditionError(absl::StrCat(
+              "job '", job_id, "' has ended: start a new job id")));
+    }
+    if (job->last_call_deadline.has_value()) {
+      last_calls_.erase({*job->last_call_deadline, job_id});
+    }
+    rendezvous_.erase(it);
+  }
+  Run(std::move(completions));
+}
+
+std::pair<int64_t, int64_t> RendezvousManager::CountPending() const {
+  absl::MutexLock lock(&mu_);
+  std::pair<int64_t, int64_t> counts = {0, 0};
+  for (const auto& [id, job] : rendezvous_) {
+    (job->running ? counts.second : counts.first) += job->pending.size();
+  }
+  return counts;
+}
+
 void RendezvousManager::Poll() {
   std::vector<Completion> completions;
   {

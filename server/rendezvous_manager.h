@@ -63,6 +63,14 @@ class RendezvousManager {
   absl::Status Leave(const std::string& job_id,
                      const std::string& incarnation_id);
 
+  // Drops everything about `job_id` (the job ended and was forgotten after
+  // its retention period): waiting joins fail with FAILED_PRECONDITION.
+  void ForgetJob(const std::string& job_id);
+
+  // Counts the processes waiting for a round to form, and the spares
+  // waiting while a round runs, over all jobs.
+  std::pair<int64_t, int64_t> CountPending() const;
+
   // Closes rounds whose last call has passed and fails joins whose timeout
   // has passed. Called periodically (and by tests after stepping the clock).
   void Poll();

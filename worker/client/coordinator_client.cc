@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/random/random.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/job_config.h"
@@ -33,6 +35,103 @@ absl::Status ValidateTarget(const std::string& target) {
   return absl::OkStatus();
 }
 
+// HeartbeatStream over the callback API: one read always pending (answers),
+// at most one write in flight and one waiting.
+class HeartbeatReactor final
+    : public HeartbeatStream,
+      public grpc::ClientBidiReactor<v1::HeartbeatRequest,
+                                     v1::HeartbeatResponse> {
+ public:
+  HeartbeatReactor(v1::Monitor::Stub* stub,
+                   std::function<void(const v1::HeartbeatResponse&)> on_response)
+      : on_response_(std::move(on_response)) {
+    stub->async()->Heartbeat(&context_, this);
+    StartRead(&response_);
+    StartCall();
+  }
+
+  ~HeartbeatReactor() override {
+    absl::MutexLock lock(&mu_);
+    if (!done_.has_value()) context_.TryCancel();
+    mu_.Await(absl::Condition(
+        +[](std::optional<absl::Status>* done) { return done->has_value(); },
+        &done_));
+  }
+
+  bool Send(v1::HeartbeatRequest request) override {
+    absl::MutexLock lock(&mu_);
+    if (done_.has_value() || closing_) return false;
+    if (writing_) {
+      next_ = std::move(request);
+      return true;
+    }
+    writing_ = true;
+    outgoing_ = std::move(request);
+    StartWrite(&outgoing_);
+    return true;
+  }
+
+  std::optional<absl::Status> ended() const override {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+
+  absl::Status Close(absl::Duration timeout) override {
+    absl::MutexLock lock(&mu_);
+    if (!closing_ && !done_.has_value()) {
+      closing_ = true;
+      next_.reset();
+      if (!writing_) StartWritesDone();
+    }
+    auto finished = [](std::optional<absl::Status>* done) {
+      return done->has_value();
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(+finished, &done_), timeout)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the coordinator did not end the heartbeat stream within ",
+          absl::FormatDuration(timeout)));
+    }
+    return *done_;
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream is ending; OnDone follows
+    on_response_(response_);
+    StartRead(&response_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) return;
+    if (next_.has_value()) {
+      writing_ = true;
+      outgoing_ = std::move(*next_);
+      next_.reset();
+      StartWrite(&outgoing_);
+    } else if (closing_) {
+      StartWritesDone();
+    }
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    done_ = FromGrpcStatus(status);
+  }
+
+ private:
+  const std::function<void(const v1::HeartbeatResponse&)> on_response_;
+  grpc::ClientContext context_;
+  v1::HeartbeatResponse response_;  // used by OnReadDone only
+
+  mutable absl::Mutex mu_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  v1::HeartbeatRequest outgoing_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::HeartbeatRequest> next_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> done_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
@@ -56,7 +155,8 @@ CoordinatorClient::CoordinatorClient(ClientOptions options,
       channel_(std::move(channel)),
       rendezvous_(v1::Rendezvous::NewStub(channel_)),
       kv_(v1::KeyValue::NewStub(channel_)),
-      jobs_(v1::Jobs::NewStub(channel_)) {}
+      jobs_(v1::Jobs::NewStub(channel_)),
+      monitor_(v1::Monitor::NewStub(channel_)) {}
 
 absl::Status CoordinatorClient::Call(
     const char* what, absl::Duration timeout,
@@ -260,6 +360,49 @@ absl::StatusOr<std::vector<v1::JobStatus>> CoordinatorClient::ListJobs() {
   if (!status.ok()) return status;
   return std::vector<v1::JobStatus>(response.jobs().begin(),
                                     response.jobs().end());
+}
+
+absl::Status CoordinatorClient::WatchJob(
+    const std::string& job_id, absl::Duration min_interval,
+    const std::function<bool(const v1::JobStatus&)>& on_status) {
+  v1::WatchJobRequest request;
+  request.set_job_id(job_id);
+  request.set_min_interval_ms(absl::ToInt64Milliseconds(min_interval));
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::WatchJobResponse>> reader =
+      jobs_->WatchJob(&context, request);
+  v1::WatchJobResponse response;
+  while (reader->Read(&response)) {
+    if (!on_status(response.job())) {
+      context.TryCancel();
+      reader->Finish().IgnoreError();
+      return absl::CancelledError("the watch was stopped by its caller");
+    }
+  }
+  grpc::Status status = reader->Finish();
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return absl::UnavailableError(absl::StrCat(
+        "watch: cannot reach the coordinator at ", options_.target, ": ",
+        status.error_message(), " (is it running, and is the address right?)"));
+  }
+  return FromGrpcStatus(status);
+}
+
+std::unique_ptr<HeartbeatStream> CoordinatorClient::OpenHeartbeatStream(
+    std::function<void(const v1::HeartbeatResponse&)> on_response) {
+  return std::make_unique<HeartbeatReactor>(monitor_.get(),
+                                            std::move(on_response));
+}
+
+absl::StatusOr<v1::JobState> CoordinatorClient::ReportCompletion(
+    const v1::ReportCompletionRequest& request) {
+  v1::ReportCompletionResponse response;
+  absl::Status status = Call(
+      "report completion", options_.call_timeout, [&](grpc::ClientContext* c) {
+        return monitor_->ReportCompletion(c, request, &response);
+      });
+  if (!status.ok()) return status;
+  return response.job_state();
 }
 
 std::string NewIncarnationId() {

@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "proto/gradsync/v1/health.grpc.pb.h"
 #include "proto/gradsync/v1/jobs.grpc.pb.h"
 #include "proto/gradsync/v1/kv.grpc.pb.h"
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
@@ -44,6 +46,8 @@ struct ClientOptions {
   absl::Duration call_timeout = absl::Seconds(10);
   RetryPolicy retry;
 };
+
+class HeartbeatStream;
 
 // One connection (channel) to a coordinator. Thread-safe: many threads may
 // call at once.
@@ -84,6 +88,23 @@ class CoordinatorClient {
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id);
   absl::StatusOr<std::vector<v1::JobStatus>> ListJobs();
 
+  // Streams `job_id`'s status (Jobs.WatchJob): calls `on_status` with each
+  // update until the job ends (then returns OK), the stream fails, or
+  // `on_status` returns false (then returns CANCELLED). Blocks; no deadline.
+  absl::Status WatchJob(const std::string& job_id, absl::Duration min_interval,
+                        const std::function<bool(const v1::JobStatus&)>&
+                            on_status);
+
+  // Monitor. Opens a heartbeat stream without waiting for the connection: a
+  // coordinator that is down ends the stream with UNAVAILABLE at once.
+  // `on_response` runs on a gRPC thread for every answer.
+  std::unique_ptr<HeartbeatStream> OpenHeartbeatStream(
+      std::function<void(const v1::HeartbeatResponse&)> on_response);
+  // Reports a member's completion (idempotent, so retried); returns the
+  // job's state after it.
+  absl::StatusOr<v1::JobState> ReportCompletion(
+      const v1::ReportCompletionRequest& request);
+
   const ClientOptions& options() const { return options_; }
 
  private:
@@ -102,6 +123,23 @@ class CoordinatorClient {
   std::unique_ptr<v1::Rendezvous::Stub> rendezvous_;
   std::unique_ptr<v1::KeyValue::Stub> kv_;
   std::unique_ptr<v1::Jobs::Stub> jobs_;
+  std::unique_ptr<v1::Monitor::Stub> monitor_;
+};
+
+// One Monitor.Heartbeat stream. Send() never blocks: a heartbeat waiting
+// behind one in flight is replaced by the newer one. Thread-safe. The
+// destructor cancels a stream that was not closed and waits for gRPC to let
+// go of it.
+class HeartbeatStream {
+ public:
+  virtual ~HeartbeatStream() = default;
+  // Queues `request`; false once the stream has ended.
+  virtual bool Send(v1::HeartbeatRequest request) = 0;
+  // The final status once the stream has ended; nullopt while it is open.
+  virtual std::optional<absl::Status> ended() const = 0;
+  // Half-closes the stream after the heartbeat in flight and waits up to
+  // `timeout` for the coordinator's status (DEADLINE_EXCEEDED after it).
+  virtual absl::Status Close(absl::Duration timeout) = 0;
 };
 
 // A random 128-bit id in hex, for NodeDescriptor.incarnation_id.

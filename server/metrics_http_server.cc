@@ -1,0 +1,55 @@
+#include "server/metrics_http_server.h"
+
+#include <httplib.h>
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace gradsync {
+
+MetricsHttpServer::MetricsHttpServer(std::function<std::string()> render)
+    : render_(std::move(render)) {}
+
+MetricsHttpServer::~MetricsHttpServer() { Stop(); }
+
+absl::Status MetricsHttpServer::Start(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics address '", address, "' is not HOST:PORT (e.g. 0.0.0.0:9400)"));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.empty()) host = "0.0.0.0";
+  server_ = std::make_unique<httplib::Server>();
+  // Scrapes are rare: two threads are plenty and leave the cores to gRPC.
+  server_->new_task_queue = [] { return new httplib::ThreadPool(2); };
+  server_->Get("/metrics",
+               [this](const httplib::Request&, httplib::Response& response) {
+                 response.set_content(render_(),
+                                      "text/plain; version=0.0.4; charset=utf-8");
+               });
+  const bool bound = port == 0 ? (port = server_->bind_to_any_port(host)) > 0
+                               : server_->bind_to_port(host, port);
+  if (!bound) {
+    server_.reset();
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve metrics on '", address, "': the address is in use or not local"));
+  }
+  port_ = port;
+  thread_ = std::thread([server = server_.get()] { server->listen_after_bind(); });
+  return absl::OkStatus();
+}
+
+void MetricsHttpServer::Stop() {
+  if (server_ == nullptr) return;
+  server_->stop();
+  if (thread_.joinable()) thread_.join();
+  server_.reset();
+}
+
+}  // namespace gradsync

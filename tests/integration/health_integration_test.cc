@@ -1,0 +1,442 @@
+// Failure detection end to end: a real Coordinator on a loopback port whose
+// time is a FakeClock (so detection is stepped, not waited for), workers
+// joined through the client library, heartbeat streams, completion reports,
+// WatchJob, and the Prometheus endpoint parsed by python3-prometheus-client.
+#include <httplib.h>
+
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/job_config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/coordinator.h"
+#include "worker/client/coordinator_client.h"
+
+namespace gradsync {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kPromptly = absl::Seconds(10);
+
+// Calls `condition` until it holds or `bound` passes. Each check is an RPC
+// (or a wait on a stream), which paces the loop; no sleeping.
+bool Eventually(const std::function<bool()>& condition,
+                absl::Duration bound = kPromptly) {
+  const absl::Time deadline = absl::Now() + bound;
+  while (!condition()) {
+    if (absl::Now() > deadline) return false;
+  }
+  return true;
+}
+
+// The answers one heartbeat stream received. Thread-safe.
+class Answers {
+ public:
+  std::function<void(const v1::HeartbeatResponse&)> Callback() {
+    return [this](const v1::HeartbeatResponse& r) {
+      absl::MutexLock lock(&mu_);
+      answers_.push_back(r);
+    };
+  }
+  // Waits (bounded) for an answer with `state`.
+  bool WaitFor(v1::JobState state, v1::HeartbeatResponse* out = nullptr) {
+    absl::MutexLock lock(&mu_);
+    auto seen = [&]() {
+      mu_.AssertReaderHeld();
+      for (const auto& a : answers_) {
+        if (a.job_state() == state) {
+          if (out != nullptr) *out = a;
+          return true;
+        }
+      }
+      return false;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&seen), kPromptly);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<v1::HeartbeatResponse> answers_ ABSL_GUARDED_BY(mu_);
+};
+
+class HealthIntegrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CoordinatorConfig config;
+    config.listen_address = "127.0.0.1:0";
+    config.metrics_listen_address = "127.0.0.1:0";
+    config.poll_interval = absl::Milliseconds(2);
+    config.clock = &clock_;
+    coordinator_ = std::make_unique<Coordinator>(config);
+    ASSERT_TRUE(coordinator_->Start().ok());
+    ClientOptions options;
+    options.target = absl::StrCat("127.0.0.1:", coordinator_->port());
+    auto client = CoordinatorClient::Create(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+  }
+
+  void TearDown() override { coordinator_->Shutdown(); }
+
+  // Joins `world` workers (one node each) to `job` and returns their
+  // assignments by rank; incarnations_[rank] is each one's incarnation.
+  std::vector<v1::Assignment> JoinAll(const std::string& job, int world) {
+    v1::JobConfig config;
+    config.set_job_id(job);
+    config.set_min_nodes(world);
+    *config.mutable_last_call_timeout() = ToProtoDuration(absl::ZeroDuration());
+    std::vector<v1::Assignment> by_join(world);
+    std::vector<std::string> incarnation(world);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < world; ++i) {
+      v1::JoinRequest request;
+      request.set_job_id(job);
+      *request.mutable_config() = config;
+      *request.mutable_node() = LocalNodeDescriptor();
+      request.mutable_node()->set_node_id(absl::StrCat("node-", i));
+      request.mutable_node()->set_hostname(absl::StrCat("host-", i));
+      incarnation[i] = request.node().incarnation_id();
+      threads.emplace_back([this, request, &by_join, i] {
+        absl::StatusOr<v1::Assignment> a = client_->Join(request);
+        EXPECT_TRUE(a.ok()) << a.status();
+        if (a.ok()) by_join[i] = *a;
+      });
+    }
+    for (auto& t : threads) t.join();
+    std::vector<v1::Assignment> by_rank(world);
+    incarnations_.assign(world, "");
+    for (int i = 0; i < world; ++i) {
+      by_rank[by_join[i].rank()] = by_join[i];
+      incarnations_[by_join[i].rank()] = incarnation[i];
+    }
+    return by_rank;
+  }
+
+  v1::HeartbeatRequest Heartbeat(const v1::Assignment& a,
+                                 v1::WorkerMetrics metrics = {}) {
+    v1::HeartbeatRequest request;
+    request.mutable_member()->set_job_id(a.job_id());
+    request.mutable_member()->set_round(a.round());
+    request.mutable_member()->set_rank(a.rank());
+    request.mutable_member()->set_incarnation_id(incarnations_[a.rank()]);
+    *request.mutable_metrics() = std::move(metrics);
+    return request;
+  }
+
+  v1::ReportCompletionRequest Completion(const v1::Assignment& a, bool success,
+                                         int exit_code = 0) {
+    v1::ReportCompletionRequest request;
+    *request.mutable_member() = Heartbeat(a).member();
+    request.set_success(success);
+    request.set_exit_code(exit_code);
+    return request;
+  }
+
+  // One heartbeat stream and the answers it received.
+  struct Beater {
+    Answers answers;
+    std::unique_ptr<HeartbeatStream> stream;
+  };
+
+  // Opens a stream per member, sends its first heartbeat (with
+  // `metrics(rank)`) and waits for the coordinator's answer.
+  std::vector<std::unique_ptr<Beater>> StartBeating(
+      const std::vector<v1::Assignment>& members,
+      const std::function<v1::WorkerMetrics(int)>& metrics =
+          [](int) { return v1::WorkerMetrics(); }) {
+    std::vector<std::unique_ptr<Beater>> beaters;
+    for (const v1::Assignment& a : members) {
+      auto beater = std::make_unique<Beater>();
+      beater->stream = client_->OpenHeartbeatStream(beater->answers.Callback());
+      EXPECT_TRUE(beater->stream->Send(Heartbeat(a, metrics(a.rank()))));
+      EXPECT_TRUE(beater->answers.WaitFor(v1::JOB_STATE_RUNNING));
+      beaters.push_back(std::move(beater));
+    }
+    return beaters;
+  }
+
+  v1::JobStatus Job(const std::string& job) {
+    absl::StatusOr<v1::JobStatus> status = client_->GetJob(job);
+    EXPECT_TRUE(status.ok()) << status.status();
+    return status.ok() ? *status : v1::JobStatus();
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<CoordinatorClient> client_;
+  std::vector<std::string> incarnations_;
+};
+
+TEST_F(HealthIntegrationTest, HeartbeatsAreAnsweredAndShowInStatus) {
+  std::vector<v1::Assignment> a = JoinAll("beats", 2);
+  Answers answers;
+  auto stream = client_->OpenHeartbeatStream(answers.Callback());
+  v1::WorkerMetrics m;
+  m.set_state(v1::WORKER_STATE_TRAINING);
+  m.set_step(17);
+  m.set_samples_per_second(321);
+  ASSERT_TRUE(stream->Send(Heartbeat(a[1], m)));
+  v1::HeartbeatResponse first;
+  ASSERT_TRUE(answers.WaitFor(v1::JOB_STATE_RUNNING, &first));
+  EXPECT_EQ(FromProtoDuration(first.heartbeat_interval()), absl::Seconds(1));
+  ASSERT_TRUE(Eventually([&] { return Job("beats").members(1).has_metrics(); }));
+  v1::JobStatus job = Job("beats");
+  EXPECT_EQ(job.members(1).metrics().step(), 17);
+  EXPECT_EQ(job.members(1).metrics().samples_per_second(), 321);
+  EXPECT_EQ(FromProtoTime(job.members(1).last_seen()), clock_.Now());
+  EXPECT_TRUE(stream->Close(kPromptly).ok());
+}
+
+TEST_F(HealthIntegrationTest, SilentMemberIsLostAfterThreeIntervals) {
+  std::vector<v1::Assignment> a = JoinAll("silent", 2);
+  std::vector<std::unique_ptr<Beater>> beaters = StartBeating(a);
+  HeartbeatStream* s0 = beaters[0]->stream.get();
+  // Rank 0 keeps beating on the fake clock; rank 1's stream stays open but
+  // silent (a hung process).
+  for (int i = 0; i < 3; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_TRUE(s0->Send(Heartbeat(a[0])));
+    ASSERT_TRUE(Eventually([&] {
+      return FromProtoTime(Job("silent").members(0).last_seen()) ==
+             clock_.Now();
+    }));
+  }
+  EXPECT_EQ(Job("silent").state(), v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Milliseconds(100));
+  ASSERT_TRUE(Eventually(
+      [&] { return Job("silent").state() == v1::JOB_STATE_DEGRADED; }));
+  v1::JobStatus job = Job("silent");
+  EXPECT_EQ(job.members(1).state(), v1::MEMBER_STATE_LOST);
+  EXPECT_EQ(job.members(0).state(), v1::MEMBER_STATE_ACTIVE);
+  EXPECT_THAT(job.reason(), HasSubstr("rank 1 (host-"));
+  // Rank 0 hears it on its next heartbeat.
+  ASSERT_TRUE(s0->Send(Heartbeat(a[0])));
+  EXPECT_TRUE(beaters[0]->answers.WaitFor(v1::JOB_STATE_DEGRADED));
+}
+
+TEST_F(HealthIntegrationTest, BrokenStreamIsLostAtOnceAndClosedStreamIsNot) {
+  std::vector<v1::Assignment> a = JoinAll("broken", 2);
+  std::vector<std::unique_ptr<Beater>> beaters = StartBeating(a);
+  // A clean close (half-close, then the coordinator's OK) marks nothing.
+  EXPECT_TRUE(beaters[0]->stream->Close(kPromptly).ok());
+  // Destroying an open stream cancels it, as a killed process's would be.
+  beaters[1]->stream.reset();
+  ASSERT_TRUE(Eventually([&] {
+    return Job("broken").members(1).state() == v1::MEMBER_STATE_LOST;
+  }));
+  v1::JobStatus job = Job("broken");
+  EXPECT_THAT(job.members(1).state_reason(), HasSubstr("stream broke"));
+  EXPECT_EQ(job.members(0).state(), v1::MEMBER_STATE_ACTIVE);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_DEGRADED);
+}
+
+TEST_F(HealthIntegrationTest, CompletionEndsTheJobAndItsWatch) {
+  std::vector<v1::Assignment> a = JoinAll("done", 2);
+  std::vector<v1::JobState> seen;
+  absl::Status watched;
+  absl::Notification first_status, watch_ended;
+  std::thread watcher([&] {
+    watched = client_->WatchJob("done", absl::Milliseconds(100),
+                                [&](const v1::JobStatus& job) {
+                                  seen.push_back(job.state());
+                                  if (seen.size() == 1) first_status.Notify();
+                                  return true;
+                                });
+    watch_ended.Notify();
+  });
+  ASSERT_TRUE(first_status.WaitForNotificationWithTimeout(kPromptly));
+  absl::StatusOr<v1::JobState> first =
+      client_->ReportCompletion(Completion(a[0], true));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(*client_->ReportCompletion(Completion(a[1], true)),
+            v1::JOB_STATE_SUCCEEDED);
+  // The coordinator polls every 2 ms and sends a watch at most every 100 ms
+  // of its (fake) clock: one step lets the final status out.
+  clock_.Advance(absl::Milliseconds(100));
+  EXPECT_TRUE(watch_ended.WaitForNotificationWithTimeout(kPromptly));
+  watcher.join();
+  EXPECT_TRUE(watched.ok()) << watched;
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.front(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(seen.back(), v1::JOB_STATE_SUCCEEDED);
+  // An ended job refuses joins.
+  v1::JoinRequest late;
+  late.set_job_id("done");
+  *late.mutable_node() = LocalNodeDescriptor();
+  EXPECT_EQ(client_->Join(late).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(HealthIntegrationTest, FailedMemberFailsTheJob) {
+  std::vector<v1::Assignment> a = JoinAll("crash", 2);
+  v1::ReportCompletionRequest failure = Completion(a[1], false, 137);
+  failure.set_message("killed by the OOM killer");
+  EXPECT_EQ(*client_->ReportCompletion(failure), v1::JOB_STATE_FAILED);
+  v1::JobStatus job = Job("crash");
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("rank 1 (host-"));
+  EXPECT_THAT(job.reason(),
+              HasSubstr("failed with exit code 137: killed by the OOM killer"));
+}
+
+TEST_F(HealthIntegrationTest, WatchOfAnUnknownJobIsNotFound) {
+  absl::Status status = client_->WatchJob(
+      "nope", absl::Milliseconds(100), [](const v1::JobStatus&) { return true; });
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(HealthIntegrationTest, DesyncFailsTheJobAndReachesTheWorkers) {
+  std::vector<v1::Assignment> a = JoinAll("desync", 2);
+  Answers answers0, answers1;
+  auto s0 = client_->OpenHeartbeatStream(answers0.Callback());
+  auto s1 = client_->OpenHeartbeatStream(answers1.Callback());
+  auto fingerprint = [](int64_t count) {
+    v1::WorkerMetrics m;
+    v1::CollectiveFingerprint* f = m.add_recent_collectives();
+    f->set_sequence(1);
+    f->set_op("allreduce");
+    f->set_dtype("float32");
+    f->set_count(count);
+    f->set_bucket_index(0);
+    m.set_last_started_collective(1);
+    return m;
+  };
+  ASSERT_TRUE(s0->Send(Heartbeat(a[0], fingerprint(1000))));
+  ASSERT_TRUE(answers0.WaitFor(v1::JOB_STATE_RUNNING));
+  ASSERT_TRUE(s1->Send(Heartbeat(a[1], fingerprint(999))));
+  v1::HeartbeatResponse verdict;
+  ASSERT_TRUE(answers1.WaitFor(v1::JOB_STATE_FAILED, &verdict));
+  EXPECT_THAT(verdict.reason(),
+              HasSubstr("collectives desynchronized at #1: rank 0 issued "
+                        "allreduce of 1000 float32 (bucket 0) but rank 1 "
+                        "issued allreduce of 999 float32 (bucket 0)"));
+  ASSERT_TRUE(s0->Send(Heartbeat(a[0])));
+  EXPECT_TRUE(answers0.WaitFor(v1::JOB_STATE_FAILED));
+  EXPECT_THAT(Job("desync").diagnosis().desync(),
+              HasSubstr("desynchronized at #1"));
+}
+
+TEST_F(HealthIntegrationTest, SlowRankIsFlaggedAsAStraggler) {
+  std::vector<v1::Assignment> a = JoinAll("slow", 3);
+  const absl::Time base = clock_.Now();
+  std::vector<std::unique_ptr<Beater>> beaters = StartBeating(a, [&](int r) {
+    v1::WorkerMetrics m;
+    for (int step = 1; step <= 10; ++step) {
+      v1::StepReady* ready = m.add_first_bucket_ready();
+      ready->set_step(step);
+      // Rank 2 is 300 ms late every step.
+      *ready->mutable_time() = ToProtoTime(
+          base + absl::Seconds(step) + (r == 2 ? absl::Milliseconds(300)
+                                               : absl::Milliseconds(r * 10)));
+    }
+    return m;
+  });
+  ASSERT_TRUE(
+      Eventually([&] { return Job("slow").diagnosis().stragglers_size() > 0; }));
+  v1::JobStatus job = Job("slow");
+  ASSERT_EQ(job.diagnosis().stragglers_size(), 1);
+  EXPECT_EQ(job.diagnosis().stragglers(0).rank(), 2);
+  EXPECT_EQ(FromProtoDuration(job.diagnosis().stragglers(0).lag()),
+            absl::Milliseconds(300));
+  EXPECT_EQ(FromProtoDuration(job.members(2).lag()), absl::Milliseconds(300));
+}
+
+// Runs `command` and returns its exit status and stdout.
+std::pair<int, std::string> RunCommand(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return {-1, ""};
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+  return {pclose(pipe), out};
+}
+
+TEST_F(HealthIntegrationTest, PrometheusClientParsesTheMetrics) {
+  std::vector<v1::Assignment> a = JoinAll("scraped", 2);
+  Answers answers;
+  auto stream = client_->OpenHeartbeatStream(answers.Callback());
+  v1::WorkerMetrics m;
+  m.set_step(42);
+  m.set_samples_per_second(1500.5);
+  m.mutable_step_timings()->set_step_seconds(0.125);
+  m.set_rss_bytes(int64_t{3} << 30);
+  ASSERT_TRUE(stream->Send(Heartbeat(a[0], m)));
+  ASSERT_TRUE(answers.WaitFor(v1::JOB_STATE_RUNNING));
+  // An RPC with a latency; the hosts in the labels are the ranks' own.
+  const v1::JobStatus job = Job("scraped");
+  const std::string rank0 = absl::StrCat(
+      "{host=", job.members(0).node().hostname(), ",job=scraped,rank=0}");
+  const std::string rank1 = absl::StrCat(
+      "{host=", job.members(1).node().hostname(), ",job=scraped,rank=1}");
+
+  httplib::Client http("127.0.0.1", coordinator_->metrics_port());
+  httplib::Result response = http.Get("/metrics");
+  ASSERT_TRUE(response) << "GET /metrics failed";
+  ASSERT_EQ(response->status, 200);
+  EXPECT_THAT(response->get_header_value("Content-Type"),
+              HasSubstr("text/plain; version=0.0.4"));
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = absl::StrCat(tmp != nullptr ? tmp : "/tmp",
+                                        "/metrics.txt");
+  std::ofstream(path) << response->body;
+
+  // The real parser: every sample as "name{k=v,...} value", labels sorted.
+  const std::string script = absl::StrCat(
+      std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
+      "/tests/integration/parse_prometheus.py");
+  auto [status, out] = RunCommand(absl::StrCat("/usr/bin/python3 ", script, " ", path));
+  ASSERT_EQ(status, 0) << out << "\n" << response->body;
+  std::map<std::string, std::string> samples;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(line, ' ');
+    samples[kv.first] = kv.second;
+  }
+  EXPECT_EQ(samples["gradsync_jobs{state=running}"], "1.0");
+  EXPECT_EQ(samples["gradsync_jobs{state=failed}"], "0.0");
+  EXPECT_EQ(samples["gradsync_members{state=active}"], "2.0");
+  EXPECT_EQ(samples["gradsync_rendezvous_rounds{job=scraped}"], "1.0");
+  EXPECT_EQ(samples["gradsync_heartbeats_total"], "1.0");
+  EXPECT_EQ(samples["gradsync_member_step" + rank0], "42.0");
+  EXPECT_EQ(samples["gradsync_member_samples_per_second" + rank0], "1500.5");
+  EXPECT_EQ(samples["gradsync_member_step_seconds" + rank0], "0.125");
+  EXPECT_EQ(samples["gradsync_member_rss_bytes" + rank0], "3221225472.0");
+  EXPECT_EQ(samples["gradsync_member_up" + rank1], "1.0");
+  EXPECT_EQ(samples["gradsync_member_heartbeat_age_seconds" + rank0], "0.0");
+  EXPECT_EQ(samples["gradsync_rpc_requests_total{code=OK,method=/gradsync.v1."
+                    "Jobs/GetJob}"],
+            "1.0");
+  EXPECT_EQ(samples["gradsync_rpc_latency_seconds_count{method=/gradsync.v1."
+                    "Jobs/GetJob}"],
+            "1.0");
+  EXPECT_EQ(samples["gradsync_rpc_latency_seconds_bucket{le=+Inf,method=/"
+                    "gradsync.v1.Jobs/GetJob}"],
+            "1.0");
+  EXPECT_EQ(samples["gradsync_rpc_requests_total{code=OK,method=/gradsync.v1."
+                    "Rendezvous/Join}"],
+            "2.0");
+  EXPECT_EQ(samples["gradsync_rpc_messages_received_total{method=/gradsync.v1."
+                    "Monitor/Heartbeat}"],
+            "1.0");
+}
+
+}  // namespace
+}  // namespace gradsync
