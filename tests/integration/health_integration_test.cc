@@ -26,6 +26,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator.h"
+#include "tests/testing/eventually.h"
 #include "worker/client/coordinator_client.h"
 
 namespace gradsync {
@@ -34,17 +35,6 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kPromptly = absl::Seconds(10);
-
-// Calls `condition` until it holds or `bound` passes. Each check is an RPC
-// (or a wait on a stream), which paces the loop; no sleeping.
-bool Eventually(const std::function<bool()>& condition,
-                absl::Duration bound = kPromptly) {
-  const absl::Time deadline = absl::Now() + bound;
-  while (!condition()) {
-    if (absl::Now() > deadline) return false;
-  }
-  return true;
-}
 
 // The answers one heartbeat stream received. Thread-safe.
 class Answers {

@@ -1,0 +1,176 @@
+#include "worker/runtime/health_reporter.h"
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/job_config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/coordinator.h"
+#include "tests/testing/eventually.h"
+#include "tests/testing/ports.h"
+#include "worker/client/coordinator_client.h"
+
+namespace gradsync {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kPromptly = absl::Seconds(10);
+
+HealthReporterOptions FastOptions() {
+  HealthReporterOptions options;
+  options.interval = absl::Milliseconds(50);
+  options.initial_backoff = absl::Milliseconds(10);
+  options.max_backoff = absl::Milliseconds(100);
+  return options;
+}
+
+// A coordinator on a loopback port (real clock; heartbeats every 100 ms) and
+// one worker that joined job "train".
+class HealthReporterTest : public ::testing::Test {
+ protected:
+  void StartCoordinator(int port = 0) {
+    CoordinatorConfig config;
+    config.listen_address = absl::StrCat("127.0.0.1:", port);
+    config.poll_interval = absl::Milliseconds(5);
+    config.health.heartbeat_interval = absl::Milliseconds(100);
+    config.health.missed_heartbeats = 50;  // no loss from a slow test machine
+    coordinator_ = std::make_unique<Coordinator>(config);
+    ASSERT_TRUE(coordinator_->Start().ok());
+    port_ = coordinator_->port();
+  }
+
+  std::unique_ptr<CoordinatorClient> Client(int port) {
+    ClientOptions options;
+    options.target = absl::StrCat("127.0.0.1:", port);
+    return *CoordinatorClient::Create(options);
+  }
+
+  // Joins one worker with incarnation `incarnation`.
+  v1::Assignment JoinOne(const std::string& incarnation) {
+    v1::JoinRequest request;
+    request.set_job_id("train");
+    request.mutable_config()->set_job_id("train");
+    request.mutable_config()->set_min_nodes(1);
+    *request.mutable_node() = LocalNodeDescriptor();
+    request.mutable_node()->set_incarnation_id(incarnation);
+    absl::StatusOr<v1::Assignment> a = Client(port_)->Join(request);
+    EXPECT_TRUE(a.ok()) << a.status();
+    return a.ok() ? *a : v1::Assignment();
+  }
+
+  v1::JobStatus Job() {
+    absl::StatusOr<v1::JobStatus> job = Client(port_)->GetJob("train");
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : v1::JobStatus();
+  }
+
+  std::unique_ptr<Coordinator> coordinator_;
+  int port_ = 0;
+};
+
+v1::WorkerMetrics Step(int64_t step) {
+  v1::WorkerMetrics m;
+  m.set_state(v1::WORKER_STATE_TRAINING);
+  m.set_step(step);
+  return m;
+}
+
+TEST_F(HealthReporterTest, UpdatesReachTheCoordinatorAndItsVerdictComesBack) {
+  StartCoordinator();
+  v1::Assignment a = JoinOne("inc-a");
+  auto client = Client(port_);
+  HealthReporter reporter(client.get(), FastOptions());
+  EXPECT_EQ(reporter.verdict().state, v1::JOB_STATE_UNSPECIFIED);
+  reporter.Start(a, "inc-a");
+  reporter.Update(Step(7));
+  ASSERT_TRUE(Eventually([&] { return Job().members(0).metrics().step() == 7; }));
+  reporter.Update(Step(8));
+  ASSERT_TRUE(Eventually([&] { return Job().members(0).metrics().step() == 8; }));
+  EXPECT_EQ(reporter.verdict().state, v1::JOB_STATE_RUNNING);
+  EXPECT_GE(reporter.stats().heartbeats_sent, 2);
+  EXPECT_EQ(reporter.stats().failed_streams, 0);
+}
+
+TEST_F(HealthReporterTest, FinishReportsSuccessAndTheMemberIsNotLost) {
+  StartCoordinator();
+  v1::Assignment a = JoinOne("inc-a");
+  auto client = Client(port_);
+  HealthReporter reporter(client.get(), FastOptions());
+  reporter.Start(a, "inc-a");
+  reporter.Update(Step(100));
+  ASSERT_TRUE(Eventually([&] { return reporter.stats().answers > 0; }));
+  ASSERT_TRUE(reporter.Finish(true, 0, "").ok());
+  EXPECT_EQ(reporter.verdict().state, v1::JOB_STATE_SUCCEEDED);
+  v1::JobStatus job = Job();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(job.members(0).state(), v1::MEMBER_STATE_EXITED);
+  EXPECT_EQ(job.members(0).metrics().step(), 100) << "the final metrics";
+}
+
+TEST_F(HealthReporterTest, FinishReportsFailureWithExitCodeAndMessage) {
+  StartCoordinator();
+  v1::Assignment a = JoinOne("inc-a");
+  auto client = Client(port_);
+  HealthReporter reporter(client.get(), FastOptions());
+  reporter.Start(a, "inc-a");
+  ASSERT_TRUE(reporter.Finish(false, 3, "loss is NaN at step 12").ok());
+  v1::JobStatus job = Job();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(job.reason(),
+              HasSubstr("failed with exit code 3: loss is NaN at step 12"));
+}
+
+TEST_F(HealthReporterTest, FinishBeforeStartIsRefused) {
+  StartCoordinator();
+  auto client = Client(port_);
+  HealthReporter reporter(client.get(), FastOptions());
+  EXPECT_EQ(reporter.Finish(true, 0, "").code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(HealthReporterTest, DeadCoordinatorNeverBlocksUpdatesAndIsRetried) {
+  // The reporter starts before its coordinator exists.
+  const int port = PickUnusedPort();
+  auto client = Client(port);
+  HealthReporter reporter(client.get(), FastOptions());
+  v1::Assignment a;
+  a.set_job_id("train");
+  a.set_round(1);
+  a.set_rank(0);
+  reporter.Start(a, "inc-late");
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 10000; ++i) reporter.Update(Step(i));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2))
+      << "Update() must not wait for the network";
+  ASSERT_TRUE(Eventually([&] { return reporter.stats().failed_streams >= 3; }));
+  EXPECT_EQ(reporter.stats().answers, 0);
+
+  // The coordinator comes up and the worker joins: heartbeats flow.
+  StartCoordinator(port);
+  ASSERT_EQ(JoinOne("inc-late").rank(), 0);
+  ASSERT_TRUE(Eventually([&] { return reporter.stats().answers > 0; }));
+  ASSERT_TRUE(Eventually([&] { return Job().members(0).metrics().step() == 9999; }));
+}
+
+TEST_F(HealthReporterTest, RefusedMemberWaitsForANewStart) {
+  StartCoordinator();
+  v1::Assignment a = JoinOne("inc-a");
+  auto client = Client(port_);
+  HealthReporter reporter(client.get(), FastOptions());
+  reporter.Start(a, "not-my-incarnation");  // FAILED_PRECONDITION
+  ASSERT_TRUE(Eventually([&] { return reporter.stats().failed_streams == 1; }));
+  reporter.Start(a, "inc-a");
+  ASSERT_TRUE(Eventually([&] { return reporter.stats().answers > 0; }));
+  EXPECT_EQ(reporter.stats().failed_streams, 1)
+      << "a refused member is not retried";
+  EXPECT_EQ(reporter.verdict().state, v1::JOB_STATE_RUNNING);
+}
+
+}  // namespace
+}  // namespace gradsync

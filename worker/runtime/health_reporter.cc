@@ -1,0 +1,233 @@
+#include "worker/runtime/health_reporter.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "common/job_config.h"
+#include "common/logging.h"
+
+namespace gradsync {
+namespace {
+
+// Events queued between two heartbeats, at most (the newest are kept).
+constexpr size_t kMaxQueuedEvents = 256;
+
+template <typename T>
+void Append(const google::protobuf::RepeatedPtrField<T>& events,
+            std::deque<T>* queue) {
+  for (const T& event : events) {
+    if (queue->size() == kMaxQueuedEvents) queue->pop_front();
+    queue->push_back(event);
+  }
+}
+
+// Errors that mean "this member's round is over or was never valid":
+// retrying the same member cannot help; a new Start() can.
+bool EndsTheMember(const absl::Status& status) {
+  return absl::IsAborted(status) || absl::IsFailedPrecondition(status) ||
+         absl::IsNotFound(status) || absl::IsInvalidArgument(status);
+}
+
+}  // namespace
+
+HealthReporter::HealthReporter(CoordinatorClient* client,
+                               HealthReporterOptions options)
+    : client_(client), options_(options), interval_(options.interval) {}
+
+HealthReporter::~HealthReporter() { Stop(); }
+
+void HealthReporter::Start(const v1::Assignment& assignment,
+                           const std::string& incarnation_id) {
+  absl::MutexLock lock(&mu_);
+  v1::MemberRef member;
+  member.set_job_id(assignment.job_id());
+  member.set_round(assignment.round());
+  member.set_rank(assignment.rank());
+  member.set_incarnation_id(incarnation_id);
+  member_ = std::move(member);
+  ++member_generation_;
+  collectives_.clear();
+  ready_times_.clear();
+  verdict_ = Verdict();
+  if (!thread_.joinable() && !stopping_) {
+    thread_ = std::thread([this] { Run(); });
+  }
+}
+
+void HealthReporter::Update(const v1::WorkerMetrics& metrics) {
+  absl::MutexLock lock(&mu_);
+  Append(metrics.recent_collectives(), &collectives_);
+  Append(metrics.first_bucket_ready(), &ready_times_);
+  snapshot_ = metrics;
+  snapshot_.clear_recent_collectives();
+  snapshot_.clear_first_bucket_ready();
+}
+
+HealthReporter::Verdict HealthReporter::verdict() const {
+  absl::MutexLock lock(&mu_);
+  return verdict_;
+}
+
+HealthReporter::Stats HealthReporter::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+v1::HeartbeatRequest HealthReporter::NextRequestLocked() {
+  v1::HeartbeatRequest request;
+  *request.mutable_member() = *member_;
+  *request.mutable_metrics() = snapshot_;
+  for (v1::CollectiveFingerprint& f : collectives_) {
+    *request.mutable_metrics()->add_recent_collectives() = std::move(f);
+  }
+  for (v1::StepReady& r : ready_times_) {
+    *request.mutable_metrics()->add_first_bucket_ready() = std::move(r);
+  }
+  collectives_.clear();
+  ready_times_.clear();
+  return request;
+}
+
+void HealthReporter::OnAnswer(const v1::HeartbeatResponse& response) {
+  absl::MutexLock lock(&mu_);
+  ++stats_.answers;
+  verdict_.state = response.job_state();
+  verdict_.reason = response.reason();
+  const absl::Duration interval =
+      FromProtoDuration(response.heartbeat_interval());
+  if (interval > absl::ZeroDuration()) interval_ = interval;
+}
+
+void HealthReporter::Run() {
+  absl::BitGen random;
+  absl::Duration backoff = options_.initial_backoff;
+  bool warned = false;
+  std::unique_ptr<HeartbeatStream> stream;
+  int64_t stream_generation = 0;  // member_generation_ of `stream`
+  int64_t dead_generation = -1;   // a member the coordinator refused
+  int64_t answers_at_open = 0;    // stats_.answers when `stream` opened
+  const auto member_changed_or_stopping = [this, &stream_generation]() {
+    mu_.AssertReaderHeld();
+    return stopping_ || member_generation_ != stream_generation;
+  };
+
+  mu_.Lock();
+  while (!stopping_) {
+    if (!member_.has_value() || member_generation_ == dead_generation) {
+      // The coordinator refused this member: wait for a new Start().
+      const int64_t seen = member_generation_;
+      const auto changed = [this, seen]() {
+        mu_.AssertReaderHeld();
+        return stopping_ || member_generation_ != seen;
+      };
+      mu_.Await(absl::Condition(&changed));
+      continue;
+    }
+    // Drop the stream of a finished one or of an old member.
+    std::optional<absl::Status> ended =
+        stream != nullptr ? stream->ended() : std::nullopt;
+    if (stream != nullptr && (ended.has_value() ||
+                              stream_generation != member_generation_)) {
+      std::unique_ptr<HeartbeatStream> old = std::move(stream);
+      mu_.Unlock();
+      if (!ended.has_value()) {
+        old->Close(options_.close_timeout).IgnoreError();
+      }
+      old.reset();
+      mu_.Lock();
+      if (ended.has_value() && !ended->ok()) {
+        ++stats_.failed_streams;
+        if (EndsTheMember(*ended) && stream_generation == member_generation_) {
+          GS_LOG(WARNING) << "heartbeats of job '" << member_->job_id()
+                          << "' round " << member_->round() << " rank "
+                          << member_->rank()
+                          << " stopped by the coordinator: " << *ended;
+          dead_generation = stream_generation;
+          continue;
+        }
+        if (!warned) {
+          GS_LOG(WARNING) << "cannot send heartbeats to the coordinator at "
+                          << client_->options().target << " (" << *ended
+                          << "); training goes on, retrying with backoff";
+          warned = true;
+        }
+        const absl::Duration pause =
+            backoff * absl::Uniform(random, 1.0 - options_.jitter,
+                                    1.0 + options_.jitter);
+        backoff = std::min(options_.max_backoff, backoff * 2);
+        stream_generation = member_generation_;
+        mu_.AwaitWithTimeout(absl::Condition(&member_changed_or_stopping),
+                             pause);
+        continue;
+      }
+    }
+    if (stream == nullptr) {
+      stream_generation = member_generation_;
+      answers_at_open = stats_.answers;
+      mu_.Unlock();
+      stream = client_->OpenHeartbeatStream(
+          [this](const v1::HeartbeatResponse& r) { OnAnswer(r); });
+      mu_.Lock();
+    }
+    if (warned && stats_.answers > answers_at_open) {
+      // An answer on the new stream: the coordinator is back.
+      GS_LOG(INFO) << "heartbeats reach the coordinator at "
+                   << client_->options().target << " again";
+      warned = false;
+      backoff = options_.initial_backoff;
+    }
+    v1::HeartbeatRequest request = NextRequestLocked();
+    mu_.Unlock();
+    const bool queued = stream->Send(std::move(request));
+    mu_.Lock();
+    if (queued) ++stats_.heartbeats_sent;
+    mu_.AwaitWithTimeout(absl::Condition(&member_changed_or_stopping),
+                         interval_);
+  }
+  // Stopping: one last heartbeat with the final metrics, then a clean close
+  // (a half-close, which does not make the member LOST).
+  const bool send_last = stream != nullptr && !stream->ended().has_value() &&
+                         stream_generation == member_generation_;
+  v1::HeartbeatRequest last;
+  if (send_last) last = NextRequestLocked();
+  mu_.Unlock();
+  if (stream != nullptr) {
+    if (send_last) stream->Send(std::move(last));
+    stream->Close(options_.close_timeout).IgnoreError();
+  }
+}
+
+absl::Status HealthReporter::Finish(bool success, int exit_code,
+                                    const std::string& message) {
+  v1::ReportCompletionRequest request;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!member_.has_value()) {
+      return absl::FailedPreconditionError(
+          "HealthReporter::Finish before Start: no member to report for");
+    }
+    *request.mutable_member() = *member_;
+    *request.mutable_metrics() = snapshot_;
+  }
+  Stop();
+  request.set_success(success);
+  request.set_exit_code(exit_code);
+  request.set_message(message);
+  absl::StatusOr<v1::JobState> state = client_->ReportCompletion(request);
+  if (!state.ok()) return state.status();
+  absl::MutexLock lock(&mu_);
+  verdict_.state = *state;
+  return absl::OkStatus();
+}
+
+void HealthReporter::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace gradsync

@@ -1,0 +1,146 @@
+// HealthReporter: a worker's heartbeats to the coordinator, off the training
+// thread.
+//
+// The training loop hands it metrics with Update() (a copy under a mutex; it
+// never touches the network), and a background thread sends the latest
+// snapshot every heartbeat interval on one Monitor.Heartbeat stream. When the
+// coordinator cannot be reached the reporter logs one warning, keeps the
+// newest snapshot and reconnects with exponential backoff and jitter; training
+// is never slowed. At the end, Finish() reports success or failure.
+//
+//   HealthReporter reporter(client.get());
+//   reporter.Start(assignment, node.incarnation_id());  // after every join
+//   for (int64_t step = 1; ...; ++step) {
+//     ... train ...
+//     v1::WorkerMetrics m;
+//     m.set_state(v1::WORKER_STATE_TRAINING);
+//     m.set_step(step);
+//     m.set_samples_per_second(...);
+//     // Collectives this process started since the last Update, in issue
+//     // order, with their sequence numbers (1, 2, ... per round):
+//     *m.add_recent_collectives() = fingerprint;
+//     m.set_last_started_collective(last_started_seq);
+//     m.set_last_finished_collective(last_finished_seq);
+//     // When this step's first gradient bucket became ready to reduce:
+//     v1::StepReady* ready = m.add_first_bucket_ready();
+//     ready->set_step(step);
+//     *ready->mutable_time() = ToProtoTime(first_bucket_ready_time);
+//     reporter.Update(m);
+//     if (reporter.verdict().state == v1::JOB_STATE_FAILED) break;  // desync...
+//   }
+//   reporter.Finish(/*success=*/true, /*exit_code=*/0, "");
+//
+// Which fields are snapshots and which are events: see WorkerMetrics in
+// proto/gradsync/v1/job.proto. Events (recent_collectives,
+// first_bucket_ready) are queued (the newest 256 of each) until a heartbeat
+// carries them; every other field is replaced by each Update().
+#ifndef GRADSYNC_WORKER_RUNTIME_HEALTH_REPORTER_H_
+#define GRADSYNC_WORKER_RUNTIME_HEALTH_REPORTER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/gradsync/v1/health.pb.h"
+#include "proto/gradsync/v1/job.pb.h"
+#include "worker/client/coordinator_client.h"
+
+namespace gradsync {
+
+struct HealthReporterOptions {
+  // Heartbeat interval until the coordinator answers with the job's own.
+  absl::Duration interval = absl::Seconds(1);
+  // Reconnection backoff after a stream failed: starts at initial_backoff,
+  // doubles up to max_backoff, each pause scaled by a random factor in
+  // [1 - jitter, 1 + jitter].
+  absl::Duration initial_backoff = absl::Milliseconds(100);
+  absl::Duration max_backoff = absl::Seconds(5);
+  double jitter = 0.2;
+  // How long Finish() and Stop() wait for the stream to close.
+  absl::Duration close_timeout = absl::Seconds(5);
+};
+
+// Thread-safe: Update() and verdict() may be called from any thread while
+// the reporter runs. `client` must outlive the reporter.
+class HealthReporter {
+ public:
+  // What the coordinator last said about the job.
+  struct Verdict {
+    v1::JobState state = v1::JOB_STATE_UNSPECIFIED;  // nothing heard yet
+    std::string reason;
+  };
+  // Counters for logs and tests.
+  struct Stats {
+    int64_t heartbeats_sent = 0;   // handed to a stream
+    int64_t answers = 0;           // coordinator answers received
+    int64_t failed_streams = 0;    // streams that ended with an error
+  };
+
+  explicit HealthReporter(CoordinatorClient* client,
+                          HealthReporterOptions options = HealthReporterOptions());
+  // Stop()s.
+  ~HealthReporter();
+  HealthReporter(const HealthReporter&) = delete;
+  HealthReporter& operator=(const HealthReporter&) = delete;
+
+  // Reports as the member `assignment` describes (the process joined with
+  // `incarnation_id`); starts the sending thread on the first call. Call it
+  // again after every rejoin: the stream moves to the new round and queued
+  // events of the old round are dropped.
+  void Start(const v1::Assignment& assignment, const std::string& incarnation_id);
+
+  // Takes the training loop's latest metrics (see the header comment).
+  // Cheap and non-blocking with respect to the network.
+  void Update(const v1::WorkerMetrics& metrics);
+
+  // The job's state as the coordinator last reported it (on the first
+  // heartbeat and whenever it changes: FAILED on a desync, DEGRADED when a
+  // member is lost, ...).
+  Verdict verdict() const;
+
+  Stats stats() const;
+
+  // Sends a last heartbeat, closes the stream cleanly, stops the thread and
+  // reports completion (success, or failure with `exit_code` and `message`),
+  // retrying while the coordinator is unreachable within the client's retry
+  // budget. FAILED_PRECONDITION when Start() was never called.
+  absl::Status Finish(bool success, int exit_code, const std::string& message);
+
+  // Stops heartbeating without reporting completion (the coordinator will
+  // mark the member LOST after the missed-heartbeat bound). Idempotent.
+  void Stop();
+
+ private:
+  // The sending thread.
+  void Run();
+  // The next heartbeat: member, snapshot and the queued events.
+  v1::HeartbeatRequest NextRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnAnswer(const v1::HeartbeatResponse& response);
+
+  CoordinatorClient* const client_;
+  const HealthReporterOptions options_;
+  std::thread thread_;
+
+  mutable absl::Mutex mu_;
+  std::optional<v1::MemberRef> member_ ABSL_GUARDED_BY(mu_);
+  // Counts Start() calls, so the thread notices a new member.
+  int64_t member_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration interval_ ABSL_GUARDED_BY(mu_);
+  v1::WorkerMetrics snapshot_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::CollectiveFingerprint> collectives_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::StepReady> ready_times_ ABSL_GUARDED_BY(mu_);
+  Verdict verdict_ ABSL_GUARDED_BY(mu_);
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_RUNTIME_HEALTH_REPORTER_H_
