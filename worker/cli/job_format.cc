@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/job_config.h"
 
@@ -66,6 +67,23 @@ std::string Nodes(const v1::JobConfig& c) {
 
 std::string RankText(int rank) { return rank < 0 ? "-" : absl::StrCat(rank); }
 
+// "850us", "12.5ms", "250ms", "1.25s", "-" for zero or less.
+std::string Seconds(double seconds) {
+  if (!(seconds > 0)) return "-";
+  if (seconds < 1e-3) return absl::StrFormat("%.0fus", seconds * 1e6);
+  if (seconds < 1e-2) return absl::StrFormat("%.1fms", seconds * 1e3);
+  if (seconds < 1) return absl::StrFormat("%.0fms", seconds * 1e3);
+  return absl::StrFormat("%.2fs", seconds);
+}
+
+std::string Throughput(double per_second) {
+  return per_second > 0 ? absl::StrFormat("%.1f", per_second) : "-";
+}
+
+double ToSeconds(const google::protobuf::Duration& d) {
+  return absl::ToDoubleSeconds(FromProtoDuration(d));
+}
+
 Json SummaryJson(const v1::JobStatus& job) {
   const v1::JobConfig& c = job.config();
   Json j;
@@ -102,9 +120,81 @@ Json MembersJson(
     j["addresses"] = std::vector<std::string>(m.node().addresses().begin(),
                                               m.node().addresses().end());
     j["last_seen"] = Rfc3339(m.last_seen());
+    j["state_reason"] = m.state_reason();
+    if (m.has_metrics()) {
+      const v1::WorkerMetrics& w = m.metrics();
+      j["worker_state"] = WorkerStateName(w.state());
+      j["step"] = w.step();
+      j["samples_per_second"] = w.samples_per_second();
+      j["step_seconds"] = w.step_timings().step_seconds();
+      j["forward_seconds"] = w.step_timings().forward_seconds();
+      j["backward_seconds"] = w.step_timings().backward_seconds();
+      j["communication_seconds"] = w.step_timings().communication_seconds();
+      j["hidden_communication_seconds"] =
+          w.step_timings().hidden_communication_seconds();
+      j["last_started_collective"] = w.last_started_collective();
+      j["last_finished_collective"] = w.last_finished_collective();
+      j["rss_bytes"] = w.rss_bytes();
+      j["gpu_memory_bytes"] = w.gpu_memory_bytes();
+      j["last_error"] = w.last_error();
+      Json buckets = Json::array();
+      for (const v1::BucketStats& b : w.buckets()) {
+        buckets.push_back({{"index", b.index()},
+                           {"bytes", b.bytes()},
+                           {"allreduce_seconds", b.allreduce_seconds()},
+                           {"algbw_bytes_per_second", b.algbw_bytes_per_second()}});
+      }
+      j["buckets"] = std::move(buckets);
+    }
+    j["lag_seconds"] = ToSeconds(m.lag());
     list.push_back(std::move(j));
   }
   return list;
+}
+
+// The per-rank view of a round's members: training progress and health.
+std::string RanksTable(
+    const google::protobuf::RepeatedPtrField<v1::Member>& members,
+    absl::Time now) {
+  std::vector<std::vector<std::string>> rows = {
+      {"RANK", "NODE", "HOST", "PID", "STATE", "STEP", "SAMPLES/S",
+       "STEP TIME", "COMM TIME", "LAG", "LAST SEEN"}};
+  for (const v1::Member& m : members) {
+    const v1::WorkerMetrics& w = m.metrics();
+    const bool heard = m.has_metrics();
+    rows.push_back(
+        {RankText(m.rank()), RankText(m.node_rank()), m.node().hostname(),
+         absl::StrCat(m.node().pid()), MemberStateName(m.state()),
+         heard ? absl::StrCat(w.step()) : "-",
+         heard ? Throughput(w.samples_per_second()) : "-",
+         heard ? Seconds(w.step_timings().step_seconds()) : "-",
+         heard ? Seconds(w.step_timings().communication_seconds()) : "-",
+         Seconds(ToSeconds(m.lag())), Ago(m.last_seen(), now)});
+  }
+  return RenderTable(rows);
+}
+
+// What failure detection found: hang, desync, stragglers, and why members
+// were lost or exited. Empty when there is nothing to say.
+std::string DiagnosisText(const v1::JobStatus& job) {
+  std::vector<std::vector<std::string>> rows;
+  const v1::JobDiagnosis& d = job.diagnosis();
+  if (!d.desync().empty()) rows.push_back({"desync", d.desync()});
+  if (!d.hang().empty()) rows.push_back({"hang", d.hang()});
+  for (const v1::Straggler& s : d.stragglers()) {
+    rows.push_back({"straggler",
+                    absl::StrCat("rank ", s.rank(), " is ", Seconds(ToSeconds(s.lag())),
+                                 " late to its first gradient bucket (median of ",
+                                 s.steps(), " steps)")});
+  }
+  for (const v1::Member& m : job.members()) {
+    if (!m.state_reason().empty()) {
+      rows.push_back({absl::StrCat("rank ", m.rank()),
+                      absl::StrCat(MemberStateName(m.state()), ": ",
+                                   m.state_reason())});
+    }
+  }
+  return rows.empty() ? "" : RenderTable(rows);
 }
 
 std::string MembersTable(
@@ -157,12 +247,18 @@ std::string FormatJobStatus(const v1::JobStatus& job, absl::Time now) {
       {"created", absl::StrCat(Rfc3339(job.create_time()), " (",
                                Ago(job.create_time(), now), ")")},
   };
+  if (job.has_end_time()) {
+    summary.push_back({"ended", absl::StrCat(Rfc3339(job.end_time()), " (",
+                                             Ago(job.end_time(), now), ")")});
+  }
   if (!job.reason().empty()) summary.push_back({"reason", job.reason()});
   std::string out = RenderTable(summary);
   if (job.members_size() > 0) {
     absl::StrAppend(&out, "\nmembers (round ", job.round(), "):\n",
-                    MembersTable(job.members(), now));
+                    RanksTable(job.members(), now));
   }
+  const std::string diagnosis = DiagnosisText(job);
+  if (!diagnosis.empty()) absl::StrAppend(&out, "\ndiagnosis:\n", diagnosis);
   if (job.waiting_size() > 0) {
     absl::StrAppend(&out, "\nwaiting for the next round:\n",
                     MembersTable(job.waiting(), now));
@@ -181,12 +277,34 @@ std::string JobsToJson(const std::vector<v1::JobStatus>& jobs) {
   return out.dump(2) + "\n";
 }
 
-std::string JobStatusToJson(const v1::JobStatus& job) {
+namespace {
+
+Json StatusJson(const v1::JobStatus& job) {
   Json out = SummaryJson(job);
+  out["ended"] = Rfc3339(job.end_time());
+  Json stragglers = Json::array();
+  for (const v1::Straggler& s : job.diagnosis().stragglers()) {
+    stragglers.push_back({{"rank", s.rank()},
+                          {"lag_seconds", ToSeconds(s.lag())},
+                          {"steps", s.steps()}});
+  }
+  out["diagnosis"] = {{"hang", job.diagnosis().hang()},
+                      {"desync", job.diagnosis().desync()},
+                      {"stragglers", std::move(stragglers)}};
   out["members"] = MembersJson(job.members());
   out["waiting"] = MembersJson(job.waiting());
   out["spares"] = MembersJson(job.spares());
-  return out.dump(2) + "\n";
+  return out;
+}
+
+}  // namespace
+
+std::string JobStatusToJson(const v1::JobStatus& job) {
+  return StatusJson(job).dump(2) + "\n";
+}
+
+std::string JobStatusToJsonLine(const v1::JobStatus& job) {
+  return StatusJson(job).dump() + "\n";
 }
 
 }  // namespace gradsync

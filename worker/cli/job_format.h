@@ -15,17 +15,25 @@ namespace gradsync {
 std::string FormatJobsTable(const std::vector<v1::JobStatus>& jobs,
                             absl::Time now);
 
-// A job's summary followed by a table of its members, then waiting and
-// spare processes.
+// A job's summary followed by the per-rank table of its members (rank, node,
+// host, pid, state, step, samples/s, step time, comm time, lag, last seen),
+// the diagnosis (desync, hang, stragglers, why members were lost), then
+// waiting and spare processes. `gradsync status` prints it once and
+// `gradsync watch` on every update.
 std::string FormatJobStatus(const v1::JobStatus& job, absl::Time now);
 
 // JSON for `jobs --json`: {"jobs": [summary, ...]}.
 std::string JobsToJson(const std::vector<v1::JobStatus>& jobs);
 
 // JSON for `status --json`: the summary fields (job, state, round,
-// world_size, backend, ...) plus members[], waiting[] and spares[], each with
-// rank, host, state, ...
+// world_size, backend, ..., ended) plus diagnosis {hang, desync,
+// stragglers[]} and members[], waiting[] and spares[], each with rank, host,
+// state, state_reason, lag_seconds and, once it heartbeats, step,
+// samples_per_second, step timings, collectives, memory and buckets.
 std::string JobStatusToJson(const v1::JobStatus& job);
+
+// The same JSON on one line (for `watch --json`: one document per update).
+std::string JobStatusToJsonLine(const v1::JobStatus& job);
 
 }  // namespace gradsync
 

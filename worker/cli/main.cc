@@ -2,10 +2,13 @@
 //
 //   gradsync --coordinator=HOST:PORT jobs [--json]
 //   gradsync --coordinator=HOST:PORT status JOB [--json]
+//   gradsync --coordinator=HOST:PORT watch JOB [--json] [--interval=1s]
 //
 // Exit codes: 0 success, 1 the coordinator answered with an error (e.g. an
 // unknown job) or could not be reached, 2 bad usage. Errors are one line on
 // stderr.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -25,6 +28,8 @@ ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400",
 ABSL_FLAG(bool, json, false, "print JSON instead of tables");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5),
           "give up when the coordinator does not answer within this time");
+ABSL_FLAG(absl::Duration, interval, absl::Seconds(1),
+          "watch: refresh at most this often (at least 100ms)");
 
 namespace {
 
@@ -32,7 +37,10 @@ constexpr char kUsage[] =
     "gradsync: inspect a gradsync coordinator.\n"
     "Usage:\n"
     "  gradsync --coordinator=HOST:PORT jobs [--json]\n"
-    "  gradsync --coordinator=HOST:PORT status JOB [--json]";
+    "  gradsync --coordinator=HOST:PORT status JOB [--json]\n"
+    "  gradsync --coordinator=HOST:PORT watch JOB [--json] [--interval=1s]\n"
+    "    (a live per-rank table, refreshed until the job ends; --json prints\n"
+    "    one JSON document per line per update)";
 
 int Fail(const std::string& message, int code) {
   std::fprintf(stderr, "gradsync: %s\n", message.c_str());
@@ -68,6 +76,27 @@ int main(int argc, char** argv) {
     if (!job.ok()) return Fail(std::string(job.status().message()), 1);
     std::cout << (json ? gradsync::JobStatusToJson(*job)
                        : gradsync::FormatJobStatus(*job, absl::Now()));
+    return 0;
+  }
+  if (command == "watch" && args.size() == 3) {
+    const std::string job_id = args[2];
+    // On a terminal, each update replaces the previous one.
+    const bool redraw = !json && isatty(STDOUT_FILENO);
+    absl::Status watched = (*client)->WatchJob(
+        job_id, absl::GetFlag(FLAGS_interval), [&](const gradsync::v1::JobStatus& job) {
+          if (json) {
+            std::cout << gradsync::JobStatusToJsonLine(job) << std::flush;
+            return true;
+          }
+          const absl::Time now = absl::Now();
+          std::cout << (redraw ? "\033[H\033[2J" : "\n")
+                    << "gradsync watch " << job_id << "  "
+                    << absl::FormatTime("%H:%M:%S", now, absl::LocalTimeZone())
+                    << "\n\n"
+                    << gradsync::FormatJobStatus(job, now) << std::flush;
+          return true;
+        });
+    if (!watched.ok()) return Fail(std::string(watched.message()), 1);
     return 0;
   }
   return Fail("unknown command or wrong arguments\n" + std::string(kUsage), 2);

@@ -171,20 +171,19 @@ TEST(FormatJobStatusTest, SummaryAndMemberRows) {
   EXPECT_THAT(text, Not(HasSubstr("reason")));
 
   EXPECT_THAT(text, HasSubstr("\nmembers (round 3):\n"));
-  EXPECT_THAT(text, ContainsRegex("\nRANK +LOCAL +NODE +NODE_ID +HOST +PID +"
-                                  "DEVICE +STATE +LAST SEEN\n"));
-  EXPECT_THAT(
-      text,
-      ContainsRegex("\n0 +0 +0 +gpu-a +host-a +101 +cuda:8 +active +5s ago\n"));
-  EXPECT_THAT(
-      text,
-      ContainsRegex("\n1 +1 +0 +gpu-a +host-a +102 +cuda:8 +active +5s ago\n"));
-  EXPECT_THAT(
-      text,
-      ContainsRegex("\n2 +0 +1 +gpu-b +host-b +201 +cuda:8 +active +7s ago\n"));
-  EXPECT_THAT(
-      text,
-      ContainsRegex("\n3 +1 +1 +gpu-b +host-b +202 +cuda:8 +active +7s ago\n"));
+  EXPECT_THAT(text, ContainsRegex("\nRANK +NODE +HOST +PID +STATE +STEP +"
+                                  "SAMPLES/S +STEP TIME +COMM TIME +LAG +"
+                                  "LAST SEEN\n"));
+  // No heartbeats yet: the training columns are dashes.
+  EXPECT_THAT(text, ContainsRegex("\n0 +0 +host-a +101 +active +- +- +- +- +- "
+                                  "+5s ago\n"));
+  EXPECT_THAT(text, ContainsRegex("\n1 +0 +host-a +102 +active +- +- +- +- +- "
+                                  "+5s ago\n"));
+  EXPECT_THAT(text, ContainsRegex("\n2 +1 +host-b +201 +active +- +- +- +- +- "
+                                  "+7s ago\n"));
+  EXPECT_THAT(text, ContainsRegex("\n3 +1 +host-b +202 +active +- +- +- +- +- "
+                                  "+7s ago\n"));
+  EXPECT_THAT(text, Not(HasSubstr("diagnosis:")));
 
   // The spare is listed in its own section, without ranks.
   EXPECT_THAT(text, HasSubstr("\nspares:\n"));
@@ -220,6 +219,95 @@ TEST(FormatJobStatusTest, ReasonIsShownWhenSet) {
   job.set_reason("rank 2 rejoined after round 3");
   EXPECT_THAT(FormatJobStatus(job, kNow),
               ContainsRegex("\nreason +rank 2 rejoined after round 3\n"));
+}
+
+// RunningJob() after heartbeats: rank 1 is slow and lost, rank 3 lags.
+v1::JobStatus MonitoredJob() {
+  v1::JobStatus job = RunningJob();
+  for (int r = 0; r < 4; ++r) {
+    v1::WorkerMetrics* w = job.mutable_members(r)->mutable_metrics();
+    w->set_state(v1::WORKER_STATE_TRAINING);
+    w->set_step(1200 + r);
+    w->set_samples_per_second(2048.5);
+    w->mutable_step_timings()->set_step_seconds(0.25);
+    w->mutable_step_timings()->set_communication_seconds(0.004);
+    w->set_rss_bytes(int64_t{2} << 30);
+    v1::BucketStats* b = w->add_buckets();
+    b->set_index(0);
+    b->set_bytes(1 << 20);
+    b->set_allreduce_seconds(0.002);
+    b->set_algbw_bytes_per_second(5.0e8);
+  }
+  job.set_state(v1::JOB_STATE_DEGRADED);
+  job.set_reason("rank 1 (host-a) lost: missed 3 heartbeats");
+  job.mutable_members(1)->set_state(v1::MEMBER_STATE_LOST);
+  job.mutable_members(1)->set_state_reason("missed 3 heartbeats (every 1s)");
+  *job.mutable_members(3)->mutable_lag() = ToProtoDuration(absl::Milliseconds(300));
+  v1::JobDiagnosis* d = job.mutable_diagnosis();
+  d->set_hang("ranks 0,2,3 finished collective #183; rank 1 finished #182 "
+              "and has not started #183 (no collective finished for 31s)");
+  v1::Straggler* s = d->add_stragglers();
+  s->set_rank(3);
+  *s->mutable_lag() = ToProtoDuration(absl::Milliseconds(300));
+  s->set_steps(8);
+  return job;
+}
+
+TEST(FormatJobStatusTest, MonitoredJobShowsTrainingColumnsAndDiagnosis) {
+  std::string text = FormatJobStatus(MonitoredJob(), kNow);
+  EXPECT_THAT(text, ContainsRegex("\nstate +degraded\n"));
+  EXPECT_THAT(text, ContainsRegex("\n0 +0 +host-a +101 +active +1200 +2048.5 "
+                                  "+250ms +4.0ms +- +5s ago\n"));
+  EXPECT_THAT(text, ContainsRegex("\n1 +0 +host-a +102 +lost +1201 +2048.5 "
+                                  "+250ms +4.0ms +- +5s ago\n"));
+  EXPECT_THAT(text, ContainsRegex("\n3 +1 +host-b +202 +active +1203 +2048.5 "
+                                  "+250ms +4.0ms +300ms +7s ago\n"));
+  EXPECT_THAT(text, HasSubstr("\ndiagnosis:\n"));
+  EXPECT_THAT(text, ContainsRegex("\nhang +ranks 0,2,3 finished collective "
+                                  "#183; rank 1 finished #182 and has not "
+                                  "started #183"));
+  EXPECT_THAT(text, ContainsRegex("\nstraggler +rank 3 is 300ms late to its "
+                                  "first gradient bucket \\(median of 8 "
+                                  "steps\\)\n"));
+  EXPECT_THAT(text, ContainsRegex("\nrank 1 +lost: missed 3 heartbeats "
+                                  "\\(every 1s\\)\n"));
+  EXPECT_LT(text.find("members (round 3)"), text.find("diagnosis:"));
+}
+
+TEST(FormatJobStatusTest, EndedJobShowsWhenItEnded) {
+  v1::JobStatus job = RunningJob();
+  job.set_state(v1::JOB_STATE_SUCCEEDED);
+  *job.mutable_end_time() = ToProtoTime(kNow - absl::Minutes(2));
+  EXPECT_THAT(FormatJobStatus(job, kNow),
+              ContainsRegex("\nended +2023-11-14T22:11:20(Z|\\+00:00) "
+                            "\\(2m ago\\)\n"));
+}
+
+TEST(JobStatusToJsonTest, MonitoredJobHasMetricsAndDiagnosis) {
+  nlohmann::json j = nlohmann::json::parse(JobStatusToJson(MonitoredJob()));
+  EXPECT_EQ(j["state"], "degraded");
+  EXPECT_THAT(j["diagnosis"]["hang"].get<std::string>(),
+              HasSubstr("rank 1 finished #182"));
+  EXPECT_EQ(j["diagnosis"]["desync"], "");
+  ASSERT_EQ(j["diagnosis"]["stragglers"].size(), 1u);
+  EXPECT_EQ(j["diagnosis"]["stragglers"][0]["rank"], 3);
+  EXPECT_DOUBLE_EQ(j["diagnosis"]["stragglers"][0]["lag_seconds"], 0.3);
+  const nlohmann::json& m1 = j["members"][1];
+  EXPECT_EQ(m1["state"], "lost");
+  EXPECT_EQ(m1["state_reason"], "missed 3 heartbeats (every 1s)");
+  EXPECT_EQ(m1["worker_state"], "training");
+  EXPECT_EQ(m1["step"], 1201);
+  EXPECT_DOUBLE_EQ(m1["samples_per_second"], 2048.5);
+  EXPECT_DOUBLE_EQ(m1["step_seconds"], 0.25);
+  EXPECT_DOUBLE_EQ(m1["communication_seconds"], 0.004);
+  EXPECT_EQ(m1["rss_bytes"], int64_t{2} << 30);
+  ASSERT_EQ(m1["buckets"].size(), 1u);
+  EXPECT_EQ(m1["buckets"][0]["bytes"], 1 << 20);
+  EXPECT_DOUBLE_EQ(j["members"][3]["lag_seconds"], 0.3);
+  // One line per document for `watch --json`.
+  std::string line = JobStatusToJsonLine(MonitoredJob());
+  EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1);
+  EXPECT_EQ(nlohmann::json::parse(line), j);
 }
 
 TEST(FormatJobStatusTest, CreatedShowsRfc3339AndAge) {
