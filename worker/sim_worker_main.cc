@@ -3,7 +3,15 @@
 // (every rank publishes its address, rank 0 publishes a communicator id, all
 // ranks meet at a barrier), then prints its assignment and exits 0.
 //
+// With --train_steps=N it then simulates training with heartbeats (a
+// HealthReporter): every step issues --buckets all-reduces (fingerprinted,
+// numbered from 1), reports step metrics and when its first bucket was ready,
+// and at the end reports completion. --lag makes this rank a straggler,
+// --desync_at makes it issue a different collective, --fail_at_step makes it
+// fail: the knobs the failure-detection tests turn.
+//
 //   gradsync-sim-worker --coordinator=HOST:PORT --job=NAME --nnodes=MIN[:MAX]
+//       [--train_steps=N --step_time=100ms --lag=0s --desync_at=0 ...]
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -12,12 +20,15 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/client/coordinator_client.h"
+#include "worker/runtime/health_reporter.h"
 #include "worker/runtime/join.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400",
@@ -36,6 +47,22 @@ ABSL_FLAG(absl::Duration, last_call_timeout, absl::Seconds(30),
           "once MIN nodes joined, how long the round waits for more");
 ABSL_FLAG(absl::Duration, bootstrap_timeout, absl::Minutes(2),
           "how long the key-value bootstrap waits for the other ranks");
+ABSL_FLAG(int64_t, train_steps, 0,
+          "after the bootstrap, simulate this many training steps with "
+          "heartbeats, then report completion (0: exit after the bootstrap)");
+ABSL_FLAG(absl::Duration, step_time, absl::Milliseconds(100),
+          "wall time of one simulated step");
+ABSL_FLAG(int, buckets, 2, "all-reduces (gradient buckets) per step");
+ABSL_FLAG(absl::Duration, lag, absl::ZeroDuration(),
+          "report this rank's first gradient bucket ready this much later "
+          "than the others' (a straggler)");
+ABSL_FLAG(int64_t, desync_at, 0,
+          "issue a collective of a different size at this sequence number "
+          "(a desync); 0: never");
+ABSL_FLAG(int64_t, fail_at_step, 0,
+          "report failure (exit code 3) at this step; 0: never");
+ABSL_FLAG(absl::Duration, heartbeat_interval, absl::ZeroDuration(),
+          "the job's heartbeat interval (0: the coordinator's default)");
 
 namespace gradsync {
 namespace {
@@ -60,7 +87,13 @@ absl::StatusOr<v1::JoinRequest> BuildRequestFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--device must be cpu or cuda, got '", device, "'"));
   }
-  return BuildJoinRequest(config);
+  GS_ASSIGN_OR_RETURN(v1::JoinRequest request, BuildJoinRequest(config));
+  const absl::Duration interval = absl::GetFlag(FLAGS_heartbeat_interval);
+  if (interval > absl::ZeroDuration()) {
+    *request.mutable_config()->mutable_heartbeat_interval() =
+        ToProtoDuration(interval);
+  }
+  return request;
 }
 
 // The bootstrap a real backend performs through the store.
@@ -97,13 +130,88 @@ absl::Status Bootstrap(CoordinatorClient& client, const v1::Assignment& a,
   return absl::OkStatus();
 }
 
+// The training loop a real trainer runs, with its collectives and compute
+// simulated: step s starts at t0 + (s - 1) * step_time on every rank (t0 is
+// rank 0's clock, shared through the store), so first-bucket-ready times
+// line up across ranks except for --lag.
+absl::Status Train(CoordinatorClient& client, const v1::Assignment& a,
+                   const v1::NodeDescriptor& node) {
+  v1::Scope scope;
+  scope.set_job_id(a.job_id());
+  scope.set_round(a.round());
+  if (a.rank() == 0) {
+    GS_RETURN_IF_ERROR(client.Set(
+        scope, "t0", absl::StrCat(absl::ToUnixNanos(absl::Now()))));
+  }
+  GS_RETURN_IF_ERROR(
+      client.Wait(scope, {"t0"}, absl::GetFlag(FLAGS_bootstrap_timeout)));
+  GS_ASSIGN_OR_RETURN(std::string t0_text, client.Get(scope, "t0"));
+  int64_t t0_nanos = 0;
+  if (!absl::SimpleAtoi(t0_text, &t0_nanos)) {
+    return absl::InternalError("rank 0 stored a malformed t0");
+  }
+  const absl::Time t0 = absl::FromUnixNanos(t0_nanos);
+  const absl::Duration step_time = absl::GetFlag(FLAGS_step_time);
+  const int buckets = absl::GetFlag(FLAGS_buckets);
+
+  HealthReporter reporter(&client);
+  reporter.Start(a, node.incarnation_id());
+  int64_t sequence = 0;
+  const int64_t steps = absl::GetFlag(FLAGS_train_steps);
+  for (int64_t step = 1; step <= steps; ++step) {
+    const absl::Time start = t0 + (step - 1) * step_time;
+    v1::WorkerMetrics m;
+    m.set_state(v1::WORKER_STATE_TRAINING);
+    v1::StepReady* ready = m.add_first_bucket_ready();
+    ready->set_step(step);
+    *ready->mutable_time() =
+        ToProtoTime(start + step_time / 2 + absl::GetFlag(FLAGS_lag));
+    for (int b = 0; b < buckets; ++b) {
+      v1::CollectiveFingerprint* f = m.add_recent_collectives();
+      f->set_sequence(++sequence);
+      f->set_op("allreduce");
+      f->set_dtype("float32");
+      f->set_count(int64_t{1024} << b);
+      f->set_bucket_index(b);
+      if (sequence == absl::GetFlag(FLAGS_desync_at)) f->set_count(f->count() + 1);
+    }
+    m.set_last_started_collective(sequence);
+    m.set_last_finished_collective(sequence);
+    m.set_step(step);
+    m.set_samples_per_second(32 / absl::ToDoubleSeconds(step_time));
+    m.mutable_step_timings()->set_step_seconds(absl::ToDoubleSeconds(step_time));
+    m.mutable_step_timings()->set_communication_seconds(
+        absl::ToDoubleSeconds(step_time) / 10);
+    reporter.Update(m);
+    if (step == absl::GetFlag(FLAGS_fail_at_step)) {
+      GS_RETURN_IF_ERROR(reporter.Finish(
+          false, 3, absl::StrCat("simulated failure at step ", step)));
+      return absl::AbortedError(absl::StrCat("failed at step ", step));
+    }
+    const HealthReporter::Verdict verdict = reporter.verdict();
+    if (verdict.state == v1::JOB_STATE_FAILED) {
+      reporter.Stop();
+      return absl::AbortedError(
+          absl::StrCat("the coordinator failed the job: ", verdict.reason));
+    }
+    absl::SleepFor(t0 + step * step_time - absl::Now());  // the "compute"
+  }
+  GS_RETURN_IF_ERROR(reporter.Finish(true, 0, ""));
+  std::printf("rank %d: trained %lld steps\n", a.rank(),
+              static_cast<long long>(steps));
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
 absl::Status Run() {
   GS_ASSIGN_OR_RETURN(v1::JoinRequest request, BuildRequestFromFlags());
   ClientOptions options;
   options.target = absl::GetFlag(FLAGS_coordinator);
   GS_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Create(options));
   GS_ASSIGN_OR_RETURN(v1::Assignment assignment, client->Join(request));
-  return Bootstrap(*client, assignment, request.node());
+  GS_RETURN_IF_ERROR(Bootstrap(*client, assignment, request.node()));
+  if (absl::GetFlag(FLAGS_train_steps) <= 0) return absl::OkStatus();
+  return Train(*client, assignment, request.node());
 }
 
 }  // namespace
