@@ -115,6 +115,16 @@ class HealthProcessTest : public ::testing::Test {
     return lost ? absl::Now() - since : absl::InfiniteDuration();
   }
 
+  // Ends the workers that still run (stopped ones included).
+  static void KillAll(const std::vector<std::unique_ptr<Child>>& workers) {
+    std::vector<Child*> all;
+    for (const auto& w : workers) {
+      w->Signal(SIGKILL);
+      all.push_back(w.get());
+    }
+    EXPECT_TRUE(WaitAll(all, absl::Seconds(10)));
+  }
+
   CoordinatorProcess coordinator_;
   std::unique_ptr<CoordinatorClient> client_;
 };
@@ -135,10 +145,7 @@ TEST_F(HealthProcessTest, KilledWorkerIsLostWithinThreeSeconds) {
   EXPECT_EQ(status->state(), v1::JOB_STATE_DEGRADED);
   EXPECT_THAT(status->reason(), HasSubstr("rank 1"));
   EXPECT_EQ(status->members(0).state(), v1::MEMBER_STATE_ACTIVE);
-  for (auto& w : workers) w->Signal(SIGKILL);
-  std::vector<Child*> all;
-  for (auto& w : workers) all.push_back(w.get());
-  EXPECT_TRUE(WaitAll(all, absl::Seconds(10)));
+  KillAll(workers);
 }
 
 TEST_F(HealthProcessTest, HungWorkerIsLostAfterThreeMissedHeartbeats) {
@@ -158,10 +165,7 @@ TEST_F(HealthProcessTest, HungWorkerIsLostAfterThreeMissedHeartbeats) {
   absl::StatusOr<v1::JobStatus> status = Job("hung");
   ASSERT_TRUE(status.ok());
   EXPECT_THAT(status->members(0).state_reason(), HasSubstr("missed 3 heartbeats"));
-  for (auto& w : workers) w->Signal(SIGKILL);
-  std::vector<Child*> all;
-  for (auto& w : workers) all.push_back(w.get());
-  EXPECT_TRUE(WaitAll(all, absl::Seconds(10)));
+  KillAll(workers);
 }
 
 TEST_F(HealthProcessTest, WatchFollowsTheJobUntilItSucceeds) {
