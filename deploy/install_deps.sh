@@ -9,7 +9,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   libtorch-dev libgloo-dev libcpp-httplib-dev python3-prometheus-client
-  procps
+  python3-torch procps
 )
 # CUDA and NCCL are not Debian packages: where /usr/local/cuda (or
 # $CUDA_HOME) has them, the NCCL backend is built too.

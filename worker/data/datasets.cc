@@ -30,12 +30,13 @@ absl::StatusOr<ImageDataset> LoadMnist(const std::string& dir) {
 
 ImageDataset MakeSyntheticDataset(int64_t size, uint64_t seed) {
   at::Generator generator = at::detail::createCPUGenerator(seed);
+  // Each class has a random prototype image; a sample is its class's
+  // prototype blended with uniform noise.
+  torch::Tensor prototypes = torch::rand({10, 1, 28, 28}, generator);
   ImageDataset data;
-  data.images = torch::rand({size, 1, 28, 28}, generator);
-  torch::Tensor teacher = torch::randn({28 * 28, 10}, generator);
-  data.labels =
-      torch::matmul(data.images.reshape({size, 28 * 28}) - 0.5, teacher)
-          .argmax(1);
+  data.labels = torch::randint(0, 10, {size}, generator, torch::kInt64);
+  data.images = 0.35 * prototypes.index_select(0, data.labels) +
+                0.65 * torch::rand({size, 1, 28, 28}, generator);
   return data;
 }
 

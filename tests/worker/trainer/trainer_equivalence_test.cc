@@ -1,0 +1,221 @@
+// gradsync-worker as real processes against the arithmetic DDP promises: W
+// worker processes (Gloo, through a real coordinator) training on shards of
+// each global batch end with the same parameters (relative error <= 1e-5) as
+// one process training alone on the whole global batches. Also: models that
+// differ across ranks, and a rank killed mid-training.
+#include <signal.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+#include "worker/trainer/params_io.h"
+
+namespace gradsync {
+namespace {
+
+using ::gradsync::testing::Child;
+using ::gradsync::testing::CoordinatorProcess;
+using ::gradsync::testing::PumpUntil;
+using ::gradsync::testing::Runfile;
+using ::gradsync::testing::TempPath;
+using ::gradsync::testing::WaitAll;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kTrainBound = absl::Seconds(120);
+constexpr int kPerRankBatch = 4;
+
+struct Scenario {
+  std::string name;
+  int world_size = 2;
+  // Flags for the workers and the reference alike.
+  std::vector<std::string> flags;
+};
+
+std::string ScenarioName(const ::testing::TestParamInfo<Scenario>& info) {
+  return absl::StrCat(info.param.name, "_W", info.param.world_size);
+}
+
+class TrainerProcessTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    coordinator_ = new CoordinatorProcess();
+    ASSERT_TRUE(coordinator_->Start(Runfile("server/gradsync-coordinator"),
+                                    "trainer_equivalence_test"));
+  }
+  static void TearDownTestSuite() {
+    EXPECT_TRUE(coordinator_->Stop());
+    delete coordinator_;
+    coordinator_ = nullptr;
+  }
+
+  static std::string worker() { return Runfile("worker/gradsync-worker"); }
+
+  // Flags that make a small, quick, deterministic run.
+  static std::vector<std::string> CommonFlags() {
+    return {"--model=mlp",     "--hidden=24",        "--dataset=synthetic",
+            "--synthetic_size=96", "--epochs=2",     "--lr=0.1",
+            "--momentum=0.5",  "--seed=7",           "--log_every=0"};
+  }
+
+  // Starts `count` processes of job `job` (one node of `processes`
+  // processes; default `count`), all with `flags`.
+  static void StartWorkers(const std::string& job, int count,
+                           const std::vector<std::string>& flags,
+                           std::vector<std::unique_ptr<Child>>* children,
+                           int processes = 0) {
+    for (int i = 0; i < count; ++i) {
+      std::vector<std::string> argv = {
+          worker(), absl::StrCat("--coordinator=", coordinator_->address()),
+          absl::StrCat("--job=", job), "--nnodes=1",
+          absl::StrCat("--nproc_per_node=", processes > 0 ? processes : count),
+          "--timeout=20s", "--join_timeout=60s"};
+      argv.insert(argv.end(), flags.begin(), flags.end());
+      children->push_back(std::make_unique<Child>());
+      ASSERT_TRUE(children->back()->Start(argv, /*capture=*/true));
+    }
+  }
+
+  static std::vector<Child*> Pointers(
+      const std::vector<std::unique_ptr<Child>>& children) {
+    std::vector<Child*> pointers;
+    for (const auto& c : children) pointers.push_back(c.get());
+    return pointers;
+  }
+
+  static CoordinatorProcess* coordinator_;
+};
+
+CoordinatorProcess* TrainerProcessTest::coordinator_ = nullptr;
+
+class EquivalenceTest : public TrainerProcessTest,
+                        public ::testing::WithParamInterface<Scenario> {};
+
+TEST_P(EquivalenceTest, SameParametersAsOneProcessOnTheGlobalBatches) {
+  const Scenario& s = GetParam();
+  const std::string name = absl::StrCat(s.name, "-w", s.world_size);
+  std::string job = absl::StrCat("eq-", name);
+  for (char& c : job) {
+    if (c == '_') c = '-';
+  }
+  const std::string distributed_params = TempPath(name + "-ddp.pt");
+  const std::string reference_params = TempPath(name + "-reference.pt");
+
+  std::vector<std::string> flags = CommonFlags();
+  flags.insert(flags.end(), s.flags.begin(), s.flags.end());
+  std::vector<std::string> worker_flags = flags;
+  worker_flags.push_back(absl::StrCat("--batch_size=", kPerRankBatch));
+  worker_flags.push_back(absl::StrCat("--save_params=", distributed_params));
+  std::vector<std::unique_ptr<Child>> children;
+  StartWorkers(job, s.world_size, worker_flags, &children);
+
+  std::vector<std::string> reference_argv = {worker(), "--standalone"};
+  reference_argv.insert(reference_argv.end(), flags.begin(), flags.end());
+  reference_argv.push_back(
+      absl::StrCat("--batch_size=", kPerRankBatch * s.world_size));
+  reference_argv.push_back(absl::StrCat("--save_params=", reference_params));
+  children.push_back(std::make_unique<Child>());
+  ASSERT_TRUE(children.back()->Start(reference_argv, /*capture=*/true));
+
+  ASSERT_TRUE(WaitAll(Pointers(children), kTrainBound));
+  for (const auto& c : children) {
+    ASSERT_EQ(c->exit_code(), 0) << c->describe();
+  }
+
+  auto ddp = ReadParameters(distributed_params);
+  auto reference = ReadParameters(reference_params);
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_EQ(ddp->size(), reference->size());
+  ASSERT_EQ(ddp->size(), 6u);  // fc1, fc2, fc3: weight and bias
+  for (const auto& [param, expected] : *reference) {
+    ASSERT_EQ(ddp->count(param), 1u) << param;
+    const torch::Tensor& actual = ddp->at(param);
+    const double error =
+        (actual - expected).norm().item<double>() /
+        std::max(expected.norm().item<double>(), 1e-12);
+    EXPECT_LE(error, 1e-5) << param << " in " << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Trainer, EquivalenceTest,
+    ::testing::ValuesIn([] {
+      std::vector<Scenario> scenarios;
+      for (int w : {2, 3}) {
+        scenarios.push_back({"plain", w, {}});
+        scenarios.push_back({"shuffle", w, {"--shuffle"}});
+        scenarios.push_back({"no_sync_accumulation", w, {"--accumulate=3"}});
+        scenarios.push_back(
+            {"find_unused_parameters", w, {"--find_unused_parameters"}});
+        // One bucket per parameter, and a single bucket for all.
+        scenarios.push_back({"bucket_per_parameter",
+                             w,
+                             {"--bucket_cap_mb=0.000001",
+                              "--first_bucket_mb=0.000001"}});
+        scenarios.push_back({"one_bucket",
+                             w,
+                             {"--bucket_cap_mb=1000", "--first_bucket_mb=1000"}});
+        scenarios.push_back(
+            {"gradient_as_bucket_view", w, {"--gradient_as_bucket_view"}});
+      }
+      return scenarios;
+    }()),
+    ScenarioName);
+
+TEST_F(TrainerProcessTest, MismatchedModelsFailWithTheFirstDifference) {
+  // Two processes of one job whose models differ in fc1's width.
+  std::vector<std::unique_ptr<Child>> children;
+  for (const char* hidden : {"--hidden=24", "--hidden=25"}) {
+    std::vector<std::string> flags = CommonFlags();
+    flags.push_back(hidden);
+    StartWorkers("mismatch", 1, flags, &children, /*processes=*/2);
+  }
+  ASSERT_TRUE(WaitAll(Pointers(children), kTrainBound));
+  for (const auto& c : children) {
+    EXPECT_EQ(c->exit_code(), 1) << c->describe();
+    EXPECT_THAT(c->err(), HasSubstr("fc1.weight")) << c->describe();
+  }
+}
+
+TEST_F(TrainerProcessTest, KilledRankFailsTheOthersWithinTheTimeout) {
+  std::vector<std::string> flags = CommonFlags();
+  // Long enough that the kill lands mid-training; progress every step.
+  flags.erase(flags.end() - 1);
+  flags.insert(flags.end(), {"--log_every=1", "--steps=1000000",
+                             "--synthetic_size=4096"});
+  std::vector<std::unique_ptr<Child>> children;
+  StartWorkers("killed-rank", 2, flags, &children);
+  Child* rank0 = nullptr;
+  Child* rank1 = nullptr;
+  ASSERT_TRUE(PumpUntil(Pointers(children), kTrainBound, [&] {
+    for (const auto& c : children) {
+      if (absl::StrContains(c->out(), "rank 0 of 2")) rank0 = c.get();
+      if (absl::StrContains(c->out(), "rank 1 of 2")) rank1 = c.get();
+    }
+    return rank0 != nullptr && rank1 != nullptr &&
+           absl::StrContains(rank0->out(), "step 5/");
+  })) << children[0]->describe() << "\n" << children[1]->describe();
+
+  rank1->Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  // --timeout=20s bounds how long rank 0 may wait on its dead peer; a broken
+  // connection usually fails it at once.
+  ASSERT_TRUE(WaitAll({rank0, rank1}, absl::Seconds(30)))
+      << "rank 0 hung after its peer died: " << rank0->describe();
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(25));
+  EXPECT_TRUE(rank1->killed_by(SIGKILL));
+  EXPECT_EQ(rank0->exit_code(), 1) << rank0->describe();
+  EXPECT_THAT(rank0->err(), HasSubstr("gloo")) << rank0->describe();
+}
+
+}  // namespace
+}  // namespace gradsync

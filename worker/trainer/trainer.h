@@ -1,0 +1,113 @@
+// The reference training loop of gradsync-worker: a model from models.h on
+// a dataset from worker/data, SGD on the cross-entropy mean over each rank's
+// batch, with gradients synchronized by DistributedDataParallel.
+#ifndef GRADSYNC_WORKER_TRAINER_TRAINER_H_
+#define GRADSYNC_WORKER_TRAINER_TRAINER_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "worker/backend/backend.h"
+#include "worker/ddp/reducer.h"
+#include "worker/trainer/models.h"
+
+namespace gradsync {
+
+struct TrainerConfig {
+  ModelConfig model;
+  // "synthetic" or "mnist" (read from data_dir).
+  std::string dataset = "synthetic";
+  std::string data_dir;
+  // Images in the synthetic dataset.
+  int64_t synthetic_size = 60000;
+  // Samples per rank per micro-batch.
+  int batch_size = 32;
+  // Optimizer steps to run; 0: `epochs` passes over the data.
+  int64_t steps = 0;
+  int epochs = 1;
+  double lr = 0.01;
+  double momentum = 0.0;
+  // Sampler: reshuffle every epoch (seeded by seed + epoch), drop the uneven
+  // tail instead of padding.
+  bool shuffle = false;
+  bool drop_last = false;
+  // Seeds parameter initialization, the synthetic data and the shuffle.
+  uint64_t seed = 0;
+  // "cpu" or "cuda".
+  std::string device = "cpu";
+  int cuda_device = 0;
+  // Micro-batches per optimizer step: all but the last run under no_sync,
+  // and each micro-batch's loss is divided by their number.
+  int accumulate = 1;
+  // DDP's options (buckets, find_unused_parameters, ...).
+  ReducerOptions reducer;
+  bool broadcast_buffers = true;
+  // Progress line every this many steps (and after the last); 0: never.
+  int log_every = 10;
+  // Steps left out of the summary's timings (warm-up).
+  int warmup_steps = 2;
+  std::string load_params;
+  std::string save_params;
+};
+
+// Where one optimizer step's time went; the DDP fields stay zero without a
+// backend.
+struct StepReport {
+  int64_t step = 0;  // 1-based
+  int64_t epoch = 0;
+  // This rank's loss (the mean over its micro-batches).
+  double loss = 0;
+  absl::Duration step_time;
+  StepTimings ddp;
+};
+
+// What a training run did, for the progress line and benchmarks.
+struct TrainSummary {
+  int64_t steps = 0;
+  int64_t parameters = 0;
+  // Loss of the last step averaged over ranks.
+  double final_loss = 0;
+  // Over the steps after warm-up: mean and median step time, global
+  // samples/s, and the mean DDP breakdown.
+  absl::Duration mean_step_time;
+  absl::Duration median_step_time;
+  double samples_per_second = 0;
+  absl::Duration mean_forward;
+  absl::Duration mean_backward;
+  absl::Duration mean_communication;
+  absl::Duration mean_hidden_communication;
+};
+
+// Where Train runs and reports.
+struct TrainContext {
+  // Gradients are synchronized through it; nullptr trains alone (no DDP).
+  Backend* backend = nullptr;
+  int rank = 0;
+  int world_size = 1;
+  // Rank 0 prints progress here; nullptr prints nothing.
+  std::FILE* progress = stdout;
+  // Called after every optimizer step on the training thread; must be cheap.
+  std::function<void(const StepReport&)> on_step;
+  Clock* clock = RealClock::Get();
+};
+
+// Trains per `config`. Collective when `context.backend` is set: every rank
+// calls it with the same config. Errors: INVALID_ARGUMENT for bad settings,
+// FAILED_PRECONDITION (e.g. CUDA requested without CUDA, mismatched models
+// across ranks), NOT_FOUND/DATA_LOSS for data or parameter files, and the
+// backend's errors (a rank that died, a timeout). Not thread-safe: runs on
+// the calling thread.
+absl::StatusOr<TrainSummary> Train(const TrainerConfig& config,
+                                   const TrainContext& context);
+
+// The parameter count `config.model` has.
+absl::StatusOr<int64_t> CountParameters(const ModelConfig& config);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_TRAINER_TRAINER_H_

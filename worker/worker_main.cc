@@ -1,0 +1,253 @@
+// gradsync-worker: the reference trainer. Joins a job through the
+// coordinator, builds the negotiated process group (Gloo on CPU, NCCL on
+// CUDA), trains an MLP or CNN with DistributedDataParallel, and exits 0 on
+// success.
+//
+//   gradsync-worker --coordinator=HOST:PORT --job=NAME --nnodes=MIN[:MAX]
+//       [--model=mlp|cnn] [--dataset=synthetic|mnist --data_dir=DIR] ...
+#include <torch/cuda.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/job_config.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "worker/client/coordinator_client.h"
+#include "worker/runtime/join.h"
+#include "worker/runtime/process_group.h"
+#include "worker/trainer/trainer.h"
+
+// Joining.
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400",
+          "the coordinator, HOST:PORT");
+ABSL_FLAG(std::string, job, "", "job id (created by the first join)");
+ABSL_FLAG(std::string, nnodes, "1", "nodes per round: N or MIN:MAX");
+ABSL_FLAG(int, nproc_per_node, 1, "worker processes per node");
+ABSL_FLAG(std::string, node_id, "",
+          "groups this process with others on the same node (default: "
+          "hostname)");
+ABSL_FLAG(std::string, address, "",
+          "address the other workers reach this one at (default: 127.0.0.1 "
+          "when the coordinator is on loopback, else the hostname)");
+ABSL_FLAG(std::string, network_interface, "",
+          "Gloo: bind this interface (e.g. eth0) instead of --address");
+ABSL_FLAG(absl::Duration, join_timeout, absl::Minutes(10),
+          "how long to wait for the round to close");
+ABSL_FLAG(absl::Duration, last_call_timeout, absl::Seconds(30),
+          "once MIN nodes joined, how long the round waits for more");
+ABSL_FLAG(absl::Duration, timeout, absl::Minutes(5),
+          "bootstrap and per-collective timeout: a peer that stops "
+          "answering fails the step after this long instead of hanging it");
+ABSL_FLAG(bool, standalone, false,
+          "train in this process alone: no coordinator, no gradient sync "
+          "(the single-process baseline)");
+// Devices and backends.
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
+ABSL_FLAG(std::string, backend, "auto",
+          "auto (NCCL when every member has CUDA, else Gloo), gloo or nccl");
+// Model and data.
+ABSL_FLAG(std::string, model, "mlp", "mlp or cnn");
+ABSL_FLAG(int, hidden, 128, "hidden width (mlp: fc1, fc2; cnn: fc1)");
+ABSL_FLAG(std::string, dataset, "synthetic", "synthetic or mnist");
+ABSL_FLAG(std::string, data_dir, "",
+          "mnist: folder with train-images-idx3-ubyte and "
+          "train-labels-idx1-ubyte");
+ABSL_FLAG(int64_t, synthetic_size, 60000, "images in the synthetic dataset");
+// Optimization.
+ABSL_FLAG(int, batch_size, 32, "samples per rank per micro-batch");
+ABSL_FLAG(int64_t, steps, 0, "optimizer steps (0: run --epochs)");
+ABSL_FLAG(int, epochs, 1, "passes over the dataset when --steps is 0");
+ABSL_FLAG(double, lr, 0.01, "SGD learning rate");
+ABSL_FLAG(double, momentum, 0.0, "SGD momentum");
+ABSL_FLAG(bool, shuffle, false,
+          "reshuffle every epoch (randperm seeded by seed + epoch)");
+ABSL_FLAG(bool, drop_last, false,
+          "drop the samples that do not divide evenly among ranks");
+ABSL_FLAG(uint64_t, seed, 0, "seeds initialization, data and shuffling");
+ABSL_FLAG(int, accumulate, 1,
+          "micro-batches per optimizer step (gradients accumulate under "
+          "no_sync between syncs)");
+// DDP.
+ABSL_FLAG(double, bucket_cap_mb, 25.0, "bucket size cap, MiB");
+ABSL_FLAG(double, first_bucket_mb, 1.0, "size cap of the first bucket, MiB");
+ABSL_FLAG(bool, gradient_as_bucket_view, false,
+          "gradients are views into the buckets (no copies)");
+ABSL_FLAG(bool, find_unused_parameters, false,
+          "reduce parameters that got no gradient as zeros instead of "
+          "failing the step");
+ABSL_FLAG(bool, broadcast_buffers, true,
+          "copy rank 0's buffers to every rank before each forward");
+// Output.
+ABSL_FLAG(int, log_every, 10, "print progress every N steps (0: never)");
+ABSL_FLAG(int, warmup_steps, 2, "steps left out of the summary's timings");
+ABSL_FLAG(std::string, load_params, "",
+          "start from these parameters (a torch.save'd dict name -> tensor)");
+ABSL_FLAG(std::string, save_params, "",
+          "rank 0 writes the trained parameters here (torch.load reads it)");
+ABSL_FLAG(std::string, summary_json, "",
+          "rank 0 writes timings and the final loss here as JSON");
+
+namespace gradsync {
+namespace {
+
+int64_t Bytes(double mib) { return static_cast<int64_t>(mib * (1 << 20)); }
+
+TrainerConfig TrainerConfigFromFlags() {
+  TrainerConfig config;
+  config.model.kind = absl::GetFlag(FLAGS_model);
+  config.model.hidden = absl::GetFlag(FLAGS_hidden);
+  config.dataset = absl::GetFlag(FLAGS_dataset);
+  config.data_dir = absl::GetFlag(FLAGS_data_dir);
+  config.synthetic_size = absl::GetFlag(FLAGS_synthetic_size);
+  config.batch_size = absl::GetFlag(FLAGS_batch_size);
+  config.steps = absl::GetFlag(FLAGS_steps);
+  config.epochs = absl::GetFlag(FLAGS_epochs);
+  config.lr = absl::GetFlag(FLAGS_lr);
+  config.momentum = absl::GetFlag(FLAGS_momentum);
+  config.shuffle = absl::GetFlag(FLAGS_shuffle);
+  config.drop_last = absl::GetFlag(FLAGS_drop_last);
+  config.seed = absl::GetFlag(FLAGS_seed);
+  config.device = absl::GetFlag(FLAGS_device);
+  config.accumulate = absl::GetFlag(FLAGS_accumulate);
+  config.reducer.bucket_cap_bytes =
+      std::max<int64_t>(1, Bytes(absl::GetFlag(FLAGS_bucket_cap_mb)));
+  config.reducer.first_bucket_bytes =
+      std::max<int64_t>(1, Bytes(absl::GetFlag(FLAGS_first_bucket_mb)));
+  config.reducer.gradient_as_bucket_view =
+      absl::GetFlag(FLAGS_gradient_as_bucket_view);
+  config.reducer.find_unused_parameters =
+      absl::GetFlag(FLAGS_find_unused_parameters);
+  config.reducer.timeout = absl::GetFlag(FLAGS_timeout);
+  config.broadcast_buffers = absl::GetFlag(FLAGS_broadcast_buffers);
+  config.log_every = absl::GetFlag(FLAGS_log_every);
+  config.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  config.load_params = absl::GetFlag(FLAGS_load_params);
+  config.save_params = absl::GetFlag(FLAGS_save_params);
+  return config;
+}
+
+absl::Status WriteSummary(const std::string& path, const TrainSummary& s,
+                          int world_size) {
+  auto ms = [](absl::Duration d) { return absl::ToDoubleMilliseconds(d); };
+  nlohmann::json json = {
+      {"world_size", world_size},
+      {"steps", s.steps},
+      {"parameters", s.parameters},
+      {"final_loss", s.final_loss},
+      {"mean_step_ms", ms(s.mean_step_time)},
+      {"median_step_ms", ms(s.median_step_time)},
+      {"samples_per_second", s.samples_per_second},
+      {"forward_ms", ms(s.mean_forward)},
+      {"backward_ms", ms(s.mean_backward)},
+      {"communication_ms", ms(s.mean_communication)},
+      {"hidden_communication_ms", ms(s.mean_hidden_communication)},
+  };
+  std::ofstream out(path, std::ios::trunc);
+  out << json.dump(2) << "\n";
+  out.close();
+  if (!out) {
+    return absl::InternalError(absl::StrCat("cannot write ", path));
+  }
+  return absl::OkStatus();
+}
+
+void PrintDone(const TrainSummary& s) {
+  std::printf(
+      "done: %lld steps, final loss %.4f, %.0f samples/s, step %.2f ms "
+      "(median %.2f)\n",
+      static_cast<long long>(s.steps), s.final_loss, s.samples_per_second,
+      absl::ToDoubleMilliseconds(s.mean_step_time),
+      absl::ToDoubleMilliseconds(s.median_step_time));
+  std::fflush(stdout);
+}
+
+absl::Status Run() {
+  TrainerConfig config = TrainerConfigFromFlags();
+  TrainContext context;
+  const std::string summary_path = absl::GetFlag(FLAGS_summary_json);
+  if (absl::GetFlag(FLAGS_standalone)) {
+    GS_ASSIGN_OR_RETURN(TrainSummary summary, Train(config, context));
+    PrintDone(summary);
+    if (!summary_path.empty()) GS_RETURN_IF_ERROR(WriteSummary(summary_path, summary, 1));
+    return absl::OkStatus();
+  }
+
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  JoinConfig join;
+  join.job_id = absl::GetFlag(FLAGS_job);
+  join.nnodes = absl::GetFlag(FLAGS_nnodes);
+  join.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
+  join.node_id = absl::GetFlag(FLAGS_node_id);
+  join.backend = absl::GetFlag(FLAGS_backend);
+  join.join_timeout = absl::GetFlag(FLAGS_join_timeout);
+  join.last_call_timeout = absl::GetFlag(FLAGS_last_call_timeout);
+  join.address = absl::GetFlag(FLAGS_address);
+  if (join.address.empty()) join.address = DefaultWorkerAddress(coordinator);
+  if (config.device == "cuda") {
+    join.device_type = v1::DEVICE_TYPE_CUDA;
+    join.device_count = static_cast<int>(torch::cuda::device_count());
+    join.nccl_available = NcclUsable();
+  }
+  GS_ASSIGN_OR_RETURN(v1::JoinRequest request, BuildJoinRequest(join));
+
+  ClientOptions client_options;
+  client_options.target = coordinator;
+  GS_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Create(client_options));
+  GS_ASSIGN_OR_RETURN(v1::Assignment assignment, client->Join(request));
+  std::printf("gradsync-worker: rank %d of %d (node %d of %d), round %lld, "
+              "backend %s\n",
+              assignment.rank(), assignment.world_size(),
+              assignment.node_rank(), assignment.num_nodes(),
+              static_cast<long long>(assignment.round()),
+              BackendName(assignment.backend()).c_str());
+  std::fflush(stdout);
+
+  ProcessGroupOptions pg;
+  pg.timeout = absl::GetFlag(FLAGS_timeout);
+  pg.address = join.address;
+  pg.network_interface = absl::GetFlag(FLAGS_network_interface);
+  if (config.device == "cuda" && join.device_count > 0) {
+    config.cuda_device = assignment.local_rank() % join.device_count;
+    pg.cuda_device = config.cuda_device;
+  }
+  GS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+                      CreateProcessGroup(client.get(), assignment, pg));
+  context.backend = backend.get();
+  context.rank = assignment.rank();
+  context.world_size = assignment.world_size();
+  GS_ASSIGN_OR_RETURN(TrainSummary summary, Train(config, context));
+  if (assignment.rank() == 0) {
+    PrintDone(summary);
+    if (!summary_path.empty()) {
+      GS_RETURN_IF_ERROR(
+          WriteSummary(summary_path, summary, assignment.world_size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace gradsync
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "gradsync-worker --coordinator=HOST:PORT --job=NAME --nnodes=MIN[:MAX] "
+      "[--model=mlp|cnn] [--dataset=synthetic|mnist] [options]");
+  absl::ParseCommandLine(argc, argv);
+  absl::Status status = gradsync::Run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "gradsync-worker: %s\n", status.ToString().c_str());
+    return EXIT_FAILURE;
+  }
+  return EXIT_SUCCESS;
+}
