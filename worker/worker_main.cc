@@ -6,6 +6,7 @@
 //   gradsync-worker --coordinator=HOST:PORT --job=NAME --nnodes=MIN[:MAX]
 //       [--model=mlp|cnn] [--dataset=synthetic|mnist --data_dir=DIR] ...
 #include <torch/cuda.h>
+#include <torch/utils.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -87,6 +88,8 @@ ABSL_FLAG(bool, find_unused_parameters, false,
           "failing the step");
 ABSL_FLAG(bool, broadcast_buffers, true,
           "copy rank 0's buffers to every rank before each forward");
+ABSL_FLAG(int, threads, 0,
+          "LibTorch intra-op threads (0: LibTorch's default, one per core)");
 // Output.
 ABSL_FLAG(int, log_every, 10, "print progress every N steps (0: never)");
 ABSL_FLAG(int, warmup_steps, 2, "steps left out of the summary's timings");
@@ -172,6 +175,9 @@ void PrintDone(const TrainSummary& s) {
 }
 
 absl::Status Run() {
+  if (absl::GetFlag(FLAGS_threads) > 0) {
+    torch::set_num_threads(absl::GetFlag(FLAGS_threads));
+  }
   TrainerConfig config = TrainerConfigFromFlags();
   TrainContext context;
   const std::string summary_path = absl::GetFlag(FLAGS_summary_json);
