@@ -24,8 +24,11 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/client/coordinator_client.h"
+#include "worker/backend/observed_backend.h"
+#include "worker/runtime/health_reporter.h"
 #include "worker/runtime/join.h"
 #include "worker/runtime/process_group.h"
+#include "worker/trainer/telemetry.h"
 #include "worker/trainer/trainer.h"
 
 // Joining.
@@ -174,17 +177,59 @@ void PrintDone(const TrainSummary& s) {
   std::fflush(stdout);
 }
 
+// Builds the round's process group and trains in it, reporting through
+// `reporter`.
+absl::Status TrainInRound(TrainerConfig config, const v1::Assignment& assignment,
+                          const std::string& address, CoordinatorClient* client,
+                          HealthReporter* reporter) {
+  ProcessGroupOptions pg;
+  pg.timeout = absl::GetFlag(FLAGS_timeout);
+  pg.address = address;
+  pg.network_interface = absl::GetFlag(FLAGS_network_interface);
+  const int devices = static_cast<int>(torch::cuda::device_count());
+  if (config.device == "cuda" && devices > 0) {
+    config.cuda_device = assignment.local_rank() % devices;
+    pg.cuda_device = config.cuda_device;
+  }
+  GS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+                      CreateProcessGroup(client, assignment, pg));
+  ObservedBackend observed(backend.get());
+  Telemetry telemetry(reporter, &observed);
+  TrainContext context;
+  context.backend = &observed;
+  context.rank = assignment.rank();
+  context.world_size = assignment.world_size();
+  context.on_step = [&telemetry](const StepReport& report, int64_t samples) {
+    return telemetry.OnStep(report, samples);
+  };
+  absl::StatusOr<TrainSummary> summary = Train(config, context);
+  if (!summary.ok()) {
+    telemetry.SetError(std::string(summary.status().message()));
+    return summary.status();
+  }
+  telemetry.SetState(v1::WORKER_STATE_STOPPING);
+  if (assignment.rank() == 0) {
+    PrintDone(*summary);
+    const std::string path = absl::GetFlag(FLAGS_summary_json);
+    if (!path.empty()) {
+      GS_RETURN_IF_ERROR(WriteSummary(path, *summary, assignment.world_size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run() {
   if (absl::GetFlag(FLAGS_threads) > 0) {
     torch::set_num_threads(absl::GetFlag(FLAGS_threads));
   }
   TrainerConfig config = TrainerConfigFromFlags();
-  TrainContext context;
   const std::string summary_path = absl::GetFlag(FLAGS_summary_json);
   if (absl::GetFlag(FLAGS_standalone)) {
-    GS_ASSIGN_OR_RETURN(TrainSummary summary, Train(config, context));
+    GS_ASSIGN_OR_RETURN(TrainSummary summary, Train(config, TrainContext()));
     PrintDone(summary);
-    if (!summary_path.empty()) GS_RETURN_IF_ERROR(WriteSummary(summary_path, summary, 1));
+    if (!summary_path.empty()) {
+      GS_RETURN_IF_ERROR(WriteSummary(summary_path, summary, 1));
+    }
     return absl::OkStatus();
   }
 
@@ -218,28 +263,19 @@ absl::Status Run() {
               BackendName(assignment.backend()).c_str());
   std::fflush(stdout);
 
-  ProcessGroupOptions pg;
-  pg.timeout = absl::GetFlag(FLAGS_timeout);
-  pg.address = join.address;
-  pg.network_interface = absl::GetFlag(FLAGS_network_interface);
-  if (config.device == "cuda" && join.device_count > 0) {
-    config.cuda_device = assignment.local_rank() % join.device_count;
-    pg.cuda_device = config.cuda_device;
-  }
-  GS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
-                      CreateProcessGroup(client.get(), assignment, pg));
-  context.backend = backend.get();
-  context.rank = assignment.rank();
-  context.world_size = assignment.world_size();
-  GS_ASSIGN_OR_RETURN(TrainSummary summary, Train(config, context));
-  if (assignment.rank() == 0) {
-    PrintDone(summary);
-    if (!summary_path.empty()) {
-      GS_RETURN_IF_ERROR(
-          WriteSummary(summary_path, summary, assignment.world_size()));
+  HealthReporter reporter(client.get());
+  reporter.Start(assignment, request.node().incarnation_id());
+  absl::Status trained = TrainInRound(config, assignment, join.address,
+                                      client.get(), &reporter);
+  if (!trained.ok()) {
+    absl::Status reported =
+        reporter.Finish(false, EXIT_FAILURE, std::string(trained.message()));
+    if (!reported.ok()) {
+      GS_LOG(WARNING) << "could not report the failure: " << reported;
     }
+    return trained;
   }
-  return absl::OkStatus();
+  return reporter.Finish(true, EXIT_SUCCESS, "");
 }
 
 }  // namespace

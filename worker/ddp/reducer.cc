@@ -113,7 +113,8 @@ void Reducer::MarkBucketReady() {
   while (next_bucket_ < buckets_.size() &&
          buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_];
-    if (first_launch_ == absl::InfiniteFuture()) first_launch_ = clock_->Now();
+    bucket.launched = clock_->Now();
+    if (first_launch_ == absl::InfiniteFuture()) first_launch_ = bucket.launched;
     absl::StatusOr<Buffer> buffer = ToBuffer(bucket.contents);
     bucket.work = buffer.ok() ? backend_->AllReduce(*buffer, ReduceOp::kAverage)
                               : Work::Done(0, buffer.status());
@@ -142,13 +143,19 @@ void Reducer::FinalizeBackward() {
     for (size_t i : unready) MarkVariableReady(i);  // reduced as zeros
   }
 
+  StepTimings timings;
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    absl::Status status = buckets_[b].work->Wait(options_.timeout);
+    const Bucket& bucket = buckets_[b];
+    absl::Status status = bucket.work->Wait(options_.timeout);
     if (!status.ok()) {
       FailBackward(absl::StrCat("all-reduce of gradient bucket ", b, " of ",
                                 buckets_.size(), " failed: ",
                                 status.ToString()));
     }
+    timings.bucket_timings.push_back(
+        {static_cast<int>(b), bucket.contents.numel() *
+                                  static_cast<int64_t>(bucket.contents.element_size()),
+         bucket.work->sequence(), clock_->Now() - bucket.launched});
   }
   const absl::Time end = clock_->Now();
 
@@ -165,7 +172,6 @@ void Reducer::FinalizeBackward() {
     }
   }
 
-  StepTimings timings;
   timings.forward = forward_;
   timings.backward_compute = last_hook_ - backward_start_;
   timings.communication = end - first_launch_;
@@ -174,7 +180,8 @@ void Reducer::FinalizeBackward() {
                                                end - last_hook_));
   timings.hidden_communication = timings.communication - exposed;
   timings.buckets = static_cast<int>(buckets_.size());
-  last_timings_ = timings;
+  timings.first_bucket_ready = first_launch_;
+  last_timings_ = std::move(timings);
 
   if (!rebuilt_) {
     absl::Status rebuilt = RebuildBuckets();

@@ -36,6 +36,17 @@ struct ReducerOptions {
   absl::Duration timeout = absl::Minutes(30);
 };
 
+// One bucket's all-reduce in a step.
+struct BucketTiming {
+  int index = 0;
+  int64_t bytes = 0;
+  // The backend's sequence number of the all-reduce (Work::sequence()).
+  uint64_t sequence = 0;
+  // From launch until FinalizeBackward saw it complete (an upper bound when
+  // it completed while an earlier bucket was being waited for).
+  absl::Duration allreduce;
+};
+
 // Where the time of one synchronized step went.
 struct StepTimings {
   absl::Duration forward;
@@ -46,6 +57,11 @@ struct StepTimings {
   // The part of `communication` that overlapped backward compute.
   absl::Duration hidden_communication;
   int buckets = 0;
+  // When the first bucket became ready and its all-reduce started: across
+  // ranks, a rank that is consistently later than the others is a
+  // straggler.
+  absl::Time first_bucket_ready;
+  std::vector<BucketTiming> bucket_timings;
 };
 
 // Thread-safety: hooks may run on autograd threads; every method is
@@ -82,6 +98,7 @@ class Reducer {
     std::vector<torch::Tensor> views;   // per variable, shaped like it
     size_t pending = 0;                 // variables not yet ready
     std::shared_ptr<Work> work;
+    absl::Time launched;
   };
   // Where a parameter's gradient lives.
   struct Slot {

@@ -172,6 +172,7 @@ absl::StatusOr<TrainSummary> TrainOrThrow(const TrainerConfig& config,
         std::min<int64_t>(config.accumulate, total_micro - micro);
     StepReport report;
     report.step = step;
+    int64_t step_samples = 0;
     // Zero in place: with gradient_as_bucket_view the gradients are the
     // buckets, so they must stay where they are.
     for (auto& p : model->parameters()) {
@@ -188,6 +189,7 @@ absl::StatusOr<TrainSummary> TrainOrThrow(const TrainerConfig& config,
       torch::Tensor batch = epoch_indices.slice(
           0, j * config.batch_size,
           std::min<int64_t>((j + 1) * config.batch_size, sampler.num_samples()));
+      step_samples += batch.size(0);
       window_samples += batch.size(0) * context.world_size;
       torch::Tensor x = data.images.index_select(0, batch);
       torch::Tensor y = data.labels.index_select(0, batch);
@@ -212,7 +214,9 @@ absl::StatusOr<TrainSummary> TrainOrThrow(const TrainerConfig& config,
     report.step_time = context.clock->Now() - step_start;
     if (ddp != nullptr) report.ddp = ddp->last_step_timings();
     if (step > config.warmup_steps) stats.Add(report);
-    if (context.on_step) context.on_step(report);
+    if (context.on_step) {
+      GS_RETURN_IF_ERROR(context.on_step(report, step_samples));
+    }
 
     const bool last = step == total_steps;
     if (last || (config.log_every > 0 && step % config.log_every == 0)) {

@@ -91,8 +91,10 @@ struct TrainContext {
   int world_size = 1;
   // Rank 0 prints progress here; nullptr prints nothing.
   std::FILE* progress = stdout;
-  // Called after every optimizer step on the training thread; must be cheap.
-  std::function<void(const StepReport&)> on_step;
+  // Called after every optimizer step on the training thread with the step
+  // and the samples this process consumed in it; must be cheap. An error
+  // stops training with that error.
+  std::function<absl::Status(const StepReport&, int64_t samples)> on_step;
   Clock* clock = RealClock::Get();
 };
 

@@ -1,0 +1,68 @@
+// A Backend decorator that records what a rank's collectives are doing, for
+// its heartbeats: a fingerprint of every collective it issues (for desync
+// detection), and the sequence numbers of the last one started and the last
+// one finished (for hang diagnosis).
+#ifndef GRADSYNC_WORKER_BACKEND_OBSERVED_BACKEND_H_
+#define GRADSYNC_WORKER_BACKEND_OBSERVED_BACKEND_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/backend/backend.h"
+
+namespace gradsync {
+
+// What identifies one collective across ranks.
+struct CollectiveRecord {
+  // The wrapped backend's sequence number (Work::sequence()).
+  uint64_t sequence = 0;
+  std::string op;  // "allreduce", "broadcast", "allgather", "barrier"
+  DataType dtype = DataType::kUInt8;
+  int64_t count = 0;
+};
+
+// Forwards every collective to `inner` (which must outlive it) and returns
+// its Work unchanged. Collectives refused for bad arguments (sequence 0) are
+// not recorded. Thread-safe.
+class ObservedBackend final : public Backend {
+ public:
+  explicit ObservedBackend(Backend* inner);
+
+  std::string name() const override { return inner_->name(); }
+  std::shared_ptr<Work> AllReduce(Buffer buffer, ReduceOp op) override;
+  std::shared_ptr<Work> Broadcast(Buffer buffer, int root) override;
+  std::shared_ptr<Work> AllGather(Buffer input, Buffer output) override;
+  std::shared_ptr<Work> Barrier() override;
+
+  // The records of collectives issued since the last call, in issue order
+  // (at most the newest `kMaxPending`).
+  std::vector<CollectiveRecord> TakeRecords();
+
+  // The highest sequence number issued, and the highest one such that it and
+  // every collective before it have completed (0: none).
+  uint64_t last_started() const;
+  uint64_t last_finished() const;
+
+  static constexpr size_t kMaxPending = 1024;
+
+ private:
+  std::shared_ptr<Work> Record(std::shared_ptr<Work> work, const char* op,
+                               DataType dtype, int64_t count);
+
+  Backend* const inner_;
+  mutable absl::Mutex mu_;
+  std::deque<CollectiveRecord> pending_ ABSL_GUARDED_BY(mu_);
+  // Issued collectives not yet seen complete, in issue order.
+  mutable std::deque<std::shared_ptr<Work>> in_flight_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_started_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable uint64_t last_finished_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_BACKEND_OBSERVED_BACKEND_H_

@@ -1,0 +1,126 @@
+#include "worker/trainer/telemetry.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_config.h"
+
+namespace gradsync {
+
+int64_t ResidentSetBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  if (!(statm >> size >> resident)) return 0;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+Telemetry::Telemetry(HealthReporter* reporter, ObservedBackend* backend,
+                     absl::Duration refresh_interval)
+    : reporter_(reporter), backend_(backend) {
+  metrics_.set_state(v1::WORKER_STATE_STARTING);
+  refresher_ = std::thread([this, refresh_interval] {
+    RefreshLoop(refresh_interval);
+  });
+}
+
+Telemetry::~Telemetry() {
+  stop_.Notify();
+  refresher_.join();
+}
+
+void Telemetry::RefreshLoop(absl::Duration interval) {
+  while (!stop_.WaitForNotificationWithTimeout(interval)) {
+    absl::MutexLock lock(&mu_);
+    PublishLocked();
+  }
+}
+
+void Telemetry::PublishLocked() {
+  metrics_.set_last_started_collective(
+      static_cast<int64_t>(backend_->last_started()));
+  metrics_.set_last_finished_collective(
+      static_cast<int64_t>(backend_->last_finished()));
+  metrics_.set_rss_bytes(ResidentSetBytes());
+  reporter_->Update(metrics_);
+  // Events go out once.
+  metrics_.clear_recent_collectives();
+  metrics_.clear_first_bucket_ready();
+}
+
+absl::Status Telemetry::OnStep(const StepReport& report, int64_t samples) {
+  {
+    absl::MutexLock lock(&mu_);
+    metrics_.set_state(v1::WORKER_STATE_TRAINING);
+    metrics_.set_step(report.step);
+    const double seconds = absl::ToDoubleSeconds(report.step_time);
+    if (seconds > 0) {
+      const double rate = samples / seconds;
+      // A moving average: one slow step should not make the table jump.
+      samples_per_second_ = samples_per_second_ == 0
+                                ? rate
+                                : 0.8 * samples_per_second_ + 0.2 * rate;
+    }
+    metrics_.set_samples_per_second(samples_per_second_);
+    v1::StepTimings* t = metrics_.mutable_step_timings();
+    t->set_step_seconds(seconds);
+    t->set_forward_seconds(absl::ToDoubleSeconds(report.ddp.forward));
+    t->set_backward_seconds(absl::ToDoubleSeconds(report.ddp.backward_compute));
+    t->set_communication_seconds(absl::ToDoubleSeconds(
+        report.ddp.communication - report.ddp.hidden_communication));
+    t->set_hidden_communication_seconds(
+        absl::ToDoubleSeconds(report.ddp.hidden_communication));
+
+    // Bucket stats, and which bucket each collective of the step carried.
+    std::map<uint64_t, int> bucket_of;
+    metrics_.clear_buckets();
+    for (const BucketTiming& b : report.ddp.bucket_timings) {
+      bucket_of[b.sequence] = b.index;
+      v1::BucketStats* stats = metrics_.add_buckets();
+      stats->set_index(b.index);
+      stats->set_bytes(b.bytes);
+      const double s = absl::ToDoubleSeconds(b.allreduce);
+      stats->set_allreduce_seconds(s);
+      stats->set_algbw_bytes_per_second(s > 0 ? b.bytes / s : 0);
+    }
+    for (const CollectiveRecord& r : backend_->TakeRecords()) {
+      v1::CollectiveFingerprint* f = metrics_.add_recent_collectives();
+      f->set_sequence(static_cast<int64_t>(r.sequence));
+      f->set_op(r.op);
+      f->set_dtype(DataTypeName(r.dtype));
+      f->set_count(r.count);
+      auto it = bucket_of.find(r.sequence);
+      f->set_bucket_index(it == bucket_of.end() ? -1 : it->second);
+    }
+    if (report.ddp.first_bucket_ready != absl::Time() &&
+        report.ddp.first_bucket_ready != absl::InfiniteFuture()) {
+      v1::StepReady* ready = metrics_.add_first_bucket_ready();
+      ready->set_step(report.step);
+      *ready->mutable_time() = ToProtoTime(report.ddp.first_bucket_ready);
+    }
+    PublishLocked();
+  }
+  const HealthReporter::Verdict verdict = reporter_->verdict();
+  if (verdict.state == v1::JOB_STATE_FAILED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the coordinator failed the job: ", verdict.reason));
+  }
+  return absl::OkStatus();
+}
+
+void Telemetry::SetState(v1::WorkerState state) {
+  absl::MutexLock lock(&mu_);
+  metrics_.set_state(state);
+  PublishLocked();
+}
+
+void Telemetry::SetError(const std::string& error) {
+  absl::MutexLock lock(&mu_);
+  metrics_.set_last_error(error);
+  PublishLocked();
+}
+
+}  // namespace gradsync

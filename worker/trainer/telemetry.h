@@ -1,0 +1,66 @@
+// Turns what the training loop and its backend observe into the heartbeats a
+// HealthReporter sends: step metrics after every step, and between steps a
+// refresh of the collective counters so that a rank stuck inside a step
+// still shows which collective it is waiting on.
+#ifndef GRADSYNC_WORKER_TRAINER_TELEMETRY_H_
+#define GRADSYNC_WORKER_TRAINER_TELEMETRY_H_
+
+#include <cstdint>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "proto/gradsync/v1/job.pb.h"
+#include "worker/backend/observed_backend.h"
+#include "worker/runtime/health_reporter.h"
+#include "worker/trainer/trainer.h"
+
+namespace gradsync {
+
+// Thread-safe. `reporter` and `backend` must outlive it; the refresh thread
+// runs from construction to destruction.
+class Telemetry {
+ public:
+  Telemetry(HealthReporter* reporter, ObservedBackend* backend,
+            absl::Duration refresh_interval = absl::Seconds(1));
+  ~Telemetry();
+  Telemetry(const Telemetry&) = delete;
+  Telemetry& operator=(const Telemetry&) = delete;
+
+  // Reports one finished step in which this process consumed `samples`.
+  // Returns FAILED_PRECONDITION with the coordinator's reason once the
+  // coordinator has failed the job (e.g. ranks desynchronized), so the
+  // training loop stops instead of hanging.
+  absl::Status OnStep(const StepReport& report, int64_t samples);
+
+  // Sets the worker state (STARTING, TRAINING, STOPPING, ...) and sends it.
+  void SetState(v1::WorkerState state);
+
+  // Records the error training ended with and sends it.
+  void SetError(const std::string& error);
+
+ private:
+  // Fills the collective counters and memory, then hands the snapshot to
+  // the reporter.
+  void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefreshLoop(absl::Duration interval);
+
+  HealthReporter* const reporter_;
+  ObservedBackend* const backend_;
+  absl::Mutex mu_;
+  v1::WorkerMetrics metrics_ ABSL_GUARDED_BY(mu_);
+  double samples_per_second_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Notification stop_;
+  std::thread refresher_;
+};
+
+// This process's resident set size in bytes (0 when unknown).
+int64_t ResidentSetBytes();
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_TRAINER_TELEMETRY_H_
