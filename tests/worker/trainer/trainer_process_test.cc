@@ -2,7 +2,8 @@
 // worker processes (Gloo, through a real coordinator) training on shards of
 // each global batch end with the same parameters (relative error <= 1e-5) as
 // one process training alone on the whole global batches. Also: models that
-// differ across ranks, and a rank killed mid-training.
+// differ across ranks, and a rank killed mid-training (the others fail
+// within the timeout; the coordinator shows it LOST within 3 s).
 #include <signal.h>
 #include <torch/torch.h>
 
@@ -17,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
+#include "worker/client/coordinator_client.h"
 #include "worker/trainer/params_io.h"
 
 namespace gradsync {
@@ -49,7 +51,7 @@ class TrainerProcessTest : public ::testing::Test {
   static void SetUpTestSuite() {
     coordinator_ = new CoordinatorProcess();
     ASSERT_TRUE(coordinator_->Start(Runfile("server/gradsync-coordinator"),
-                                    "trainer_equivalence_test"));
+                                    "trainer_process_test"));
   }
   static void TearDownTestSuite() {
     EXPECT_TRUE(coordinator_->Stop());
@@ -207,6 +209,23 @@ TEST_F(TrainerProcessTest, KilledRankFailsTheOthersWithinTheTimeout) {
 
   rank1->Signal(SIGKILL);
   const absl::Time killed = absl::Now();
+  // The coordinator marks the killed rank LOST: at once when its heartbeat
+  // stream breaks, at the latest after 3 missed 1 s heartbeats.
+  ClientOptions options;
+  options.target = coordinator_->address();
+  auto client = CoordinatorClient::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  bool lost = false;
+  while (!lost && absl::Now() - killed < absl::Seconds(5)) {
+    auto job = (*client)->GetJob("killed-rank");
+    ASSERT_TRUE(job.ok()) << job.status();
+    for (const v1::Member& m : job->members()) {
+      lost = lost || (m.rank() == 1 && m.state() == v1::MEMBER_STATE_LOST);
+    }
+    if (!lost) absl::SleepFor(absl::Milliseconds(20));  // polling another process
+  }
+  EXPECT_TRUE(lost) << "rank 1 not LOST 5 s after SIGKILL";
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(3) + absl::Milliseconds(500));
   // --timeout=20s bounds how long rank 0 may wait on its dead peer; a broken
   // connection usually fails it at once.
   ASSERT_TRUE(WaitAll({rank0, rank1}, absl::Seconds(30)))
