@@ -194,7 +194,11 @@ absl::Status TrainInRound(TrainerConfig config, const v1::Assignment& assignment
   GS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                       CreateProcessGroup(client, assignment, pg));
   ObservedBackend observed(backend.get());
-  Telemetry telemetry(reporter, &observed);
+  std::function<int64_t()> gpu_memory;
+  if (config.device == "cuda") {
+    gpu_memory = [device = config.cuda_device] { return CudaMemoryInUse(device); };
+  }
+  Telemetry telemetry(reporter, &observed, std::move(gpu_memory));
   TrainContext context;
   context.backend = &observed;
   context.rank = assignment.rank();

@@ -374,6 +374,23 @@ int CudaDeviceCount() {
   return count;
 }
 
+int64_t CudaDeviceMemoryInUse(int device_index) {
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  size_t free_bytes = 0, total_bytes = 0;
+  const bool ok = cudaSetDevice(device_index) == cudaSuccess &&
+                  cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
+  cudaSetDevice(previous);
+  if (!ok) {
+    cudaGetLastError();
+    return 0;
+  }
+  return static_cast<int64_t>(total_bytes - free_bytes);
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(
     const BackendOptions& options, Store* store,
     const NcclOptions& nccl_options) {

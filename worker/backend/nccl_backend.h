@@ -43,6 +43,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(
 // The number of CUDA devices this process can use (0 without a driver).
 int CudaDeviceCount();
 
+// Memory in use on CUDA device `device_index`, bytes (total minus free: with
+// one training process per GPU, that process's usage); 0 when unknown.
+int64_t CudaDeviceMemoryInUse(int device_index);
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_WORKER_BACKEND_NCCL_BACKEND_H_

@@ -21,6 +21,15 @@ bool NcclUsable() {
 #endif
 }
 
+int64_t CudaMemoryInUse(int cuda_device) {
+#ifdef GRADSYNC_HAS_NCCL
+  return CudaDeviceMemoryInUse(cuda_device);
+#else
+  (void)cuda_device;
+  return 0;
+#endif
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateProcessGroup(
     CoordinatorClient* client, const v1::Assignment& assignment,
     const ProcessGroupOptions& options) {

@@ -41,6 +41,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateProcessGroup(
 // device.
 bool NcclUsable();
 
+// Memory in use on CUDA device `cuda_device` (see CudaDeviceMemoryInUse);
+// 0 in builds without CUDA.
+int64_t CudaMemoryInUse(int cuda_device);
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_WORKER_RUNTIME_PROCESS_GROUP_H_

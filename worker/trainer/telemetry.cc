@@ -19,8 +19,11 @@ int64_t ResidentSetBytes() {
 }
 
 Telemetry::Telemetry(HealthReporter* reporter, ObservedBackend* backend,
+                     std::function<int64_t()> gpu_memory,
                      absl::Duration refresh_interval)
-    : reporter_(reporter), backend_(backend) {
+    : reporter_(reporter),
+      backend_(backend),
+      gpu_memory_(std::move(gpu_memory)) {
   metrics_.set_state(v1::WORKER_STATE_STARTING);
   refresher_ = std::thread([this, refresh_interval] {
     RefreshLoop(refresh_interval);
@@ -45,6 +48,7 @@ void Telemetry::PublishLocked() {
   metrics_.set_last_finished_collective(
       static_cast<int64_t>(backend_->last_finished()));
   metrics_.set_rss_bytes(ResidentSetBytes());
+  if (gpu_memory_) metrics_.set_gpu_memory_bytes(gpu_memory_());
   reporter_->Update(metrics_);
   // Events go out once.
   metrics_.clear_recent_collectives();

@@ -6,6 +6,7 @@
 #define GRADSYNC_WORKER_TRAINER_TELEMETRY_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -25,7 +26,10 @@ namespace gradsync {
 // runs from construction to destruction.
 class Telemetry {
  public:
+  // `gpu_memory`, when set, tells the GPU memory in use (bytes) for the
+  // heartbeats; it is called on the reporting threads.
   Telemetry(HealthReporter* reporter, ObservedBackend* backend,
+            std::function<int64_t()> gpu_memory = nullptr,
             absl::Duration refresh_interval = absl::Seconds(1));
   ~Telemetry();
   Telemetry(const Telemetry&) = delete;
@@ -51,6 +55,7 @@ class Telemetry {
 
   HealthReporter* const reporter_;
   ObservedBackend* const backend_;
+  const std::function<int64_t()> gpu_memory_;
   absl::Mutex mu_;
   v1::WorkerMetrics metrics_ ABSL_GUARDED_BY(mu_);
   double samples_per_second_ ABSL_GUARDED_BY(mu_) = 0;
