@@ -271,6 +271,8 @@ absl::StatusOr<bool> HealthManager::Heartbeat(Session* session,
   m.metrics.Swap(request->mutable_metrics());
   m.metrics.clear_recent_collectives();
   m.metrics.clear_first_bucket_ready();
+  m.buckets.Swap(m.metrics.mutable_buckets());
+  m.metrics.clear_buckets();
   heartbeats_.fetch_add(1, std::memory_order_relaxed);
   if (session->generation_sent == job->generation) return false;
   session->generation_sent = job->generation;
@@ -426,6 +428,8 @@ absl::StatusOr<v1::JobState> HealthManager::ReportCompletion(
     m.metrics = request.metrics();
     m.metrics.clear_recent_collectives();
     m.metrics.clear_first_bucket_ready();
+    m.buckets.Swap(m.metrics.mutable_buckets());
+    m.metrics.clear_buckets();
   }
   HealthUpdate update;
   if (request.success()) {
@@ -575,7 +579,7 @@ void HealthManager::DiagnoseHang(JobHealth* job, absl::Time now) {
       ")"));
 }
 
-void HealthManager::Describe(v1::JobStatus* status) const {
+void HealthManager::Describe(v1::JobStatus* status, bool with_buckets) const {
   std::shared_ptr<JobHealth> job;
   {
     absl::ReaderMutexLock lock(&mu_);
@@ -591,7 +595,8 @@ void HealthManager::Describe(v1::JobStatus* status) const {
     v1::Member* out = status->mutable_members(r);
     if (m.heard) {
       *out->mutable_last_seen() = ToProtoTime(m.last_seen);
-      *out->mutable_metrics() = m.metrics;
+      out->mutable_metrics()->CopyFrom(m.metrics);
+      if (with_buckets) *out->mutable_metrics()->mutable_buckets() = m.buckets;
     }
     if (m.lag > absl::ZeroDuration()) {
       *out->mutable_lag() = ToProtoDuration(m.lag);

@@ -97,9 +97,10 @@ class HealthManager {
   void StopDetection() { stopped_.store(true); }
 
   // Adds what monitoring knows to `status` (read from JobManager): each
-  // member's metrics, last heartbeat and lag, and the job's diagnosis. A
-  // no-op when the status's round is not monitored.
-  void Describe(v1::JobStatus* status) const;
+  // member's metrics (with their per-bucket stats if `with_buckets`), last
+  // heartbeat and lag, and the job's diagnosis. A no-op when the status's
+  // round is not monitored.
+  void Describe(v1::JobStatus* status, bool with_buckets = false) const;
 
   // Calls `fn` for every member of every monitored round, under that job's
   // lock (fn must not call back into the manager).
@@ -129,7 +130,9 @@ class HealthManager {
     absl::Time last_seen;  // last heartbeat, or the start of monitoring
     int64_t last_started = 0;
     int64_t last_finished = 0;
-    v1::WorkerMetrics metrics;  // latest snapshot, events cleared
+    v1::WorkerMetrics metrics;  // latest snapshot, events and buckets cleared
+    // The snapshot's buckets, kept apart: status leaves them out by default.
+    google::protobuf::RepeatedPtrField<v1::BucketStats> buckets;
     std::vector<absl::Duration> lags;  // ring of the last kLagSamples
     int lag_count = 0;                 // samples ever recorded
     absl::Duration lag;                // median of `lags`

@@ -101,12 +101,20 @@ absl::StatusOr<v1::JobConfig> JobManager::GetOrCreate(
 }
 
 absl::StatusOr<v1::JobStatus> JobManager::Get(absl::string_view job_id) const {
+  v1::JobStatus record;
+  GS_RETURN_IF_ERROR(CopyTo(job_id, &record));
+  return record;
+}
+
+absl::Status JobManager::CopyTo(absl::string_view job_id,
+                              v1::JobStatus* out) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) {
     return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
   }
-  return it->second;
+  out->CopyFrom(it->second);
+  return absl::OkStatus();
 }
 
 bool JobManager::Exists(absl::string_view job_id) const {

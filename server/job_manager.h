@@ -84,6 +84,8 @@ class JobManager {
 
   // One job's record; NOT_FOUND for an unknown id.
   absl::StatusOr<v1::JobStatus> Get(absl::string_view job_id) const;
+  // The same, copied into `out` (which may live on an arena).
+  absl::Status CopyTo(absl::string_view job_id, v1::JobStatus* out) const;
 
   // Whether `job_id` exists.
   bool Exists(absl::string_view job_id) const;

@@ -25,27 +25,29 @@ class JobsService::Watch final
     : public grpc::ServerWriteReactor<v1::WatchJobResponse> {
  public:
   Watch(const JobsService* service, std::string job_id,
-        absl::Duration min_interval)
+        absl::Duration min_interval, bool with_buckets)
       : service_(service),
         job_id_(std::move(job_id)),
-        min_interval_(min_interval) {}
+        min_interval_(min_interval),
+        with_buckets_(with_buckets) {}
 
   bool released() const { return released_.load(); }
 
   void MaybeSend(absl::Time now) {
     absl::MutexLock lock(&mu_);
     if (finishing_ || writing_ || now < next_send_) return;
-    absl::StatusOr<v1::JobStatus> status = service_->JobStatus(job_id_);
-    if (!status.ok()) {
+    v1::JobStatus status;
+    absl::Status read = service_->JobStatus(job_id_, with_buckets_, &status);
+    if (!read.ok()) {
       finishing_ = true;
-      Finish(ToGrpcStatus(status.status()));
+      Finish(ToGrpcStatus(read));
       return;
     }
-    std::string bytes = status->SerializeAsString();
+    std::string bytes = status.SerializeAsString();
     if (bytes == last_sent_) return;
     last_sent_ = std::move(bytes);
-    final_ = IsTerminal(status->state());
-    *response_.mutable_job() = *std::move(status);
+    final_ = IsTerminal(status.state());
+    response_.mutable_job()->Swap(&status);
     writing_ = true;
     next_send_ = now + min_interval_;
     StartWrite(&response_);
@@ -75,6 +77,7 @@ class JobsService::Watch final
   const JobsService* const service_;
   const std::string job_id_;
   const absl::Duration min_interval_;
+  const bool with_buckets_;
   std::atomic<bool> released_{false};
 
   absl::Mutex mu_;
@@ -86,9 +89,30 @@ class JobsService::Watch final
   v1::WatchJobResponse response_ ABSL_GUARDED_BY(mu_);
 };
 
+grpc::MessageHolder<v1::GetJobRequest, v1::GetJobResponse>*
+JobsService::ArenaAllocator::AllocateMessages() {
+  class Holder final
+      : public grpc::MessageHolder<v1::GetJobRequest, v1::GetJobResponse> {
+   public:
+    Holder() {
+      set_request(
+          google::protobuf::Arena::CreateMessage<v1::GetJobRequest>(&arena_));
+      set_response(
+          google::protobuf::Arena::CreateMessage<v1::GetJobResponse>(&arena_));
+    }
+    void Release() override { delete this; }
+
+   private:
+    google::protobuf::Arena arena_;
+  };
+  return new Holder();
+}
+
 JobsService::JobsService(JobManager* jobs, const RendezvousManager* rendezvous,
                          const HealthManager* health, Clock* clock)
-    : jobs_(jobs), rendezvous_(rendezvous), health_(health), clock_(clock) {}
+    : jobs_(jobs), rendezvous_(rendezvous), health_(health), clock_(clock) {
+  SetMessageAllocatorFor_GetJob(&get_job_allocator_);
+}
 
 JobsService::~JobsService() {
   // The server is shut down: every watch has had its OnDone.
@@ -96,16 +120,16 @@ JobsService::~JobsService() {
   for (Watch* watch : watches_) delete watch;
 }
 
-absl::StatusOr<v1::JobStatus> JobsService::JobStatus(
-    const std::string& job_id) const {
-  absl::Status valid = ValidateJobId(job_id);
-  if (!valid.ok()) return valid;
-  absl::StatusOr<v1::JobStatus> job = jobs_->Get(job_id);
-  if (job.ok()) {
-    rendezvous_->DescribeWaiting(job_id, &*job);
-    health_->Describe(&*job);
+absl::Status JobsService::JobStatus(const std::string& job_id,
+                                    bool with_buckets,
+                                    v1::JobStatus* out) const {
+  absl::Status status = ValidateJobId(job_id);
+  if (status.ok()) status = jobs_->CopyTo(job_id, out);
+  if (status.ok()) {
+    rendezvous_->DescribeWaiting(job_id, out);
+    health_->Describe(out, with_buckets);
   }
-  return job;
+  return status;
 }
 
 grpc::ServerUnaryReactor* JobsService::CreateJob(
@@ -121,10 +145,11 @@ grpc::ServerUnaryReactor* JobsService::CreateJob(
 grpc::ServerUnaryReactor* JobsService::GetJob(
     grpc::CallbackServerContext* context, const v1::GetJobRequest* request,
     v1::GetJobResponse* response) {
-  absl::StatusOr<v1::JobStatus> job = JobStatus(request->job_id());
-  if (job.ok()) *response->mutable_job() = *std::move(job);
+  absl::Status status = JobStatus(request->job_id(), request->with_buckets(),
+                                  response->mutable_job());
+  if (!status.ok()) response->clear_job();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(job.status()));
+  reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 
@@ -143,7 +168,8 @@ grpc::ServerWriteReactor<v1::WatchJobResponse>* JobsService::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
   const absl::Duration interval = std::max(
       kMinWatchInterval, absl::Milliseconds(request->min_interval_ms()));
-  auto* watch = new Watch(this, request->job_id(), interval);
+  auto* watch =
+      new Watch(this, request->job_id(), interval, request->with_buckets());
   {
     absl::MutexLock lock(&mu_);
     watches_.insert(watch);

@@ -1,6 +1,8 @@
 #ifndef GRADSYNC_SERVER_JOBS_SERVICE_H_
 #define GRADSYNC_SERVER_JOBS_SERVICE_H_
 
+#include <grpcpp/support/message_allocator.h>
+
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -43,16 +45,27 @@ class JobsService final : public v1::Jobs::CallbackService {
   // changed, and releases finished watches. Called every poll interval.
   void PollWatches();
 
-  // One job's full status, as GetJob answers it.
-  absl::StatusOr<v1::JobStatus> JobStatus(const std::string& job_id) const;
+  // One job's full status, as GetJob answers it, written into `out`.
+  absl::Status JobStatus(const std::string& job_id, bool with_buckets,
+                         v1::JobStatus* out) const;
 
  private:
   class Watch;
+
+  // GetJob builds its answer on a per-call arena: a status of 10,000 members
+  // is tens of thousands of small allocations otherwise.
+  class ArenaAllocator final
+      : public grpc::MessageAllocator<v1::GetJobRequest, v1::GetJobResponse> {
+   public:
+    grpc::MessageHolder<v1::GetJobRequest, v1::GetJobResponse>*
+    AllocateMessages() override;
+  };
 
   JobManager* const jobs_;
   const RendezvousManager* const rendezvous_;
   const HealthManager* const health_;
   Clock* const clock_;
+  ArenaAllocator get_job_allocator_;
 
   absl::Mutex mu_;
   absl::flat_hash_set<Watch*> watches_ ABSL_GUARDED_BY(mu_);

@@ -243,7 +243,7 @@ TEST_F(HealthIntegrationTest, CompletionEndsTheJobAndItsWatch) {
   absl::Status watched;
   absl::Notification first_status, watch_ended;
   std::thread watcher([&] {
-    watched = client_->WatchJob("done", absl::Milliseconds(100),
+    watched = client_->WatchJob("done", absl::Milliseconds(100), false,
                                 [&](const v1::JobStatus& job) {
                                   seen.push_back(job.state());
                                   if (seen.size() == 1) first_status.Notify();
@@ -288,8 +288,9 @@ TEST_F(HealthIntegrationTest, FailedMemberFailsTheJob) {
 }
 
 TEST_F(HealthIntegrationTest, WatchOfAnUnknownJobIsNotFound) {
-  absl::Status status = client_->WatchJob(
-      "nope", absl::Milliseconds(100), [](const v1::JobStatus&) { return true; });
+  absl::Status status =
+      client_->WatchJob("nope", absl::Milliseconds(100), false,
+                        [](const v1::JobStatus&) { return true; });
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
 }
 

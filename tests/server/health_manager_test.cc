@@ -349,6 +349,9 @@ TEST_F(HealthManagerTest, StatusShowsTheLatestMetricsAndLastSeen) {
   metrics.set_samples_per_second(1234.5);
   metrics.mutable_step_timings()->set_step_seconds(0.25);
   metrics.add_recent_collectives()->set_sequence(1);
+  v1::BucketStats* bucket = metrics.add_buckets();
+  bucket->set_index(0);
+  bucket->set_bytes(1 << 20);
   ASSERT_TRUE(Beat(0, metrics).ok());
   clock_.Advance(absl::Milliseconds(500));
   metrics.set_step(42);
@@ -362,6 +365,12 @@ TEST_F(HealthManagerTest, StatusShowsTheLatestMetricsAndLastSeen) {
   EXPECT_EQ(FromProtoTime(status.members(0).last_seen()), clock_.Now());
   EXPECT_FALSE(status.members(1).has_metrics());
   EXPECT_EQ(health_.heartbeats(), 2);
+  // Buckets only when asked for.
+  EXPECT_EQ(status.members(0).metrics().buckets_size(), 0);
+  v1::JobStatus full = *jobs_.Get(kJob);
+  health_.Describe(&full, /*with_buckets=*/true);
+  ASSERT_EQ(full.members(0).metrics().buckets_size(), 1);
+  EXPECT_EQ(full.members(0).metrics().buckets(0).bytes(), 1 << 20);
 }
 
 // ---------------------------------------------------------------------------

@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (command == "status" && args.size() == 3) {
-    auto job = (*client)->GetJob(args[2]);
+    auto job = (*client)->GetJob(args[2], /*with_buckets=*/json);
     if (!job.ok()) return Fail(std::string(job.status().message()), 1);
     std::cout << (json ? gradsync::JobStatusToJson(*job)
                        : gradsync::FormatJobStatus(*job, absl::Now()));
@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
     // On a terminal, each update replaces the previous one.
     const bool redraw = !json && isatty(STDOUT_FILENO);
     absl::Status watched = (*client)->WatchJob(
-        job_id, absl::GetFlag(FLAGS_interval), [&](const gradsync::v1::JobStatus& job) {
+        job_id, absl::GetFlag(FLAGS_interval), /*with_buckets=*/json,
+        [&](const gradsync::v1::JobStatus& job) {
           if (json) {
             std::cout << gradsync::JobStatusToJsonLine(job) << std::flush;
             return true;

@@ -338,9 +338,10 @@ absl::StatusOr<v1::JobStatus> CoordinatorClient::CreateJob(
 }
 
 absl::StatusOr<v1::JobStatus> CoordinatorClient::GetJob(
-    const std::string& job_id) {
+    const std::string& job_id, bool with_buckets) {
   v1::GetJobRequest request;
   request.set_job_id(job_id);
+  request.set_with_buckets(with_buckets);
   v1::GetJobResponse response;
   absl::Status status =
       Call("get job", options_.call_timeout, [&](grpc::ClientContext* c) {
@@ -363,10 +364,11 @@ absl::StatusOr<std::vector<v1::JobStatus>> CoordinatorClient::ListJobs() {
 }
 
 absl::Status CoordinatorClient::WatchJob(
-    const std::string& job_id, absl::Duration min_interval,
+    const std::string& job_id, absl::Duration min_interval, bool with_buckets,
     const std::function<bool(const v1::JobStatus&)>& on_status) {
   v1::WatchJobRequest request;
   request.set_job_id(job_id);
+  request.set_with_buckets(with_buckets);
   request.set_min_interval_ms(absl::ToInt64Milliseconds(min_interval));
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReader<v1::WatchJobResponse>> reader =

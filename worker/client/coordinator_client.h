@@ -85,13 +85,16 @@ class CoordinatorClient {
 
   // Jobs.
   absl::StatusOr<v1::JobStatus> CreateJob(const v1::JobConfig& config);
-  absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id);
+  // With `with_buckets`, members' metrics include their per-bucket stats.
+  absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id,
+                                       bool with_buckets = false);
   absl::StatusOr<std::vector<v1::JobStatus>> ListJobs();
 
   // Streams `job_id`'s status (Jobs.WatchJob): calls `on_status` with each
   // update until the job ends (then returns OK), the stream fails, or
   // `on_status` returns false (then returns CANCELLED). Blocks; no deadline.
   absl::Status WatchJob(const std::string& job_id, absl::Duration min_interval,
+                        bool with_buckets,
                         const std::function<bool(const v1::JobStatus&)>&
                             on_status);
 
