@@ -3,7 +3,8 @@
 # this machine (one node, 2 processes, CPU, Gloo) that join job "demo",
 # build their process group through the coordinator and train an MLP with
 # DistributedDataParallel on a synthetic dataset; rank 0 prints the loss as it
-# falls. Then the CLI shows the job. Installs and builds what it needs first.
+# falls while `gradsync watch` shows live per-rank metrics until the job ends.
+# Then the CLI shows the finished job. Installs and builds what it needs first.
 #   deploy/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,13 +35,18 @@ cli=("$bin/worker/cli/gradsync" "--coordinator=$address")
 echo "== two workers join job 'demo' (1 node x 2 processes) and train"
 train=(--coordinator="$address" --job=demo --nnodes=1 --nproc_per_node=2
        --model=mlp --hidden=128 --dataset=synthetic --batch_size=32
-       --steps=300 --lr=0.05 --log_every=30 --threads=1)
+       --steps=600 --lr=0.05 --log_every=60 --threads=1)
 workers=()
 for i in 0 1; do
   "$bin/worker/gradsync-worker" "${train[@]}" \
     > >(sed -u "s/^/  [worker $i] /") 2> >(sed -u "s/^/  [worker $i] /" >&2) &
   workers+=($!)
 done
+
+# The job exists once the first worker has joined.
+for _ in $(seq 100); do "${cli[@]}" status demo >/dev/null 2>&1 && break; sleep 0.1; done
+echo "== gradsync watch demo (live per-rank metrics, ends with the job)"
+"${cli[@]}" watch demo --interval=1s | sed -u 's/^/  [watch] /'
 for w in "${workers[@]}"; do wait "$w"; done
 
 echo "== gradsync jobs"
