@@ -58,6 +58,25 @@ std::shared_ptr<Work> Backend::Unsupported(const char* collective) const {
                            collective)));
 }
 
+absl::Status CheckBackendOptions(const BackendOptions& options,
+                                 const char* backend) {
+  if (options.world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        backend, ": world size ", options.world_size, " is not positive"));
+  }
+  if (options.rank < 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(backend, ": rank ", options.rank, " is not in [0, ",
+                     options.world_size, ")"));
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        backend, ": timeout ", absl::FormatDuration(options.timeout),
+        " is not positive"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckBuffer(const Buffer& buffer, DeviceKind expected_device,
                          const char* what) {
   if (buffer.data == nullptr && buffer.count > 0) {

@@ -91,6 +91,11 @@ class Backend {
 };
 
 // Argument checks shared by backends; INVALID_ARGUMENT naming the problem.
+// CheckBackendOptions: a rank of a positive world size and a positive
+// timeout; messages start with `backend` ("gloo backend: rank 2 is not in
+// [0, 2)").
+absl::Status CheckBackendOptions(const BackendOptions& options,
+                                 const char* backend);
 absl::Status CheckBuffer(const Buffer& buffer, DeviceKind expected_device,
                          const char* what);
 absl::Status CheckRoot(int root, int world_size);

@@ -240,20 +240,8 @@ void DivideInPlace(T* data, size_t count, int divisor) {
 
 absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
     const BackendOptions& options, Store* store, GlooOptions gloo_options) {
-  if (options.world_size < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gloo backend: world size ", options.world_size, " is not positive"));
-  }
-  if (options.rank < 0 || options.rank >= options.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gloo backend: rank ", options.rank, " is not in [0, ",
-                     options.world_size, ")"));
-  }
-  if (options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gloo backend: timeout ", absl::FormatDuration(options.timeout),
-        " is not positive"));
-  }
+  absl::Status valid = CheckBackendOptions(options, "gloo backend");
+  if (!valid.ok()) return valid;
   if (store == nullptr) {
     return absl::InvalidArgumentError(
         "gloo backend: no store to bootstrap through");
@@ -300,23 +288,13 @@ GlooBackend::GlooBackend(const BackendOptions& options,
                          std::shared_ptr<gloo::Context> context)
     : Backend(options),
       gloo_timeout_(ToGlooTimeout(options.timeout)),
-      context_(std::move(context)) {
-  thread_ = std::thread([this] { Loop(); });
-}
+      context_(std::move(context)),
+      queue_("gloo", options.rank, options.world_size, [] {
+        BlockSigpipeInThisThread(nullptr);  // for good: see ScopedSigpipeBlock
+      }) {}
 
 GlooBackend::~GlooBackend() {
-  std::deque<Op> cancelled;
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-    cancelled.swap(queue_);
-  }
-  for (Op& op : cancelled) {
-    op.work->Finish(absl::CancelledError(
-        absl::StrCat(Describe(op.collective, op.sequence),
-                     ": cancelled: the backend was destroyed before it ran")));
-  }
-  thread_.join();
+  queue_.Shutdown();
   // context_ goes with the members: its connections close, and peers still
   // in a collective with this rank see them break.
 }
@@ -390,63 +368,34 @@ std::shared_ptr<Work> GlooBackend::Barrier() {
 
 std::shared_ptr<Work> GlooBackend::Enqueue(
     const char* collective, std::function<void(uint32_t tag)> run) {
-  absl::MutexLock lock(&mu_);
-  Op op;
-  op.sequence = ++last_sequence_;
-  op.work = std::make_shared<Work>(op.sequence);
-  op.collective = collective;
-  op.run = std::move(run);
-  std::shared_ptr<Work> work = op.work;
-  queue_.push_back(std::move(op));
-  return work;
+  if (!run) return queue_.Enqueue(collective, nullptr);
+  return queue_.Enqueue(collective,
+                        [this, run = std::move(run)](uint64_t sequence,
+                                                     const std::string& where) {
+                          return Run(run, sequence, where);
+                        });
 }
 
-void GlooBackend::Loop() {
-  BlockSigpipeInThisThread(nullptr);  // for good: see ScopedSigpipeBlock
-  for (;;) {
-    Op op;
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(this, &GlooBackend::HasOpOrStopping));
-      // Stopping, and the destructor has taken (cancelled) what was left.
-      if (queue_.empty()) return;
-      op = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    op.work->Finish(Run(op));
-  }
-}
-
-absl::Status GlooBackend::Run(Op& op) {
-  const std::string where = Describe(op.collective, op.sequence);
-  if (!broken_.ok()) {
-    return absl::AbortedError(absl::StrCat(
-        where, ": not run: the connections broke earlier (", broken_.ToString(),
-        "); create a new backend in a new round"));
-  }
-  if (!op.run) return absl::OkStatus();  // no elements
+absl::Status GlooBackend::Run(const std::function<void(uint32_t tag)>& run,
+                              uint64_t sequence, const std::string& where) {
+  absl::Status status;
   try {
     // Tags keep collectives' messages apart; sequence numbers wrap at 2^32.
-    op.run(static_cast<uint32_t>(op.sequence));
+    run(static_cast<uint32_t>(sequence));
     return absl::OkStatus();
   } catch (...) {
-    broken_ = StatusFromCurrentException(where, options().timeout);
+    status = StatusFromCurrentException(where, options().timeout);
   }
   // Gloo closes every connection itself when an operation times out, but
   // not when one connection breaks: close them all, so that peers waiting
-  // on this rank fail now instead of at their timeout.
+  // on this rank fail now instead of at their timeout. Later collectives
+  // fail with ABORTED (SerialOpQueue).
   try {
     context_->closeConnections();
   } catch (const std::exception& e) {
     GS_LOG(WARNING) << where << ": closing gloo connections: " << e.what();
   }
-  return broken_;
-}
-
-std::string GlooBackend::Describe(const char* collective,
-                                  uint64_t sequence) const {
-  return absl::StrCat("gloo ", collective, " #", sequence, " (rank ", rank(),
-                      " of ", world_size(), ")");
+  return status;
 }
 
 }  // namespace gradsync

@@ -6,17 +6,14 @@
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/serial_op_queue.h"
 #include "worker/backend/store.h"
 
 namespace gloo {
@@ -102,53 +99,29 @@ class GlooBackend final : public Backend {
   std::shared_ptr<Work> Barrier() override;
 
  private:
-  // A collective waiting for the background thread. `run` calls into Gloo
-  // and throws Gloo's exceptions; empty for a collective with no elements.
-  struct Op {
-    uint64_t sequence = 0;
-    std::shared_ptr<Work> work;
-    const char* collective = "";
-    std::function<void(uint32_t tag)> run;
-  };
-
   GlooBackend(const BackendOptions& options,
               std::shared_ptr<gloo::Context> context);
 
-  // Queues a validated collective and returns its Work.
+  // Queues a validated collective and returns its Work. `run` calls into
+  // Gloo and throws Gloo's exceptions; empty for a collective with no
+  // elements.
   std::shared_ptr<Work> Enqueue(const char* collective,
                                 std::function<void(uint32_t tag)> run);
 
-  // The background thread: pops and runs ops until stopping_.
-  void Loop();
-  // Loop's wake-up condition.
-  bool HasOpOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stopping_ || !queue_.empty();
-  }
-  // Runs one op, turning Gloo's exceptions into a status; on the first
-  // failure, records it in broken_ and closes every connection.
-  absl::Status Run(Op& op);
-
-  // "gloo allreduce #17 (rank 2 of 4)", the prefix of every message.
-  std::string Describe(const char* collective, uint64_t sequence) const;
+  // Runs `run` on the queue's thread, turning Gloo's exceptions into a
+  // status; on failure closes every connection.
+  absl::Status Run(const std::function<void(uint32_t tag)>& run,
+                   uint64_t sequence, const std::string& where);
 
   // Gloo's per-operation timeout, from options().timeout.
   const std::chrono::milliseconds gloo_timeout_;
-  // Connected for the backend's whole life; used only by the background
-  // thread once the constructor has returned.
+  // Connected for the backend's whole life; used only by the queue's thread
+  // once the constructor has returned.
   const std::shared_ptr<gloo::Context> context_;
 
-  absl::Mutex mu_;
-  uint64_t last_sequence_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
-  // Set by the destructor; the thread exits once it sees it.
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-
-  // The failure that made the connections unusable (OK while they are
-  // fine). Only the background thread reads or writes it.
-  absl::Status broken_;
-
-  // Declared last: started once every other member is ready.
-  std::thread thread_;
+  // Runs the collectives; its thread writes on Gloo's sockets, so it blocks
+  // SIGPIPE. Declared last: started once every other member is ready.
+  SerialOpQueue queue_;
 };
 
 }  // namespace gradsync
