@@ -195,6 +195,25 @@ int PidfdOpen(pid_t pid) {
 #endif
 }
 
+// Whether the process `pidfd` (from PidfdOpen) refers to has exited.
+bool PidfdExited(int pidfd) {
+  pollfd poll_fd = {pidfd, POLLIN, 0};
+  return poll(&poll_fd, 1, 0) > 0 && (poll_fd.revents & POLLIN) != 0;
+}
+
+// Whether process `pid` has exited (a zombie counts, except where pidfds are
+// not available).
+bool ProcessExited(pid_t pid) {
+  const int pidfd = PidfdOpen(pid);
+  if (pidfd >= 0) {
+    const bool exited = PidfdExited(pidfd);
+    close(pidfd);
+    return exited;
+  }
+  if (errno == ESRCH) return true;
+  return kill(pid, 0) != 0 && errno == ESRCH;
+}
+
 std::string RandomName() {
   std::random_device random;
   const uint64_t bits = (static_cast<uint64_t>(random()) << 32) | random();
@@ -316,6 +335,8 @@ class Segment {
   absl::Status CheckNobodyLeft(const std::string& where) const;
   // UNAVAILABLE naming a watched peer whose process has exited, if one has.
   absl::Status CheckPeersAlive(const std::string& where) const;
+  // The same during bootstrap, for the peers attached so far.
+  absl::Status CheckAttachedAlive(const std::string& where) const;
   // DEADLINE_EXCEEDED naming the ranks that have not entered barrier
   // `barrier` (this rank's count).
   absl::Status BarrierTimeout(const std::string& where, uint64_t barrier) const;
@@ -338,11 +359,11 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Create(
   for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
     name = RandomName();
     fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0 && errno != EEXIST) {
-      return ErrnoStatus(errno, absl::StrCat(where,
-                                             ": cannot create "
-                                             "shared-memory segment '",
-                                             name, "'"));
+    const int error = errno;
+    if (fd < 0 && error != EEXIST) {
+      return ErrnoStatus(
+          error, absl::StrCat(where, ": cannot create shared-memory segment '",
+                              name, "'"));
     }
   }
   if (fd < 0) {
@@ -357,8 +378,9 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Create(
     return status;
   };
   if (ftruncate(fd, static_cast<off_t>(layout.total)) != 0) {
+    const int error = errno;
     return fail(ErrnoStatus(
-        errno, absl::StrCat(where, ": cannot size shared-memory segment '",
+        error, absl::StrCat(where, ": cannot size shared-memory segment '",
                             name, "' to ", layout.total, " bytes")));
   }
   // Reserve the memory now: a tmpfs that runs out while a collective first
@@ -374,8 +396,9 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Create(
   void* base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE,
                     MAP_SHARED | MAP_POPULATE, fd, 0);
   if (base == MAP_FAILED) {
+    const int error = errno;
     return fail(ErrnoStatus(
-        errno, absl::StrCat(where, ": cannot map shared-memory segment '", name,
+        error, absl::StrCat(where, ": cannot map shared-memory segment '", name,
                             "' of ", layout.total, " bytes")));
   }
   close(fd);
@@ -407,10 +430,9 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Open(
           "' that rank 0 published does not exist: is every rank on one "
           "host, sharing /dev/shm? (or rank 0 gave up already)"));
     }
-    return ErrnoStatus(error, absl::StrCat(where,
-                                           ": cannot open shared-memory "
-                                           "segment '",
-                                           name, "'"));
+    return ErrnoStatus(
+        error, absl::StrCat(where, ": cannot open shared-memory segment '",
+                            name, "'"));
   }
   struct stat st;
   if (fstat(fd, &st) != 0) {
@@ -469,13 +491,14 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Open(
 absl::Status Segment::Attach(int rank, const std::string& where) {
   rank_ = rank;
   RankRecord& me = Mine();
-  me.pid_namespace.store(PidNamespace(), std::memory_order_relaxed);
   int32_t nobody = 0;
   if (!me.pid.compare_exchange_strong(nobody, getpid())) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": rank ", rank, " has attached already (pid ",
                      nobody, "): two processes were given the same rank"));
   }
+  // Read by the others once they see every rank attached.
+  me.pid_namespace.store(PidNamespace(), std::memory_order_relaxed);
   header().attached.fetch_add(1, std::memory_order_acq_rel);
   FutexWakeAll(&header().attached);
   return absl::OkStatus();
@@ -484,12 +507,15 @@ absl::Status Segment::Attach(int rank, const std::string& where) {
 absl::Status Segment::WaitForAll(const std::string& where) {
   const absl::Time deadline = absl::Now() + timeout_;
   std::atomic<uint32_t>& attached = header().attached;
+  bool slept = false;
   for (;;) {
     const uint32_t count = attached.load(std::memory_order_acquire);
     if (count == static_cast<uint32_t>(world_size_)) return absl::OkStatus();
     const absl::Time now = absl::Now();
-    if (now < deadline) GS_RETURN_IF_ERROR(CheckNobodyLeft(where));
-    if (now >= deadline) {
+    if (now < deadline) {
+      GS_RETURN_IF_ERROR(CheckNobodyLeft(where));
+      if (slept) GS_RETURN_IF_ERROR(CheckAttachedAlive(where));
+    } else {
       std::vector<int> missing;
       for (int r = 0; r < world_size_; ++r) {
         if (record(r).pid.load(std::memory_order_relaxed) == 0) {
@@ -504,7 +530,26 @@ absl::Status Segment::WaitForAll(const std::string& where) {
           "creates its shm backend)"));
     }
     FutexWait(&attached, count, std::min(kPollInterval, deadline - now));
+    slept = true;
   }
+}
+
+absl::Status Segment::CheckAttachedAlive(const std::string& where) const {
+  const pid_t self = getpid();
+  const uint64_t self_namespace = PidNamespace();
+  for (int r = 0; r < world_size_; ++r) {
+    const RankRecord& peer = record(r);
+    const pid_t pid = peer.pid.load(std::memory_order_acquire);
+    if (pid == 0 || pid == self ||
+        peer.pid_namespace.load(std::memory_order_relaxed) != self_namespace) {
+      continue;
+    }
+    if (ProcessExited(pid)) {
+      return absl::UnavailableError(
+          absl::StrCat(where, ": rank ", r, " (pid ", pid, ") exited"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Segment::WatchPeers(const std::string& where) {
@@ -639,8 +684,7 @@ absl::Status Segment::CheckPeersAlive(const std::string& where) const {
     if (!peer.watched) continue;
     bool exited = false;
     if (peer.pidfd >= 0) {
-      pollfd poll_fd = {peer.pidfd, POLLIN, 0};
-      exited = poll(&poll_fd, 1, 0) > 0 && (poll_fd.revents & POLLIN) != 0;
+      exited = PidfdExited(peer.pidfd);
     } else {
       exited = kill(peer.pid, 0) != 0 && errno == ESRCH;
     }
