@@ -79,9 +79,12 @@ class ShmBackend final : public Backend {
   // INVALID_ARGUMENT for a bad rank, world size, timeout or slot size, or
   // when the ranks disagree on the world size or slot size; the store's own
   // error (e.g. DEADLINE_EXCEEDED naming the missing key); DEADLINE_EXCEEDED
-  // naming the ranks that did not attach within options.timeout; NOT_FOUND
-  // when the segment is not there (the ranks are not on one host, or do not
-  // share /dev/shm); RESOURCE_EXHAUSTED when /dev/shm has no room.
+  // naming the ranks that did not attach within options.timeout;
+  // UNAVAILABLE when a rank's process exited or its bootstrap failed
+  // meanwhile; NOT_FOUND when the segment is not there (the ranks are not on
+  // one host, or do not share /dev/shm); RESOURCE_EXHAUSTED when /dev/shm has
+  // no room. Only a rank 0 that dies inside Create before any other rank has
+  // opened the segment can leave it behind in /dev/shm.
   static absl::StatusOr<std::unique_ptr<ShmBackend>> Create(
       const BackendOptions& options, Store* store,
       ShmOptions shm_options = ShmOptions());
