@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/eventually.h"
 #include "tests/worker/backend/backend_test_util.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/float16.h"
@@ -905,6 +906,55 @@ TEST(ShmBackendProcessTest, KilledProcessFailsItsPeersPromptly) {
   EXPECT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL);
   close(ready[0]);
   close(ready[1]);
+  EXPECT_THAT(LeftoverSegments(), ::testing::IsEmpty());
+}
+
+// Whether process `pid` has a gradsync segment mapped and sleeps: a rank
+// that sleeps with the segment mapped during bootstrap has attached and
+// waits for the others.
+bool AttachedAndWaiting(pid_t pid) {
+  std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
+  std::stringstream mapped;
+  mapped << maps.rdbuf();
+  if (!absl::StrContains(mapped.str(), "/dev/shm/gradsync-shm-")) return false;
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string pid_field, command, state;
+  stat >> pid_field >> command >> state;  // no spaces in our command name
+  return state == "S";
+}
+
+// A rank's process is killed during bootstrap after it attached: the rank
+// still waiting for the others fails with UNAVAILABLE at once, not at its
+// timeout, and removes the segment.
+TEST(ShmBackendProcessTest,
+     ProcessKilledDuringBootstrapFailsTheOthersPromptly) {
+  const std::string dir = MakeStoreDir();
+  ASSERT_FALSE(dir.empty());
+  FileStore store(dir);
+  // Ranks 0 and 1 of 3; rank 2 never comes, so both wait.
+  const pid_t child = ForkRank([&] {
+    return ShmBackend::Create(OptionsFor(1, 3, kHealthyTimeout), &store).ok();
+  });
+  ASSERT_GT(child, 0);
+  absl::Status rank0 = absl::UnknownError("not run");
+  std::thread waiter([&] {
+    rank0 =
+        ShmBackend::Create(OptionsFor(0, 3, kHealthyTimeout), &store).status();
+  });
+  const bool attached =
+      Eventually([&] { return AttachedAndWaiting(child); }, kBound);
+  const absl::Time start = absl::Now();
+  kill(child, SIGKILL);
+  waiter.join();
+  EXPECT_TRUE(attached) << "the child never attached";
+  EXPECT_EQ(rank0.code(), absl::StatusCode::kUnavailable) << rank0;
+  EXPECT_THAT(
+      std::string(rank0.message()),
+      HasSubstr(absl::StrCat("shm bootstrap (rank 0 of 3): rank 1 (pid ", child,
+                             ") exited")));
+  EXPECT_LT(absl::Now() - start, kBound);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
   EXPECT_THAT(LeftoverSegments(), ::testing::IsEmpty());
 }
 
