@@ -45,6 +45,9 @@ ABSL_FLAG(std::string, address, "",
           "when the coordinator is on loopback, else the hostname)");
 ABSL_FLAG(std::string, network_interface, "",
           "Gloo: bind this interface (e.g. eth0) instead of --address");
+ABSL_FLAG(bool, shared_memory, true,
+          "when every rank of a Gloo round is on this node, run collectives "
+          "through shared memory instead of TCP loopback");
 ABSL_FLAG(absl::Duration, join_timeout, absl::Minutes(10),
           "how long to wait for the round to close");
 ABSL_FLAG(absl::Duration, last_call_timeout, absl::Seconds(30),
@@ -186,6 +189,7 @@ absl::Status TrainInRound(TrainerConfig config, const v1::Assignment& assignment
   pg.timeout = absl::GetFlag(FLAGS_timeout);
   pg.address = address;
   pg.network_interface = absl::GetFlag(FLAGS_network_interface);
+  pg.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   const int devices = static_cast<int>(torch::cuda::device_count());
   if (config.device == "cuda" && devices > 0) {
     config.cuda_device = assignment.local_rank() % devices;

@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "worker/backend/coordinator_store.h"
 #include "worker/backend/gloo_backend.h"
+#include "worker/backend/shm_backend.h"
 #ifdef GRADSYNC_HAS_NCCL
 #include "worker/backend/nccl_backend.h"
 #endif
@@ -40,13 +41,30 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateProcessGroup(
   v1::Scope scope;
   scope.set_job_id(assignment.job_id());
   scope.set_round(assignment.round());
-  const std::string name = BackendName(assignment.backend());
+  const bool shared_memory = assignment.backend() == v1::BACKEND_GLOO &&
+                             options.shared_memory &&
+                             assignment.num_nodes() == 1;
+  const std::string name =
+      shared_memory ? "shm" : BackendName(assignment.backend());
   // One key namespace per backend kind within the round's scope.
   CoordinatorStore store(client, scope, absl::StrCat("pg/", name, "/"));
   GS_LOG(INFO) << "rank " << assignment.rank() << "/"
                << assignment.world_size() << " of round "
-               << assignment.round() << ": connecting " << name;
+               << assignment.round() << ": connecting " << name
+               << (shared_memory ? " (gloo round on one node: shared memory)"
+                                 : "");
 
+  if (shared_memory) {
+    auto backend = ShmBackend::Create(backend_options, &store);
+    if (!backend.ok()) {
+      return absl::Status(
+          backend.status().code(),
+          absl::StrCat(backend.status().message(),
+                       " (every process of this one-node round must run on "
+                       "one host; pass --shared_memory=false to use TCP)"));
+    }
+    return std::unique_ptr<Backend>(std::move(*backend));
+  }
   switch (assignment.backend()) {
     case v1::BACKEND_GLOO: {
       GlooOptions gloo;

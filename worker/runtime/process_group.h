@@ -22,6 +22,10 @@ struct ProcessGroupOptions {
   std::string address = "127.0.0.1";
   // Gloo: a network interface to bind instead (e.g. "eth0").
   std::string network_interface;
+  // A Gloo round whose ranks are all on one node runs its collectives
+  // through shared memory (ShmBackend) instead of TCP loopback. Every rank
+  // of the round must pass the same value.
+  bool shared_memory = true;
   // NCCL: the CUDA device of this process and the cudaStream_t its
   // collectives wait for (nullptr: the default stream, LibTorch's default).
   int cuda_device = 0;
@@ -29,7 +33,9 @@ struct ProcessGroupOptions {
 };
 
 // Creates the backend `assignment` names (Gloo or NCCL) for its rank and
-// world size; blocks until every rank of the round has connected.
+// world size; blocks until every rank of the round has connected. For Gloo
+// on a single-node round, the shared-memory backend (see
+// `options.shared_memory`).
 // Collective: every member of the round calls it. FAILED_PRECONDITION when
 // the round chose NCCL and this build has none; ABORTED when the round has
 // been superseded; otherwise the backend's own errors.

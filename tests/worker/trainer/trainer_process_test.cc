@@ -154,6 +154,9 @@ INSTANTIATE_TEST_SUITE_P(
       std::vector<Scenario> scenarios;
       for (int w : {2, 3}) {
         scenarios.push_back({"plain", w, {}});
+        // The scenarios run on one node, so over shared memory; this one
+        // over Gloo's TCP.
+        scenarios.push_back({"gloo_tcp", w, {"--shared_memory=false"}});
         scenarios.push_back({"shuffle", w, {"--shuffle"}});
         scenarios.push_back({"no_sync_accumulation", w, {"--accumulate=3"}});
         scenarios.push_back(
@@ -188,14 +191,23 @@ TEST_F(TrainerProcessTest, MismatchedModelsFailWithTheFirstDifference) {
   }
 }
 
-TEST_F(TrainerProcessTest, KilledRankFailsTheOthersWithinTheTimeout) {
+// Over shared memory (the default on one node) and over Gloo's TCP.
+class KilledRankTest : public TrainerProcessTest,
+                       public ::testing::WithParamInterface<bool> {};
+
+TEST_P(KilledRankTest, FailsTheOthersWithinTheTimeout) {
+  const bool shared_memory = GetParam();
+  const std::string job =
+      shared_memory ? "killed-rank-shm" : "killed-rank-gloo";
   std::vector<std::string> flags = CommonFlags();
   // Long enough that the kill lands mid-training; progress every step.
   flags.erase(flags.end() - 1);
   flags.insert(flags.end(), {"--log_every=1", "--steps=1000000",
                              "--synthetic_size=4096"});
+  flags.push_back(shared_memory ? "--shared_memory=true"
+                                : "--shared_memory=false");
   std::vector<std::unique_ptr<Child>> children;
-  StartWorkers("killed-rank", 2, flags, &children);
+  StartWorkers(job, 2, flags, &children);
   Child* rank0 = nullptr;
   Child* rank1 = nullptr;
   ASSERT_TRUE(PumpUntil(Pointers(children), kTrainBound, [&] {
@@ -217,9 +229,9 @@ TEST_F(TrainerProcessTest, KilledRankFailsTheOthersWithinTheTimeout) {
   ASSERT_TRUE(client.ok()) << client.status();
   bool lost = false;
   while (!lost && absl::Now() - killed < absl::Seconds(5)) {
-    auto job = (*client)->GetJob("killed-rank");
-    ASSERT_TRUE(job.ok()) << job.status();
-    for (const v1::Member& m : job->members()) {
+    auto status = (*client)->GetJob(job);
+    ASSERT_TRUE(status.ok()) << status.status();
+    for (const v1::Member& m : status->members()) {
       lost = lost || (m.rank() == 1 && m.state() == v1::MEMBER_STATE_LOST);
     }
     if (!lost) absl::SleepFor(absl::Milliseconds(20));  // polling another process
@@ -233,8 +245,15 @@ TEST_F(TrainerProcessTest, KilledRankFailsTheOthersWithinTheTimeout) {
   EXPECT_LT(absl::Now() - killed, absl::Seconds(25));
   EXPECT_TRUE(rank1->killed_by(SIGKILL));
   EXPECT_EQ(rank0->exit_code(), 1) << rank0->describe();
-  EXPECT_THAT(rank0->err(), HasSubstr("gloo")) << rank0->describe();
+  EXPECT_THAT(rank0->err(),
+              HasSubstr(shared_memory ? "shm allreduce" : "gloo allreduce"))
+      << rank0->describe();
 }
+
+INSTANTIATE_TEST_SUITE_P(Trainer, KilledRankTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "SharedMemory" : "Gloo";
+                         });
 
 }  // namespace
 }  // namespace gradsync
