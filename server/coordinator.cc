@@ -45,6 +45,7 @@ absl::Status Coordinator::Start() {
   builder.RegisterService(&kv_service_);
   builder.RegisterService(&jobs_service_);
   builder.RegisterService(&monitor_service_);
+  monitor_service_.AddCompletionQueues(&builder, config_.heartbeat_queues);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     server_.reset();
@@ -56,6 +57,7 @@ absl::Status Coordinator::Start() {
     absl::Status metrics = metrics_.Start(config_.metrics_listen_address);
     if (!metrics.ok()) {
       server_->Shutdown();
+      monitor_service_.Shutdown();
       server_.reset();
       return metrics;
     }
@@ -64,6 +66,7 @@ absl::Status Coordinator::Start() {
                  << metrics_.port() << ")";
   }
   server_->GetHealthCheckService()->SetServingStatus(true);
+  monitor_service_.Start();
   poller_ = std::thread([this] { PollLoop(); });
   GS_LOG(INFO) << "gradsync coordinator serving gradsync.v1 on "
                << config_.listen_address << " (port " << port_ << ")";
@@ -79,6 +82,7 @@ void Coordinator::Shutdown() {
   metrics_.Stop();
   server_->Shutdown(std::chrono::system_clock::now() +
                     absl::ToChronoMilliseconds(config_.shutdown_grace));
+  monitor_service_.Shutdown();
   stop_polling_.Notify();
   if (poller_.joinable()) poller_.join();
   shut_down_.Notify();

@@ -43,6 +43,9 @@ struct CoordinatorConfig {
   absl::Duration retention = absl::Hours(1);
   // "HOST:PORT" to serve Prometheus metrics on (GET /metrics); empty: none.
   std::string metrics_listen_address;
+  // Completion queues (and threads) for heartbeat streams; see
+  // MonitorService for why more than one.
+  int heartbeat_queues = 32;
   // Time source; nullptr means the real clock. Must outlive the coordinator.
   Clock* clock = nullptr;
 };

@@ -39,6 +39,9 @@ ABSL_FLAG(absl::Duration, straggler_threshold, absl::Milliseconds(100),
 ABSL_FLAG(absl::Duration, hang_timeout, absl::Seconds(30),
           "how long collectives may stop advancing, with ranks disagreeing, "
           "before status reports a hang");
+ABSL_FLAG(int, heartbeat_queues, 32,
+          "completion queues (each with a thread) serving heartbeat streams; "
+          "more keep ingest fast with many workers");
 ABSL_FLAG(absl::Duration, retention, absl::Hours(1),
           "how long jobs that succeeded or failed stay queryable");
 ABSL_FLAG(std::string, port_file, "",
@@ -90,6 +93,7 @@ int main(int argc, char** argv) {
   config.health.straggler_threshold = absl::GetFlag(FLAGS_straggler_threshold);
   config.health.hang_timeout = absl::GetFlag(FLAGS_hang_timeout);
   config.retention = absl::GetFlag(FLAGS_retention);
+  config.heartbeat_queues = absl::GetFlag(FLAGS_heartbeat_queues);
   if (config.health.heartbeat_interval <= absl::ZeroDuration() ||
       config.health.missed_heartbeats < 1 || config.retention < absl::ZeroDuration()) {
     GS_LOG(ERROR) << "--heartbeat_interval must be > 0, --missed_heartbeats "

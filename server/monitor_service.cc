@@ -1,112 +1,180 @@
 #include "server/monitor_service.h"
 
-#include <atomic>
-#include <memory>
 #include <optional>
+#include <utility>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include <algorithm>
+
 #include "common/grpc_status.h"
 
 namespace gradsync {
-namespace {
 
-// One worker's heartbeat stream. Reads one heartbeat at a time into the same
-// message (its capacity is reused); answers only when HealthManager says so,
-// one write at a time. A stream that ends by cancellation (the worker died
-// or its connection broke) reports its member's stream broken.
-// Lifetime: created by the handler, deleted in OnDone.
-class HeartbeatReactor final
-    : public grpc::ServerBidiReactor<v1::HeartbeatRequest,
-                                     v1::HeartbeatResponse> {
+// One worker's heartbeat stream: a state machine driven by the events of its
+// completion queue, all on that queue's one thread (so it needs no lock).
+// Reads one heartbeat at a time into the same message (its capacity is
+// reused); answers only when HealthManager says so, one write at a time. A
+// stream that ends by cancellation (the worker died or its connection broke)
+// reports its member's stream broken. Deletes itself once every operation it
+// started has completed and gRPC reported the call done.
+class MonitorService::HeartbeatCall {
  public:
-  HeartbeatReactor(HealthManager* health, grpc::CallbackServerContext* context)
-      : health_(health),
-        context_(context),
+  // An event of this call on its queue.
+  enum class Event { kAccepted, kRead, kWritten, kFinished, kDone };
+  struct Tag {
+    HeartbeatCall* call;
+    Event event;
+  };
+
+  HeartbeatCall(MonitorService* service, grpc::ServerCompletionQueue* cq)
+      : service_(service),
+        cq_(cq),
+        stream_(&context_),
         session_(HealthManager::NewSession()) {
-    StartRead(&request_);
+    context_.AsyncNotifyWhenDone(&done_tag_);
+    service_->RequestHeartbeat(&context_, &stream_, cq_, cq_, &accepted_tag_);
   }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) {  // the worker closed its side, or the stream broke
-      FinishOnce(grpc::Status::OK);
-      return;
+  // Handles one event; `ok` is the queue's verdict on it.
+  void On(Event event, bool ok) {
+    switch (event) {
+      case Event::kAccepted:
+        if (!ok) {  // the server is shutting down: no call, no done event
+          delete this;
+          return;
+        }
+        service_->Accept(cq_);  // the next stream
+        Read();
+        return;
+      case Event::kRead:
+        --pending_;
+        if (ok) {
+          OnHeartbeat();
+        } else {  // the worker closed its side, or the stream broke
+          FinishWith(grpc::Status::OK);
+        }
+        break;
+      case Event::kWritten:
+        --pending_;
+        writing_ = false;
+        if (ok && next_.has_value()) {
+          Write(*std::move(next_));
+          next_.reset();
+        } else if (finish_.has_value()) {
+          FinishWith(*finish_);
+        }
+        break;
+      case Event::kFinished:
+        --pending_;
+        break;
+      case Event::kDone:
+        done_ = true;
+        if (context_.IsCancelled()) {
+          service_->health_->StreamBroken(session_.get());
+        }
+        break;
     }
-    v1::HeartbeatResponse response;
-    absl::StatusOr<bool> answer =
-        health_->Heartbeat(session_.get(), &request_, &response);
-    if (!answer.ok()) {
-      FinishOnce(ToGrpcStatus(answer.status()));
-      return;
-    }
-    if (*answer) Send(std::move(response));
-    StartRead(&request_);
-  }
-
-  void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (!ok) return;  // the stream is over; OnReadDone finishes it
-    if (next_.has_value()) {
-      writing_ = true;
-      outgoing_ = std::move(*next_);
-      next_.reset();
-      StartWrite(&outgoing_);
-    } else if (finish_.has_value()) {
-      Finish(*finish_);
-    }
-  }
-
-  void OnCancel() override { cancelled_.store(true); }
-
-  void OnDone() override {
-    // Every other reaction has run: the session is no longer in use.
-    if (cancelled_.load() || context_->IsCancelled()) {
-      health_->StreamBroken(session_.get());
-    }
-    delete this;
+    if (done_ && pending_ == 0) delete this;
   }
 
  private:
-  void Send(v1::HeartbeatResponse response) {
-    absl::MutexLock lock(&mu_);
-    if (finish_.has_value()) return;
-    if (writing_) {
-      next_ = std::move(response);  // only the latest state matters
+  void Read() {
+    ++pending_;
+    stream_.Read(&request_, &read_tag_);
+  }
+
+  void OnHeartbeat() {
+    v1::HeartbeatResponse response;
+    absl::StatusOr<bool> answer =
+        service_->health_->Heartbeat(session_.get(), &request_, &response);
+    if (!answer.ok()) {
+      FinishWith(ToGrpcStatus(answer.status()));
       return;
     }
+    if (*answer) {
+      if (writing_) {
+        next_ = std::move(response);  // only the latest state matters
+      } else {
+        Write(std::move(response));
+      }
+    }
+    Read();
+  }
+
+  void Write(v1::HeartbeatResponse response) {
     writing_ = true;
+    ++pending_;
     outgoing_ = std::move(response);
-    StartWrite(&outgoing_);
+    stream_.Write(outgoing_, &written_tag_);
   }
 
-  // Finishes now, or after the write in flight.
-  void FinishOnce(grpc::Status status) {
-    absl::MutexLock lock(&mu_);
-    if (finish_.has_value()) return;
-    finish_ = std::move(status);
-    next_.reset();
-    if (!writing_) Finish(*finish_);
+  // Finishes now, or once the write in flight completes.
+  void FinishWith(grpc::Status status) {
+    if (finishing_) return;
+    if (writing_) {
+      finish_ = std::move(status);
+      next_.reset();
+      return;
+    }
+    finishing_ = true;
+    ++pending_;
+    stream_.Finish(status, &finished_tag_);
   }
 
-  HealthManager* const health_;
-  grpc::CallbackServerContext* const context_;
+  MonitorService* const service_;
+  grpc::ServerCompletionQueue* const cq_;
+  grpc::ServerContext context_;
+  grpc::ServerAsyncReaderWriter<v1::HeartbeatResponse, v1::HeartbeatRequest>
+      stream_;
   const std::unique_ptr<HealthManager::Session> session_;
-  v1::HeartbeatRequest request_;  // used by OnReadDone only
-  std::atomic<bool> cancelled_{false};
-
-  absl::Mutex mu_;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  v1::HeartbeatResponse outgoing_ ABSL_GUARDED_BY(mu_);
-  std::optional<v1::HeartbeatResponse> next_ ABSL_GUARDED_BY(mu_);
-  std::optional<grpc::Status> finish_ ABSL_GUARDED_BY(mu_);
+  v1::HeartbeatRequest request_;
+  v1::HeartbeatResponse outgoing_;
+  std::optional<v1::HeartbeatResponse> next_;
+  std::optional<grpc::Status> finish_;
+  bool writing_ = false;
+  bool finishing_ = false;
+  bool done_ = false;
+  int pending_ = 0;  // reads, writes and the finish in flight
+  Tag accepted_tag_{this, Event::kAccepted};
+  Tag read_tag_{this, Event::kRead};
+  Tag written_tag_{this, Event::kWritten};
+  Tag finished_tag_{this, Event::kFinished};
+  Tag done_tag_{this, Event::kDone};
 };
 
-}  // namespace
+MonitorService::~MonitorService() { Shutdown(); }
 
-grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>*
-MonitorService::Heartbeat(grpc::CallbackServerContext* context) {
-  return new HeartbeatReactor(health_, context);
+void MonitorService::AddCompletionQueues(grpc::ServerBuilder* builder,
+                                         int queues) {
+  for (int i = 0; i < std::max(1, queues); ++i) {
+    queues_.push_back(builder->AddCompletionQueue());
+  }
+}
+
+void MonitorService::Start() {
+  for (auto& cq : queues_) {
+    Accept(cq.get());
+    threads_.emplace_back([this, cq = cq.get()] { Drain(cq); });
+  }
+}
+
+void MonitorService::Accept(grpc::ServerCompletionQueue* cq) {
+  new HeartbeatCall(this, cq);
+}
+
+void MonitorService::Drain(grpc::ServerCompletionQueue* cq) {
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq->Next(&tag, &ok)) {
+    auto* t = static_cast<HeartbeatCall::Tag*>(tag);
+    t->call->On(t->event, ok);
+  }
+}
+
+void MonitorService::Shutdown() {
+  for (auto& cq : queues_) cq->Shutdown();
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+  queues_.clear();
 }
 
 grpc::ServerUnaryReactor* MonitorService::ReportCompletion(

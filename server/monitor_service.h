@@ -1,27 +1,63 @@
 #ifndef GRADSYNC_SERVER_MONITOR_SERVICE_H_
 #define GRADSYNC_SERVER_MONITOR_SERVICE_H_
 
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <thread>
+#include <vector>
+
 #include "proto/gradsync/v1/health.grpc.pb.h"
 #include "server/health_manager.h"
 
 namespace gradsync {
 
-// gRPC handlers of gradsync.v1.Monitor; all logic is in HealthManager. A
-// heartbeat stream holds no thread between messages. Thread-safe; `health`
-// must outlive it.
-class MonitorService final : public v1::Monitor::CallbackService {
+// gRPC handlers of gradsync.v1.Monitor; all logic is in HealthManager.
+//
+// Heartbeat streams use the asynchronous API over several completion queues,
+// each drained by its own thread; ReportCompletion uses the callback API.
+// Why not callback streams: Debian's gRPC is built with debug checks that
+// scan a completion queue's outstanding operations on every completion, and
+// the callback API puts every call of the process on one queue. A heartbeat
+// stream always has a read outstanding, so with one queue each heartbeat
+// costs time proportional to the number of workers (ingest collapsed beyond
+// ~10,000 streams); `queues` queues divide that cost.
+//
+// Lifetime: construct; AddCompletionQueues() on the builder before
+// BuildAndStart(); Start() after it; after the server's Shutdown(),
+// Shutdown() (drains the queues, joins the threads). `health` must outlive
+// it. Thread-safe.
+class MonitorService final
+    : public v1::Monitor::WithAsyncMethod_Heartbeat<
+          v1::Monitor::WithCallbackMethod_ReportCompletion<
+              v1::Monitor::Service>> {
  public:
   explicit MonitorService(HealthManager* health) : health_(health) {}
+  ~MonitorService() override;
 
-  grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>*
-  Heartbeat(grpc::CallbackServerContext* context) override;
+  // Adds `queues` (>= 1) completion queues for heartbeat streams.
+  void AddCompletionQueues(grpc::ServerBuilder* builder, int queues);
+  // Starts accepting heartbeat streams, one thread per queue.
+  void Start();
+  // Shuts the queues down and joins their threads. Idempotent.
+  void Shutdown();
+
   grpc::ServerUnaryReactor* ReportCompletion(
       grpc::CallbackServerContext* context,
       const v1::ReportCompletionRequest* request,
       v1::ReportCompletionResponse* response) override;
 
  private:
+  class HeartbeatCall;
+
+  // Accepts a new stream on `cq` (one is always waiting per queue).
+  void Accept(grpc::ServerCompletionQueue* cq);
+  // Runs the events of `cq` until it is shut down and drained.
+  void Drain(grpc::ServerCompletionQueue* cq);
+
   HealthManager* const health_;
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace gradsync

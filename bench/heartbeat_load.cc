@@ -1,0 +1,555 @@
+// Heartbeat ingest load: N simulated workers, each with its own
+// Monitor.Heartbeat stream, send one heartbeat per second (--rate) to an
+// in-process coordinator; the load is raised level by level (--members).
+//
+// For every level it reports the heartbeats the coordinator accepted per
+// second against the offered rate, writes skipped because the previous one
+// was still in flight (back-pressure), and — the correctness check — how many
+// members the coordinator marked LOST or shows with a last heartbeat older
+// than 2 intervals (#lost, #stale: both must be 0 for the level to count as
+// sustained). At --status_members members it also times Jobs.GetJob of a
+// job of that size while the load runs (p50/p99/max).
+//
+//   bazel run -c opt //bench:heartbeat_load -- --members=10000,50000,100000
+//
+// Members are grouped into jobs of --job_size (rendezvous through real
+// Rendezvous.Join calls); streams share --channels client connections.
+#include <grpcpp/grpcpp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/job_config.h"
+#include "common/logging.h"
+#include "proto/gradsync/v1/health.grpc.pb.h"
+#include "proto/gradsync/v1/jobs.grpc.pb.h"
+#include "proto/gradsync/v1/rendezvous.grpc.pb.h"
+#include "server/coordinator.h"
+
+ABSL_FLAG(std::string, members, "10000,50000,100000",
+          "comma-separated load levels: simulated workers heartbeating at once");
+ABSL_FLAG(int, job_size, 10000, "members per job");
+ABSL_FLAG(double, rate, 1.0, "heartbeats per second per member");
+ABSL_FLAG(absl::Duration, duration, absl::Seconds(10),
+          "how long each level is measured (after a warm-up of 2 intervals)");
+ABSL_FLAG(int, channels, 8, "client connections the streams share");
+ABSL_FLAG(int, heartbeat_queues, 32, "the coordinator's --heartbeat_queues");
+ABSL_FLAG(int, client_queues, 8,
+          "completion queues (each with a thread) of the simulated workers");
+ABSL_FLAG(int, pacers, 2, "client threads that pace the heartbeats");
+ABSL_FLAG(int, status_members, 10000,
+          "time GetJob of a job of this many members at the level that has "
+          "one (0: never)");
+ABSL_FLAG(int, status_queries, 300, "GetJob calls to time");
+
+namespace gradsync {
+namespace {
+
+struct Percentiles {
+  absl::Duration p50, p99, max;
+};
+
+Percentiles Summarize(std::vector<absl::Duration> samples) {
+  Percentiles p;
+  if (samples.empty()) return p;
+  std::sort(samples.begin(), samples.end());
+  p.p50 = samples[samples.size() / 2];
+  p.p99 = samples[static_cast<size_t>(0.99 * (samples.size() - 1))];
+  p.max = samples.back();
+  return p;
+}
+
+std::vector<std::shared_ptr<grpc::Channel>> Connect(const std::string& target,
+                                                    int count) {
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < count; ++i) {
+    grpc::ChannelArguments args;
+    // A distinct argument and a local subchannel pool: one TCP connection
+    // per channel.
+    args.SetInt("gradsync.bench_channel", i);
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    // Statuses of 10,000 members are ~2 MB: let one arrive without waiting
+    // for flow-control window updates.
+    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20);
+    args.SetMaxReceiveMessageSize(64 << 20);
+    auto channel = grpc::CreateCustomChannel(
+        target, grpc::InsecureChannelCredentials(), args);
+    channel->WaitForConnected(std::chrono::system_clock::now() +
+                              std::chrono::seconds(10));
+    channels.push_back(std::move(channel));
+  }
+  return channels;
+}
+
+// Joins `size` members to job `job_id` (round 1) and returns their
+// MemberRefs by rank. Empty on failure.
+std::vector<v1::MemberRef> JoinJob(
+    const std::vector<std::shared_ptr<grpc::Channel>>& channels,
+    const std::string& job_id, int size) {
+  struct Call {
+    grpc::ClientContext context;
+    v1::JoinRequest request;
+    v1::JoinResponse response;
+    grpc::Status status;
+  };
+  v1::JobConfig config;
+  config.set_job_id(job_id);
+  config.set_min_nodes(size);
+  *config.mutable_last_call_timeout() = ToProtoDuration(absl::ZeroDuration());
+  std::vector<std::unique_ptr<v1::Rendezvous::Stub>> stubs;
+  for (const auto& c : channels) stubs.push_back(v1::Rendezvous::NewStub(c));
+  std::vector<std::unique_ptr<Call>> calls(size);
+  std::atomic<int> outstanding{size};
+  absl::Notification done;
+  for (int i = 0; i < size; ++i) {
+    calls[i] = std::make_unique<Call>();
+    Call* call = calls[i].get();
+    call->request.set_job_id(job_id);
+    *call->request.mutable_config() = config;
+    v1::NodeDescriptor* node = call->request.mutable_node();
+    node->set_node_id(absl::StrCat(job_id, "-node-", i));
+    node->set_hostname(absl::StrCat("sim-host-", i % 1000));
+    node->set_pid(100000 + i);
+    node->set_incarnation_id(absl::StrCat(job_id, "-", i));
+    node->set_device_type(v1::DEVICE_TYPE_CPU);
+    node->set_device_count(1);
+    call->context.set_deadline(std::chrono::system_clock::now() +
+                               std::chrono::seconds(120));
+    stubs[i % stubs.size()]->async()->Join(
+        &call->context, &call->request, &call->response,
+        [call, &outstanding, &done](grpc::Status status) {
+          call->status = std::move(status);
+          if (outstanding.fetch_sub(1) == 1) done.Notify();
+        });
+  }
+  done.WaitForNotification();
+  std::vector<v1::MemberRef> members(size);
+  for (const auto& call : calls) {
+    if (!call->status.ok()) {
+      std::fprintf(stderr, "join failed: %s\n",
+                   call->status.error_message().c_str());
+      return {};
+    }
+    const v1::Assignment& a = call->response.assignment();
+    v1::MemberRef& m = members[a.rank()];
+    m.set_job_id(job_id);
+    m.set_round(a.round());
+    m.set_rank(a.rank());
+    m.set_incarnation_id(call->request.node().incarnation_id());
+  }
+  return members;
+}
+
+// One simulated worker's heartbeat stream, on the asynchronous API: a
+// stream has no operation outstanding between heartbeats (its answers are
+// read only when it closes), so client queues stay short (see MonitorService
+// on why that matters with Debian's gRPC).
+class Beater {
+ public:
+  enum class Event { kStarted, kWritten, kWritesDone, kRead, kFinished };
+  struct Tag {
+    Beater* beater;
+    Event event;
+  };
+
+  Beater(v1::Monitor::Stub* stub, grpc::CompletionQueue* cq,
+         v1::MemberRef member) {
+    // A realistic heartbeat: a step's timings, two buckets, two collectives
+    // and a first-bucket-ready time.
+    *request_.mutable_member() = std::move(member);
+    v1::WorkerMetrics* m = request_.mutable_metrics();
+    m->set_state(v1::WORKER_STATE_TRAINING);
+    m->set_samples_per_second(512);
+    v1::StepTimings* t = m->mutable_step_timings();
+    t->set_step_seconds(0.25);
+    t->set_forward_seconds(0.08);
+    t->set_backward_seconds(0.12);
+    t->set_communication_seconds(0.03);
+    t->set_hidden_communication_seconds(0.02);
+    for (int b = 0; b < 2; ++b) {
+      v1::BucketStats* bucket = m->add_buckets();
+      bucket->set_index(b);
+      bucket->set_bytes(int64_t{25} << 20);
+      bucket->set_allreduce_seconds(0.01);
+      bucket->set_algbw_bytes_per_second(2.5e9);
+    }
+    m->set_rss_bytes(int64_t{6} << 30);
+    absl::MutexLock lock(&mu_);
+    busy_ = true;  // until the call has started
+    stream_ = stub->PrepareAsyncHeartbeat(&context_, cq);
+    stream_->StartCall(&started_tag_);
+  }
+
+  // Sends the next heartbeat unless the previous one is still in flight
+  // (then returns false: back-pressure).
+  bool Beat(absl::Time now) {
+    absl::MutexLock lock(&mu_);
+    if (busy_ || closing_) return false;
+    busy_ = true;
+    ++step_;
+    v1::WorkerMetrics* m = request_.mutable_metrics();
+    m->set_step(step_);
+    m->set_last_started_collective(2 * step_);
+    m->set_last_finished_collective(2 * step_);
+    m->clear_recent_collectives();
+    for (int b = 0; b < 2; ++b) {
+      v1::CollectiveFingerprint* f = m->add_recent_collectives();
+      f->set_sequence(2 * step_ - 1 + b);
+      f->set_op("allreduce");
+      f->set_dtype("float32");
+      f->set_count(int64_t{25} << 18);
+      f->set_bucket_index(b);
+    }
+    m->clear_first_bucket_ready();
+    v1::StepReady* ready = m->add_first_bucket_ready();
+    ready->set_step(step_);
+    *ready->mutable_time() = ToProtoTime(now);
+    stream_->Write(request_, &written_tag_);
+    return true;
+  }
+
+  // Handles an event of its queue.
+  void On(Event event, bool ok) {
+    absl::MutexLock lock(&mu_);
+    switch (event) {
+      case Event::kStarted:
+      case Event::kWritten:
+        if (!ok) failed_ = true;
+        busy_ = false;
+        if (closing_) CloseLocked();
+        break;
+      case Event::kWritesDone:
+      case Event::kRead:
+        // Read the answers left unread, then the status.
+        if (event == Event::kRead && !ok) {
+          stream_->Finish(&status_, &finished_tag_);
+        } else {
+          stream_->Read(&response_, &read_tag_);
+        }
+        break;
+      case Event::kFinished:
+        if (!status_.ok()) failed_ = true;
+        done_ = true;
+        break;
+    }
+  }
+
+  // Half-closes once no write is in flight; Done() is true at the end.
+  void Close() {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    if (!busy_) CloseLocked();
+  }
+  bool Done() const {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+  bool failed() const {
+    absl::MutexLock lock(&mu_);
+    return failed_;
+  }
+
+ private:
+  void CloseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    busy_ = true;
+    stream_->WritesDone(&writes_done_tag_);
+  }
+
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::HeartbeatRequest,
+                                                v1::HeartbeatResponse>>
+      stream_;
+  Tag started_tag_{this, Event::kStarted};
+  Tag written_tag_{this, Event::kWritten};
+  Tag writes_done_tag_{this, Event::kWritesDone};
+  Tag read_tag_{this, Event::kRead};
+  Tag finished_tag_{this, Event::kFinished};
+  mutable absl::Mutex mu_;
+  v1::HeartbeatRequest request_ ABSL_GUARDED_BY(mu_);
+  v1::HeartbeatResponse response_ ABSL_GUARDED_BY(mu_);
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a start or write in flight
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Client completion queues, each drained by a thread.
+class ClientQueues {
+ public:
+  explicit ClientQueues(int count) {
+    for (int i = 0; i < count; ++i) {
+      queues_.push_back(std::make_unique<grpc::CompletionQueue>());
+      threads_.emplace_back([cq = queues_.back().get()] {
+        void* tag = nullptr;
+        bool ok = false;
+        while (cq->Next(&tag, &ok)) {
+          auto* t = static_cast<Beater::Tag*>(tag);
+          t->beater->On(t->event, ok);
+        }
+      });
+    }
+  }
+  ~ClientQueues() {
+    for (auto& cq : queues_) cq->Shutdown();
+    for (auto& t : threads_) t.join();
+  }
+  grpc::CompletionQueue* at(size_t i) { return queues_[i % queues_.size()].get(); }
+
+ private:
+  std::vector<std::unique_ptr<grpc::CompletionQueue>> queues_;
+  std::vector<std::thread> threads_;
+};
+
+struct LevelResult {
+  int members = 0;
+  double offered = 0;
+  double accepted = 0;
+  int64_t skipped = 0;
+  int lost = 0;
+  int stale = 0;
+  int failed_streams = 0;
+  Percentiles status;
+  int status_queries = 0;
+  size_t status_bytes = 0;
+  double rss_gib = 0;
+};
+
+double RssGiB() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss / (1024.0 * 1024.0);
+}
+
+LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
+                     int members, int level_index) {
+  LevelResult result;
+  result.members = members;
+  const int job_size = std::min(members, absl::GetFlag(FLAGS_job_size));
+  const double rate = absl::GetFlag(FLAGS_rate);
+  auto channels = Connect(target, absl::GetFlag(FLAGS_channels));
+  std::vector<std::unique_ptr<v1::Monitor::Stub>> stubs;
+  for (const auto& c : channels) stubs.push_back(v1::Monitor::NewStub(c));
+
+  // Rendezvous, then one stream per member.
+  ClientQueues queues(absl::GetFlag(FLAGS_client_queues));
+  std::vector<std::string> jobs;
+  std::vector<std::unique_ptr<Beater>> beaters;
+  for (int start = 0; start < members; start += job_size) {
+    const std::string job = absl::StrCat("load", level_index, "-", jobs.size());
+    std::vector<v1::MemberRef> refs =
+        JoinJob(channels, job, std::min(job_size, members - start));
+    if (refs.empty()) return result;
+    jobs.push_back(job);
+    for (v1::MemberRef& ref : refs) {
+      beaters.push_back(std::make_unique<Beater>(
+          stubs[beaters.size() % stubs.size()].get(),
+          queues.at(beaters.size()), std::move(ref)));
+    }
+  }
+
+  // Pacers: each sends its slice's heartbeats spread evenly over every
+  // interval, in 1 ms ticks.
+  const absl::Duration interval = absl::Seconds(1) / rate;
+  const absl::Duration warmup = 2 * interval;
+  const absl::Duration measured = absl::GetFlag(FLAGS_duration);
+  const int pacers = absl::GetFlag(FLAGS_pacers);
+  std::atomic<int64_t> skipped{0};
+  std::atomic<bool> stop{false};
+  const absl::Time begin = absl::Now();
+  std::vector<std::thread> threads;
+  for (int p = 0; p < pacers; ++p) {
+    threads.emplace_back([&, p] {
+      std::vector<Beater*> mine;
+      for (size_t i = p; i < beaters.size(); i += pacers) {
+        mine.push_back(beaters[i].get());
+      }
+      const int64_t ticks = std::max<int64_t>(1, interval / absl::Milliseconds(1));
+      size_t next = 0;
+      for (int64_t tick = 0; !stop.load(); ++tick) {
+        const absl::Time due = begin + tick * absl::Milliseconds(1);
+        const absl::Duration wait = due - absl::Now();
+        if (wait > absl::ZeroDuration()) absl::SleepFor(wait);
+        const size_t until = mine.size() * ((tick % ticks) + 1) / ticks;
+        const absl::Time now = absl::Now();
+        for (; next < until; ++next) {
+          if (!mine[next]->Beat(now)) skipped.fetch_add(1);
+        }
+        if (until == mine.size()) next = 0;
+      }
+    });
+  }
+
+  // Warm up, then count what the coordinator accepts.
+  absl::SleepFor(warmup);
+  const int64_t skipped_before = skipped.load();
+  const int64_t accepted_before = coordinator.health().heartbeats();
+  const absl::Time measure_start = absl::Now();
+
+  // Time status queries of a job of --status_members members meanwhile.
+  std::vector<absl::Duration> latencies;
+  if (absl::GetFlag(FLAGS_status_members) == job_size) {
+    auto jobs_stub = v1::Jobs::NewStub(channels[0]);
+    const int queries = absl::GetFlag(FLAGS_status_queries);
+    const absl::Duration spacing = measured / (queries + 1);
+    for (int q = 0; q < queries; ++q) {
+      absl::SleepFor(spacing);
+      v1::GetJobRequest request;
+      request.set_job_id(jobs[q % jobs.size()]);
+      // Parsed on an arena, as a client reading large statuses should.
+      google::protobuf::Arena arena;
+      auto* response =
+          google::protobuf::Arena::CreateMessage<v1::GetJobResponse>(&arena);
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::seconds(10));
+      const absl::Time sent = absl::Now();
+      grpc::Status status = jobs_stub->GetJob(&context, request, response);
+      latencies.push_back(absl::Now() - sent);
+      if (status.ok() && response->job().members_size() == job_size) {
+        result.status_bytes = response->ByteSizeLong();
+      } else {
+        ++result.failed_streams;  // counted as a failure of the level
+      }
+    }
+  }
+  const absl::Duration left = measure_start + measured - absl::Now();
+  if (left > absl::ZeroDuration()) absl::SleepFor(left);
+  const absl::Duration elapsed = absl::Now() - measure_start;
+  const int64_t accepted = coordinator.health().heartbeats() - accepted_before;
+  result.skipped = skipped.load() - skipped_before;
+  result.offered = members * rate;
+  result.accepted = accepted / absl::ToDoubleSeconds(elapsed);
+  result.status = Summarize(latencies);
+  result.status_queries = static_cast<int>(latencies.size());
+  result.rss_gib = RssGiB();
+
+  // Correctness while the load still runs: every member ACTIVE and heard
+  // within 2 intervals.
+  const absl::Time now = absl::Now();
+  for (const std::string& job : jobs) {
+    absl::StatusOr<v1::JobStatus> status = coordinator.jobs().Get(job);
+    if (!status.ok()) {
+      result.lost += job_size;
+      continue;
+    }
+    coordinator.health().Describe(&*status);
+    for (const v1::Member& m : status->members()) {
+      if (m.state() != v1::MEMBER_STATE_ACTIVE) ++result.lost;
+      if (now - FromProtoTime(m.last_seen()) > 2 * interval) ++result.stale;
+    }
+  }
+  stop.store(true);
+  for (auto& t : threads) t.join();
+  for (auto& b : beaters) b->Close();
+  const absl::Time close_deadline = absl::Now() + absl::Seconds(60);
+  for (auto& b : beaters) {
+    while (!b->Done() && absl::Now() < close_deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    if (!b->Done() || b->failed()) ++result.failed_streams;
+  }
+  beaters.clear();
+  return result;
+}
+
+std::string Ms(absl::Duration d) {
+  return absl::StrFormat("%.2f", absl::ToDoubleMilliseconds(d));
+}
+
+int Main() {
+  SetMinLogSeverity(LogSeverity::kError);
+  std::vector<int> levels;
+  for (absl::string_view text :
+       absl::StrSplit(absl::GetFlag(FLAGS_members), ',', absl::SkipEmpty())) {
+    int n = 0;
+    if (!absl::SimpleAtoi(text, &n) || n <= 0) {
+      std::fprintf(stderr, "--members: '%s' is not a positive count\n",
+                   std::string(text).c_str());
+      return 2;
+    }
+    levels.push_back(n);
+  }
+  CoordinatorConfig config;
+  config.listen_address = "127.0.0.1:0";
+  config.heartbeat_queues = absl::GetFlag(FLAGS_heartbeat_queues);
+  config.health.heartbeat_interval =
+      absl::Seconds(1) / absl::GetFlag(FLAGS_rate);
+  Coordinator coordinator(config);
+  absl::Status started = coordinator.Start();
+  if (!started.ok()) {
+    std::fprintf(stderr, "cannot start the coordinator: %s\n",
+                 started.ToString().c_str());
+    return 1;
+  }
+  const std::string target = absl::StrCat("127.0.0.1:", coordinator.port());
+  std::printf("heartbeat ingest: in-process coordinator on %s (%d heartbeat "
+              "queues), %g Hz per member, %d connections, jobs of %d members, "
+              "%s per level\n\n",
+              target.c_str(), config.heartbeat_queues, absl::GetFlag(FLAGS_rate),
+              absl::GetFlag(FLAGS_channels), absl::GetFlag(FLAGS_job_size),
+              absl::FormatDuration(absl::GetFlag(FLAGS_duration)).c_str());
+  std::printf("%9s %10s %10s %8s %8s %6s %7s %8s  %s\n", "members",
+              "offered/s", "accepted/s", "ratio", "skipped", "#lost",
+              "#stale", "#failed", "GetJob p50/p99/max ms (n, bytes)");
+  int failures = 0;
+  int sustained = 0;
+  for (size_t i = 0; i < levels.size(); ++i) {
+    LevelResult r = RunLevel(coordinator, target, levels[i], static_cast<int>(i));
+    const double ratio = r.offered > 0 ? r.accepted / r.offered : 0;
+    const bool ok = r.lost == 0 && r.stale == 0 && r.failed_streams == 0;
+    if (ok && ratio >= 0.99) sustained = std::max(sustained, r.members);
+    failures += ok ? 0 : 1;
+    std::printf("%9d %10.0f %10.0f %8.3f %8lld %6d %7d %8d  %s\n", r.members,
+                r.offered, r.accepted, ratio,
+                static_cast<long long>(r.skipped), r.lost, r.stale,
+                r.failed_streams,
+                r.status_queries > 0
+                    ? absl::StrCat(Ms(r.status.p50), " / ", Ms(r.status.p99),
+                                   " / ", Ms(r.status.max), " (",
+                                   r.status_queries, ", ", r.status_bytes, ")")
+                          .c_str()
+                    : "-");
+    std::printf("RESULT members=%d offered=%.0f accepted=%.0f lost=%d "
+                "stale=%d failed=%d status_p99_ms=%s max_rss_gib=%.2f\n",
+                r.members, r.offered, r.accepted, r.lost, r.stale,
+                r.failed_streams,
+                r.status_queries > 0 ? Ms(r.status.p99).c_str() : "-",
+                r.rss_gib);
+    std::fflush(stdout);
+  }
+  std::printf("\nhighest sustained: %d members = %d heartbeats/s with every "
+              "member live\n",
+              sustained,
+              static_cast<int>(sustained * absl::GetFlag(FLAGS_rate)));
+  coordinator.Shutdown();
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace gradsync
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  // As in the coordinator's main(): Debian's abseil checks every mutex
+  // acquisition for lock-order cycles, which the service does not need.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  return gradsync::Main();
+}
