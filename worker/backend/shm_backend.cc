@@ -10,6 +10,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define GRADSYNC_SHM_F16C 1
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -850,6 +855,38 @@ void Reduce16(const Slots& in, size_t first, size_t n, ReduceOp op,
   }
 }
 
+#ifdef GRADSYNC_SHM_F16C
+// float16 with the F16C instructions, 8 conversions each, where the CPU has
+// them (compiled for it whatever the build's target): the same results as
+// Reduce16, several times faster.
+__attribute__((target("avx,f16c"))) void ReduceFloat16WithF16c(
+    const Slots& in, size_t first, size_t n, ReduceOp op, uint16_t* out) {
+  const __m256 divisor = _mm256_set1_ps(static_cast<float>(in.count));
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 sum = _mm256_cvtph_ps(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(in.at<uint16_t>(0, first + i))));
+    for (int r = 1; r < in.count; ++r) {
+      sum = _mm256_add_ps(
+          sum, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
+                   in.at<uint16_t>(r, first + i)))));
+    }
+    if (op == ReduceOp::kAverage) sum = _mm256_div_ps(sum, divisor);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(sum, _MM_FROUND_TO_NEAREST_INT));
+  }
+  if (i < n) {
+    Reduce16<Float16ToFloat, FloatToFloat16>(in, first + i, n - i, op, out + i);
+  }
+}
+
+bool HaveF16c() {
+  static const bool have =
+      __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return have;
+}
+#endif
+
 void ReduceAny(DataType dtype, const Slots& in, size_t first, size_t n,
                ReduceOp op, void* out) {
   switch (dtype) {
@@ -864,6 +901,12 @@ void ReduceAny(DataType dtype, const Slots& in, size_t first, size_t n,
     case DataType::kUInt8:
       return Reduce(in, first, n, op, static_cast<uint8_t*>(out));
     case DataType::kFloat16:
+#ifdef GRADSYNC_SHM_F16C
+      if (HaveF16c()) {
+        return ReduceFloat16WithF16c(in, first, n, op,
+                                     static_cast<uint16_t*>(out));
+      }
+#endif
       return Reduce16<Float16ToFloat, FloatToFloat16>(
           in, first, n, op, static_cast<uint16_t*>(out));
     case DataType::kBFloat16:
