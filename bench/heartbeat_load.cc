@@ -318,8 +318,17 @@ class ClientQueues {
   std::vector<std::thread> threads_;
 };
 
+// CPU time this process (coordinator and simulated workers) used so far.
+absl::Duration ProcessCpu() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return absl::DurationFromTimeval(usage.ru_utime) +
+         absl::DurationFromTimeval(usage.ru_stime);
+}
+
 struct LevelResult {
   int members = 0;
+  double cpu_cores = 0;  // CPU seconds per second during the measurement
   double offered = 0;
   double accepted = 0;
   int64_t skipped = 0;
@@ -401,6 +410,7 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
   absl::SleepFor(warmup);
   const int64_t skipped_before = skipped.load();
   const int64_t accepted_before = coordinator.health().heartbeats();
+  const absl::Duration cpu_before = ProcessCpu();
   const absl::Time measure_start = absl::Now();
 
   // Time status queries of a job of --status_members members meanwhile.
@@ -433,6 +443,7 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
   const absl::Duration left = measure_start + measured - absl::Now();
   if (left > absl::ZeroDuration()) absl::SleepFor(left);
   const absl::Duration elapsed = absl::Now() - measure_start;
+  result.cpu_cores = absl::FDivDuration(ProcessCpu() - cpu_before, elapsed);
   const int64_t accepted = coordinator.health().heartbeats() - accepted_before;
   result.skipped = skipped.load() - skipped_before;
   result.offered = members * rate;
@@ -528,10 +539,12 @@ int Main() {
                           .c_str()
                     : "-");
     std::printf("RESULT members=%d offered=%.0f accepted=%.0f lost=%d "
-                "stale=%d failed=%d status_p99_ms=%s max_rss_gib=%.2f\n",
+                "stale=%d failed=%d status_p99_ms=%s cpu_cores=%.2f "
+                "cpu_us_per_heartbeat=%.1f max_rss_gib=%.2f\n",
                 r.members, r.offered, r.accepted, r.lost, r.stale,
                 r.failed_streams,
                 r.status_queries > 0 ? Ms(r.status.p99).c_str() : "-",
+                r.cpu_cores, r.accepted > 0 ? 1e6 * r.cpu_cores / r.accepted : 0,
                 r.rss_gib);
     std::fflush(stdout);
   }

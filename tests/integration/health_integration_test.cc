@@ -35,6 +35,7 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kPromptly = absl::Seconds(10);
+constexpr absl::Duration kRetention = absl::Minutes(10);
 
 // The answers one heartbeat stream received. Thread-safe.
 class Answers {
@@ -73,6 +74,7 @@ class HealthIntegrationTest : public ::testing::Test {
     config.listen_address = "127.0.0.1:0";
     config.metrics_listen_address = "127.0.0.1:0";
     config.poll_interval = absl::Milliseconds(2);
+    config.retention = kRetention;
     config.clock = &clock_;
     coordinator_ = std::make_unique<Coordinator>(config);
     ASSERT_TRUE(coordinator_->Start().ok());
@@ -273,6 +275,23 @@ TEST_F(HealthIntegrationTest, CompletionEndsTheJobAndItsWatch) {
   *late.mutable_node() = LocalNodeDescriptor();
   EXPECT_EQ(client_->Join(late).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(HealthIntegrationTest, EndedJobIsForgottenAfterRetentionAndItsIdReused) {
+  std::vector<v1::Assignment> a = JoinAll("again", 1);
+  ASSERT_EQ(*client_->ReportCompletion(Completion(a[0], true)),
+            v1::JOB_STATE_SUCCEEDED);
+  clock_.Advance(kRetention - absl::Seconds(1));
+  EXPECT_TRUE(client_->GetJob("again").ok()) << "still within retention";
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(Eventually([&] {
+    return client_->GetJob("again").status().code() ==
+           absl::StatusCode::kNotFound;
+  }));
+  // Every manager forgot it: the id starts a fresh job at round 1.
+  std::vector<v1::Assignment> fresh = JoinAll("again", 2);
+  EXPECT_EQ(fresh[0].round(), 1);
+  EXPECT_EQ(Job("again").state(), v1::JOB_STATE_RUNNING);
 }
 
 TEST_F(HealthIntegrationTest, FailedMemberFailsTheJob) {
