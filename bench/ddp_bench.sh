@@ -64,10 +64,10 @@ common=(--model=mlp --hidden="$hidden" --batch_size="$batch" --steps="$steps"
 torch_common=(--hidden="$hidden" --batch_size="$batch" --steps="$steps"
               --synthetic_size=8192 --threads="$threads" --device="$device"
               --warmup=5 --world_size="$world")
-job=0
+# gradsync_ddp ROUND: one DDP run as job "bench-ROUND" (runs in a subshell,
+# so the job id comes from the caller).
 gradsync_ddp() {
-  job=$((job + 1))
-  local pids=()
+  local job=$1 pids=()
   for r in $(seq "$world"); do
     "$worker_bin" --coordinator="127.0.0.1:$port" --job="bench-$job" \
       --nnodes=1 --nproc_per_node="$world" "${common[@]}" \
@@ -95,7 +95,7 @@ echo "== $device, MLP 784-$hidden-$hidden-10 ($params parameters), batch $batch 
      "$world ranks, $threads thread(s) per rank, $steps steps (5 warm-up), $rounds rounds"
 gs_ddp=() gs_local=() t_ddp=() t_local=()
 for round in $(seq "$rounds"); do
-  gs_ddp+=("$(gradsync_ddp)")
+  gs_ddp+=("$(gradsync_ddp "$round")")
   t_ddp+=("$(torch_run)")
   gs_local+=("$(gradsync_local)")
   t_local+=("$(torch_run --local)")
