@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -156,6 +157,17 @@ inline void ExpectAllOk(const std::vector<std::shared_ptr<Work>>& works) {
 
 // Sum over ranks r of r: n(n-1)/2.
 inline int64_t RankSum(int n) { return static_cast<int64_t>(n) * (n - 1) / 2; }
+
+// Test names of suites parameterized over world size ("world3") and over
+// world size x element count ("world3_count1000").
+inline std::string WorldName(const ::testing::TestParamInfo<int>& info) {
+  return absl::StrCat("world", info.param);
+}
+inline std::string WorldAndCountName(
+    const ::testing::TestParamInfo<std::tuple<int, size_t>>& info) {
+  return absl::StrCat("world", std::get<0>(info.param), "_count",
+                      std::get<1>(info.param));
+}
 
 // ---------------------------------------------------------------------------
 // Scenarios. Each takes a started group (rank r's backend at index r) that

@@ -277,16 +277,10 @@ TEST_P(ShmCollectiveTest, AllGatherInRankOrder) {
   testing::ExpectAllGatherInRankOrder(Pointers(backends_), count());
 }
 
-std::string CollectiveTestName(
-    const ::testing::TestParamInfo<std::tuple<int, size_t>>& info) {
-  return absl::StrCat("world", std::get<0>(info.param), "_count",
-                      std::get<1>(info.param));
-}
-
 INSTANTIATE_TEST_SUITE_P(WorldSizeByCount, ShmCollectiveTest,
                          Combine(Values(1, 2, 3, 4),
                                  ::testing::ValuesIn(kCounts)),
-                         CollectiveTestName);
+                         testing::WorldAndCountName);
 
 // ---------------------------------------------------------------------------
 // Behaviour that depends on the world size only.
@@ -403,9 +397,7 @@ TEST_P(ShmGroupTest, SixteenBitFloatsMatchTheFloatSumRoundedOnce) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, ShmGroupTest, Values(1, 2, 3, 4),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return absl::StrCat("world", info.param);
-                         });
+                         testing::WorldName);
 
 // The default 4 MiB slots, with a buffer of several slots: the size a DDP
 // bucket has.
@@ -712,9 +704,7 @@ TEST_P(ShmPeerLeavesTest, OthersFailPromptlyWhenARankLeaves) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, ShmPeerLeavesTest, Values(2, 3, 4),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return absl::StrCat("world", info.param);
-                         });
+                         testing::WorldName);
 
 // Destroying a backend stops the collective in flight at once (no waiting
 // for the timeout) and cancels the queued ones.
