@@ -15,6 +15,7 @@
 // Members are grouped into jobs of --job_size (rendezvous through real
 // Rendezvous.Join calls); streams share --channels client connections.
 #include <grpcpp/grpcpp.h>
+#include <pthread.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -298,6 +299,7 @@ class ClientQueues {
     for (int i = 0; i < count; ++i) {
       queues_.push_back(std::make_unique<grpc::CompletionQueue>());
       threads_.emplace_back([cq = queues_.back().get()] {
+        pthread_setname_np(pthread_self(), "sim-client-cq");
         void* tag = nullptr;
         bool ok = false;
         while (cq->Next(&tag, &ok)) {
@@ -386,6 +388,7 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
   std::vector<std::thread> threads;
   for (int p = 0; p < pacers; ++p) {
     threads.emplace_back([&, p] {
+      pthread_setname_np(pthread_self(), "sim-pacer");
       std::vector<Beater*> mine;
       for (size_t i = p; i < beaters.size(); i += pacers) {
         mine.push_back(beaters[i].get());

@@ -377,12 +377,21 @@ void HealthManager::Transition(JobHealth* job, HealthUpdate update) {
                  << ": not recorded: " << recorded.message();
     return;
   }
-  for (const HealthUpdate::MemberChange& change : update.members) {
+  constexpr size_t kLoggedChanges = 10;  // a mass loss logs a summary
+  for (size_t i = 0; i < update.members.size(); ++i) {
+    const HealthUpdate::MemberChange& change = update.members[i];
     job->members[change.rank].state = change.state;
+    if (i < kLoggedChanges) {
+      GS_LOG(WARNING) << "job '" << job->job_id << "' round " << job->round
+                      << ": rank " << change.rank << " ("
+                      << job->members[change.rank].host << ") "
+                      << MemberStateName(change.state) << ": " << change.reason;
+    }
+  }
+  if (update.members.size() > kLoggedChanges) {
     GS_LOG(WARNING) << "job '" << job->job_id << "' round " << job->round
-                    << ": rank " << change.rank << " ("
-                    << job->members[change.rank].host << ") "
-                    << MemberStateName(change.state) << ": " << change.reason;
+                    << ": and " << update.members.size() - kLoggedChanges
+                    << " more rank(s) changed state the same way";
   }
   if (update.job_state != v1::JOB_STATE_UNSPECIFIED) {
     job->state = update.job_state;

@@ -1,5 +1,7 @@
 #include "server/monitor_service.h"
 
+#include <pthread.h>
+
 #include <optional>
 #include <utility>
 
@@ -162,6 +164,7 @@ void MonitorService::Accept(grpc::ServerCompletionQueue* cq) {
 }
 
 void MonitorService::Drain(grpc::ServerCompletionQueue* cq) {
+  pthread_setname_np(pthread_self(), "gs-heartbeats");  // for top and perf
   void* tag = nullptr;
   bool ok = false;
   while (cq->Next(&tag, &ok)) {
