@@ -10,6 +10,7 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   libtorch-dev libgloo-dev libcpp-httplib-dev python3-prometheus-client
   python3-torch procps
+  cmake ninja-build  # the CMake build (deploy/cmake_build.sh)
 )
 # CUDA and NCCL are not Debian packages: where /usr/local/cuda (or
 # $CUDA_HOME) has them, the NCCL backend is built too.

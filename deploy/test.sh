@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Runs gradsync's whole test suite (installing what it needs first):
 #   deploy/test.sh [extra bazel test flags]
-# Ends with one line "gtest: N passed, N failed, N skipped" counted from the
-# test cases (GPU tests skip on machines without a GPU).
+# bazel test //..., then the CMake build of everything and its tests
+# (deploy/cmake_build.sh --ctest, about 7 minutes from scratch on 2 cores),
+# so that the CMake build GPU machines use cannot rot. Ends with one line
+# "gtest: N passed, N failed, N skipped" counted from Bazel's test cases (GPU
+# tests skip on machines without a GPU), after ctest's own line.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 deploy/install_deps.sh || exit 1
@@ -30,5 +33,10 @@ while IFS= read -r target; do
   passed=$((passed + tests - failures - errors - disabled - skipped_here))
 done < <(grep -oE '^//[^ ]+' /tmp/gradsync-test.log | sort -u)
 [ "$status" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1  # a build or harness failure
+
+deploy/cmake_build.sh --ctest 2>&1 | tee /tmp/gradsync-cmake.log
+cmake_status=${PIPESTATUS[0]}
+[ "$status" -eq 0 ] && status=$cmake_status
+
 echo "gtest: ${passed} passed, ${failed} failed, ${skipped} skipped"
 exit "$status"

@@ -1,0 +1,190 @@
+# The system libraries of //third_party/system as CMake targets
+# "gradsync_system_<name>" (absl, protobuf, grpc, gtest, gtest_main,
+# benchmark, gloo, torch), plus protoc and grpc_cpp_plugin for
+# gradsync_cc_grpc_library.
+#
+# Each is looked up through its CMake package configuration where one exists
+# (Debian ships them for gRPC, abseil, GoogleTest, benchmark and LibTorch)
+# and otherwise by library name, with the same names Bazel links. Everything
+# is found through CMAKE_PREFIX_PATH, so packages unpacked into a folder work
+# as well as installed ones (deploy/gpu_run.sh does that); single paths can
+# be overridden with the cache variables below (GRADSYNC_PROTOC,
+# GRADSYNC_GRPC_CPP_PLUGIN, GLOO_INCLUDE_DIR, GLOO_LIBRARY, Torch_DIR, ...).
+
+include_guard(GLOBAL)
+
+find_package(Threads REQUIRED)
+
+# Libraries by name (the fallback): sets <target> to an INTERFACE target
+# linking each lib<name>.so found on the prefix path, or fails naming the
+# missing ones.
+function(_gradsync_link_by_name target what)
+  set(missing "")
+  set(libs "")
+  foreach(name IN LISTS ARGN)
+    find_library(GRADSYNC_LIB_${name} NAMES ${name})
+    if(GRADSYNC_LIB_${name})
+      list(APPEND libs "${GRADSYNC_LIB_${name}}")
+    else()
+      list(APPEND missing "lib${name}")
+    endif()
+  endforeach()
+  if(missing)
+    message(FATAL_ERROR "gradsync: ${what} not found: ${missing}. Install it "
+      "(deploy/install_deps.sh) or add its prefix to CMAKE_PREFIX_PATH.")
+  endif()
+  target_link_libraries(${target} INTERFACE ${libs})
+endfunction()
+
+# --- abseil (libabsl-dev): the libraries //third_party/system:absl links.
+set(_gradsync_absl_libs
+  flags_parse flags_usage flags_usage_internal flags_internal
+  flags_marshalling flags_reflection flags_config flags_program_name
+  flags_private_handle_accessor flags_commandlineflag
+  flags_commandlineflag_internal statusor status cord cordz_info
+  cord_internal cordz_functions cordz_handle hash city low_level_hash
+  raw_hash_set random_distributions random_seed_sequences
+  random_internal_pool_urbg random_internal_randen
+  random_internal_randen_hwaes random_internal_randen_hwaes_impl
+  random_internal_randen_slow random_internal_platform
+  random_internal_seed_material random_seed_gen_exception synchronization
+  graphcycles_internal stacktrace symbolize debugging_internal
+  demangle_internal malloc_internal time civil_time time_zone
+  str_format_internal strings strings_internal int128 throw_delegate
+  raw_logging_internal log_severity spinlock_wait base bad_optional_access
+  bad_variant_access strerror)
+add_library(gradsync_system_absl INTERFACE)
+find_package(absl CONFIG QUIET)
+if(absl_FOUND)
+  foreach(name IN LISTS _gradsync_absl_libs)
+    if(TARGET absl::${name})
+      target_link_libraries(gradsync_system_absl INTERFACE absl::${name})
+    endif()
+  endforeach()
+else()
+  list(TRANSFORM _gradsync_absl_libs PREPEND absl_ OUTPUT_VARIABLE _names)
+  _gradsync_link_by_name(gradsync_system_absl "abseil" ${_names})
+endif()
+target_link_libraries(gradsync_system_absl INTERFACE Threads::Threads)
+
+# --- protobuf (libprotobuf-dev, protobuf-compiler) and gRPC
+# (libgrpc++-dev, protobuf-compiler-grpc). CMake's FindProtobuf finds
+# protoc and libprotobuf; gRPC's configuration needs re2, which Debian
+# describes only through pkg-config: without pkg-config (a bare GPU machine)
+# it is found by name here first.
+find_package(Protobuf REQUIRED)
+if(NOT TARGET re2::re2)
+  find_package(re2 CONFIG QUIET)
+endif()
+if(NOT TARGET re2::re2)
+  find_library(GRADSYNC_RE2_LIBRARY re2)
+  find_path(GRADSYNC_RE2_INCLUDE_DIR re2/re2.h)
+  if(GRADSYNC_RE2_LIBRARY AND GRADSYNC_RE2_INCLUDE_DIR)
+    add_library(re2::re2 UNKNOWN IMPORTED)
+    set_target_properties(re2::re2 PROPERTIES
+      IMPORTED_LOCATION "${GRADSYNC_RE2_LIBRARY}"
+      INTERFACE_INCLUDE_DIRECTORIES "${GRADSYNC_RE2_INCLUDE_DIR}")
+    set(re2_FOUND TRUE)
+  endif()
+endif()
+find_package(gRPC CONFIG QUIET)
+
+add_library(gradsync_system_protobuf INTERFACE)
+target_link_libraries(gradsync_system_protobuf INTERFACE
+  protobuf::libprotobuf gradsync_system_absl)
+
+add_library(gradsync_system_grpc INTERFACE)
+if(gRPC_FOUND)
+  target_link_libraries(gradsync_system_grpc INTERFACE
+    gRPC::grpc++_reflection gRPC::grpc++ gRPC::grpc gRPC::gpr
+    gRPC::address_sorting)
+else()
+  _gradsync_link_by_name(gradsync_system_grpc "gRPC"
+    grpc++_reflection grpc++ grpc gpr address_sorting)
+endif()
+target_link_libraries(gradsync_system_grpc INTERFACE
+  gradsync_system_absl gradsync_system_protobuf)
+
+set(GRADSYNC_PROTOC "${Protobuf_PROTOC_EXECUTABLE}" CACHE FILEPATH
+  "protoc used for the .proto files")
+set(_plugin_hint "")
+if(TARGET gRPC::grpc_cpp_plugin)
+  get_target_property(_plugin_hint gRPC::grpc_cpp_plugin LOCATION)
+  get_filename_component(_plugin_hint "${_plugin_hint}" DIRECTORY)
+endif()
+find_program(GRADSYNC_GRPC_CPP_PLUGIN NAMES grpc_cpp_plugin HINTS ${_plugin_hint}
+  DOC "protoc plugin for C++ gRPC services")
+if(NOT GRADSYNC_PROTOC OR NOT GRADSYNC_GRPC_CPP_PLUGIN)
+  message(FATAL_ERROR "gradsync: protoc (${GRADSYNC_PROTOC}) or grpc_cpp_plugin "
+    "(${GRADSYNC_GRPC_CPP_PLUGIN}) not found: install protobuf-compiler and "
+    "protobuf-compiler-grpc or set GRADSYNC_PROTOC / GRADSYNC_GRPC_CPP_PLUGIN.")
+endif()
+# Where google/protobuf/*.proto live (Bazel: --proto_path=/usr/include).
+find_path(GRADSYNC_PROTOBUF_INCLUDE_DIR google/protobuf/descriptor.proto
+  HINTS ${Protobuf_INCLUDE_DIRS})
+if(NOT GRADSYNC_PROTOBUF_INCLUDE_DIR)
+  message(FATAL_ERROR "gradsync: google/protobuf/descriptor.proto not found "
+    "(libprotobuf-dev); set GRADSYNC_PROTOBUF_INCLUDE_DIR.")
+endif()
+
+# --- GoogleTest (libgtest-dev, libgmock-dev).
+if(GRADSYNC_BUILD_TESTS)
+  find_package(GTest CONFIG REQUIRED)
+  add_library(gradsync_system_gtest INTERFACE)
+  target_link_libraries(gradsync_system_gtest INTERFACE
+    GTest::gmock GTest::gtest Threads::Threads)
+  add_library(gradsync_system_gtest_main INTERFACE)
+  target_link_libraries(gradsync_system_gtest_main INTERFACE
+    GTest::gtest_main gradsync_system_gtest)
+endif()
+
+# --- Google Benchmark (libbenchmark-dev); nothing uses it yet.
+find_package(benchmark CONFIG QUIET)
+add_library(gradsync_system_benchmark INTERFACE)
+if(benchmark_FOUND)
+  target_link_libraries(gradsync_system_benchmark INTERFACE
+    benchmark::benchmark Threads::Threads)
+else()
+  gradsync_disable(gradsync_system_benchmark "Google Benchmark not found")
+endif()
+
+# --- Gloo (libgloo-dev). Debian's GlooConfig.cmake names /usr/lib/libgloo.so
+# by absolute path, which breaks for unpacked packages: look it up by name.
+find_path(GLOO_INCLUDE_DIR gloo/allreduce.h)
+find_library(GLOO_LIBRARY gloo)
+if(NOT GLOO_INCLUDE_DIR OR NOT GLOO_LIBRARY)
+  message(FATAL_ERROR "gradsync: Gloo not found (gloo/allreduce.h: "
+    "${GLOO_INCLUDE_DIR}, libgloo: ${GLOO_LIBRARY}); install libgloo-dev or "
+    "set GLOO_INCLUDE_DIR and GLOO_LIBRARY.")
+endif()
+add_library(gradsync_system_gloo INTERFACE)
+target_include_directories(gradsync_system_gloo SYSTEM INTERFACE "${GLOO_INCLUDE_DIR}")
+target_link_libraries(gradsync_system_gloo INTERFACE "${GLOO_LIBRARY}")
+
+# --- LibTorch: Debian's libtorch-dev (CPU) or a vendor build, e.g. the one in
+# PyTorch's wheel: -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch;
+# print(torch.utils.cmake_prefix_path)')".
+add_library(gradsync_system_torch INTERFACE)
+if(GRADSYNC_WITH_TORCH)
+  find_package(Torch REQUIRED)
+  target_link_libraries(gradsync_system_torch INTERFACE ${TORCH_LIBRARIES} Threads::Threads)
+  include(GradsyncAbiCheck)
+  gradsync_check_torch_abi()
+else()
+  gradsync_disable(gradsync_system_torch "GRADSYNC_WITH_TORCH=OFF")
+endif()
+
+# --- cpp-httplib (libcpp-httplib-dev): the coordinator's /metrics endpoint.
+# Debian builds it with TLS, zlib and brotli; the same defines keep its
+# classes' layout identical on both sides. No CMake configuration: by name.
+find_path(HTTPLIB_INCLUDE_DIR httplib.h)
+if(NOT HTTPLIB_INCLUDE_DIR)
+  message(FATAL_ERROR "gradsync: httplib.h not found: install libcpp-httplib-dev "
+    "or set HTTPLIB_INCLUDE_DIR.")
+endif()
+add_library(gradsync_system_httplib INTERFACE)
+target_include_directories(gradsync_system_httplib SYSTEM INTERFACE "${HTTPLIB_INCLUDE_DIR}")
+target_compile_definitions(gradsync_system_httplib INTERFACE
+  CPPHTTPLIB_OPENSSL_SUPPORT CPPHTTPLIB_ZLIB_SUPPORT CPPHTTPLIB_BROTLI_SUPPORT)
+_gradsync_link_by_name(gradsync_system_httplib "cpp-httplib" cpp-httplib ssl crypto)
+target_link_libraries(gradsync_system_httplib INTERFACE Threads::Threads)
