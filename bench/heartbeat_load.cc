@@ -55,8 +55,8 @@ ABSL_FLAG(int, client_queues, 8,
           "completion queues (each with a thread) of the simulated workers");
 ABSL_FLAG(int, pacers, 2, "client threads that pace the heartbeats");
 ABSL_FLAG(int, status_members, 10000,
-          "time GetJob of a job of this many members at the level that has "
-          "one (0: never)");
+          "time GetJob of a job of this many members at the level of exactly "
+          "this many members (0: never)");
 ABSL_FLAG(int, status_queries, 300, "GetJob calls to time");
 
 namespace gradsync {
@@ -418,7 +418,7 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
 
   // Time status queries of a job of --status_members members meanwhile.
   std::vector<absl::Duration> latencies;
-  if (absl::GetFlag(FLAGS_status_members) == job_size) {
+  if (absl::GetFlag(FLAGS_status_members) == members) {
     auto jobs_stub = v1::Jobs::NewStub(channels[0]);
     const int queries = absl::GetFlag(FLAGS_status_queries);
     const absl::Duration spacing = measured / (queries + 1);
