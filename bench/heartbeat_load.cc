@@ -332,6 +332,7 @@ struct LevelResult {
   int members = 0;
   double cpu_cores = 0;  // CPU seconds per second during the measurement
   double offered = 0;
+  double sent = 0;  // heartbeats the simulated workers got out, per second
   double accepted = 0;
   int64_t skipped = 0;
   int lost = 0;
@@ -383,6 +384,7 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
   const absl::Duration measured = absl::GetFlag(FLAGS_duration);
   const int pacers = absl::GetFlag(FLAGS_pacers);
   std::atomic<int64_t> skipped{0};
+  std::atomic<int64_t> sent{0};
   std::atomic<bool> stop{false};
   const absl::Time begin = absl::Now();
   std::vector<std::thread> threads;
@@ -402,7 +404,11 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
         const size_t until = mine.size() * ((tick % ticks) + 1) / ticks;
         const absl::Time now = absl::Now();
         for (; next < until; ++next) {
-          if (!mine[next]->Beat(now)) skipped.fetch_add(1);
+          if (mine[next]->Beat(now)) {
+            sent.fetch_add(1, std::memory_order_relaxed);
+          } else {
+            skipped.fetch_add(1, std::memory_order_relaxed);
+          }
         }
         if (until == mine.size()) next = 0;
       }
@@ -412,6 +418,7 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
   // Warm up, then count what the coordinator accepts.
   absl::SleepFor(warmup);
   const int64_t skipped_before = skipped.load();
+  const int64_t sent_before = sent.load();
   const int64_t accepted_before = coordinator.health().heartbeats();
   const absl::Duration cpu_before = ProcessCpu();
   const absl::Time measure_start = absl::Now();
@@ -449,6 +456,7 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
   result.cpu_cores = absl::FDivDuration(ProcessCpu() - cpu_before, elapsed);
   const int64_t accepted = coordinator.health().heartbeats() - accepted_before;
   result.skipped = skipped.load() - skipped_before;
+  result.sent = (sent.load() - sent_before) / absl::ToDoubleSeconds(elapsed);
   result.offered = members * rate;
   result.accepted = accepted / absl::ToDoubleSeconds(elapsed);
   result.status = Summarize(latencies);
@@ -520,19 +528,22 @@ int Main() {
               target.c_str(), config.heartbeat_queues, absl::GetFlag(FLAGS_rate),
               absl::GetFlag(FLAGS_channels), absl::GetFlag(FLAGS_job_size),
               absl::FormatDuration(absl::GetFlag(FLAGS_duration)).c_str());
-  std::printf("%9s %10s %10s %8s %8s %6s %7s %8s  %s\n", "members",
-              "offered/s", "accepted/s", "ratio", "skipped", "#lost",
-              "#stale", "#failed", "GetJob p50/p99/max ms (n, bytes)");
+  std::printf("%9s %10s %10s %10s %8s %8s %6s %7s %8s  %s\n", "members",
+              "offered/s", "sent/s", "accepted/s", "ratio", "skipped",
+              "#lost", "#stale", "#failed",
+              "GetJob p50/p99/max ms (n, bytes)");
   int failures = 0;
   int sustained = 0;
   for (size_t i = 0; i < levels.size(); ++i) {
     LevelResult r = RunLevel(coordinator, target, levels[i], static_cast<int>(i));
     const double ratio = r.offered > 0 ? r.accepted / r.offered : 0;
     const bool ok = r.lost == 0 && r.stale == 0 && r.failed_streams == 0;
-    if (ok && ratio >= 0.99) sustained = std::max(sustained, r.members);
+    // Sustained: every member live and (almost) all offered heartbeats
+    // accepted; the simulated workers share the 2 cores and may fall short.
+    if (ok && ratio >= 0.95) sustained = std::max(sustained, r.members);
     failures += ok ? 0 : 1;
-    std::printf("%9d %10.0f %10.0f %8.3f %8lld %6d %7d %8d  %s\n", r.members,
-                r.offered, r.accepted, ratio,
+    std::printf("%9d %10.0f %10.0f %10.0f %8.3f %8lld %6d %7d %8d  %s\n",
+                r.members, r.offered, r.sent, r.accepted, ratio,
                 static_cast<long long>(r.skipped), r.lost, r.stale,
                 r.failed_streams,
                 r.status_queries > 0
@@ -551,8 +562,8 @@ int Main() {
                 r.rss_gib);
     std::fflush(stdout);
   }
-  std::printf("\nhighest sustained: %d members = %d heartbeats/s with every "
-              "member live\n",
+  std::printf("\nhighest sustained (every member live, >= 95%% of the offered "
+              "heartbeats accepted): %d members = %d heartbeats/s\n",
               sustained,
               static_cast<int>(sustained * absl::GetFlag(FLAGS_rate)));
   coordinator.Shutdown();
