@@ -165,10 +165,19 @@ if [ -n "$deps" ]; then
     root=$deps
   else
     root=$build_dir/deps-root
-    rm -rf "$root"
-    mkdir -p "$root"
+    # Unpacked already from the same files: keep it (and the build's
+    # timestamps).
+    stamp=$(cd "$deps" && ls -l --time-style=+%s -- *.deb 2>/dev/null | md5sum)
+    if [ -f "$root/.unpacked" ] && [ "$(cat "$root/.unpacked")" = "$stamp" ]; then
+      skip_unpack=1
+    else
+      skip_unpack=0
+      rm -rf "$root"
+      mkdir -p "$root"
+    fi
     n=0
     for deb in "$deps"/*.deb; do
+      [ "$skip_unpack" -eq 0 ] || break
       [ -f "$deb" ] || continue
       if command -v dpkg-deb >/dev/null; then
         dpkg-deb -x "$deb" "$root"
@@ -179,8 +188,11 @@ if [ -n "$deps" ]; then
       fi || { record "unpack" FAIL "$deb"; finish; }
       n=$((n + 1))
     done
-    [ "$n" -gt 0 ] || { record "unpack" FAIL "no .deb in $deps"; finish; }
-    note "unpacked $n packages into $root"
+    if [ "$skip_unpack" -eq 0 ]; then
+      [ "$n" -gt 0 ] || { record "unpack" FAIL "no .deb in $deps"; finish; }
+      echo "$stamp" >"$root/.unpacked"
+      note "unpacked $n packages into $root"
+    fi
   fi
   [ -f "$deps/packages.txt" ] && cp "$deps/packages.txt" "$build_dir/packages.txt"
   prefix_path=("$root/usr" "${prefix_path[@]}")
@@ -232,7 +244,7 @@ if [ -x "$nccl_test" ]; then
   [ "$status" -eq 0 ] && r=OK || r=FAIL
   record "nccl_backend_test" "$r" "$passed passed, $failures failed, $skipped skipped (exit $status)"
 else
-  record "nccl_backend_test" MISSING "not built (CUDA/NCCL not found: see build.log)"
+  record "nccl_backend_test" MISSING "not built (--nccl=$nccl; see the NCCL line in build.log)"
 fi
 note "ctest, all tests (log: $out/ctest.log)"
 (cd "$build_dir" && ctest -j "$jobs" --output-on-failure) >"$out/ctest.log" 2>&1
