@@ -12,7 +12,8 @@
 #   - step time of gradsync DDP and PyTorch DDP, and their ratio (goal <= 0.95);
 #   - each one's overhead over one process training alone without sync
 #     (goal: gradsync's <= half of PyTorch's);
-#   - bucketed sync vs raw all-reduce throughput (goal >= 97%; CPU only).
+#   - bucketed sync vs raw all-reduce throughput, Gloo and shared memory
+#     (goal >= 97%; CPU only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -117,6 +118,8 @@ awk -v g="$g" -v t="$t" -v gl="$gl" -v tl="$tl" 'BEGIN {
 
 if [ "$device" = cpu ] && [ -n "$allreduce_bin" ]; then
   echo
-  echo "== bucketed gradient sync vs one raw all-reduce of the same bytes (Gloo, $world ranks)"
-  "$allreduce_bin" --hidden="$hidden" --world_size="$world" --iterations=20
+  echo "== bucketed gradient sync vs one raw all-reduce of the same bytes ($world ranks;"
+  echo "   gradsync-worker uses shm on one node, gloo across nodes)"
+  "$allreduce_bin" --hidden="$hidden" --world_size="$world" --iterations=20 \
+    --backend=gloo,shm
 fi
