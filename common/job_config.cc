@@ -102,7 +102,8 @@ absl::StatusOr<v1::JobConfig> NormalizeJobConfig(const v1::JobConfig& config) {
     out.set_backend(v1::BACKEND_AUTO);
   }
   // Health settings: zero means the coordinator's default, which only the
-  // coordinator knows, so they stay zero here.
+  // coordinator knows, so they stay zero here (an unspecified failure policy
+  // is DEGRADE).
   for (const auto& [field, value] :
        {std::make_pair("heartbeat_interval", &out.heartbeat_interval()),
         std::make_pair("straggler_threshold", &out.straggler_threshold()),
@@ -123,9 +124,6 @@ absl::StatusOr<v1::JobConfig> NormalizeJobConfig(const v1::JobConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "job '", out.job_id(), "': unknown failure_policy ",
         out.failure_policy()));
-  }
-  if (out.failure_policy() == v1::FAILURE_POLICY_UNSPECIFIED) {
-    out.set_failure_policy(v1::FAILURE_POLICY_DEGRADE);
   }
   return out;
 }

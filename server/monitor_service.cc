@@ -176,6 +176,11 @@ void MonitorService::Drain(grpc::ServerCompletionQueue* cq) {
 void MonitorService::Shutdown() {
   for (auto& cq : queues_) cq->Shutdown();
   for (std::thread& t : threads_) t.join();
+  if (threads_.empty()) {
+    // Never started (the server failed to start): drain here, as a queue
+    // must be before it is destroyed.
+    for (auto& cq : queues_) Drain(cq.get());
+  }
   threads_.clear();
   queues_.clear();
 }

@@ -522,6 +522,30 @@ TEST_F(HealthManagerTest, ConsistentlyLateRankIsFlaggedWithItsLag) {
   EXPECT_EQ(Status().diagnosis().stragglers_size(), 0);
 }
 
+TEST(HealthSettingsTest, JobConfigValidatesThemAndKeepsZeroAsDefault) {
+  v1::JobConfig config;
+  config.set_job_id("j");
+  absl::StatusOr<v1::JobConfig> normalized = NormalizeJobConfig(config);
+  ASSERT_TRUE(normalized.ok());
+  EXPECT_EQ(normalized->missed_heartbeats(), 0) << "the coordinator's default";
+  EXPECT_EQ(normalized->failure_policy(), v1::FAILURE_POLICY_UNSPECIFIED);
+
+  v1::JobConfig bad = config;
+  bad.set_missed_heartbeats(-1);
+  EXPECT_THAT(NormalizeJobConfig(bad).status().message(),
+              HasSubstr("missed_heartbeats must be in [0, 1000]"));
+  bad = config;
+  bad.set_failure_policy(static_cast<v1::FailurePolicy>(7));
+  EXPECT_THAT(NormalizeJobConfig(bad).status().message(),
+              HasSubstr("unknown failure_policy 7"));
+  bad = config;
+  *bad.mutable_heartbeat_interval() = ToProtoDuration(absl::Seconds(-1));
+  EXPECT_EQ(NormalizeJobConfig(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(NormalizeJobConfig(bad).status().message(),
+              HasSubstr("heartbeat_interval"));
+}
+
 TEST(FormatRanksTest, ListsAndCollapsesRuns) {
   EXPECT_EQ(FormatRanks({2, 0, 1}), "0,1,2");
   EXPECT_EQ(FormatRanks({0, 1, 2, 3, 7, 9, 10, 11, 12}), "0-3,7,9-12");
