@@ -159,9 +159,10 @@ TEST_F(HealthProcessTest, HungWorkerIsLostAfterThreeMissedHeartbeats) {
   const absl::Duration took = TimeUntilLost("hung", 0, stopped, kLostBound);
   std::printf("SIGSTOPped rank 0 shown LOST after %s\n",
               absl::FormatDuration(took).c_str());
-  // Its last heartbeat was at most 1 s before the stop.
+  // LOST 3 s after its last heartbeat, which was at most 1 s before the
+  // stop; the slack above the bound is for a loaded test machine.
   EXPECT_GE(took, absl::Seconds(2));
-  EXPECT_LE(took, kLostBound + absl::Milliseconds(500));
+  EXPECT_LE(took, kLostBound + absl::Seconds(1));
   absl::StatusOr<v1::JobStatus> status = Job("hung");
   ASSERT_TRUE(status.ok());
   EXPECT_THAT(status->members(0).state_reason(), HasSubstr("missed 3 heartbeats"));
