@@ -101,18 +101,35 @@ class HealthProcessTest : public ::testing::Test {
     return nullptr;
   }
 
-  // How long after `since` the member `rank` of `job` shows as LOST (waits
-  // at most `bound` plus a margin for the report).
-  absl::Duration TimeUntilLost(const std::string& job, int rank,
-                               absl::Time since, absl::Duration bound) {
-    bool lost = Eventually(
+  // Once every member of `job` trains, sends `signal_number` to the worker
+  // of `rank` and returns how long the coordinator took to show that rank
+  // LOST (infinite when it did not within kLostBound plus a margin).
+  absl::Duration SignalAndTimeLost(
+      const std::string& job, int rank, int signal_number,
+      const std::vector<std::unique_ptr<Child>>& workers) {
+    if (!AllTraining(job, static_cast<int>(workers.size()))) {
+      ADD_FAILURE() << "job '" << job << "' never trained";
+      return absl::InfiniteDuration();
+    }
+    Child* victim = WorkerOfRank(job, rank, workers);
+    if (victim == nullptr) {
+      ADD_FAILURE() << "no worker holds rank " << rank;
+      return absl::InfiniteDuration();
+    }
+    const absl::Time signalled = absl::Now();
+    victim->Signal(signal_number);
+    const bool lost = Eventually(
         [&] {
           absl::StatusOr<v1::JobStatus> status = Job(job);
           return status.ok() &&
                  status->members(rank).state() == v1::MEMBER_STATE_LOST;
         },
-        bound + absl::Seconds(5));
-    return lost ? absl::Now() - since : absl::InfiniteDuration();
+        kLostBound + absl::Seconds(5));
+    const absl::Duration took =
+        lost ? absl::Now() - signalled : absl::InfiniteDuration();
+    std::printf("%s: rank %d shown LOST %s after signal %d\n", job.c_str(),
+                rank, absl::FormatDuration(took).c_str(), signal_number);
+    return took;
   }
 
   // Ends the workers that still run (stopped ones included).
@@ -131,14 +148,7 @@ class HealthProcessTest : public ::testing::Test {
 
 TEST_F(HealthProcessTest, KilledWorkerIsLostWithinThreeSeconds) {
   auto workers = StartWorkers("killed", 2, 100000, absl::Milliseconds(100));
-  ASSERT_TRUE(AllTraining("killed", 2));
-  Child* victim = WorkerOfRank("killed", 1, workers);
-  ASSERT_NE(victim, nullptr);
-  const absl::Time killed = absl::Now();
-  victim->Signal(SIGKILL);
-  const absl::Duration took = TimeUntilLost("killed", 1, killed, kLostBound);
-  std::printf("SIGKILLed rank 1 shown LOST after %s\n",
-              absl::FormatDuration(took).c_str());
+  const absl::Duration took = SignalAndTimeLost("killed", 1, SIGKILL, workers);
   EXPECT_LE(took, kLostBound);
   absl::StatusOr<v1::JobStatus> status = Job("killed");
   ASSERT_TRUE(status.ok());
@@ -150,15 +160,8 @@ TEST_F(HealthProcessTest, KilledWorkerIsLostWithinThreeSeconds) {
 
 TEST_F(HealthProcessTest, HungWorkerIsLostAfterThreeMissedHeartbeats) {
   auto workers = StartWorkers("hung", 2, 100000, absl::Milliseconds(100));
-  ASSERT_TRUE(AllTraining("hung", 2));
-  Child* victim = WorkerOfRank("hung", 0, workers);
-  ASSERT_NE(victim, nullptr);
   // A stopped process keeps its connection open but sends nothing.
-  const absl::Time stopped = absl::Now();
-  victim->Signal(SIGSTOP);
-  const absl::Duration took = TimeUntilLost("hung", 0, stopped, kLostBound);
-  std::printf("SIGSTOPped rank 0 shown LOST after %s\n",
-              absl::FormatDuration(took).c_str());
+  const absl::Duration took = SignalAndTimeLost("hung", 0, SIGSTOP, workers);
   // LOST 3 s after its last heartbeat, which was at most 1 s before the
   // stop; the slack above the bound is for a loaded test machine.
   EXPECT_GE(took, absl::Seconds(2));
