@@ -1,5 +1,6 @@
 #include "worker/runtime/process_group.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -55,7 +56,15 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateProcessGroup(
                                  : "");
 
   if (shared_memory) {
-    auto backend = ShmBackend::Create(backend_options, &store);
+    // Large slots mean fewer chunks, so fewer cross-process barriers per
+    // bucket (each costs a wake-up when the machine is busy); the segment,
+    // (W + 1) slots, stays within 48 MiB so that it fits a container's
+    // default 64 MiB /dev/shm. Every rank computes the same size.
+    ShmOptions shm;
+    shm.slot_bytes = std::clamp<size_t>(
+        (size_t{48} << 20) / (assignment.world_size() + 1), size_t{1} << 20,
+        size_t{16} << 20);
+    auto backend = ShmBackend::Create(backend_options, &store, shm);
     if (!backend.ok()) {
       return absl::Status(
           backend.status().code(),
