@@ -87,8 +87,9 @@ ABSL_FLAG(int, accumulate, 1,
 // DDP.
 ABSL_FLAG(double, bucket_cap_mb, 25.0, "bucket size cap, MiB");
 ABSL_FLAG(double, first_bucket_mb, 1.0, "size cap of the first bucket, MiB");
-ABSL_FLAG(bool, gradient_as_bucket_view, false,
-          "gradients are views into the buckets (no copies)");
+ABSL_FLAG(bool, gradient_as_bucket_view, true,
+          "gradients live in the buckets: no copy into them before the "
+          "all-reduce nor out of them after (PyTorch's default is false)");
 ABSL_FLAG(bool, find_unused_parameters, false,
           "reduce parameters that got no gradient as zeros instead of "
           "failing the step");
