@@ -382,10 +382,17 @@ void HealthManager::Transition(JobHealth* job, HealthUpdate update) {
     const HealthUpdate::MemberChange& change = update.members[i];
     job->members[change.rank].state = change.state;
     if (i < kLoggedChanges) {
-      GS_LOG(WARNING) << "job '" << job->job_id << "' round " << job->round
-                      << ": rank " << change.rank << " ("
-                      << job->members[change.rank].host << ") "
-                      << MemberStateName(change.state) << ": " << change.reason;
+      const std::string line = absl::StrCat(
+          "job '", job->job_id, "' round ", job->round, ": rank ",
+          change.rank, " (", job->members[change.rank].host, ") ",
+          MemberStateName(change.state), ": ", change.reason);
+      // A member that finished well is news, not a warning.
+      if (change.state == v1::MEMBER_STATE_EXITED &&
+          change.reason == "succeeded") {
+        GS_LOG(INFO) << line;
+      } else {
+        GS_LOG(WARNING) << line;
+      }
     }
   }
   if (update.members.size() > kLoggedChanges) {
@@ -397,8 +404,14 @@ void HealthManager::Transition(JobHealth* job, HealthUpdate update) {
     job->state = update.job_state;
     job->reason = update.reason;
     ++job->generation;
-    GS_LOG(WARNING) << "job '" << job->job_id << "' "
-                    << JobStateName(update.job_state) << ": " << update.reason;
+    const std::string line =
+        absl::StrCat("job '", job->job_id, "' ",
+                     JobStateName(update.job_state), ": ", update.reason);
+    if (update.job_state == v1::JOB_STATE_SUCCEEDED) {
+      GS_LOG(INFO) << line;
+    } else {
+      GS_LOG(WARNING) << line;
+    }
   }
 }
 
