@@ -27,6 +27,7 @@
 #include "proto/gradsync/v1/kv.pb.h"
 #include "proto/gradsync/v1/rendezvous.pb.h"
 #include "server/coordinator.h"
+#include "tests/worker/backend/backend_test_util.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/coordinator_store.h"
 #include "worker/backend/store.h"
@@ -34,143 +35,52 @@
 #include "worker/client/coordinator_client.h"
 
 namespace gradsync {
+namespace testing {
+// gloo's own half type, for float16 sums (its == compares bits).
+template <>
+struct DtypeOf<gloo::float16> {
+  static constexpr DataType kType = DataType::kFloat16;
+};
+template <>
+struct ElementPrinter<gloo::float16> {
+  static float Print(gloo::float16 value) { return gloo::cpu_half2float(value); }
+};
+}  // namespace testing
+
 namespace {
 
+using ::gradsync::testing::BufferOf;
+using ::gradsync::testing::DtypeOf;
+using ::gradsync::testing::ExpectAllOk;
+using ::gradsync::testing::ExpectElements;
+using ::gradsync::testing::kBig;
+using ::gradsync::testing::kBound;
+using ::gradsync::testing::kBriefly;
+using ::gradsync::testing::kHealthyTimeout;
+using ::gradsync::testing::OnEveryRank;
+using ::gradsync::testing::OptionsFor;
+using ::gradsync::testing::Pointers;
+using ::gradsync::testing::RankSum;
 using ::testing::AnyOf;
 using ::testing::Combine;
 using ::testing::HasSubstr;
 using ::testing::Values;
 
-// The backend timeout of tests where every rank takes part: long enough
-// never to fire on a loaded machine.
-constexpr absl::Duration kHealthyTimeout = absl::Seconds(20);
-// How long a test waits for something that must happen (well below
-// kHealthyTimeout, so a failure that should be prompt cannot be a timeout).
-constexpr absl::Duration kBound = absl::Seconds(8);
-// A bounded wait for something that cannot happen yet.
-constexpr absl::Duration kBriefly = absl::Milliseconds(50);
 // Element counts: empty, one, and sizes that do not divide evenly among
 // the ranks, up to just past a power of two.
 constexpr size_t kCounts[] = {0, 1, 7, 1000, (1 << 16) + 3};
-// Makes int64 values need all 64 bits; odd, so averages truncate.
-constexpr int64_t kBig = 1'000'000'000'007;
-
-template <typename T>
-DataType DataTypeOf();
-template <>
-DataType DataTypeOf<float>() {
-  return DataType::kFloat32;
-}
-template <>
-DataType DataTypeOf<double>() {
-  return DataType::kFloat64;
-}
-template <>
-DataType DataTypeOf<gloo::float16>() {
-  return DataType::kFloat16;
-}
-template <>
-DataType DataTypeOf<int32_t>() {
-  return DataType::kInt32;
-}
-template <>
-DataType DataTypeOf<int64_t>() {
-  return DataType::kInt64;
-}
-template <>
-DataType DataTypeOf<uint8_t>() {
-  return DataType::kUInt8;
-}
-
-// A CPU Buffer over `values` (which must outlive the collective).
-template <typename T>
-Buffer BufferOf(std::vector<T>& values) {
-  Buffer buffer;
-  buffer.data = values.data();
-  buffer.count = values.size();
-  buffer.dtype = DataTypeOf<T>();
-  return buffer;
-}
-
-// `value` as gtest prints it: numbers, never characters.
-template <typename T>
-auto Printable(T value) {
-  if constexpr (std::is_same_v<T, gloo::float16>) {
-    return gloo::cpu_half2float(value);
-  } else {
-    return +value;
-  }
-}
-
-// Fails the test unless got[i] == expected(i) for every i; reports the
-// number of wrong elements and the first one.
-template <typename T, typename Expected>
-void ExpectElements(const std::vector<T>& got, Expected expected,
-                    const std::string& what) {
-  size_t wrong = 0;
-  size_t first = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!(got[i] == static_cast<T>(expected(i)))) {
-      if (wrong++ == 0) first = i;
-    }
-  }
-  EXPECT_EQ(wrong, 0u) << what << ": " << wrong << " of " << got.size()
-                       << " elements wrong; first at " << first << ": got "
-                       << Printable(got[first]) << ", expected "
-                       << Printable(static_cast<T>(expected(first)));
-}
-
-BackendOptions OptionsFor(int rank, int world_size, absl::Duration timeout) {
-  BackendOptions options;
-  options.rank = rank;
-  options.world_size = world_size;
-  options.timeout = timeout;
-  return options;
-}
-
-// Runs fn(rank) on one thread per rank and joins them.
-void OnEveryRank(int world_size, const std::function<void(int rank)>& fn) {
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world_size; ++rank) {
-    threads.emplace_back(fn, rank);
-  }
-  for (std::thread& thread : threads) thread.join();
-}
 
 // Creates the backends of `world_size` ranks, each on its own thread, so
 // that they bootstrap concurrently through `store`. Empty (and the test
 // failed) if any rank could not.
 std::vector<std::unique_ptr<GlooBackend>> StartGroup(
     int world_size, Store* store, absl::Duration timeout = kHealthyTimeout) {
-  std::vector<absl::StatusOr<std::unique_ptr<GlooBackend>>> created;
-  for (int rank = 0; rank < world_size; ++rank) {
-    created.emplace_back(absl::UnknownError("not created"));
-  }
-  OnEveryRank(world_size, [&](int rank) {
-    created[rank] =
-        GlooBackend::Create(OptionsFor(rank, world_size, timeout), store);
-  });
-  std::vector<std::unique_ptr<GlooBackend>> backends;
-  for (int rank = 0; rank < world_size; ++rank) {
-    EXPECT_TRUE(created[rank].ok())
-        << "rank " << rank << ": " << created[rank].status();
-    if (!created[rank].ok()) return {};
-    backends.push_back(std::move(*created[rank]));
-  }
-  return backends;
+  return ::gradsync::testing::StartGroup<GlooBackend>(
+      world_size, [&](int rank) {
+        return GlooBackend::Create(OptionsFor(rank, world_size, timeout),
+                                   store);
+      });
 }
-
-// Waits (up to kBound each) for every Work and fails the test for each one
-// that did not finish OK.
-void ExpectAllOk(const std::vector<std::shared_ptr<Work>>& works) {
-  for (const auto& work : works) {
-    EXPECT_TRUE(work->Wait(kBound).ok())
-        << "collective #" << work->sequence() << ": " << work->Wait(kBound);
-  }
-}
-
-// Sum over ranks r of r: n(n-1)/2.
-int64_t RankSum(int n) { return static_cast<int64_t>(n) * (n - 1) / 2; }
 
 // ---------------------------------------------------------------------------
 // Every collective, over world size x element count.
@@ -273,62 +183,19 @@ TEST_P(GlooCollectiveTest, AllReduceAverageOfInt64Truncates) {
 }
 
 TEST_P(GlooCollectiveTest, BroadcastFromEveryRoot) {
-  const int n = world_size();
-  // buffers[root][r]: rank r's buffer in the broadcast from `root`. All
-  // broadcasts are issued back to back, then waited for.
-  std::vector<std::vector<std::vector<double>>> buffers;
-  std::vector<std::shared_ptr<Work>> works;
-  for (int root = 0; root < n; ++root) {
-    buffers.push_back(
-        Inputs<double>([](int r, size_t i) { return r * 1000 + i + 0.25; }));
-  }
-  for (int root = 0; root < n; ++root) {
-    for (int r = 0; r < n; ++r) {
-      works.push_back(
-          backends_[r]->Broadcast(BufferOf(buffers[root][r]), root));
-    }
-  }
-  ExpectAllOk(works);
-  for (int root = 0; root < n; ++root) {
-    for (int r = 0; r < n; ++r) {
-      ExpectElements(
-          buffers[root][r], [root](size_t i) { return root * 1000 + i + 0.25; },
-          absl::StrCat("root ", root, ", rank ", r));
-    }
-  }
+  ::gradsync::testing::ExpectBroadcastFromEveryRoot(Pointers(backends_),
+                                                    count());
 }
 
 TEST_P(GlooCollectiveTest, AllGatherInRankOrder) {
-  const int n = world_size();
-  auto inputs = Inputs<int32_t>(
-      [](int r, size_t i) { return static_cast<int32_t>(r * 1000 + i); });
-  std::vector<std::vector<int32_t>> outputs(
-      n, std::vector<int32_t>(n * count(), -1));
-  std::vector<std::shared_ptr<Work>> works;
-  for (int r = 0; r < n; ++r) {
-    works.push_back(
-        backends_[r]->AllGather(BufferOf(inputs[r]), BufferOf(outputs[r])));
-  }
-  ExpectAllOk(works);
-  const size_t c = count();
-  for (int r = 0; r < n; ++r) {
-    ExpectElements(
-        outputs[r],
-        [c](size_t j) { return static_cast<int32_t>((j / c) * 1000 + j % c); },
-        absl::StrCat("rank ", r));
-  }
-}
-
-std::string CollectiveTestName(
-    const ::testing::TestParamInfo<std::tuple<int, size_t>>& info) {
-  return absl::StrCat("world", std::get<0>(info.param), "_count",
-                      std::get<1>(info.param));
+  ::gradsync::testing::ExpectAllGatherInRankOrder(Pointers(backends_),
+                                                  count());
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizeByCount, GlooCollectiveTest,
                          Combine(Values(1, 2, 3, 4),
                                  ::testing::ValuesIn(kCounts)),
-                         CollectiveTestName);
+                         ::gradsync::testing::WorldAndCountName);
 
 // ---------------------------------------------------------------------------
 // Behaviour that depends on the world size only.
@@ -347,145 +214,22 @@ class GlooGroupTest : public ::testing::TestWithParam<int> {
 };
 
 TEST_P(GlooGroupTest, BarrierCompletesOnlyOnceEveryRankEntered) {
-  const int n = world_size();
-  std::vector<std::shared_ptr<Work>> works;
-  for (int r = 0; r + 1 < n; ++r) works.push_back(backends_[r]->Barrier());
-  for (const auto& work : works) {
-    EXPECT_EQ(work->Wait(kBriefly).code(), absl::StatusCode::kDeadlineExceeded)
-        << "a barrier completed before the last rank entered it";
-  }
-  works.push_back(backends_[n - 1]->Barrier());
-  ExpectAllOk(works);
+  ::gradsync::testing::ExpectBarrierWaitsForEveryRank(Pointers(backends_));
 }
 
 // Each rank issues a long mix of collectives from its own thread without
 // waiting in between, then waits for all: every one completes, in issue
 // order, with the right result.
 TEST_P(GlooGroupTest, ManyCollectivesIssuedBackToBackCompleteInOrder) {
-  const int n = world_size();
-  constexpr int kCollectives = 60;
-  // What collective j is, the same on every rank: 0 allreduce sum (int64),
-  // 1 allreduce average (float32), 2 broadcast (int64), 3 allgather (int64),
-  // 4 barrier. Sizes vary and include 0.
-  auto kind = [](int j) { return j % 5; };
-  auto size = [](int j) { return static_cast<size_t>((j * 37) % 101); };
-  auto value = [](int r, int j, size_t i) {
-    return static_cast<int64_t>(r * 100000 + j * 1000 + i);
-  };
-
-  std::vector<std::vector<std::vector<int64_t>>> ints(n);
-  std::vector<std::vector<std::vector<float>>> floats(n);
-  std::vector<std::vector<std::vector<int64_t>>> gathered(n);
-  std::vector<std::vector<std::shared_ptr<Work>>> works(n);
-  OnEveryRank(n, [&](int r) {
-    ints[r].resize(kCollectives);
-    floats[r].resize(kCollectives);
-    gathered[r].resize(kCollectives);
-    for (int j = 0; j < kCollectives; ++j) {
-      for (size_t i = 0; i < size(j); ++i) {
-        ints[r][j].push_back(value(r, j, i));
-        floats[r][j].push_back(static_cast<float>(value(r, j, i)));
-      }
-      gathered[r][j].assign(n * size(j), -1);
-    }
-    GlooBackend& backend = *backends_[r];
-    for (int j = 0; j < kCollectives; ++j) {
-      switch (kind(j)) {
-        case 0:
-          works[r].push_back(
-              backend.AllReduce(BufferOf(ints[r][j]), ReduceOp::kSum));
-          break;
-        case 1:
-          works[r].push_back(
-              backend.AllReduce(BufferOf(floats[r][j]), ReduceOp::kAverage));
-          break;
-        case 2:
-          works[r].push_back(backend.Broadcast(BufferOf(ints[r][j]), j % n));
-          break;
-        case 3:
-          works[r].push_back(backend.AllGather(BufferOf(ints[r][j]),
-                                               BufferOf(gathered[r][j])));
-          break;
-        case 4:
-          works[r].push_back(backend.Barrier());
-          break;
-      }
-    }
-    for (int j = 0; j < kCollectives; ++j) {
-      EXPECT_EQ(works[r][j]->sequence(), static_cast<uint64_t>(j + 1));
-      absl::Status status = works[r][j]->Wait(kBound);
-      EXPECT_TRUE(status.ok())
-          << "rank " << r << ", #" << j + 1 << ": " << status;
-      // Completed in order: everything issued before it has completed too.
-      for (int k = 0; k < j; ++k) EXPECT_TRUE(works[r][k]->IsCompleted());
-    }
-  });
-
-  for (int r = 0; r < n; ++r) {
-    for (int j = 0; j < kCollectives; ++j) {
-      const std::string what =
-          absl::StrCat("rank ", r, ", collective #", j + 1);
-      switch (kind(j)) {
-        case 0:
-          ExpectElements(
-              ints[r][j],
-              [&](size_t i) {
-                return n * value(0, j, i) + 100000 * RankSum(n);
-              },
-              what);
-          break;
-        case 1:
-          ExpectElements(
-              floats[r][j],
-              [&](size_t i) {
-                return static_cast<double>(value(0, j, i) + 50000 * (n - 1));
-              },
-              what);
-          break;
-        case 2:
-          ExpectElements(
-              ints[r][j], [&](size_t i) { return value(j % n, j, i); }, what);
-          break;
-        case 3:
-          ExpectElements(
-              gathered[r][j],
-              [&](size_t k) {
-                return value(static_cast<int>(k / size(j)), j, k % size(j));
-              },
-              what);
-          break;
-      }
-    }
-  }
+  ::gradsync::testing::ExpectManyCollectivesCompleteInOrder(
+      Pointers(backends_), /*collectives=*/60, /*max_size=*/100);
 }
 
 // A collective of zero elements runs no Gloo code yet waits its turn: it
 // does not complete before a collective issued earlier.
 TEST_P(GlooGroupTest, EmptyCollectiveWaitsForEarlierOnes) {
-  const int n = world_size();
-  std::vector<std::vector<float>> data(n, std::vector<float>(5, 1.0f));
-  std::vector<float> empty;
-  std::vector<std::shared_ptr<Work>> first;
-  std::vector<std::shared_ptr<Work>> second;
-  for (int r = 0; r + 1 < n; ++r) {
-    first.push_back(backends_[r]->AllReduce(BufferOf(data[r]), ReduceOp::kSum));
-    second.push_back(backends_[r]->AllReduce(BufferOf(empty), ReduceOp::kSum));
-  }
-  for (const auto& work : second) {
-    EXPECT_EQ(work->Wait(kBriefly).code(), absl::StatusCode::kDeadlineExceeded)
-        << "the empty allreduce overtook the one before it";
-  }
-  first.push_back(
-      backends_[n - 1]->AllReduce(BufferOf(data[n - 1]), ReduceOp::kSum));
-  second.push_back(
-      backends_[n - 1]->AllReduce(BufferOf(empty), ReduceOp::kSum));
-  ExpectAllOk(first);
-  ExpectAllOk(second);
-  for (int r = 0; r < n; ++r) {
-    ExpectElements(
-        data[r], [n](size_t) { return static_cast<float>(n); },
-        absl::StrCat("rank ", r));
-  }
+  ::gradsync::testing::ExpectEmptyCollectiveWaitsForEarlierOnes(
+      Pointers(backends_));
 }
 
 // Sum and average of every dtype the backend reduces.
@@ -507,7 +251,7 @@ TEST_P(GlooGroupTest, AllReduceOfEveryDtype) {
     for (int r = 0; r < n; ++r) {
       ExpectElements(
           buffers[r], expected,
-          absl::StrCat(DataTypeName(DataTypeOf<T>()), " ",
+          absl::StrCat(DataTypeName(DtypeOf<T>::kType), " ",
                        op == ReduceOp::kSum ? "sum" : "average", ", rank ", r));
     }
   };
@@ -571,9 +315,7 @@ TEST_P(GlooGroupTest, BroadcastAndAllGatherTakeBFloat16) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooGroupTest, Values(1, 2, 3, 4),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return absl::StrCat("world", info.param);
-                         });
+                         ::gradsync::testing::WorldName);
 
 // ---------------------------------------------------------------------------
 // Bad arguments.
