@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/install_deps.sh
 
-echo "== building (first build on 2 cores: about 10 minutes)"
+echo "== building (the first build on 2 cores takes a while)"
 bazel build //server:gradsync-coordinator //worker:gradsync-worker \
   //worker/cli:gradsync 2>&1 | tail -n 2
 bin=bazel-bin
