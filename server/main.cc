@@ -2,9 +2,14 @@
 //
 //   gradsync-coordinator --listen=0.0.0.0:29400
 //
-// Stops gracefully on SIGINT or SIGTERM.
+// Stops gracefully on SIGINT or SIGTERM: in-flight calls get
+// --shutdown_grace, then are cancelled. Shutdown is bounded: a second signal,
+// or a shutdown still unfinished kShutdownMargin after the grace period, ends
+// the process at once (exit code 2, with an error that says which).
 #include <signal.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -49,6 +54,32 @@ ABSL_FLAG(std::string, port_file, "",
           "scripts that start the coordinator on port 0)");
 
 namespace {
+
+// How long past --shutdown_grace a shutdown may take before the process
+// exits without finishing it.
+constexpr absl::Duration kShutdownMargin = absl::Seconds(3);
+
+// Ends the process if `coordinator.Shutdown()` outlasts `bound` or a second
+// stop signal arrives. Runs on its own thread; the signals are blocked.
+void BoundShutdown(const sigset_t& stop_signals, absl::Duration bound) {
+  const absl::Time deadline = absl::Now() + bound;
+  for (;;) {
+    const timespec left = absl::ToTimespec(
+        std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    const int signal_number = sigtimedwait(&stop_signals, nullptr, &left);
+    if (signal_number > 0) {
+      GS_LOG(ERROR) << "received " << strsignal(signal_number)
+                    << " again: exiting without finishing the shutdown";
+      std::_Exit(2);
+    }
+    if (errno == EAGAIN || absl::Now() >= deadline) break;  // EINTR: again
+  }
+  GS_LOG(ERROR) << "shutdown did not finish within "
+                << absl::FormatDuration(bound)
+                << " (--shutdown_grace plus " << absl::FormatDuration(kShutdownMargin)
+                << "): exiting without it";
+  std::_Exit(2);
+}
 
 // Writes `port` and a newline to `path` (nothing when `path` is empty).
 bool WritePortFile(const std::string& path, int port) {
@@ -95,9 +126,10 @@ int main(int argc, char** argv) {
   config.retention = absl::GetFlag(FLAGS_retention);
   config.heartbeat_queues = absl::GetFlag(FLAGS_heartbeat_queues);
   if (config.health.heartbeat_interval <= absl::ZeroDuration() ||
-      config.health.missed_heartbeats < 1 || config.retention < absl::ZeroDuration()) {
+      config.health.missed_heartbeats < 1 || config.retention < absl::ZeroDuration() ||
+      config.shutdown_grace < absl::ZeroDuration()) {
     GS_LOG(ERROR) << "--heartbeat_interval must be > 0, --missed_heartbeats "
-                     ">= 1 and --retention >= 0";
+                     ">= 1, --retention >= 0 and --shutdown_grace >= 0";
     return EXIT_FAILURE;
   }
   gradsync::Coordinator coordinator(config);
@@ -115,6 +147,8 @@ int main(int argc, char** argv) {
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   GS_LOG(INFO) << "received " << strsignal(signal_number);
+  std::thread(BoundShutdown, stop_signals, config.shutdown_grace + kShutdownMargin)
+      .detach();
   coordinator.Shutdown();
   return EXIT_SUCCESS;
 }

@@ -1,11 +1,15 @@
 #include "server/metrics_http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace gradsync {
 
@@ -28,6 +32,13 @@ absl::Status MetricsHttpServer::Start(const std::string& address) {
   server_ = std::make_unique<httplib::Server>();
   // Scrapes are rare: two threads are plenty and leave the cores to gRPC.
   server_->new_task_queue = [] { return new httplib::ThreadPool(2); };
+  // cpp-httplib's default sets SO_REUSEPORT, which lets a second process
+  // bind the same port and silently take half the scrapes. SO_REUSEADDR
+  // alone still lets a restarted coordinator bind past TIME_WAIT.
+  server_->set_socket_options([](int socket) {
+    const int yes = 1;
+    setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   server_->Get("/metrics",
                [this](const httplib::Request&, httplib::Response& response) {
                  response.set_content(render_(),
@@ -41,7 +52,25 @@ absl::Status MetricsHttpServer::Start(const std::string& address) {
         "cannot serve metrics on '", address, "': the address is in use or not local"));
   }
   port_ = port;
-  thread_ = std::thread([server = server_.get()] { server->listen_after_bind(); });
+  listening_ended_.store(false);
+  thread_ = std::thread([this, server = server_.get()] {
+    server->listen_after_bind();
+    listening_ended_.store(true);
+  });
+  // cpp-httplib's stop() does nothing until the listen loop runs (it checks
+  // is_running()), and the loop then never ends: return only once it runs,
+  // so that a Stop() right after Start() always stops it.
+  for (absl::Duration pause = absl::Microseconds(50);
+       !server_->is_running() && !listening_ended_.load();
+       pause = std::min(2 * pause, absl::Milliseconds(5))) {
+    absl::SleepFor(pause);
+  }
+  if (!server_->is_running()) {
+    thread_.join();
+    server_.reset();
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve metrics on '", address, "': the listen loop ended at once"));
+  }
   return absl::OkStatus();
 }
 

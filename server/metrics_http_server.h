@@ -3,6 +3,7 @@
 #ifndef GRADSYNC_SERVER_METRICS_HTTP_SERVER_H_
 #define GRADSYNC_SERVER_METRICS_HTTP_SERVER_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -26,7 +27,8 @@ class MetricsHttpServer {
   MetricsHttpServer(const MetricsHttpServer&) = delete;
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
 
-  // Listens on `address` ("HOST:PORT"; port 0 picks a free one).
+  // Listens on `address` ("HOST:PORT"; port 0 picks a free one); returns
+  // once the listen loop runs, so Stop() may follow at once.
   // INVALID_ARGUMENT for a malformed address, UNAVAILABLE when it cannot be
   // bound.
   absl::Status Start(const std::string& address);
@@ -41,6 +43,7 @@ class MetricsHttpServer {
   std::function<std::string()> render_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
+  std::atomic<bool> listening_ended_{false};  // set by thread_ on its way out
   int port_ = 0;
 };
 

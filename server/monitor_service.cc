@@ -2,10 +2,10 @@
 
 #include <pthread.h>
 
+#include <algorithm>
+#include <memory>
 #include <optional>
 #include <utility>
-
-#include <algorithm>
 
 #include "common/grpc_status.h"
 
@@ -27,13 +27,21 @@ class MonitorService::HeartbeatCall {
     Event event;
   };
 
-  HeartbeatCall(MonitorService* service, grpc::ServerCompletionQueue* cq)
+  HeartbeatCall(MonitorService* service, Queue* queue)
       : service_(service),
-        cq_(cq),
+        queue_(queue),
         stream_(&context_),
         session_(HealthManager::NewSession()) {
     context_.AsyncNotifyWhenDone(&done_tag_);
-    service_->RequestHeartbeat(&context_, &stream_, cq_, cq_, &accepted_tag_);
+  }
+
+  // Asks gRPC for the next stream on this call's queue; false when the
+  // queue is closed (then the caller deletes the call: gRPC never saw it).
+  bool Request() {
+    grpc::ServerCompletionQueue* cq = queue_->cq.get();
+    return queue_->StartOp([&] {
+      service_->RequestHeartbeat(&context_, &stream_, cq, cq, &accepted_tag_);
+    });
   }
 
   // Handles one event; `ok` is the queue's verdict on it.
@@ -44,7 +52,7 @@ class MonitorService::HeartbeatCall {
           delete this;
           return;
         }
-        service_->Accept(cq_);  // the next stream
+        service_->Accept(queue_);  // the next stream
         Read();
         return;
       case Event::kRead:
@@ -79,9 +87,12 @@ class MonitorService::HeartbeatCall {
   }
 
  private:
+  // Each operation starts only while the queue is open (see the class
+  // comment of MonitorService); one refused is simply not pending.
   void Read() {
-    ++pending_;
-    stream_.Read(&request_, &read_tag_);
+    if (queue_->StartOp([&] { stream_.Read(&request_, &read_tag_); })) {
+      ++pending_;
+    }
   }
 
   void OnHeartbeat() {
@@ -103,10 +114,11 @@ class MonitorService::HeartbeatCall {
   }
 
   void Write(v1::HeartbeatResponse response) {
-    writing_ = true;
-    ++pending_;
     outgoing_ = std::move(response);
-    stream_.Write(outgoing_, &written_tag_);
+    if (queue_->StartOp([&] { stream_.Write(outgoing_, &written_tag_); })) {
+      writing_ = true;
+      ++pending_;
+    }
   }
 
   // Finishes now, or once the write in flight completes.
@@ -118,12 +130,13 @@ class MonitorService::HeartbeatCall {
       return;
     }
     finishing_ = true;
-    ++pending_;
-    stream_.Finish(status, &finished_tag_);
+    if (queue_->StartOp([&] { stream_.Finish(status, &finished_tag_); })) {
+      ++pending_;
+    }
   }
 
   MonitorService* const service_;
-  grpc::ServerCompletionQueue* const cq_;
+  Queue* const queue_;
   grpc::ServerContext context_;
   grpc::ServerAsyncReaderWriter<v1::HeartbeatResponse, v1::HeartbeatRequest>
       stream_;
@@ -145,41 +158,58 @@ class MonitorService::HeartbeatCall {
 
 MonitorService::~MonitorService() { Shutdown(); }
 
+bool MonitorService::Queue::StartOp(const std::function<void()>& start) {
+  absl::MutexLock lock(&mu);
+  if (!open) return false;
+  start();
+  return true;
+}
+
+void MonitorService::Queue::Close() {
+  absl::MutexLock lock(&mu);
+  if (!open) return;
+  open = false;
+  cq->Shutdown();
+}
+
 void MonitorService::AddCompletionQueues(grpc::ServerBuilder* builder,
                                          int queues) {
   for (int i = 0; i < std::max(1, queues); ++i) {
-    queues_.push_back(builder->AddCompletionQueue());
+    auto queue = std::make_unique<Queue>();
+    queue->cq = builder->AddCompletionQueue();
+    queues_.push_back(std::move(queue));
   }
 }
 
 void MonitorService::Start() {
-  for (auto& cq : queues_) {
-    Accept(cq.get());
-    threads_.emplace_back([this, cq = cq.get()] { Drain(cq); });
+  for (auto& queue : queues_) {
+    Accept(queue.get());
+    threads_.emplace_back([queue = queue.get()] { Drain(queue); });
   }
 }
 
-void MonitorService::Accept(grpc::ServerCompletionQueue* cq) {
-  new HeartbeatCall(this, cq);
+void MonitorService::Accept(Queue* queue) {
+  auto call = std::make_unique<HeartbeatCall>(this, queue);
+  if (call->Request()) call.release();  // it deletes itself when done
 }
 
-void MonitorService::Drain(grpc::ServerCompletionQueue* cq) {
+void MonitorService::Drain(Queue* queue) {
   pthread_setname_np(pthread_self(), "gs-heartbeats");  // for top and perf
   void* tag = nullptr;
   bool ok = false;
-  while (cq->Next(&tag, &ok)) {
+  while (queue->cq->Next(&tag, &ok)) {
     auto* t = static_cast<HeartbeatCall::Tag*>(tag);
     t->call->On(t->event, ok);
   }
 }
 
 void MonitorService::Shutdown() {
-  for (auto& cq : queues_) cq->Shutdown();
+  for (auto& queue : queues_) queue->Close();
   for (std::thread& t : threads_) t.join();
   if (threads_.empty()) {
     // Never started (the server failed to start): drain here, as a queue
     // must be before it is destroyed.
-    for (auto& cq : queues_) Drain(cq.get());
+    for (auto& queue : queues_) Drain(queue.get());
   }
   threads_.clear();
   queues_.clear();

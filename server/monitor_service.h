@@ -3,10 +3,13 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/gradsync/v1/health.grpc.pb.h"
 #include "server/health_manager.h"
 
@@ -22,6 +25,14 @@ namespace gradsync {
 // stream always has a read outstanding, so with one queue each heartbeat
 // costs time proportional to the number of workers (ingest collapsed beyond
 // ~10,000 streams); `queues` queues divide that cost.
+//
+// Shutdown: gRPC aborts the process when an operation is started on a
+// completion queue that is shut down, and events of cancelled streams keep
+// arriving after the server's Shutdown() returned (each stream answers its
+// failed read with a Finish). So every operation starts under its queue's
+// lock, only while the queue is open, and Shutdown() closes each queue under
+// that lock before shutting it down; a stream whose operation is refused
+// simply waits for its done event and deletes itself.
 //
 // Lifetime: construct; AddCompletionQueues() on the builder before
 // BuildAndStart(); Start() after it; after the server's Shutdown(),
@@ -50,13 +61,26 @@ class MonitorService final
  private:
   class HeartbeatCall;
 
-  // Accepts a new stream on `cq` (one is always waiting per queue).
-  void Accept(grpc::ServerCompletionQueue* cq);
-  // Runs the events of `cq` until it is shut down and drained.
-  void Drain(grpc::ServerCompletionQueue* cq);
+  // A completion queue and whether operations may still start on it.
+  struct Queue {
+    std::unique_ptr<grpc::ServerCompletionQueue> cq;
+    absl::Mutex mu;
+    bool open ABSL_GUARDED_BY(mu) = true;
+
+    // Runs `start` (which starts one operation on `cq`) under the lock if
+    // the queue is open; returns whether it ran.
+    bool StartOp(const std::function<void()>& start) ABSL_LOCKS_EXCLUDED(mu);
+    // Refuses further operations, then shuts `cq` down.
+    void Close() ABSL_LOCKS_EXCLUDED(mu);
+  };
+
+  // Accepts a new stream on `queue` (one is always waiting per open queue).
+  void Accept(Queue* queue);
+  // Runs the events of `queue` until it is shut down and drained.
+  static void Drain(Queue* queue);
 
   HealthManager* const health_;
-  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
+  std::vector<std::unique_ptr<Queue>> queues_;
   std::vector<std::thread> threads_;
 };
 
