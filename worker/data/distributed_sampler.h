@@ -26,8 +26,9 @@ struct SamplerOptions {
 // Without shuffle, rank r of W takes indices r, r+W, r+2W, ...; with
 // shuffle, the same positions of the epoch's permutation. Without drop_last
 // the index list is padded by repeating its start so every rank gets
-// num_samples(); with it, the tail is dropped. Matches PyTorch 1.13 and 2.x,
-// so a job can switch between them and see the same batches.
+// num_samples(); with it, the tail is dropped. Matches PyTorch 1.13's
+// sampler index for index (tested against its output), so a job can switch
+// between them and see the same batches.
 // A value type; not thread-safe to mutate (SetEpoch) while reading.
 class DistributedSampler {
  public:

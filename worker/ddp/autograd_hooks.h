@@ -1,7 +1,8 @@
 // The few autograd calls whose API differs between LibTorch versions, kept
-// in one place. Written against LibTorch 1.13 (Debian) and 2.x (GPU
-// machines): both have grad accumulators with post hooks and the engine's
-// end-of-backward callback queue.
+// in one place. Built and tested against LibTorch 1.13 (Debian) only; 2.x
+// (GPU machines) also has grad accumulators with post hooks and the engine's
+// end-of-backward callback queue, but this file has never been compiled
+// against it.
 #ifndef GRADSYNC_WORKER_DDP_AUTOGRAD_HOOKS_H_
 #define GRADSYNC_WORKER_DDP_AUTOGRAD_HOOKS_H_
 

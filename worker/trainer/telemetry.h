@@ -38,7 +38,9 @@ class Telemetry {
   // Reports one finished step in which this process consumed `samples`.
   // Returns FAILED_PRECONDITION with the coordinator's reason once the
   // coordinator has failed the job (e.g. ranks desynchronized), so the
-  // training loop stops instead of hanging.
+  // training loop stops at its next step boundary. It is checked only here,
+  // between steps: a rank blocked inside a collective is ended by the
+  // backend's timeout, not by this.
   absl::Status OnStep(const StepReport& report, int64_t samples);
 
   // Sets the worker state (STARTING, TRAINING, STOPPING, ...) and sends it.
