@@ -174,6 +174,10 @@ else()
   gradsync_disable(gradsync_system_torch "GRADSYNC_WITH_TORCH=OFF")
 endif()
 
+# --- SQLite (libsqlite3-dev): the coordinator's durable state (--state_dir).
+add_library(gradsync_system_sqlite3 INTERFACE)
+_gradsync_link_by_name(gradsync_system_sqlite3 "SQLite" sqlite3)
+
 # --- cpp-httplib (libcpp-httplib-dev): the coordinator's /metrics endpoint.
 # Debian builds it with TLS, zlib and brotli; the same defines keep its
 # classes' layout identical on both sides. No CMake configuration: by name.

@@ -9,6 +9,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   libtorch-dev libgloo-dev libcpp-httplib-dev python3-prometheus-client
+  libsqlite3-dev sqlite3
   python3-torch procps
   cmake ninja-build  # the CMake build (deploy/cmake_build.sh)
 )

@@ -13,9 +13,13 @@ namespace gradsync {
 Coordinator::Coordinator(CoordinatorConfig config)
     : config_(std::move(config)),
       clock_(config_.clock != nullptr ? config_.clock : RealClock::Get()),
-      storage_(std::make_unique<InMemoryStorage>()),
-      jobs_(storage_.get(), clock_),
-      kv_(storage_.get(), clock_, &jobs_, config_.kv_limits),
+      owned_storage_(config_.storage != nullptr
+                         ? nullptr
+                         : std::make_unique<InMemoryStorage>()),
+      storage_(config_.storage != nullptr ? config_.storage
+                                          : owned_storage_.get()),
+      jobs_(storage_, clock_),
+      kv_(storage_, clock_, &jobs_, config_.kv_limits),
       rendezvous_(&jobs_, &kv_, clock_),
       health_(&jobs_, clock_, config_.health),
       rendezvous_service_(&rendezvous_),

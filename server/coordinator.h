@@ -48,6 +48,9 @@ struct CoordinatorConfig {
   int heartbeat_queues = 32;
   // Time source; nullptr means the real clock. Must outlive the coordinator.
   Clock* clock = nullptr;
+  // Where jobs and keys are kept (e.g. a SqliteStorage for --state_dir);
+  // nullptr means in memory, lost on exit. Must outlive the coordinator.
+  Storage* storage = nullptr;
 };
 
 // Lifetime: construct, Start() once, then Shutdown() (or destroy). Start and
@@ -91,7 +94,8 @@ class Coordinator {
   // Members in dependency order: each uses only those declared above it, so
   // they are built top-down and destroyed bottom-up.
   Clock* const clock_;
-  std::unique_ptr<Storage> storage_;
+  std::unique_ptr<Storage> owned_storage_;  // when config.storage is null
+  Storage* const storage_;
   JobManager jobs_;
   KvManager kv_;
   RendezvousManager rendezvous_;

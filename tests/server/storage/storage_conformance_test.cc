@@ -1,5 +1,6 @@
-#include "server/storage/in_memory_storage.h"
-
+// The scenarios every Storage backend must pass, run against each one: the
+// managers rely on exactly this behaviour, whichever backend is configured.
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -9,7 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/storage/in_memory_storage.h"
+#include "server/storage/sqlite_storage.h"
 #include "server/storage/storage.h"
+#include "tests/testing/subprocess.h"
 
 namespace gradsync {
 namespace {
@@ -19,26 +23,55 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Pair;
 
-class InMemoryStorageTest : public ::testing::Test {
+enum class Backend { kInMemory, kSqlite };
+
+std::string BackendName(const ::testing::TestParamInfo<Backend>& info) {
+  return info.param == Backend::kInMemory ? "InMemory" : "Sqlite";
+}
+
+class StorageConformanceTest : public ::testing::TestWithParam<Backend> {
  protected:
+  void SetUp() override {
+    if (GetParam() == Backend::kInMemory) {
+      storage_ = std::make_unique<InMemoryStorage>();
+      return;
+    }
+    std::string name =
+        ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    for (char& c : name) {
+      if (c == '/') c = '_';
+    }
+    dir_ = testing::TempPath(absl::StrCat("state-", name));
+    std::filesystem::remove_all(dir_);
+    absl::StatusOr<std::unique_ptr<SqliteStorage>> opened =
+        SqliteStorage::Open(dir_);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    storage_ = *std::move(opened);
+  }
+
   // Exercised through the interface, as the managers use it.
-  std::unique_ptr<Storage> storage_ = std::make_unique<InMemoryStorage>();
+  std::unique_ptr<Storage> storage_;
+  std::string dir_;
 };
 
-TEST_F(InMemoryStorageTest, GetReturnsWhatPutStored) {
+INSTANTIATE_TEST_SUITE_P(Backends, StorageConformanceTest,
+                         ::testing::Values(Backend::kInMemory, Backend::kSqlite),
+                         BackendName);
+
+TEST_P(StorageConformanceTest, GetReturnsWhatPutStored) {
   ASSERT_TRUE(storage_->Put("k", "v").ok());
   absl::StatusOr<std::string> value = storage_->Get("k");
   ASSERT_TRUE(value.ok()) << value.status();
   EXPECT_EQ(*value, "v");
 }
 
-TEST_F(InMemoryStorageTest, PutReplacesThePreviousValue) {
+TEST_P(StorageConformanceTest, PutReplacesThePreviousValue) {
   ASSERT_TRUE(storage_->Put("k", "a long first value").ok());
   ASSERT_TRUE(storage_->Put("k", "b").ok());
   EXPECT_EQ(storage_->Get("k").value(), "b");
 }
 
-TEST_F(InMemoryStorageTest, StoresBinaryValuesAndEmptyValues) {
+TEST_P(StorageConformanceTest, StoresBinaryValuesAndEmptyValues) {
   const std::string binary("\0\x01\xff\0z", 5);
   ASSERT_TRUE(storage_->Put("bin", binary).ok());
   ASSERT_TRUE(storage_->Put("empty", "").ok());
@@ -48,13 +81,13 @@ TEST_F(InMemoryStorageTest, StoresBinaryValuesAndEmptyValues) {
   EXPECT_EQ(*empty, "");
 }
 
-TEST_F(InMemoryStorageTest, GetOfMissingKeyIsNotFound) {
+TEST_P(StorageConformanceTest, GetOfMissingKeyIsNotFound) {
   absl::StatusOr<std::string> value = storage_->Get("missing");
   EXPECT_EQ(value.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(value.status().message(), HasSubstr("missing"));
 }
 
-TEST_F(InMemoryStorageTest, DeleteReportsWhetherTheKeyExisted) {
+TEST_P(StorageConformanceTest, DeleteReportsWhetherTheKeyExisted) {
   ASSERT_TRUE(storage_->Put("k", "v").ok());
   absl::StatusOr<bool> first = storage_->Delete("k");
   ASSERT_TRUE(first.ok()) << first.status();
@@ -65,7 +98,7 @@ TEST_F(InMemoryStorageTest, DeleteReportsWhetherTheKeyExisted) {
   EXPECT_FALSE(*second);
 }
 
-TEST_F(InMemoryStorageTest, ScanReturnsOnlyPrefixMatchesInKeyOrder) {
+TEST_P(StorageConformanceTest, ScanReturnsOnlyPrefixMatchesInKeyOrder) {
   for (const char* key :
        {"b/2", "a/1", "b/10", "b/1", "b", "c/1", "b/", "ba"}) {
     ASSERT_TRUE(storage_->Put(key, absl::StrCat("v:", key)).ok());
@@ -78,7 +111,7 @@ TEST_F(InMemoryStorageTest, ScanReturnsOnlyPrefixMatchesInKeyOrder) {
                           Pair("b/10", "v:b/10"), Pair("b/2", "v:b/2")));
 }
 
-TEST_F(InMemoryStorageTest, ScanWithEmptyPrefixReturnsEverythingSorted) {
+TEST_P(StorageConformanceTest, ScanWithEmptyPrefixReturnsEverythingSorted) {
   for (const char* key : {"z", "a", "m"}) {
     ASSERT_TRUE(storage_->Put(key, key).ok());
   }
@@ -89,7 +122,7 @@ TEST_F(InMemoryStorageTest, ScanWithEmptyPrefixReturnsEverythingSorted) {
               ElementsAre(Pair("a", "a"), Pair("m", "m"), Pair("z", "z")));
 }
 
-TEST_F(InMemoryStorageTest, ScanKeysOnlyLeavesValuesEmpty) {
+TEST_P(StorageConformanceTest, ScanKeysOnlyLeavesValuesEmpty) {
   ASSERT_TRUE(storage_->Put("p/a", "value-a").ok());
   ASSERT_TRUE(storage_->Put("p/b", "value-b").ok());
   absl::StatusOr<std::vector<Storage::Entry>> entries =
@@ -100,7 +133,7 @@ TEST_F(InMemoryStorageTest, ScanKeysOnlyLeavesValuesEmpty) {
   EXPECT_EQ(storage_->Get("p/a").value(), "value-a");
 }
 
-TEST_F(InMemoryStorageTest, ScanWithNoMatchesIsEmptyNotAnError) {
+TEST_P(StorageConformanceTest, ScanWithNoMatchesIsEmptyNotAnError) {
   ASSERT_TRUE(storage_->Put("a", "1").ok());
   absl::StatusOr<std::vector<Storage::Entry>> entries =
       storage_->Scan("b", /*keys_only=*/false);
@@ -108,7 +141,7 @@ TEST_F(InMemoryStorageTest, ScanWithNoMatchesIsEmptyNotAnError) {
   EXPECT_THAT(*entries, IsEmpty());
 }
 
-TEST_F(InMemoryStorageTest, DeletePrefixRemovesExactlyTheMatchesAndCountsThem) {
+TEST_P(StorageConformanceTest, DeletePrefixRemovesExactlyTheMatchesAndCountsThem) {
   for (const char* key :
        {"kv/a/1/x", "kv/a/1/y", "kv/a/2/z", "kv/ab/1/x", "kv/b/1/x", "kv/a"}) {
     ASSERT_TRUE(storage_->Put(key, "v").ok());
@@ -123,7 +156,7 @@ TEST_F(InMemoryStorageTest, DeletePrefixRemovesExactlyTheMatchesAndCountsThem) {
                                  Pair("kv/b/1/x", "")));
 }
 
-TEST_F(InMemoryStorageTest, DeletePrefixWithNoMatchesRemovesNothing) {
+TEST_P(StorageConformanceTest, DeletePrefixWithNoMatchesRemovesNothing) {
   ASSERT_TRUE(storage_->Put("a", "1").ok());
   absl::StatusOr<int64_t> removed = storage_->DeletePrefix("b");
   ASSERT_TRUE(removed.ok()) << removed.status();
@@ -131,7 +164,7 @@ TEST_F(InMemoryStorageTest, DeletePrefixWithNoMatchesRemovesNothing) {
   EXPECT_TRUE(storage_->Get("a").ok());
 }
 
-TEST_F(InMemoryStorageTest, ConcurrentPutsOfDistinctKeysAreAllKept) {
+TEST_P(StorageConformanceTest, ConcurrentPutsOfDistinctKeysAreAllKept) {
   constexpr int kThreads = 8;
   constexpr int kPerThread = 200;
   std::vector<std::thread> threads;
@@ -147,6 +180,24 @@ TEST_F(InMemoryStorageTest, ConcurrentPutsOfDistinctKeysAreAllKept) {
       storage_->Scan("t", /*keys_only=*/true);
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(all->size(), static_cast<size_t>(kThreads * kPerThread));
+}
+
+TEST_P(StorageConformanceTest, PrefixesEndingInFfBytesMatchExactly) {
+  const std::string ff("p\xff", 2);
+  const std::string ffff("p\xff\xff", 3);
+  for (const std::string& key :
+       {std::string("p"), ff, ff + "a", ffff, ffff + "b", std::string("q")}) {
+    ASSERT_TRUE(storage_->Put(key, "v").ok());
+  }
+  absl::StatusOr<std::vector<Storage::Entry>> entries =
+      storage_->Scan(ff, /*keys_only=*/true);
+  ASSERT_TRUE(entries.ok()) << entries.status();
+  EXPECT_THAT(*entries, ElementsAre(Pair(ff, ""), Pair(ff + "a", ""),
+                                    Pair(ffff, ""), Pair(ffff + "b", "")));
+  absl::StatusOr<int64_t> removed = storage_->DeletePrefix(ffff);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, 2);
+  EXPECT_TRUE(storage_->Get("q").ok());
 }
 
 }  // namespace
