@@ -93,7 +93,9 @@ TEST_F(HealthReporterTest, UpdatesReachTheCoordinatorAndItsVerdictComesBack) {
   reporter.Update(Step(8));
   ASSERT_TRUE(Eventually([&] { return Job().members(0).metrics().step() == 8; }));
   EXPECT_EQ(reporter.verdict().state, v1::JOB_STATE_RUNNING);
-  EXPECT_GE(reporter.stats().heartbeats_sent, 2);
+  // The sender counts a heartbeat just after Send() returns, which can be
+  // after the coordinator already shows it.
+  EXPECT_TRUE(Eventually([&] { return reporter.stats().heartbeats_sent >= 2; }));
   EXPECT_EQ(reporter.stats().failed_streams, 0);
 }
 
