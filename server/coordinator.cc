@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "server/metrics.h"
 #include "server/storage/in_memory_storage.h"
 
@@ -31,7 +32,7 @@ Coordinator::Coordinator(CoordinatorConfig config)
 Coordinator::~Coordinator() { Shutdown(); }
 
 absl::Status Coordinator::Start() {
-  absl::Status loaded = jobs_.LoadFromStorage();
+  absl::Status loaded = RestoreFromStorage();
   if (!loaded.ok()) return loaded;
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -90,6 +91,18 @@ void Coordinator::Shutdown() {
   stop_polling_.Notify();
   if (poller_.joinable()) poller_.join();
   shut_down_.Notify();
+}
+
+absl::Status Coordinator::RestoreFromStorage() {
+  GS_RETURN_IF_ERROR(jobs_.LoadFromStorage());
+  for (const v1::JobStatus& job : jobs_.List()) {
+    if (job.round() < 1) continue;
+    // A WAITING job with a round had that round superseded: it stays
+    // retired. Every other closed round accepts key-value calls again.
+    const bool open = job.state() != v1::JOB_STATE_WAITING;
+    GS_RETURN_IF_ERROR(kv_.RestoreRound(job.config().job_id(), job.round(), open));
+  }
+  return absl::OkStatus();
 }
 
 void Coordinator::Wait() { shut_down_.WaitForNotification(); }

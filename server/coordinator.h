@@ -89,6 +89,8 @@ class Coordinator {
 
  private:
   void PollLoop();
+  // Loads the jobs kept in storage and reopens their key-value rounds.
+  absl::Status RestoreFromStorage();
 
   const CoordinatorConfig config_;
   // Members in dependency order: each uses only those declared above it, so

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -70,6 +71,29 @@ void KvManager::RetireRound(const std::string& job_id, int64_t round) {
     job.open = false;
   }
   Run(std::move(completions));
+}
+
+absl::Status KvManager::RestoreRound(const std::string& job_id, int64_t round,
+                                     bool open) {
+  const std::string job_prefix = absl::StrCat("kv/", job_id, "/");
+  const std::string round_prefix = KvRoundPrefix(job_id, round);
+  GS_ASSIGN_OR_RETURN(std::vector<Storage::Entry> entries,
+                      storage_->Scan(job_prefix, /*keys_only=*/false));
+  absl::MutexLock lock(&mu_);
+  JobKv& job = jobs_kv_[job_id];
+  job = JobKv();
+  job.round = round;
+  job.open = open;
+  for (const auto& [key, value] : entries) {
+    if (!open || !absl::StartsWith(key, round_prefix)) {
+      GS_RETURN_IF_ERROR(storage_->Delete(key).status());
+      continue;
+    }
+    job.keys += 1;
+    job.bytes += static_cast<int64_t>(key.size() - round_prefix.size() +
+                                      value.size());
+  }
+  return absl::OkStatus();
 }
 
 void KvManager::ForgetJob(const std::string& job_id) {

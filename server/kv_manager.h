@@ -65,6 +65,13 @@ class KvManager {
   // ABORTED and its calls are refused with ABORTED until a newer round opens.
   void RetireRound(const std::string& job_id, int64_t round);
 
+  // After a restart on durable storage: makes `round` the job's current
+  // round again, open or retired as it was, keeping the keys stored for it
+  // (and counting them against its limits); keys of other rounds are
+  // dropped. Call before serving. Errors are the storage's.
+  absl::Status RestoreRound(const std::string& job_id, int64_t round,
+                            bool open);
+
   // Drops every key and wait of `job_id` (the job was forgotten after its
   // retention period); a later job with the same id starts afresh.
   void ForgetJob(const std::string& job_id);

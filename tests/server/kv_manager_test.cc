@@ -753,5 +753,59 @@ TEST_F(KvManagerTest, RetiringAnOlderRoundIsIgnored) {
   EXPECT_EQ(kv_->Get(round2, "k").value(), "v");
 }
 
+
+// ---------------------------------------------------------------------------
+// RestoreRound: a new manager over the same storage, as after a restart
+
+
+
+class KvRestoreTest : public KvManagerTest {
+ protected:
+  // A manager as a restarted coordinator builds it: same storage, no state.
+  std::unique_ptr<KvManager> Restarted(KvLimits limits = KvLimits()) {
+    return std::make_unique<KvManager>(&storage_, &clock_, &jobs_, limits);
+  }
+};
+
+TEST_F(KvRestoreTest, AnOpenRoundKeepsItsKeysAndServesCallsAgain) {
+  Set("addr", "10.0.0.5:29500");
+  std::unique_ptr<KvManager> kv = Restarted();
+  ASSERT_TRUE(kv->RestoreRound(kJob, 1, /*open=*/true).ok());
+  EXPECT_EQ(kv->Get(scope_, "addr").value(), "10.0.0.5:29500");
+  EXPECT_TRUE(kv->Set(scope_, "new", "v").ok());
+}
+
+TEST_F(KvRestoreTest, RestoredKeysCountAgainstTheRoundsLimits) {
+  Set("a", "1");
+  Set("b", "2");
+  KvLimits limits;
+  limits.max_keys_per_round = 3;
+  std::unique_ptr<KvManager> kv = Restarted(limits);
+  ASSERT_TRUE(kv->RestoreRound(kJob, 1, /*open=*/true).ok());
+  EXPECT_TRUE(kv->Set(scope_, "c", "3").ok());
+  EXPECT_EQ(kv->Set(scope_, "d", "4").code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(KvRestoreTest, ARetiredRoundRefusesCallsAndDropsItsKeys) {
+  Set("addr", "x");
+  std::unique_ptr<KvManager> kv = Restarted();
+  ASSERT_TRUE(kv->RestoreRound(kJob, 1, /*open=*/false).ok());
+  absl::StatusOr<std::string> value = kv->Get(scope_, "addr");
+  EXPECT_EQ(value.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(storage_.Scan("kv/", /*keys_only=*/true).value(), IsEmpty());
+}
+
+TEST_F(KvRestoreTest, KeysOfOlderRoundsAreDropped) {
+  Set("old", "x");
+  ASSERT_TRUE(storage_.Put("kv/train/0/stale", "y").ok());
+  std::unique_ptr<KvManager> kv = Restarted();
+  ASSERT_TRUE(kv->RestoreRound(kJob, 1, /*open=*/true).ok());
+  EXPECT_THAT(storage_.Scan("kv/", /*keys_only=*/true).value(),
+              ElementsAre(Pair("kv/train/1/old", "")));
+}
+
+
+
 }  // namespace
 }  // namespace gradsync
