@@ -8,7 +8,8 @@
 //
 //   bazel run -c opt //bench:rendezvous_load -- --workers=10000
 //
-// By default an in-process coordinator on 127.0.0.1 serves the load; with
+// By default an in-process coordinator on 127.0.0.1 serves the load, from
+// memory or, with --state_dir=DIR, from durable SQLite state; with
 // --coordinator=HOST:PORT an external one (loopback only) does.
 #include <grpcpp/grpcpp.h>
 
@@ -33,6 +34,7 @@
 #include "proto/gradsync/v1/kv.grpc.pb.h"
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
 #include "server/coordinator.h"
+#include "server/storage/sqlite_storage.h"
 
 ABSL_FLAG(int, workers, 10000, "simulated workers joining one job");
 ABSL_FLAG(int, channels, 8,
@@ -47,6 +49,9 @@ ABSL_FLAG(int, kv_in_flight, 64, "key-value calls in flight at once");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(120),
           "give up when the load has not finished within this time");
 ABSL_FLAG(std::string, job, "bench", "job id to use");
+ABSL_FLAG(std::string, state_dir, "",
+          "in-process coordinator only: keep state in a SQLite database in "
+          "this (fresh) directory, as gradsync-coordinator --state_dir does");
 
 namespace gradsync {
 namespace {
@@ -319,10 +324,23 @@ int Main() {
   const int workers = absl::GetFlag(FLAGS_workers);
   const absl::Duration timeout = absl::GetFlag(FLAGS_timeout);
   std::string target = absl::GetFlag(FLAGS_coordinator);
+  std::unique_ptr<SqliteStorage> storage;  // outlives the coordinator
   std::unique_ptr<Coordinator> coordinator;
   if (target.empty()) {
     CoordinatorConfig config;
     config.listen_address = "127.0.0.1:0";
+    const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
+    if (!state_dir.empty()) {
+      absl::StatusOr<std::unique_ptr<SqliteStorage>> opened =
+          SqliteStorage::Open(state_dir);
+      if (!opened.ok()) {
+        std::fprintf(stderr, "cannot open --state_dir: %s\n",
+                     opened.status().ToString().c_str());
+        return 1;
+      }
+      storage = *std::move(opened);
+      config.storage = storage.get();
+    }
     coordinator = std::make_unique<Coordinator>(config);
     absl::Status started = coordinator->Start();
     if (!started.ok()) {
