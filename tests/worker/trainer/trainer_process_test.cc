@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -257,6 +258,66 @@ INSTANTIATE_TEST_SUITE_P(Trainer, KilledRankTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "SharedMemory" : "Gloo";
                          });
+
+// The coordinator is killed with SIGKILL while 2 real gradsync-workers train
+// and started again on the same address and --state_dir: training goes on
+// through the outage (the data path never needs the coordinator), the
+// heartbeats reconnect, and the job SUCCEEDS with no member LOST.
+TEST_F(TrainerProcessTest, TrainingGoesOnThroughACoordinatorRestart) {
+  const std::string state_dir = TempPath("trainer-restart-state");
+  CoordinatorProcess first;
+  ASSERT_TRUE(first.Start(Runfile("server/gradsync-coordinator"),
+                          "trainer-restart-1",
+                          {absl::StrCat("--state_dir=", state_dir)}));
+  std::vector<std::unique_ptr<Child>> workers;
+  for (int i = 0; i < 2; ++i) {
+    workers.push_back(std::make_unique<Child>());
+    ASSERT_TRUE(workers.back()->Start(
+        {worker(), absl::StrCat("--coordinator=", first.address()),
+         "--job=restart", "--nnodes=1", "--nproc_per_node=2", "--timeout=20s",
+         "--join_timeout=60s", "--model=mlp", "--hidden=24",
+         "--dataset=synthetic", "--synthetic_size=8000", "--epochs=12",
+         "--batch_size=8", "--log_every=0"},
+        /*capture=*/true));
+  }
+  // Kill once both ranks have reported a step: 6,000 steps remain, seconds
+  // of training.
+  ClientOptions options;
+  options.target = first.address();
+  auto client = *CoordinatorClient::Create(options);
+  bool training = false;
+  for (int i = 0; i < 600 && !training; ++i) {
+    absl::StatusOr<v1::JobStatus> job = client->GetJob("restart");
+    training = job.ok() && job->members_size() == 2 &&
+               job->members(0).metrics().step() > 0 &&
+               job->members(1).metrics().step() > 0;
+    if (!training) absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(training) << "the workers did not start training within 30 s";
+  first.child().Signal(SIGKILL);
+  ASSERT_TRUE(WaitAll({&first.child()}, kTrainBound));
+  CoordinatorProcess second;
+  ASSERT_TRUE(second.Start(Runfile("server/gradsync-coordinator"),
+                           "trainer-restart-2",
+                           {absl::StrCat("--state_dir=", state_dir),
+                            absl::StrCat("--listen=", first.address())}));
+
+  ASSERT_TRUE(WaitAll({workers[0].get(), workers[1].get()}, kTrainBound));
+  for (auto& w : workers) {
+    EXPECT_EQ(w->exit_code(), 0) << w->describe();
+    EXPECT_THAT(w->err(), HasSubstr("cannot send heartbeats to the coordinator"))
+        << "the outage was not seen mid-training";
+  }
+  options.target = second.address();
+  absl::StatusOr<v1::JobStatus> job =
+      (*CoordinatorClient::Create(options))->GetJob("restart");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason();
+  for (const v1::Member& member : job->members()) {
+    EXPECT_EQ(member.state(), v1::MEMBER_STATE_EXITED) << member.state_reason();
+  }
+  EXPECT_TRUE(second.Stop());
+}
 
 }  // namespace
 }  // namespace gradsync
