@@ -203,7 +203,7 @@ absl::StatusOr<int> LockDir(const std::string& dir) {
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     char holder[32] = {0};
-    (void)pread(fd, holder, sizeof(holder) - 1, 0);
+    if (pread(fd, holder, sizeof(holder) - 1, 0) < 0) holder[0] = '\0';
     close(fd);
     if (error == EWOULDBLOCK) {
       return absl::FailedPreconditionError(absl::StrCat(
