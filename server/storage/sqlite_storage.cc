@@ -158,7 +158,6 @@ absl::Status CheckFormat(sqlite3* db, const std::string& path, bool create,
   GS_ASSIGN_OR_RETURN(int64_t tables,
                       QueryInt(db, path, "SELECT count(*) FROM sqlite_master"));
   if (application_id == 0 && format == 0 && tables == 0 && create) {
-    GS_RETURN_IF_ERROR(Exec(db, path, "PRAGMA journal_mode=WAL"));
     GS_RETURN_IF_ERROR(Exec(db, path,
                             "CREATE TABLE entries (key BLOB PRIMARY KEY, "
                             "value BLOB NOT NULL) WITHOUT ROWID"));
