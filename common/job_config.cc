@@ -241,4 +241,13 @@ absl::StatusOr<v1::Backend> ParseBackend(absl::string_view name) {
       absl::StrCat("unknown backend '", name, "': use auto, gloo or nccl"));
 }
 
+absl::StatusOr<v1::FailurePolicy> ParseFailurePolicy(absl::string_view name) {
+  std::string lower = absl::AsciiStrToLower(name);
+  if (lower.empty()) return v1::FAILURE_POLICY_UNSPECIFIED;
+  if (lower == "recover") return v1::FAILURE_POLICY_RECOVER;
+  if (lower == "fail") return v1::FAILURE_POLICY_FAIL;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown failure policy '", name, "': use recover or fail"));
+}
+
 }  // namespace gradsync

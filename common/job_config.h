@@ -56,6 +56,9 @@ std::string DeviceTypeName(v1::DeviceType type);
 // Parses "auto", "gloo" or "nccl".
 absl::StatusOr<v1::Backend> ParseBackend(absl::string_view name);
 
+// Parses "recover" or "fail" ("" is UNSPECIFIED: the job's default, recover).
+absl::StatusOr<v1::FailurePolicy> ParseFailurePolicy(absl::string_view name);
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_COMMON_JOB_CONFIG_H_

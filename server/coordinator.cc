@@ -22,7 +22,12 @@ Coordinator::Coordinator(CoordinatorConfig config)
       jobs_(storage_, clock_),
       kv_(storage_, clock_, &jobs_, config_.kv_limits),
       rendezvous_(&jobs_, &kv_, clock_),
-      health_(&jobs_, clock_, config_.health),
+      // A lost member re-forms its round (failure policy RECOVER).
+      health_(&jobs_, clock_, config_.health,
+              [this](const HealthManager::Loss& loss) {
+                rendezvous_.MemberLost(loss.job_id, loss.round, loss.rank,
+                                       loss.reason, loss.detection);
+              }),
       rendezvous_service_(&rendezvous_),
       kv_service_(&kv_),
       jobs_service_(&jobs_, &rendezvous_, &health_, clock_),

@@ -115,8 +115,11 @@ std::string FormatRanks(const std::vector<int>& ranks, size_t max_items) {
 }
 
 HealthManager::HealthManager(JobManager* jobs, Clock* clock,
-                             HealthConfig config)
-    : jobs_(jobs), clock_(clock), config_(config) {}
+                             HealthConfig config, LossCallback on_loss)
+    : jobs_(jobs),
+      clock_(clock),
+      config_(config),
+      on_loss_(std::move(on_loss)) {}
 
 HealthManager::~HealthManager() = default;
 
@@ -356,16 +359,31 @@ void HealthManager::RecordReadyTimes(JobHealth* job, int rank,
 }
 
 void HealthManager::ApplyPolicy(JobHealth* job, const std::string& what,
-                                HealthUpdate* update) {
+                                HealthUpdate* update,
+                                std::vector<Loss>* losses) {
   if (job->policy == v1::FAILURE_POLICY_FAIL) {
     update->job_state = v1::JOB_STATE_FAILED;
     update->reason = what;
-  } else if (job->state == v1::JOB_STATE_RUNNING) {
+    return;
+  }
+  if (job->state == v1::JOB_STATE_RUNNING) {
     update->job_state = v1::JOB_STATE_DEGRADED;
     update->reason =
         absl::StrCat(what, "; the other members must rejoin to form round ",
                      job->round + 1);
   }
+  for (const HealthUpdate::MemberChange& change : update->members) {
+    losses->push_back(Loss{job->job_id, job->round, change.rank,
+                           absl::StrCat("rank ", change.rank, " (",
+                                        job->members[change.rank].host,
+                                        ") lost: ", change.reason),
+                           absl::ZeroDuration()});
+  }
+}
+
+void HealthManager::ReportLosses(const std::vector<Loss>& losses) {
+  if (!on_loss_) return;
+  for (const Loss& loss : losses) on_loss_(loss);
 }
 
 void HealthManager::Transition(JobHealth* job, HealthUpdate update) {
@@ -418,16 +436,33 @@ void HealthManager::Transition(JobHealth* job, HealthUpdate update) {
 void HealthManager::StreamBroken(Session* session) {
   if (session->job == nullptr || stopped_.load()) return;
   JobHealth* job = session->job.get();
-  absl::MutexLock lock(&job->mu);
-  MemberHealth& m = job->members[session->rank];
-  if (!job->detecting() || m.state != v1::MEMBER_STATE_ACTIVE) return;
-  HealthUpdate update;
-  std::string why = "heartbeat stream broke (process killed or connection lost)";
-  update.members.push_back({session->rank, v1::MEMBER_STATE_LOST, why});
-  ApplyPolicy(job,
-              absl::StrCat("rank ", session->rank, " (", m.host, ") lost: ", why),
-              &update);
-  Transition(job, std::move(update));
+  std::vector<Loss> losses;
+  {
+    absl::MutexLock lock(&job->mu);
+    MemberHealth& m = job->members[session->rank];
+    if (m.state != v1::MEMBER_STATE_ACTIVE) return;
+    const std::string why =
+        "heartbeat stream broke (process killed or connection lost)";
+    if (!job->detecting()) {
+      // The round was superseded (or ended) before this member's stream
+      // broke: nothing to record, but a re-forming round need not wait.
+      if (!job->current && job->policy != v1::FAILURE_POLICY_FAIL) {
+        losses.push_back(Loss{job->job_id, job->round, session->rank,
+                              absl::StrCat("rank ", session->rank, " (",
+                                           m.host, ") lost: ", why),
+                              absl::ZeroDuration()});
+      }
+    } else {
+      HealthUpdate update;
+      update.members.push_back({session->rank, v1::MEMBER_STATE_LOST, why});
+      ApplyPolicy(job,
+                  absl::StrCat("rank ", session->rank, " (", m.host,
+                               ") lost: ", why),
+                  &update, &losses);
+      Transition(job, std::move(update));
+    }
+  }
+  ReportLosses(losses);
 }
 
 absl::StatusOr<v1::JobState> HealthManager::ReportCompletion(
@@ -491,11 +526,13 @@ std::vector<std::shared_ptr<HealthManager::JobHealth>> HealthManager::Snapshot()
 void HealthManager::Poll() {
   const absl::Time now = clock_->Now();
   std::vector<std::shared_ptr<JobHealth>> ended;
+  std::vector<Loss> losses;
   for (const std::shared_ptr<JobHealth>& job : Snapshot()) {
     absl::MutexLock lock(&job->mu);
-    PollJob(job.get(), now);
+    PollJob(job.get(), now, &losses);
     if (!job->current) ended.push_back(job);
   }
+  ReportLosses(losses);
   if (ended.empty()) return;
   absl::MutexLock lock(&mu_);
   for (const std::shared_ptr<JobHealth>& job : ended) {
@@ -504,7 +541,8 @@ void HealthManager::Poll() {
   }
 }
 
-void HealthManager::PollJob(JobHealth* job, absl::Time now) {
+void HealthManager::PollJob(JobHealth* job, absl::Time now,
+                            std::vector<Loss>* losses) {
   // Follow the job's phase: a superseded round ends its monitoring.
   absl::StatusOr<JobPhase> phase = jobs_->GetPhase(job->job_id);
   if (!phase.ok() || phase->round != job->round ||
@@ -546,7 +584,12 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now) {
       absl::StrAppend(&what, " (and ", update.members.size() - 1,
                       " more rank(s))");
     }
-    ApplyPolicy(job, what, &update);
+    const size_t first_loss = losses->size();
+    ApplyPolicy(job, what, &update, losses);
+    for (size_t i = first_loss; i < losses->size(); ++i) {
+      Loss& loss = (*losses)[i];
+      loss.detection = now - job->members[loss.rank].last_seen;
+    }
     Transition(job, std::move(update));
   }
   DiagnoseHang(job, now);

@@ -58,13 +58,30 @@ struct MemberSample {
 
 class HealthManager {
  public:
+  // A member failure detection lost in a job whose policy is RECOVER.
+  struct Loss {
+    std::string job_id;
+    int64_t round = 0;
+    int rank = 0;
+    std::string reason;  // "rank 2 (host) lost: heartbeat stream broke ..."
+    // How long the member had been silent when it was found lost; zero
+    // when its stream broke.
+    absl::Duration detection;
+  };
+  // Told about every such loss, without any of the manager's locks held;
+  // the composition root points it at the rendezvous, which re-forms the
+  // round. Also called for a member whose stream breaks after its round was
+  // superseded (the survivors re-forming need not wait for it).
+  using LossCallback = std::function<void(const Loss&)>;
+
   // What one heartbeat stream remembers between messages so that the next
   // heartbeat of the same member skips the lookups. Owned by the stream;
   // used by one thread at a time.
   class Session;
 
-  // `jobs` and `clock` must outlive it.
-  HealthManager(JobManager* jobs, Clock* clock, HealthConfig config);
+  // `jobs` and `clock` must outlive it. `on_loss` may be empty.
+  HealthManager(JobManager* jobs, Clock* clock, HealthConfig config,
+                LossCallback on_loss = nullptr);
   ~HealthManager();
 
   // Creates the state of one heartbeat stream.
@@ -202,11 +219,15 @@ class HealthManager {
   // Records member changes and a job state in JobManager, then mirrors them.
   void Transition(JobHealth* job, HealthUpdate update)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
-  // Adds the job state a lost or failed member leads to, per the policy.
+  // Adds the job state lost members lead to, per the policy; under RECOVER
+  // appends a Loss per lost member of `update` to `losses`.
   void ApplyPolicy(JobHealth* job, const std::string& what,
-                   HealthUpdate* update) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
-  void PollJob(JobHealth* job, absl::Time now)
+                   HealthUpdate* update, std::vector<Loss>* losses)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  void PollJob(JobHealth* job, absl::Time now, std::vector<Loss>* losses)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // Tells on_loss_ about `losses`; no lock held.
+  void ReportLosses(const std::vector<Loss>& losses);
   // Sets or clears the hang diagnosis.
   void DiagnoseHang(JobHealth* job, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
@@ -214,6 +235,7 @@ class HealthManager {
   JobManager* const jobs_;
   Clock* const clock_;
   const HealthConfig config_;
+  const LossCallback on_loss_;
   std::atomic<bool> stopped_{false};
   std::atomic<int64_t> heartbeats_{0};
 

@@ -1,5 +1,6 @@
 #include "server/job_manager.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -122,6 +123,17 @@ bool JobManager::Exists(absl::string_view job_id) const {
   return jobs_.find(job_id) != jobs_.end();
 }
 
+void PhaseHistogram::Observe(absl::Duration d) {
+  const double seconds = absl::ToDoubleSeconds(d);
+  const size_t bucket =
+      std::lower_bound(kRecoveryBuckets.begin(), kRecoveryBuckets.end(),
+                       seconds) -
+      kRecoveryBuckets.begin();
+  ++counts[bucket];
+  sum += seconds;
+  ++count;
+}
+
 JobCensus JobManager::Census() const {
   absl::MutexLock lock(&mu_);
   JobCensus census;
@@ -129,7 +141,9 @@ JobCensus JobManager::Census() const {
     ++census.jobs[record.state()];
     for (const v1::Member& m : record.members()) ++census.members[m.state()];
     census.rounds.emplace_back(id, record.round());
+    census.recoveries.emplace_back(id, record.recovery_count());
   }
+  census.recovery_phases = recovery_phases_;
   return census;
 }
 
@@ -147,7 +161,8 @@ std::vector<v1::JobStatus> JobManager::List() const {
 
 absl::Status JobManager::RecordRoundClosed(absl::string_view job_id,
                                            int64_t round, v1::Backend backend,
-                                           std::vector<v1::Member> members) {
+                                           std::vector<v1::Member> members,
+                                           const v1::Recovery* recovery) {
   absl::MutexLock lock(&mu_);
   GS_ASSIGN_OR_RETURN(v1::JobStatus * record, FindLocked(job_id));
   v1::JobStatus updated = *record;
@@ -161,8 +176,20 @@ absl::Status JobManager::RecordRoundClosed(absl::string_view job_id,
   for (v1::Member& m : members) *updated.add_members() = std::move(m);
   *updated.mutable_update_time() = now;
   *updated.mutable_round_close_time() = now;
+  if (recovery != nullptr) {
+    constexpr int kKeptRecoveries = 16;
+    auto* kept = updated.mutable_recoveries();
+    if (kept->size() == kKeptRecoveries) kept->DeleteSubrange(0, 1);
+    *kept->Add() = *recovery;
+    updated.set_recovery_count(updated.recovery_count() + 1);
+  }
   GS_RETURN_IF_ERROR(PersistLocked(updated));
   *record = std::move(updated);
+  if (recovery != nullptr) {
+    recovery_phases_["detection"].Observe(FromProtoDuration(recovery->detection()));
+    recovery_phases_["rendezvous"].Observe(
+        FromProtoDuration(recovery->rendezvous()));
+  }
   return absl::OkStatus();
 }
 

@@ -4,6 +4,7 @@
 #ifndef GRADSYNC_SERVER_JOB_MANAGER_H_
 #define GRADSYNC_SERVER_JOB_MANAGER_H_
 
+#include <array>
 #include <map>
 #include <string>
 #include <vector>
@@ -48,12 +49,29 @@ struct RoundMembers {
   std::vector<std::string> hosts;
 };
 
+// Upper bounds (seconds) of the recovery phase histograms' buckets.
+inline constexpr std::array<double, 12> kRecoveryBuckets = {
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+
+// Observations of one recovery phase, for a Prometheus histogram.
+struct PhaseHistogram {
+  std::array<int64_t, kRecoveryBuckets.size() + 1> counts{};  // not cumulative
+  double sum = 0;  // seconds
+  int64_t count = 0;
+  void Observe(absl::Duration d);
+};
+
 // Counts over every job, for metrics.
 struct JobCensus {
   std::map<v1::JobState, int64_t> jobs;        // jobs by state
   std::map<v1::MemberState, int64_t> members;  // latest rounds' members
   // (job id, rounds closed so far), by job id.
   std::vector<std::pair<std::string, int64_t>> rounds;
+  // (job id, recoveries so far), by job id.
+  std::vector<std::pair<std::string, int64_t>> recoveries;
+  // Phase ("detection", "rendezvous") -> its durations over every recovery
+  // since the coordinator started.
+  std::map<std::string, PhaseHistogram> recovery_phases;
 };
 
 // Whether `state` is final (SUCCEEDED or FAILED).
@@ -97,9 +115,12 @@ class JobManager {
   std::vector<v1::JobStatus> List() const;
 
   // Records that `round` closed with `members` (rank order): state RUNNING.
+  // With `recovery` (the round replaced one that failed), appends it to the
+  // job's recoveries and counts its phases.
   absl::Status RecordRoundClosed(absl::string_view job_id, int64_t round,
                                  v1::Backend backend,
-                                 std::vector<v1::Member> members);
+                                 std::vector<v1::Member> members,
+                                 const v1::Recovery* recovery = nullptr);
 
   // Records that the running round ended before the job finished (a member
   // rejoined or was lost): state back to WAITING with `reason`, members
@@ -137,6 +158,8 @@ class JobManager {
   mutable absl::Mutex mu_;
   // job id -> record; every record is also in storage_.
   std::map<std::string, v1::JobStatus, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
+  // Soft state: since this coordinator started.
+  std::map<std::string, PhaseHistogram> recovery_phases_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradsync

@@ -88,6 +88,31 @@ std::string RenderMetrics(const JobManager& jobs,
   for (const auto& [job_id, rounds] : census.rounds) {
     out.Sample("gradsync_rendezvous_rounds", {{"job", job_id}}, rounds);
   }
+  out.Family("gradsync_recoveries_total", "counter",
+             "In-place recoveries (a round re-formed after a failure), by "
+             "job.");
+  for (const auto& [job_id, count] : census.recoveries) {
+    out.Sample("gradsync_recoveries_total", {{"job", job_id}}, count);
+  }
+  out.Family("gradsync_recovery_seconds", "histogram",
+             "Duration of the coordinator's recovery phases: detection (a "
+             "silent member's time until it was found lost) and rendezvous "
+             "(the failed round's end to the new round's close).");
+  for (const auto& [phase, histogram] : census.recovery_phases) {
+    int64_t cumulative = 0;
+    for (size_t b = 0; b < histogram.counts.size(); ++b) {
+      cumulative += histogram.counts[b];
+      const std::string le = b < kRecoveryBuckets.size()
+                                 ? absl::StrCat(kRecoveryBuckets[b])
+                                 : "+Inf";
+      out.Sample("gradsync_recovery_seconds_bucket",
+                 {{"phase", phase}, {"le", le}}, cumulative);
+    }
+    out.Sample("gradsync_recovery_seconds_sum", {{"phase", phase}},
+               histogram.sum);
+    out.Sample("gradsync_recovery_seconds_count", {{"phase", phase}},
+               histogram.count);
+  }
   out.Family("gradsync_heartbeats_total", "counter",
              "Worker heartbeats accepted.");
   out.Sample("gradsync_heartbeats_total", {}, health.heartbeats());

@@ -87,6 +87,19 @@ bool CanUseNccl(const v1::NodeDescriptor& node) {
          node.device_type() == v1::DEVICE_TYPE_CUDA && node.device_count() > 0;
 }
 
+std::pair<int64_t, int> ChooseResumeSource(
+    const std::vector<std::pair<bool, int64_t>>& joins) {
+  std::pair<int64_t, int> best = {0, 0};
+  bool found = false;
+  for (size_t i = 0; i < joins.size(); ++i) {
+    const auto& [has_state, step] = joins[i];
+    if (!has_state || (found && step <= best.first)) continue;
+    best = {step, static_cast<int>(i)};
+    found = true;
+  }
+  return best;
+}
+
 v1::Backend NegotiateBackend(v1::Backend preference,
                              const std::vector<v1::NodeDescriptor>& members) {
   if (preference == v1::BACKEND_GLOO || preference == v1::BACKEND_NCCL) {
@@ -105,6 +118,10 @@ uint64_t RendezvousManager::Join(const v1::JoinRequest& request,
                                  JoinCallback done) {
   absl::Status status = ValidateJobId(request.job_id());
   if (status.ok()) status = ValidateNodeDescriptor(request.node());
+  if (status.ok() && request.committed_step() < 0) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "committed_step must be >= 0, got ", request.committed_step()));
+  }
   // Refuse a node that cannot run NCCL a job forced to NCCL by this very
   // request before GetOrCreate can create the job: a refused join must not
   // leave a job behind, or its retry with another backend would meet a config
@@ -127,6 +144,15 @@ uint64_t RendezvousManager::Join(const v1::JoinRequest& request,
   if (config.ok() && config->backend() == v1::BACKEND_NCCL &&
       !CanUseNccl(request.node())) {
     config = NcclRefusal(request);
+  }
+  if (config.ok()) {
+    absl::StatusOr<JobPhase> phase = jobs_->GetPhase(request.job_id());
+    if (phase.ok() && IsTerminal(phase->state)) {
+      config = absl::FailedPreconditionError(absl::StrCat(
+          "job '", request.job_id(), "' has ended (",
+          JobStateName(phase->state), ": ", phase->reason,
+          "); a new run needs a new job id"));
+    }
   }
   if (!config.ok()) {
     done(config.status());
@@ -200,6 +226,8 @@ void RendezvousManager::JoinLocked(JobRendezvous* job,
   Joiner joiner;
   joiner.ticket = next_ticket_++;
   joiner.node = std::move(node);
+  joiner.has_state = request.has_state();
+  joiner.committed_step = request.committed_step();
   joiner.join_time = now;
   joiner.deadline = now + FromProtoDuration(job->config.join_timeout());
   joiner.done = std::move(done);
@@ -222,14 +250,22 @@ void RendezvousManager::JoinLocked(JobRendezvous* job,
 }
 
 void RendezvousManager::SupersedeLocked(JobRendezvous* job,
-                                        const std::string& reason) {
+                                        const std::string& reason,
+                                        absl::Duration detection) {
   const std::string& job_id = job->config.job_id();
   job->running = false;
+  v1::Recovery& recovery = job->recovery.emplace();
+  recovery.set_failed_round(job->round);
+  recovery.set_cause(reason);
+  recovery.set_old_world_size(static_cast<int32_t>(job->members.size()));
+  *recovery.mutable_detect_time() = ToProtoTime(clock_->Now());
+  *recovery.mutable_detection() = ToProtoDuration(detection);
   job->member_by_incarnation.clear();
   job->previous_round_nodes.clear();
   for (const auto& [node_id, rank] : job->node_rank_by_node) {
     job->previous_round_nodes.insert(node_id);
   }
+  job->awaited_nodes = job->previous_round_nodes;
   job->node_rank_by_node.clear();
   job->members.clear();
   kv_->RetireRound(job_id, job->round);
@@ -250,6 +286,11 @@ void RendezvousManager::MaybeCloseLocked(JobRendezvous* job,
     CloseLocked(job, completions);
     return;
   }
+  if (job->complete_nodes >= config.min_nodes() &&
+      !job->previous_round_nodes.empty() && AwaitedBackLocked(*job)) {
+    CloseLocked(job, completions);  // a re-formed round: nobody else to wait for
+    return;
+  }
   if (job->complete_nodes < config.min_nodes()) {
     if (job->last_call_deadline.has_value()) {
       last_calls_.erase({*job->last_call_deadline, config.job_id()});
@@ -264,6 +305,42 @@ void RendezvousManager::MaybeCloseLocked(JobRendezvous* job,
     last_calls_.emplace(*job->last_call_deadline, config.job_id());
   }
   if (*job->last_call_deadline <= now) CloseLocked(job, completions);
+}
+
+bool RendezvousManager::AwaitedBackLocked(const JobRendezvous& job) const {
+  const int nproc = job.config.nproc_per_node();
+  for (const std::string& node_id : job.awaited_nodes) {
+    auto count = job.pending_per_node.find(node_id);
+    if (count == job.pending_per_node.end() || count->second < nproc) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void RendezvousManager::MemberLost(const std::string& job_id, int64_t round,
+                                   int rank, const std::string& reason,
+                                   absl::Duration detection) {
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = rendezvous_.find(job_id);
+    if (it == rendezvous_.end()) return;
+    JobRendezvous* job = it->second.get();
+    if (job->round != round || rank < 0 ||
+        rank >= static_cast<int>(job->node_of_rank.size())) {
+      return;
+    }
+    if (job->running) SupersedeLocked(job, reason, detection);
+    const std::string& node_id = job->node_of_rank[rank];
+    if (job->awaited_nodes.erase(node_id) > 0) {
+      GS_LOG(INFO) << "job '" << job_id << "': round " << round + 1
+                   << " forms without node '" << node_id << "' (rank " << rank
+                   << " of round " << round << " was lost)";
+    }
+    MaybeCloseLocked(job, &completions);
+  }
+  Run(std::move(completions));
 }
 
 void RendezvousManager::CloseLocked(JobRendezvous* job,
@@ -320,6 +397,25 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
   }
   const v1::Backend backend = NegotiateBackend(config.backend(), descriptors);
   const int world_size = num_nodes * nproc;
+  const v1::FailurePolicy policy =
+      config.failure_policy() == v1::FAILURE_POLICY_FAIL
+          ? v1::FAILURE_POLICY_FAIL
+          : v1::FAILURE_POLICY_RECOVER;
+  std::vector<std::pair<bool, int64_t>> states(world_size);
+  for (int i = 0; i < num_nodes; ++i) {
+    for (int local = 0; local < nproc; ++local) {
+      const Joiner& joiner = *processes[chosen[i]][local];
+      states[node_rank[i] * nproc + local] = {joiner.has_state,
+                                              joiner.committed_step};
+    }
+  }
+  const auto [resume_step, source_rank] = ChooseResumeSource(states);
+  const bool single_host =
+      !descriptors.empty() && !descriptors.front().hostname().empty() &&
+      std::all_of(descriptors.begin(), descriptors.end(),
+                  [&](const v1::NodeDescriptor& d) {
+                    return d.hostname() == descriptors.front().hostname();
+                  });
 
   job->round += 1;
   job->running = true;
@@ -327,6 +423,8 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
   job->member_by_incarnation.clear();
   job->node_rank_by_node.clear();
   job->previous_round_nodes.clear();
+  job->awaited_nodes.clear();
+  job->node_of_rank.assign(world_size, std::string());
   if (job->last_call_deadline.has_value()) {
     last_calls_.erase({*job->last_call_deadline, job_id});
     job->last_call_deadline.reset();
@@ -354,7 +452,12 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
       a.set_num_nodes(num_nodes);
       a.set_backend(backend);
       a.set_kv_prefix(KvRoundPrefix(job_id, job->round));
+      a.set_resume_step(resume_step);
+      a.set_source_rank(source_rank);
+      a.set_failure_policy(policy);
+      a.set_single_host(single_host);
       job->member_by_incarnation[joiner.node.incarnation_id()] = rank;
+      job->node_of_rank[rank] = chosen[i];
 
       v1::Member& record = records[rank];
       record.set_rank(rank);
@@ -369,15 +472,28 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
     }
   }
   kv_->OpenRound(job_id, job->round);
-  absl::Status recorded =
-      jobs_->RecordRoundClosed(job_id, job->round, backend, std::move(records));
+  if (job->recovery.has_value()) {
+    v1::Recovery& r = *job->recovery;
+    r.set_new_round(job->round);
+    r.set_new_world_size(world_size);
+    r.set_resume_step(resume_step);
+    r.set_source_rank(source_rank);
+    *r.mutable_round_close_time() = ToProtoTime(now);
+    *r.mutable_rendezvous() =
+        ToProtoDuration(now - FromProtoTime(r.detect_time()));
+  }
+  absl::Status recorded = jobs_->RecordRoundClosed(
+      job_id, job->round, backend, std::move(records),
+      job->recovery.has_value() ? &*job->recovery : nullptr);
+  job->recovery.reset();
   if (!recorded.ok()) {
     GS_LOG(ERROR) << "job '" << job_id << "': could not record round "
                   << job->round << ": " << recorded;
   }
   GS_LOG(INFO) << "job '" << job_id << "' round " << job->round << " closed: "
                << num_nodes << " node(s), world size " << world_size
-               << ", backend " << BackendName(backend) << ", "
+               << ", backend " << BackendName(backend) << ", resume after step "
+               << resume_step << " from rank " << source_rank << ", "
                << job->pending.size() << " spare process(es)";
 }
 

@@ -57,6 +57,17 @@ class RendezvousManager {
   // finished.
   void CancelJoin(uint64_t ticket);
 
+  // Failure detection lost rank `rank` of round `round` of `job_id` (its
+  // heartbeats stopped or its stream broke) and the job's policy is RECOVER:
+  // supersedes the round if it still runs, and stops waiting for that
+  // member's node in the round that replaces it, so the survivors re-form
+  // without it. A no-op when `round` is no longer the job's latest.
+  // `detection` is how long the member was silent before it was found lost
+  // (recorded with the recovery).
+  void MemberLost(const std::string& job_id, int64_t round, int rank,
+                  const std::string& reason,
+                  absl::Duration detection = absl::ZeroDuration());
+
   // Removes the waiting or spare process `incarnation_id` from `job_id`.
   // INVALID_ARGUMENT for a malformed id; NOT_FOUND when no such process is
   // waiting.
@@ -84,6 +95,9 @@ class RendezvousManager {
   struct Joiner {
     uint64_t ticket = 0;
     v1::NodeDescriptor node;  // node_id filled in
+    // What training state the process holds (JoinRequest).
+    bool has_state = false;
+    int64_t committed_step = 0;
     absl::Time join_time;
     absl::Time deadline;
     JoinCallback done;
@@ -106,6 +120,15 @@ class RendezvousManager {
     // Nodes of the round superseded last; they take places in the forming
     // round before spares do.
     absl::flat_hash_set<std::string> previous_round_nodes;
+    // Of those, the nodes not known lost: once all of them are back (and
+    // min nodes are there), the forming round closes without a last call.
+    absl::flat_hash_set<std::string> awaited_nodes;
+    // Node id of each rank of `round`, kept after it is superseded so that a
+    // loss reported late still names the node.
+    std::vector<std::string> node_of_rank;
+    // Set when `round` is superseded; completed and recorded when the next
+    // round closes.
+    std::optional<v1::Recovery> recovery;
     // Waiting processes in join order, indexed by ticket and incarnation.
     std::list<Joiner> pending;
     absl::flat_hash_map<uint64_t, std::list<Joiner>::iterator> by_ticket;
@@ -126,14 +149,19 @@ class RendezvousManager {
                   std::vector<Completion>* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the running round because of `reason`; its members must rejoin.
-  void SupersedeLocked(JobRendezvous* job, const std::string& reason)
+  void SupersedeLocked(JobRendezvous* job, const std::string& reason,
+                       absl::Duration detection = absl::ZeroDuration())
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Closes the forming round now if it may: max nodes reached, or min nodes
-  // and the last call passed (or zero). Starts the last call when min nodes
-  // first complete.
+  // Closes the forming round now if it may: max nodes reached; min nodes and
+  // every awaited node of a superseded round back; or min nodes and the last
+  // call passed (or zero). Starts the last call when min nodes first
+  // complete.
   void MaybeCloseLocked(JobRendezvous* job, std::vector<Completion>* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseLocked(JobRendezvous* job, std::vector<Completion>* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether every awaited node of the superseded round is complete again.
+  bool AwaitedBackLocked(const JobRendezvous& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes a pending joiner, returning its callback.
   JoinCallback RemovePendingLocked(JobRendezvous* job,
@@ -173,6 +201,12 @@ v1::Backend NegotiateBackend(v1::Backend preference,
 
 // Whether a process can take part in an NCCL round.
 bool CanUseNccl(const v1::NodeDescriptor& node);
+
+// Where a round resumes: the most steps committed among `joins` that hold
+// state, and the first such member (by index) as the source; (0, 0) when
+// none holds state. `joins` are (has_state, committed_step) in rank order.
+std::pair<int64_t, int> ChooseResumeSource(
+    const std::vector<std::pair<bool, int64_t>>& joins);
 
 }  // namespace gradsync
 

@@ -25,6 +25,7 @@
 #include "common/status_macros.h"
 #include "worker/client/coordinator_client.h"
 #include "worker/backend/observed_backend.h"
+#include "worker/runtime/elastic.h"
 #include "worker/runtime/health_reporter.h"
 #include "worker/runtime/join.h"
 #include "worker/runtime/process_group.h"
@@ -55,6 +56,12 @@ ABSL_FLAG(absl::Duration, last_call_timeout, absl::Seconds(30),
 ABSL_FLAG(absl::Duration, timeout, absl::Minutes(5),
           "bootstrap and per-collective timeout: a peer that stops "
           "answering fails the step after this long instead of hanging it");
+ABSL_FLAG(int, max_recoveries, 3,
+          "how often this process may re-form its round after losing a peer "
+          "before it gives up");
+ABSL_FLAG(std::string, failure_policy, "",
+          "what losing a member does to the job (set by its first join): "
+          "recover (re-form the round in place; the default) or fail");
 ABSL_FLAG(bool, standalone, false,
           "train in this process alone: no coordinator, no gradient sync "
           "(the single-process baseline)");
@@ -106,6 +113,9 @@ ABSL_FLAG(std::string, save_params, "",
           "rank 0 writes the trained parameters here (torch.load reads it)");
 ABSL_FLAG(std::string, summary_json, "",
           "rank 0 writes timings and the final loss here as JSON");
+ABSL_FLAG(std::string, sample_log, "",
+          "append every micro-batch's sample indices here, one line "
+          "'round step epoch rank i,j,...' each (for checking data coverage)");
 
 namespace gradsync {
 namespace {
@@ -143,6 +153,7 @@ TrainerConfig TrainerConfigFromFlags() {
   config.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
   config.load_params = absl::GetFlag(FLAGS_load_params);
   config.save_params = absl::GetFlag(FLAGS_save_params);
+  config.sample_log = absl::GetFlag(FLAGS_sample_log);
   return config;
 }
 
@@ -181,50 +192,72 @@ void PrintDone(const TrainSummary& s) {
   std::fflush(stdout);
 }
 
-// Builds the round's process group and trains in it, reporting through
-// `reporter`.
-absl::Status TrainInRound(TrainerConfig config, const v1::Assignment& assignment,
-                          const std::string& address, CoordinatorClient* client,
-                          HealthReporter* reporter) {
-  ProcessGroupOptions pg;
-  pg.timeout = absl::GetFlag(FLAGS_timeout);
-  pg.address = address;
-  pg.network_interface = absl::GetFlag(FLAGS_network_interface);
-  pg.shared_memory = absl::GetFlag(FLAGS_shared_memory);
-  const int devices = static_cast<int>(torch::cuda::device_count());
-  if (config.device == "cuda" && devices > 0) {
-    config.cuda_device = assignment.local_rank() % devices;
-    pg.cuda_device = config.cuda_device;
+// gradsync-worker's training loop as RunElastic drives it: one TrainingRun
+// for the life of the process, trained in round after round, reporting each
+// round's steps through the heartbeats. On CUDA the run is created at the
+// first round, once the local rank (so the device) is known.
+class WorkerTrainer : public RoundTrainer {
+ public:
+  WorkerTrainer(TrainerConfig config, std::unique_ptr<TrainingRun> run,
+                HealthReporter* reporter)
+      : config_(std::move(config)), run_(std::move(run)), reporter_(reporter) {}
+
+  bool has_state() const override { return run_ != nullptr && run_->has_state(); }
+  int64_t committed_step() const override {
+    return run_ != nullptr ? run_->committed_step() : 0;
   }
-  GS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
-                      CreateProcessGroup(client, assignment, pg));
-  ObservedBackend observed(backend.get());
-  std::function<int64_t()> gpu_memory;
-  if (config.device == "cuda") {
-    gpu_memory = [device = config.cuda_device] { return CudaMemoryInUse(device); };
-  }
-  Telemetry telemetry(reporter, &observed, std::move(gpu_memory));
-  TrainContext context;
-  context.backend = &observed;
-  context.rank = assignment.rank();
-  context.world_size = assignment.world_size();
-  context.on_step = [&telemetry](const StepReport& report, int64_t samples) {
-    return telemetry.OnStep(report, samples);
-  };
-  absl::StatusOr<TrainSummary> summary = Train(config, context);
-  if (!summary.ok()) {
-    telemetry.SetError(std::string(summary.status().message()));
-    return summary.status();
-  }
-  telemetry.SetState(v1::WORKER_STATE_STOPPING);
-  if (assignment.rank() == 0) {
+
+  absl::Status TrainRound(const v1::Assignment& assignment,
+                          Backend* backend) override {
+    if (run_ == nullptr) {
+      const int devices = static_cast<int>(torch::cuda::device_count());
+      if (devices > 0) config_.cuda_device = assignment.local_rank() % devices;
+      GS_ASSIGN_OR_RETURN(run_, TrainingRun::Create(config_));
+    }
+    ObservedBackend observed(backend);
+    std::function<int64_t()> gpu_memory;
+    if (config_.device == "cuda") {
+      gpu_memory = [device = config_.cuda_device] {
+        return CudaMemoryInUse(device);
+      };
+    }
+    Telemetry telemetry(reporter_, &observed, std::move(gpu_memory));
+    TrainContext context;
+    context.backend = &observed;
+    context.rank = assignment.rank();
+    context.world_size = assignment.world_size();
+    context.source_rank = assignment.source_rank();
+    context.round = assignment.round();
+    context.on_step = [&telemetry](const StepReport& report, int64_t samples) {
+      return telemetry.OnStep(report, samples);
+    };
+    absl::StatusOr<TrainSummary> summary = run_->TrainRound(context);
+    if (!summary.ok()) {
+      telemetry.SetError(std::string(summary.status().message()));
+      return summary.status();
+    }
+    telemetry.SetState(v1::WORKER_STATE_STOPPING);
+    if (assignment.rank() != 0) return absl::OkStatus();
     PrintDone(*summary);
     const std::string path = absl::GetFlag(FLAGS_summary_json);
-    if (!path.empty()) {
-      GS_RETURN_IF_ERROR(WriteSummary(path, *summary, assignment.world_size()));
-    }
+    if (path.empty()) return absl::OkStatus();
+    return WriteSummary(path, *summary, assignment.world_size());
   }
-  return absl::OkStatus();
+
+ private:
+  TrainerConfig config_;
+  std::unique_ptr<TrainingRun> run_;
+  HealthReporter* const reporter_;
+};
+
+void PrintAssignment(const v1::Assignment& assignment) {
+  std::printf("gradsync-worker: rank %d of %d (node %d of %d), round %lld, "
+              "backend %s\n",
+              assignment.rank(), assignment.world_size(),
+              assignment.node_rank(), assignment.num_nodes(),
+              static_cast<long long>(assignment.round()),
+              BackendName(assignment.backend()).c_str());
+  std::fflush(stdout);
 }
 
 absl::Status Run() {
@@ -249,6 +282,7 @@ absl::Status Run() {
   join.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
   join.node_id = absl::GetFlag(FLAGS_node_id);
   join.backend = absl::GetFlag(FLAGS_backend);
+  join.failure_policy = absl::GetFlag(FLAGS_failure_policy);
   join.join_timeout = absl::GetFlag(FLAGS_join_timeout);
   join.last_call_timeout = absl::GetFlag(FLAGS_last_call_timeout);
   join.address = absl::GetFlag(FLAGS_address);
@@ -263,19 +297,33 @@ absl::Status Run() {
   ClientOptions client_options;
   client_options.target = coordinator;
   GS_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Create(client_options));
-  GS_ASSIGN_OR_RETURN(v1::Assignment assignment, client->Join(request));
-  std::printf("gradsync-worker: rank %d of %d (node %d of %d), round %lld, "
-              "backend %s\n",
-              assignment.rank(), assignment.world_size(),
-              assignment.node_rank(), assignment.num_nodes(),
-              static_cast<long long>(assignment.round()),
-              BackendName(assignment.backend()).c_str());
-  std::fflush(stdout);
-
+  ElasticOptions elastic;
+  elastic.max_recoveries = absl::GetFlag(FLAGS_max_recoveries);
+  if (elastic.max_recoveries < 0) {
+    return absl::InvalidArgumentError("--max_recoveries must be >= 0");
+  }
+  ProcessGroupOptions& pg = elastic.process_group;
+  pg.timeout = absl::GetFlag(FLAGS_timeout);
+  pg.address = join.address;
+  pg.network_interface = absl::GetFlag(FLAGS_network_interface);
+  pg.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  const int devices = static_cast<int>(torch::cuda::device_count());
+  std::unique_ptr<TrainingRun> run;
+  if (config.device == "cuda" && devices > 0) {
+    // The process's local rank is known only after the join (the trainer
+    // creates its run then, on the same device).
+    elastic.on_assignment = [&pg, devices](const v1::Assignment& assignment) {
+      pg.cuda_device = assignment.local_rank() % devices;
+      PrintAssignment(assignment);
+    };
+  } else {
+    elastic.on_assignment = PrintAssignment;
+    GS_ASSIGN_OR_RETURN(run, TrainingRun::Create(config));  // fail fast
+  }
   HealthReporter reporter(client.get());
-  reporter.Start(assignment, request.node().incarnation_id());
-  absl::Status trained = TrainInRound(config, assignment, join.address,
-                                      client.get(), &reporter);
+  WorkerTrainer trainer(config, std::move(run), &reporter);
+  absl::Status trained =
+      RunElastic(client.get(), request, elastic, &reporter, &trainer);
   if (!trained.ok()) {
     absl::Status reported =
         reporter.Finish(false, EXIT_FAILURE, std::string(trained.message()));

@@ -212,15 +212,22 @@ TEST_F(HealthIntegrationTest, SilentMemberIsLostAfterThreeIntervals) {
   }
   EXPECT_EQ(Job("silent").state(), v1::JOB_STATE_RUNNING);
   clock_.Advance(absl::Milliseconds(100));
+  // Under the default policy (recover) the round is superseded at once: the
+  // job waits for its survivors to re-form it.
   ASSERT_TRUE(Eventually(
-      [&] { return Job("silent").state() == v1::JOB_STATE_DEGRADED; }));
+      [&] { return Job("silent").state() == v1::JOB_STATE_WAITING; }));
   v1::JobStatus job = Job("silent");
   EXPECT_EQ(job.members(1).state(), v1::MEMBER_STATE_LOST);
   EXPECT_EQ(job.members(0).state(), v1::MEMBER_STATE_ACTIVE);
   EXPECT_THAT(job.reason(), HasSubstr("rank 1 (host-"));
-  // Rank 0 hears it on its next heartbeat.
-  ASSERT_TRUE(s0->Send(Heartbeat(a[0])));
-  EXPECT_TRUE(beaters[0]->answers.WaitFor(v1::JOB_STATE_DEGRADED));
+  EXPECT_THAT(job.reason(), HasSubstr("lost: missed 3 heartbeats"));
+  // Rank 0 learns that its round is over on its next heartbeat: the stream
+  // ends with ABORTED (rejoin).
+  ASSERT_TRUE(Eventually([&] {
+    s0->Send(Heartbeat(a[0]));
+    return s0->ended().has_value();
+  }));
+  EXPECT_EQ(s0->ended()->code(), absl::StatusCode::kAborted) << *s0->ended();
 }
 
 TEST_F(HealthIntegrationTest, BrokenStreamIsLostAtOnceAndClosedStreamIsNot) {
@@ -236,7 +243,8 @@ TEST_F(HealthIntegrationTest, BrokenStreamIsLostAtOnceAndClosedStreamIsNot) {
   v1::JobStatus job = Job("broken");
   EXPECT_THAT(job.members(1).state_reason(), HasSubstr("stream broke"));
   EXPECT_EQ(job.members(0).state(), v1::MEMBER_STATE_ACTIVE);
-  EXPECT_EQ(job.state(), v1::JOB_STATE_DEGRADED);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_WAITING) << "re-forming without rank 1";
+  EXPECT_THAT(job.reason(), HasSubstr("lost: heartbeat stream broke"));
 }
 
 TEST_F(HealthIntegrationTest, CompletionEndsTheJobAndItsWatch) {

@@ -112,7 +112,6 @@ class OpenCalls {
     v1::Scope scope;
     scope.set_job_id("train");
     scope.set_round(joined[0]->round());
-    absl::Notification watching;
     waiting_.emplace_back([this] {
       (void)client_->Join(JoinRequest("waits-for-a-second-node", 2, 0),
                           kJoinBound);
@@ -120,23 +119,26 @@ class OpenCalls {
     waiting_.emplace_back([this, scope] {
       (void)client_->Wait(scope, {"never-set"}, absl::Seconds(30));
     });
-    waiting_.emplace_back([this, &watching] {
+    waiting_.emplace_back([this] {
       (void)client_->WatchJob("train", absl::Milliseconds(100), false,
-                              [&watching](const v1::JobStatus&) {
-                                if (!watching.HasBeenNotified()) {
-                                  watching.Notify();
+                              [this](const v1::JobStatus&) {
+                                if (!watching_.HasBeenNotified()) {
+                                  watching_.Notify();
                                 }
                                 return true;
                               });
-      if (!watching.HasBeenNotified()) watching.Notify();
+      if (!watching_.HasBeenNotified()) watching_.Notify();
     });
-    watching.WaitForNotification();  // the watch's first status arrived
+    watching_.WaitForNotification();  // the watch's first status arrived
     all_open_.Notify();
   }
 
   std::unique_ptr<CoordinatorClient> client_;
   std::vector<std::unique_ptr<HeartbeatStream>> streams_;
   std::vector<std::thread> waiting_;
+  // Notified by the watch's first status (or its end); a member, since the
+  // watch thread outlives SetUp().
+  absl::Notification watching_;
   absl::Notification all_open_;
   std::thread setup_;
 };

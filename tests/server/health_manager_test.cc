@@ -109,7 +109,12 @@ class HealthManagerTest : public ::testing::Test {
   FakeClock clock_;
   InMemoryStorage storage_;
   JobManager jobs_{&storage_, &clock_};
-  HealthManager health_{&jobs_, &clock_, HealthConfig()};
+  // What the manager reported to its loss callback.
+  std::vector<HealthManager::Loss> losses_;
+  HealthManager health_{&jobs_, &clock_, HealthConfig(),
+                        [this](const HealthManager::Loss& loss) {
+                          losses_.push_back(loss);
+                        }};
   int world_ = 0;
   std::map<int, std::unique_ptr<HealthManager::Session>> sessions_;
   v1::HeartbeatResponse last_response_;
@@ -169,6 +174,50 @@ TEST_F(HealthManagerTest, BrokenStreamIsLostAtOnce) {
   EXPECT_THAT(status.members(1).state_reason(),
               HasSubstr("heartbeat stream broke"));
   EXPECT_EQ(status.state(), v1::JOB_STATE_DEGRADED);
+}
+
+TEST_F(HealthManagerTest, LossesUnderRecoverAreReportedToTheCallback) {
+  StartJob(3, v1::FAILURE_POLICY_RECOVER);
+  BeatAll();
+  health_.StreamBroken(sessions_[1].get());
+  ASSERT_EQ(losses_.size(), 1u);
+  EXPECT_EQ(losses_[0].job_id, kJob);
+  EXPECT_EQ(losses_[0].round, 1);
+  EXPECT_EQ(losses_[0].rank, 1);
+  EXPECT_THAT(losses_[0].reason,
+              HasSubstr("rank 1 (host-1) lost: heartbeat stream broke"));
+  // A silent member is reported once, when it is found lost.
+  for (int i = 0; i < 4; ++i) {
+    Advance(absl::Seconds(1));
+    ASSERT_TRUE(Beat(0).ok());
+  }
+  ASSERT_EQ(losses_.size(), 2u);
+  EXPECT_EQ(losses_[1].rank, 2);
+  EXPECT_THAT(losses_[1].reason, HasSubstr("missed 3 heartbeats"));
+  Advance(absl::Seconds(5));
+  EXPECT_EQ(losses_.size(), 3u) << "rank 0 went silent too";
+}
+
+TEST_F(HealthManagerTest, FailPolicyReportsNoLoss) {
+  StartJob(2, v1::FAILURE_POLICY_FAIL);
+  BeatAll();
+  health_.StreamBroken(sessions_[1].get());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(losses_, IsEmpty());
+}
+
+TEST_F(HealthManagerTest, StreamBreakingAfterTheRoundWasSupersededIsReported) {
+  StartJob(2, v1::FAILURE_POLICY_RECOVER);
+  BeatAll();
+  // Rank 0 rejoined first (its collective failed): the round is superseded
+  // before the coordinator saw rank 1's stream break.
+  ASSERT_TRUE(jobs_.RecordRoundSuperseded(kJob, "rank 0 rejoined").ok());
+  Advance(absl::Milliseconds(10));
+  health_.StreamBroken(sessions_[1].get());
+  ASSERT_EQ(losses_.size(), 1u);
+  EXPECT_EQ(losses_[0].rank, 1);
+  EXPECT_EQ(losses_[0].round, 1);
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_WAITING) << "nothing recorded";
 }
 
 TEST_F(HealthManagerTest, BrokenStreamsDuringShutdownMarkNothing) {

@@ -143,6 +143,16 @@ class RendezvousManagerTest : public ::testing::Test {
     return rdzv_.Join(Request(node, last_round), outcome->Callback());
   }
 
+  // A survivor rejoining after `last_round` with `committed_step` steps of
+  // training state.
+  void Rejoin(const v1::NodeDescriptor& node, JoinOutcome* outcome,
+              int64_t last_round, int64_t committed_step) {
+    v1::JoinRequest request = Request(node, last_round);
+    request.set_has_state(true);
+    request.set_committed_step(committed_step);
+    rdzv_.Join(request, outcome->Callback());
+  }
+
   // Steps the clock and runs the periodic work, as the server's poller does.
   void AdvanceAndPoll(absl::Duration d) {
     clock_.Advance(d);
@@ -566,6 +576,149 @@ TEST_F(RendezvousManagerTest, DescribeWaitingOfUnknownJobIsANoOp) {
   rdzv_.DescribeWaiting("nope", &status);
   EXPECT_THAT(status.waiting(), IsEmpty());
   EXPECT_THAT(status.spares(), IsEmpty());
+}
+
+// ---------------------------------------------------------------------------
+// Recovery: losses, re-forming, the resume source
+
+TEST_F(RendezvousManagerTest, SpareTakesTheLostPlaceAndTheMostAdvancedIsSource) {
+  UseConfig(ConfigSpec().Min(3).Max(3));
+  JoinOutcome a, b, c, spare;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  Join(Node("host-c", "inc-c"), &c);
+  Join(Node("host-d", "inc-d"), &spare);
+  ASSERT_TRUE(c.done());
+  EXPECT_EQ(c.assignment().resume_step(), 0);
+  EXPECT_EQ(c.assignment().failure_policy(), v1::FAILURE_POLICY_RECOVER);
+  ASSERT_FALSE(spare.done());
+
+  rdzv_.MemberLost(kJob, 1, /*rank=*/1, "rank 1 (host-b) lost: stream broke",
+                   absl::Milliseconds(1500));
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_WAITING);
+  clock_.Advance(absl::Milliseconds(250));
+  EXPECT_THAT(Status().reason(), HasSubstr("rank 1 (host-b) lost"));
+  JoinOutcome a2, c2;
+  Rejoin(Node("host-a", "inc-a"), &a2, 1, /*committed_step=*/7);
+  EXPECT_FALSE(a2.done());
+  // c committed one step more than a (a's all-reduce of step 8 failed).
+  Rejoin(Node("host-c", "inc-c"), &c2, 1, /*committed_step=*/8);
+  ASSERT_TRUE(a2.done() && c2.done() && spare.done());
+  for (const JoinOutcome* o : {&a2, &c2, &spare}) {
+    EXPECT_EQ(o->assignment().round(), 2);
+    EXPECT_EQ(o->assignment().world_size(), 3);
+    EXPECT_EQ(o->assignment().resume_step(), 8);
+    EXPECT_EQ(o->assignment().source_rank(), 2) << "c keeps rank 2";
+  }
+  EXPECT_EQ(a2.assignment().rank(), 0);
+  EXPECT_EQ(spare.assignment().rank(), 1) << "the spare takes the lost rank";
+
+  // The recovery is on the job's record.
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.recovery_count(), 1);
+  ASSERT_EQ(status.recoveries_size(), 1);
+  const v1::Recovery& r = status.recoveries(0);
+  EXPECT_EQ(r.failed_round(), 1);
+  EXPECT_EQ(r.new_round(), 2);
+  EXPECT_EQ(r.cause(), "rank 1 (host-b) lost: stream broke");
+  EXPECT_EQ(r.old_world_size(), 3);
+  EXPECT_EQ(r.new_world_size(), 3);
+  EXPECT_EQ(r.resume_step(), 8);
+  EXPECT_EQ(r.source_rank(), 2);
+  EXPECT_EQ(FromProtoDuration(r.detection()), absl::Milliseconds(1500));
+  EXPECT_EQ(FromProtoDuration(r.rendezvous()), absl::Milliseconds(250));
+  const JobCensus census = jobs_.Census();
+  EXPECT_EQ(census.recoveries,
+            (std::vector<std::pair<std::string, int64_t>>{{kJob, 1}}));
+  EXPECT_EQ(census.recovery_phases.at("rendezvous").count, 1);
+  EXPECT_EQ(census.recovery_phases.at("detection").counts[7], 1)
+      << "1.5 s falls in the (1, 2.5] bucket";
+}
+
+TEST_F(RendezvousManagerTest, SurvivorsReformWithoutTheLostNodeAtOnce) {
+  UseConfig(ConfigSpec().Min(2).Max(3).LastCall(absl::Seconds(30)));
+  JoinOutcome a, b, c;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  Join(Node("host-c", "inc-c"), &c);
+  ASSERT_TRUE(c.done());
+  rdzv_.MemberLost(kJob, 1, /*rank=*/2, "rank 2 (host-c) lost");
+  JoinOutcome a2, b2;
+  Rejoin(Node("host-a", "inc-a"), &a2, 1, 5);
+  EXPECT_FALSE(a2.done()) << "host-b is still expected back";
+  Rejoin(Node("host-b", "inc-b"), &b2, 1, 5);
+  ASSERT_TRUE(a2.done() && b2.done()) << "no last call: nobody else to wait for";
+  EXPECT_EQ(a2.assignment().world_size(), 2);
+  EXPECT_EQ(b2.assignment().resume_step(), 5);
+  EXPECT_EQ(b2.assignment().source_rank(), 0);
+}
+
+TEST_F(RendezvousManagerTest, LossReportedAfterTheSurvivorsRejoinedClosesTheRound) {
+  UseConfig(ConfigSpec().Min(2).Max(3).LastCall(absl::Seconds(30)));
+  JoinOutcome a, b, c;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  Join(Node("host-c", "inc-c"), &c);
+  // The survivors saw their collective fail before the coordinator saw the
+  // loss: their rejoins supersede the round, host-c is still awaited.
+  JoinOutcome a2, b2;
+  Rejoin(Node("host-a", "inc-a"), &a2, 1, 3);
+  Rejoin(Node("host-b", "inc-b"), &b2, 1, 3);
+  EXPECT_FALSE(a2.done());
+  rdzv_.MemberLost(kJob, 1, /*rank=*/2, "rank 2 (host-c) lost");
+  ASSERT_TRUE(a2.done() && b2.done());
+  EXPECT_EQ(a2.assignment().round(), 2);
+  EXPECT_EQ(a2.assignment().world_size(), 2);
+}
+
+TEST_F(RendezvousManagerTest, LossOfAnOlderRoundChangesNothing) {
+  UseConfig(ConfigSpec().Min(2).Max(2));
+  JoinOutcome a, b;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  rdzv_.MemberLost(kJob, 0, 1, "stale");
+  rdzv_.MemberLost(kJob, 2, 1, "future");
+  rdzv_.MemberLost(kJob, 1, 5, "no such rank");
+  rdzv_.MemberLost("other", 1, 1, "no such job");
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Status().round(), 1);
+}
+
+TEST_F(RendezvousManagerTest, FreshProcessesResumeFromStepZeroOfRankZero) {
+  EXPECT_EQ(ChooseResumeSource({{false, 0}, {false, 9}}),
+            (std::pair<int64_t, int>(0, 0)));
+  EXPECT_EQ(ChooseResumeSource({{false, 0}, {true, 4}, {true, 4}}),
+            (std::pair<int64_t, int>(4, 1)));
+  EXPECT_EQ(ChooseResumeSource({{true, 2}, {false, 50}, {true, 3}}),
+            (std::pair<int64_t, int>(3, 2)));
+  EXPECT_EQ(ChooseResumeSource({}), (std::pair<int64_t, int>(0, 0)));
+}
+
+TEST_F(RendezvousManagerTest, JoinOfAnEndedJobIsRefused) {
+  UseConfig(ConfigSpec().Min(1).Max(1));
+  JoinOutcome a;
+  Join(Node("host-a", "inc-a"), &a);
+  ASSERT_TRUE(a.done());
+  HealthUpdate failed;
+  failed.job_state = v1::JOB_STATE_FAILED;
+  failed.reason = "rank 0 lost";
+  ASSERT_TRUE(jobs_.RecordHealth(kJob, 1, failed).ok());
+  JoinOutcome again;
+  Join(Node("host-a", "inc-a"), &again, 1);
+  ASSERT_TRUE(again.done());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.status().message(), HasSubstr("has ended (failed: rank 0 lost)"));
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_FAILED);
+}
+
+TEST_F(RendezvousManagerTest, NegativeCommittedStepIsInvalidArgument) {
+  v1::JoinRequest request = Request(Node("host-a", "inc-a"));
+  request.set_committed_step(-1);
+  JoinOutcome a;
+  rdzv_.Join(request, a.Callback());
+  ASSERT_TRUE(a.done());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(jobs_.Exists(kJob));
 }
 
 // ---------------------------------------------------------------------------

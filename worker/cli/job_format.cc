@@ -100,6 +100,22 @@ Json SummaryJson(const v1::JobStatus& job) {
   j["created"] = Rfc3339(job.create_time());
   j["updated"] = Rfc3339(job.update_time());
   j["round_closed"] = Rfc3339(job.round_close_time());
+  j["recovery_count"] = job.recovery_count();
+  Json recoveries = Json::array();
+  for (const v1::Recovery& r : job.recoveries()) {
+    recoveries.push_back({{"failed_round", r.failed_round()},
+                          {"new_round", r.new_round()},
+                          {"cause", r.cause()},
+                          {"old_world_size", r.old_world_size()},
+                          {"new_world_size", r.new_world_size()},
+                          {"resume_step", r.resume_step()},
+                          {"source_rank", r.source_rank()},
+                          {"detected", Rfc3339(r.detect_time())},
+                          {"round_closed", Rfc3339(r.round_close_time())},
+                          {"detection_seconds", ToSeconds(r.detection())},
+                          {"rendezvous_seconds", ToSeconds(r.rendezvous())}});
+  }
+  j["recoveries"] = std::move(recoveries);
   return j;
 }
 
@@ -197,6 +213,29 @@ std::string DiagnosisText(const v1::JobStatus& job) {
   return rows.empty() ? "" : RenderTable(rows);
 }
 
+// The job's latest recoveries, newest first; empty when there were none.
+std::string RecoveriesTable(const v1::JobStatus& job, absl::Time now) {
+  if (job.recoveries_size() == 0) return "";
+  std::vector<std::vector<std::string>> rows = {
+      {"ROUNDS", "WORLD", "RESUMED", "DETECTION", "RENDEZVOUS", "WHEN",
+       "CAUSE"}};
+  for (int i = job.recoveries_size() - 1; i >= 0; --i) {
+    const v1::Recovery& r = job.recoveries(i);
+    rows.push_back(
+        {absl::StrCat(r.failed_round(), " -> ", r.new_round()),
+         absl::StrCat(r.old_world_size(), " -> ", r.new_world_size()),
+         absl::StrCat("after step ", r.resume_step(), " from rank ",
+                      r.source_rank()),
+         Seconds(ToSeconds(r.detection())), Seconds(ToSeconds(r.rendezvous())),
+         Ago(r.detect_time(), now), r.cause()});
+  }
+  return absl::StrCat("\nrecoveries (", job.recovery_count(), " in all",
+                      job.recovery_count() > job.recoveries_size()
+                          ? absl::StrCat(", the latest ", job.recoveries_size())
+                          : "",
+                      "):\n", RenderTable(rows));
+}
+
 std::string MembersTable(
     const google::protobuf::RepeatedPtrField<v1::Member>& members,
     absl::Time now) {
@@ -259,6 +298,7 @@ std::string FormatJobStatus(const v1::JobStatus& job, absl::Time now) {
   }
   const std::string diagnosis = DiagnosisText(job);
   if (!diagnosis.empty()) absl::StrAppend(&out, "\ndiagnosis:\n", diagnosis);
+  absl::StrAppend(&out, RecoveriesTable(job, now));
   if (job.waiting_size() > 0) {
     absl::StrAppend(&out, "\nwaiting for the next round:\n",
                     MembersTable(job.waiting(), now));

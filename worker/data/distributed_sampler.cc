@@ -25,12 +25,17 @@ absl::StatusOr<DistributedSampler> DistributedSampler::Create(
         absl::StrCat("rank ", options.rank, " is outside [0, ",
                      options.world_size, ")"));
   }
+  if (options.start < 0 || options.start > options.dataset_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("start ", options.start, " is outside [0, ",
+                     options.dataset_size, "]"));
+  }
   return DistributedSampler(options);
 }
 
 DistributedSampler::DistributedSampler(SamplerOptions options)
     : options_(options) {
-  const int64_t n = options_.dataset_size;
+  const int64_t n = options_.dataset_size - options_.start;
   const int64_t w = options_.world_size;
   // PyTorch: ceil((n - w) / w) when dropping an uneven tail, else ceil(n / w).
   if (options_.drop_last && n % w != 0) {
@@ -53,10 +58,14 @@ std::vector<int64_t> DistributedSampler::Indices() const {
   } else {
     std::iota(indices.begin(), indices.end(), int64_t{0});
   }
+  indices.erase(indices.begin(), indices.begin() + options_.start);
+  const int64_t n_rest = n - options_.start;
   const int64_t total = total_size();
-  if (total > n) {
+  if (total > n_rest) {
     // Pad by repeating the list from its start (as often as needed).
-    for (int64_t i = n; i < total; ++i) indices.push_back(indices[i - n]);
+    for (int64_t i = n_rest; i < total; ++i) {
+      indices.push_back(indices[i - n_rest]);
+    }
   } else {
     indices.resize(total);
   }

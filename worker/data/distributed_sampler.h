@@ -21,10 +21,17 @@ struct SamplerOptions {
   // Drop the tail that does not divide evenly among ranks instead of padding
   // with samples from the start.
   bool drop_last = false;
+  // Divide the epoch's order only from this position on: the samples before
+  // it were consumed by an earlier division (before the world size changed),
+  // so every sample is used once per epoch. In [0, dataset_size]; 0 divides
+  // the whole epoch, as PyTorch does.
+  int64_t start = 0;
 };
 
 // Without shuffle, rank r of W takes indices r, r+W, r+2W, ...; with
-// shuffle, the same positions of the epoch's permutation. Without drop_last
+// shuffle, the same positions of the epoch's permutation. With a `start`,
+// the same applies to the order's positions from `start` on (padding repeats
+// the start of that remainder). Without drop_last
 // the index list is padded by repeating its start so every rank gets
 // num_samples(); with it, the tail is dropped. Matches PyTorch 1.13's
 // sampler index for index (tested against its output), so a job can switch
@@ -32,8 +39,8 @@ struct SamplerOptions {
 // A value type; not thread-safe to mutate (SetEpoch) while reading.
 class DistributedSampler {
  public:
-  // INVALID_ARGUMENT for a negative size, a world size < 1 or a rank outside
-  // [0, world_size).
+  // INVALID_ARGUMENT for a negative size, a world size < 1, a rank outside
+  // [0, world_size) or a start outside [0, dataset_size].
   static absl::StatusOr<DistributedSampler> Create(SamplerOptions options);
 
   // Chooses the epoch's permutation (with shuffle); call before each epoch.
@@ -43,7 +50,7 @@ class DistributedSampler {
   // This rank's indices for the current epoch, num_samples() of them.
   std::vector<int64_t> Indices() const;
 
-  // Samples per rank per epoch, and across all ranks.
+  // Samples per rank in this division of the epoch, and across all ranks.
   int64_t num_samples() const { return num_samples_; }
   int64_t total_size() const { return num_samples_ * options_.world_size; }
 

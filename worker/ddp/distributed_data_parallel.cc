@@ -100,12 +100,12 @@ absl::Status VerifyModelsMatch(Backend* backend,
 
 absl::Status BroadcastTensors(Backend* backend,
                               const std::vector<torch::Tensor>& tensors,
-                              absl::Duration timeout) {
+                              absl::Duration timeout, int root) {
   torch::NoGradGuard no_grad;
   for (const torch::Tensor& tensor : tensors) {
     torch::Tensor contiguous = tensor.contiguous();
     GS_ASSIGN_OR_RETURN(Buffer buffer, ToBuffer(contiguous));
-    GS_RETURN_IF_ERROR(backend->Broadcast(buffer, 0)->Wait(timeout));
+    GS_RETURN_IF_ERROR(backend->Broadcast(buffer, root)->Wait(timeout));
     if (!contiguous.is_same(tensor)) tensor.copy_(contiguous);
   }
   return absl::OkStatus();
@@ -133,10 +133,14 @@ DistributedDataParallel::Create(std::shared_ptr<torch::nn::Module> module,
   const absl::Duration timeout = options.reducer.timeout;
   GS_RETURN_IF_ERROR(
       VerifyModelsMatch(backend, names, params, device, timeout));
-  GS_RETURN_IF_ERROR(BroadcastTensors(backend, params, timeout));
+  if (options.broadcast_initial_state) {
+    GS_RETURN_IF_ERROR(BroadcastTensors(backend, params, timeout));
+  }
   std::unique_ptr<DistributedDataParallel> ddp(
       new DistributedDataParallel(std::move(module), backend, options, clock));
-  GS_RETURN_IF_ERROR(BroadcastTensors(backend, ddp->buffers_, timeout));
+  if (options.broadcast_initial_state) {
+    GS_RETURN_IF_ERROR(BroadcastTensors(backend, ddp->buffers_, timeout));
+  }
   ddp->reducer_ = std::make_unique<Reducer>(std::move(names), std::move(params),
                                             backend, options.reducer, clock);
   return ddp;
@@ -154,11 +158,18 @@ DistributedDataParallel::DistributedDataParallel(
   }
 }
 
+absl::Status DistributedDataParallel::communication_error() const {
+  if (!broadcast_error_.ok()) return broadcast_error_;
+  return reducer_->communication_error();
+}
+
 absl::Time DistributedDataParallel::BeginForward() {
   const absl::Time start = clock_->Now();
+  broadcast_error_ = absl::OkStatus();
   if (options_.broadcast_buffers && sync_ && !buffers_.empty()) {
     absl::Status status =
         BroadcastTensors(backend_, buffers_, options_.reducer.timeout);
+    broadcast_error_ = status;
     TORCH_CHECK(status.ok(), "DistributedDataParallel: broadcasting buffers "
                              "failed: ", status.ToString());
   }

@@ -31,6 +31,11 @@ struct DdpOptions {
   // Broadcast rank 0's buffers (e.g. batch-norm statistics) before every
   // forward.
   bool broadcast_buffers = true;
+  // Create copies rank 0's parameters and buffers to every rank (PyTorch's
+  // behaviour). Off when the caller copies the state itself, e.g. with
+  // BroadcastTrainingState from a recovered round's source rank, which need
+  // not be rank 0.
+  bool broadcast_initial_state = true;
 };
 
 // Not thread-safe: one training loop drives it. Lifetime: the module, the
@@ -39,7 +44,8 @@ class DistributedDataParallel {
  public:
   // Checks that every rank holds the same parameters (count, names, shapes,
   // dtypes; FAILED_PRECONDITION naming the first mismatch), then copies rank
-  // 0's parameters and buffers to every rank. Collective: every rank calls
+  // 0's parameters and buffers to every rank (unless
+  // options.broadcast_initial_state is off). Collective: every rank calls
   // it.
   static absl::StatusOr<std::unique_ptr<DistributedDataParallel>> Create(
       std::shared_ptr<torch::nn::Module> module, Backend* backend,
@@ -80,6 +86,11 @@ class DistributedDataParallel {
 
   const Reducer& reducer() const { return *reducer_; }
 
+  // The collective error behind the last failed step (a buffer broadcast
+  // before forward, or a gradient all-reduce), so the caller can tell a lost
+  // peer (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED) from a bug; OK if none.
+  absl::Status communication_error() const;
+
  private:
   DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
                           Backend* backend, DdpOptions options, Clock* clock);
@@ -94,12 +105,13 @@ class DistributedDataParallel {
   std::vector<torch::Tensor> buffers_;
   std::unique_ptr<Reducer> reducer_;
   bool sync_ = true;
+  absl::Status broadcast_error_;
 };
 
-// Copies rank 0's `tensors` to every rank (collective), in order.
+// Copies rank `root`'s `tensors` to every rank (collective), in order.
 absl::Status BroadcastTensors(Backend* backend,
                               const std::vector<torch::Tensor>& tensors,
-                              absl::Duration timeout);
+                              absl::Duration timeout, int root = 0);
 
 }  // namespace gradsync
 

@@ -49,11 +49,25 @@ Reducer::Reducer(std::vector<std::string> names,
 }
 
 // The hooks capture `this`; a Reducer outlives the backward passes over its
-// parameters (the DDP wrapper owns both), so nothing fires after this.
-Reducer::~Reducer() = default;
+// parameters (the DDP wrapper owns both), so nothing fires after this. A
+// step that failed can leave later buckets' all-reduces queued on the
+// backend (they fail at once after the first failure): wait for them so that
+// none writes into a freed bucket.
+Reducer::~Reducer() {
+  absl::MutexLock lock(&mu_);
+  for (Bucket& bucket : buckets_) {
+    if (bucket.work != nullptr) bucket.work->Wait(options_.timeout).IgnoreError();
+  }
+}
+
+absl::Status Reducer::communication_error() const {
+  absl::MutexLock lock(&mu_);
+  return communication_error_;
+}
 
 void Reducer::PrepareForBackward(bool sync, absl::Duration forward) {
   absl::MutexLock lock(&mu_);
+  communication_error_ = absl::OkStatus();
   // A forward whose backward never ran leaves nothing launched (launches
   // happen in hooks), so starting over is safe.
   std::fill(ready_.begin(), ready_.end(), false);
@@ -148,6 +162,7 @@ void Reducer::FinalizeBackward() {
     const Bucket& bucket = buckets_[b];
     absl::Status status = bucket.work->Wait(options_.timeout);
     if (!status.ok()) {
+      communication_error_ = status;
       FailBackward(absl::StrCat("all-reduce of gradient bucket ", b, " of ",
                                 buckets_.size(), " failed: ",
                                 status.ToString()));
@@ -186,6 +201,7 @@ void Reducer::FinalizeBackward() {
   if (!rebuilt_) {
     absl::Status rebuilt = RebuildBuckets();
     if (!rebuilt.ok()) {
+      communication_error_ = rebuilt;
       FailBackward(absl::StrCat("rebuilding buckets failed: ",
                                 rebuilt.ToString()));
     }

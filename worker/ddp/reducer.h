@@ -91,6 +91,11 @@ class Reducer {
   // Whether buckets have been rebuilt in gradient-ready order.
   bool buckets_rebuilt() const;
 
+  // The collective error that failed the last backward (the backend's
+  // status: UNAVAILABLE when a peer left, ...); OK when it did not fail
+  // that way. Reset by PrepareForBackward.
+  absl::Status communication_error() const;
+
  private:
   struct Bucket {
     std::vector<size_t> variables;
@@ -148,6 +153,7 @@ class Reducer {
   absl::Time last_hook_ ABSL_GUARDED_BY(mu_);
   absl::Time first_launch_ ABSL_GUARDED_BY(mu_);
   StepTimings last_timings_ ABSL_GUARDED_BY(mu_);
+  absl::Status communication_error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradsync

@@ -31,6 +31,9 @@ absl::StatusOr<v1::JoinRequest> BuildJoinRequest(const JoinConfig& config) {
       ToProtoDuration(config.last_call_timeout);
   GS_ASSIGN_OR_RETURN(v1::Backend backend, ParseBackend(config.backend));
   job->set_backend(backend);
+  GS_ASSIGN_OR_RETURN(v1::FailurePolicy policy,
+                      ParseFailurePolicy(config.failure_policy));
+  job->set_failure_policy(policy);
 
   v1::NodeDescriptor node = LocalNodeDescriptor();
   if (!config.node_id.empty()) node.set_node_id(config.node_id);

@@ -21,6 +21,8 @@ struct JoinConfig {
   std::string node_id;
   // "auto", "gloo" or "nccl".
   std::string backend = "auto";
+  // "recover", "fail" or "" (the job's default: recover).
+  std::string failure_policy;
   absl::Duration join_timeout = absl::Minutes(10);
   absl::Duration last_call_timeout = absl::Seconds(30);
   // The address the other workers reach this process at.
@@ -32,7 +34,7 @@ struct JoinConfig {
 };
 
 // The JoinRequest for `config`, with a fresh incarnation id. INVALID_ARGUMENT
-// for a bad job id, node range, backend or an empty address.
+// for a bad job id, node range, backend, failure policy or an empty address.
 absl::StatusOr<v1::JoinRequest> BuildJoinRequest(const JoinConfig& config);
 
 // The address to advertise when the user gave none: loopback when the

@@ -42,9 +42,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateProcessGroup(
   v1::Scope scope;
   scope.set_job_id(assignment.job_id());
   scope.set_round(assignment.round());
-  const bool shared_memory = assignment.backend() == v1::BACKEND_GLOO &&
-                             options.shared_memory &&
-                             assignment.num_nodes() == 1;
+  const bool shared_memory =
+      assignment.backend() == v1::BACKEND_GLOO && options.shared_memory &&
+      (assignment.num_nodes() == 1 || assignment.single_host());
   const std::string name =
       shared_memory ? "shm" : BackendName(assignment.backend());
   // One key namespace per backend kind within the round's scope.
@@ -52,7 +52,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateProcessGroup(
   GS_LOG(INFO) << "rank " << assignment.rank() << "/"
                << assignment.world_size() << " of round "
                << assignment.round() << ": connecting " << name
-               << (shared_memory ? " (gloo round on one node: shared memory)"
+               << (shared_memory ? " (gloo round on one host: shared memory)"
                                  : "");
 
   if (shared_memory) {

@@ -22,8 +22,9 @@ struct ProcessGroupOptions {
   std::string address = "127.0.0.1";
   // Gloo: a network interface to bind instead (e.g. "eth0").
   std::string network_interface;
-  // A Gloo round whose ranks are all on one node runs its collectives
-  // through shared memory (ShmBackend) instead of TCP loopback. Every rank
+  // A Gloo round whose ranks are all on one node (or one host:
+  // Assignment.single_host) runs its collectives through shared memory
+  // (ShmBackend) instead of TCP loopback. Every rank
   // of the round must pass the same value.
   bool shared_memory = true;
   // NCCL: the CUDA device of this process and the cudaStream_t its

@@ -1,6 +1,8 @@
 #include "worker/trainer/trainer.h"
 
+#include <fcntl.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <memory>
@@ -9,11 +11,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "worker/data/datasets.h"
 #include "worker/data/distributed_sampler.h"
 #include "worker/ddp/distributed_data_parallel.h"
 #include "worker/ddp/tensor_buffer.h"
+#include "worker/ddp/training_state.h"
 #include "worker/trainer/params_io.h"
 
 namespace gradsync {
@@ -79,6 +83,23 @@ absl::StatusOr<double> MeanOverRanks(Backend* backend, double value,
 
 double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
+// Appends "round step epoch rank i,j,..." to `path` in one write(2), so the
+// line is whole even if the process is killed right after.
+void LogSamples(const std::string& path, int64_t round, int64_t step,
+                int64_t epoch, int rank, const torch::Tensor& batch) {
+  torch::Tensor host = batch.cpu();
+  const int64_t* p = host.data_ptr<int64_t>();
+  std::string line = absl::StrCat(round, " ", step, " ", epoch, " ", rank, " ",
+                                  absl::StrJoin(p, p + host.numel(), ","), "\n");
+  const int fd =
+      ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  TORCH_CHECK(fd >= 0, "cannot open the sample log ", path);
+  const ssize_t written = ::write(fd, line.data(), line.size());
+  ::close(fd);
+  TORCH_CHECK(written == static_cast<ssize_t>(line.size()),
+              "cannot write the sample log ", path);
+}
+
 // Aggregates the steps after warm-up into the summary.
 class StepStats {
  public:
@@ -111,167 +132,378 @@ class StepStats {
   absl::Duration forward_, backward_, communication_, hidden_;
 };
 
-absl::StatusOr<TrainSummary> TrainOrThrow(const TrainerConfig& config,
-                                          const TrainContext& context) {
-  GS_RETURN_IF_ERROR(ValidateConfig(config));
-  const torch::Device device =
-      config.device == "cuda" ? torch::Device(torch::kCUDA, config.cuda_device)
-                              : torch::Device(torch::kCPU);
-  torch::manual_seed(config.seed);
-  GS_ASSIGN_OR_RETURN(torch::nn::Sequential model, MakeModel(config.model));
-  if (!config.load_params.empty()) {
-    GS_RETURN_IF_ERROR(LoadParameters(*model, config.load_params));
-  }
-  model->to(device);
-  GS_ASSIGN_OR_RETURN(ImageDataset data, LoadDataset(config));
-  data.images = data.images.to(device);
-  data.labels = data.labels.to(device);
+// Where training is, as every rank agrees after a round starts: the part of
+// the state that is not tensors.
+struct Position {
+  int64_t step = 0;            // optimizer steps committed
+  int64_t epoch = 0;
+  int64_t epoch_position = 0;  // samples of the epoch's order consumed
 
+  std::vector<int64_t> ToCounters() const { return {step, epoch, epoch_position}; }
+  static Position FromCounters(const std::vector<int64_t>& c) {
+    return Position{c[0], c[1], c[2]};
+  }
+};
+
+// One round's division of the current epoch among its ranks, from the
+// epoch position the round started at, and how far this rank has got in it.
+struct Division {
+  int64_t epoch = 0;
+  int64_t start = 0;      // epoch position the division begins at
+  int64_t span = 0;       // samples of the epoch it covers (no padding)
+  int64_t batches = 0;    // this rank's batches in it
+  int64_t next = 0;       // this rank's next batch
+  int64_t global_batch = 0;  // samples per batch across ranks
+  torch::Tensor indices;  // this rank's sample indices, on the device
+};
+
+}  // namespace
+
+class TrainingRun::Impl {
+ public:
+  Impl(TrainerConfig config, torch::Device device, torch::nn::Sequential model,
+       ImageDataset data)
+      : config_(std::move(config)),
+        device_(device),
+        model_(std::move(model)),
+        data_(std::move(data)) {
+    ResetOptimizer();
+    for (const auto& p : model_->parameters()) parameters_ += p.numel();
+  }
+
+  absl::StatusOr<TrainSummary> TrainRound(const TrainContext& context);
+  int64_t committed_step() const { return position_.step; }
+  bool has_state() const { return has_state_; }
+
+ private:
+  void ResetOptimizer() {
+    optimizer_ = std::make_unique<torch::optim::SGD>(
+        model_->parameters(),
+        torch::optim::SGDOptions(config_.lr).momentum(config_.momentum));
+  }
+  absl::StatusOr<TrainSummary> TrainRoundOrThrow(
+      const TrainContext& context, std::unique_ptr<DistributedDataParallel>* ddp);
+  absl::Status JoinRound(const TrainContext& context,
+                         std::unique_ptr<DistributedDataParallel>* ddp);
+  absl::Status StartDivision(const TrainContext& context, Division* division);
+  bool Done() const;
+  int64_t MicroBatchesLeft(const Division& division, int world_size) const;
+  absl::Status RunStep(const TrainContext& context, DistributedDataParallel* ddp,
+                       Division* division, int64_t total_steps);
+  torch::Tensor NextBatch(const TrainContext& context, Division* division,
+                          Position* cursor, int64_t step);
+  absl::Status Report(const TrainContext& context, const StepReport& report,
+                      int64_t total_steps);
+  absl::StatusOr<TrainSummary> Finish(const TrainContext& context);
+
+  const TrainerConfig config_;
+  const torch::Device device_;
+  torch::nn::Sequential model_;
+  ImageDataset data_;
+  std::unique_ptr<torch::optim::SGD> optimizer_;
+  int64_t parameters_ = 0;
+  Position position_;
+  bool has_state_ = false;
+  StepStats stats_;
+  double final_loss_ = 0;
+  absl::Time window_start_;
+  int64_t window_samples_ = 0;
+};
+
+absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Create(
+    const TrainerConfig& config) {
+  try {
+    GS_RETURN_IF_ERROR(ValidateConfig(config));
+    const torch::Device device =
+        config.device == "cuda" ? torch::Device(torch::kCUDA, config.cuda_device)
+                                : torch::Device(torch::kCPU);
+    torch::manual_seed(config.seed);
+    GS_ASSIGN_OR_RETURN(torch::nn::Sequential model, MakeModel(config.model));
+    if (!config.load_params.empty()) {
+      GS_RETURN_IF_ERROR(LoadParameters(*model, config.load_params));
+    }
+    model->to(device);
+    GS_ASSIGN_OR_RETURN(ImageDataset data, LoadDataset(config));
+    data.images = data.images.to(device);
+    data.labels = data.labels.to(device);
+    return std::unique_ptr<TrainingRun>(new TrainingRun(std::make_unique<Impl>(
+        config, device, std::move(model), std::move(data))));
+  } catch (const std::exception& e) {
+    return absl::InternalError(e.what());
+  }
+}
+
+TrainingRun::TrainingRun(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TrainingRun::~TrainingRun() = default;
+
+int64_t TrainingRun::committed_step() const { return impl_->committed_step(); }
+bool TrainingRun::has_state() const { return impl_->has_state(); }
+
+absl::StatusOr<TrainSummary> TrainingRun::TrainRound(const TrainContext& context) {
+  return impl_->TrainRound(context);
+}
+
+absl::StatusOr<TrainSummary> TrainingRun::Impl::TrainRound(
+    const TrainContext& context) {
   std::unique_ptr<DistributedDataParallel> ddp;
-  if (context.backend != nullptr) {
-    DdpOptions options;
-    options.reducer = config.reducer;
-    options.broadcast_buffers = config.broadcast_buffers;
-    GS_ASSIGN_OR_RETURN(ddp, DistributedDataParallel::Create(
-                                 model.ptr(), context.backend, options,
-                                 context.clock));
+  try {
+    return TrainRoundOrThrow(context, &ddp);
+  } catch (const c10::Error& e) {
+    // The reducer fails backward() this way when a collective fails: report
+    // the backend's own status, so the caller can tell a lost peer.
+    absl::Status collective =
+        ddp != nullptr ? ddp->communication_error() : absl::OkStatus();
+    if (!collective.ok()) return collective;
+    return absl::InternalError(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return absl::InternalError(e.what());
   }
-  torch::optim::SGD optimizer(
-      model->parameters(),
-      torch::optim::SGDOptions(config.lr).momentum(config.momentum));
+}
 
-  GS_ASSIGN_OR_RETURN(
-      DistributedSampler sampler,
-      DistributedSampler::Create({data.size(), context.rank,
-                                  context.world_size, config.shuffle,
-                                  config.seed, config.drop_last}));
-  const int64_t per_epoch =
-      (sampler.num_samples() + config.batch_size - 1) / config.batch_size;
-  if (per_epoch == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the dataset (", data.size(), " samples) leaves rank ",
-                     context.rank, " nothing to train on"));
-  }
-  const int64_t total_micro = config.steps > 0
-                                  ? config.steps * config.accumulate
-                                  : config.epochs * per_epoch;
+absl::StatusOr<TrainSummary> TrainingRun::Impl::TrainRoundOrThrow(
+    const TrainContext& context, std::unique_ptr<DistributedDataParallel>* ddp) {
+  GS_RETURN_IF_ERROR(JoinRound(context, ddp));
+  Division division;
+  GS_RETURN_IF_ERROR(StartDivision(context, &division));
   const int64_t total_steps =
-      (total_micro + config.accumulate - 1) / config.accumulate;
-  const bool printing = context.progress != nullptr && context.rank == 0;
-
-  TrainSummary summary;
-  for (const auto& p : model->parameters()) summary.parameters += p.numel();
-  StepStats stats;
-  torch::Tensor epoch_indices;
-  int64_t micro = 0;
-  absl::Time window_start = context.clock->Now();
-  int64_t window_samples = 0;
-  for (int64_t step = 1; step <= total_steps; ++step) {
-    const absl::Time step_start = context.clock->Now();
-    const int64_t micro_in_step =
-        std::min<int64_t>(config.accumulate, total_micro - micro);
-    StepReport report;
-    report.step = step;
-    int64_t step_samples = 0;
-    // Zero in place: with gradient_as_bucket_view the gradients are the
-    // buckets, so they must stay where they are.
-    for (auto& p : model->parameters()) {
-      if (p.grad().defined()) p.mutable_grad().zero_();
-    }
-    for (int64_t m = 0; m < micro_in_step; ++m, ++micro) {
-      const int64_t epoch = micro / per_epoch;
-      const int64_t j = micro % per_epoch;
-      if (j == 0 || !epoch_indices.defined()) {
-        sampler.SetEpoch(epoch);
-        epoch_indices = torch::tensor(sampler.Indices(), torch::kInt64).to(device);
-      }
-      report.epoch = epoch;
-      torch::Tensor batch = epoch_indices.slice(
-          0, j * config.batch_size,
-          std::min<int64_t>((j + 1) * config.batch_size, sampler.num_samples()));
-      step_samples += batch.size(0);
-      window_samples += batch.size(0) * context.world_size;
-      torch::Tensor x = data.images.index_select(0, batch);
-      torch::Tensor y = data.labels.index_select(0, batch);
-      auto forward = [&] {
-        return torch::nn::functional::cross_entropy(model->forward(x), y) /
-               static_cast<double>(micro_in_step);
-      };
-      torch::Tensor loss;
-      if (ddp == nullptr) {
-        loss = forward();
-      } else if (m + 1 < micro_in_step) {
-        auto no_sync = ddp->NoSync();
-        loss = ddp->Forward(forward);
-      } else {
-        loss = ddp->Forward(forward);
-      }
-      loss.backward();
-      report.loss += loss.item<double>();
-    }
-    optimizer.step();
-    if (device.is_cuda()) torch::cuda::synchronize(device.index());
-    report.step_time = context.clock->Now() - step_start;
-    if (ddp != nullptr) report.ddp = ddp->last_step_timings();
-    if (step > config.warmup_steps) stats.Add(report);
-    if (context.on_step) {
-      GS_RETURN_IF_ERROR(context.on_step(report, step_samples));
-    }
-
-    const bool last = step == total_steps;
-    if (last || (config.log_every > 0 && step % config.log_every == 0)) {
-      GS_ASSIGN_OR_RETURN(double mean_loss,
-                          MeanOverRanks(context.backend, report.loss, device,
-                                        config.reducer.timeout));
-      summary.final_loss = mean_loss;
-      const absl::Time now = context.clock->Now();
-      const double rate = window_samples /
-                          std::max(absl::ToDoubleSeconds(now - window_start), 1e-9);
-      window_start = now;
-      window_samples = 0;
-      if (printing && config.log_every > 0) {
-        std::string line = absl::StrFormat(
-            "step %lld/%lld  epoch %lld  loss %.4f  %.0f samples/s  step %.1f ms",
-            static_cast<long long>(step), static_cast<long long>(total_steps),
-            static_cast<long long>(report.epoch), mean_loss, rate,
-            Ms(report.step_time));
-        if (ddp != nullptr) {
-          const StepTimings& t = report.ddp;
-          const double hidden =
-              t.communication > absl::ZeroDuration()
-                  ? 100.0 * (t.hidden_communication / t.communication)
-                  : 100.0;
-          absl::StrAppendFormat(
-              &line, " (forward %.1f, backward %.1f, comm %.1f, %.0f%% hidden)",
-              Ms(t.forward), Ms(t.backward_compute), Ms(t.communication),
-              hidden);
-        }
-        std::fprintf(context.progress, "%s\n", line.c_str());
-        std::fflush(context.progress);
-      }
-    }
+      config_.steps > 0
+          ? config_.steps
+          : position_.step +
+                (MicroBatchesLeft(division, context.world_size) +
+                 config_.accumulate - 1) / config_.accumulate;
+  window_start_ = context.clock->Now();
+  window_samples_ = 0;
+  while (!Done()) {
+    GS_RETURN_IF_ERROR(RunStep(context, ddp->get(), &division, total_steps));
   }
-  summary.steps = total_steps;
-  stats.Fill(int64_t{config.batch_size} * config.accumulate * context.world_size,
-             &summary);
-  if (!config.save_params.empty() && context.rank == 0) {
-    GS_RETURN_IF_ERROR(SaveParameters(*model, config.save_params));
+  return Finish(context);
+}
+
+// Wraps the model for the round's backend and makes every rank's state the
+// source rank's.
+absl::Status TrainingRun::Impl::JoinRound(
+    const TrainContext& context, std::unique_ptr<DistributedDataParallel>* ddp) {
+  if (context.backend == nullptr) {
+    has_state_ = true;
+    return absl::OkStatus();
+  }
+  DdpOptions options;
+  options.reducer = config_.reducer;
+  options.broadcast_buffers = config_.broadcast_buffers;
+  options.broadcast_initial_state = false;  // the source's state, below
+  GS_ASSIGN_OR_RETURN(*ddp, DistributedDataParallel::Create(
+                                model_.ptr(), context.backend, options,
+                                context.clock));
+  std::vector<int64_t> counters = position_.ToCounters();
+  GS_RETURN_IF_ERROR(BroadcastTrainingState(context.backend,
+                                            context.source_rank, *model_,
+                                            *optimizer_, &counters,
+                                            config_.reducer.timeout));
+  position_ = Position::FromCounters(counters);
+  has_state_ = true;
+  return absl::OkStatus();
+}
+
+// Divides the rest of the current epoch among the round's ranks; moves to
+// the next epoch when nothing of it is left for them.
+absl::Status TrainingRun::Impl::StartDivision(const TrainContext& context,
+                                              Division* division) {
+  for (;;) {
+    GS_ASSIGN_OR_RETURN(
+        DistributedSampler sampler,
+        DistributedSampler::Create({data_.size(), context.rank,
+                                    context.world_size, config_.shuffle,
+                                    config_.seed, config_.drop_last,
+                                    position_.epoch_position}));
+    sampler.SetEpoch(position_.epoch);
+    division->epoch = position_.epoch;
+    division->start = position_.epoch_position;
+    division->span = data_.size() - position_.epoch_position;
+    division->batches =
+        (sampler.num_samples() + config_.batch_size - 1) / config_.batch_size;
+    division->next = 0;
+    division->global_batch = int64_t{config_.batch_size} * context.world_size;
+    division->indices =
+        torch::tensor(sampler.Indices(), torch::kInt64).to(device_);
+    if (division->batches > 0) return absl::OkStatus();
+    if (position_.epoch_position == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the dataset (", data_.size(), " samples) leaves rank ",
+          context.rank, " nothing to train on"));
+    }
+    position_.epoch += 1;  // the rest of this epoch is too small to divide
+    position_.epoch_position = 0;
+  }
+}
+
+bool TrainingRun::Impl::Done() const {
+  return config_.steps > 0 ? position_.step >= config_.steps
+                           : position_.epoch >= config_.epochs;
+}
+
+// Micro-batches from `division`'s next batch to the end of training (epoch
+// mode), were the world size to stay.
+int64_t TrainingRun::Impl::MicroBatchesLeft(const Division& division,
+                                            int world_size) const {
+  absl::StatusOr<DistributedSampler> whole = DistributedSampler::Create(
+      {data_.size(), 0, world_size, config_.shuffle, config_.seed,
+       config_.drop_last});
+  const int64_t per_rank = whole.ok() ? whole->num_samples() : 0;
+  const int64_t per_epoch =
+      (per_rank + config_.batch_size - 1) / config_.batch_size;
+  return (division.batches - division.next) +
+         (config_.epochs - division.epoch - 1) * per_epoch;
+}
+
+// This rank's next batch (advancing `cursor`, a copy of the position that
+// becomes the committed one when the step commits); moves `division` to the
+// next epoch at its end.
+torch::Tensor TrainingRun::Impl::NextBatch(const TrainContext& context,
+                                           Division* division, Position* cursor,
+                                           int64_t step) {
+  if (division->next == division->batches) {
+    Position saved = position_;
+    position_ = *cursor;
+    absl::Status started = StartDivision(context, division);
+    position_ = saved;
+    TORCH_CHECK(started.ok(), started.ToString());
+  }
+  const int64_t j = division->next++;
+  const int64_t rows = division->indices.size(0);
+  torch::Tensor batch = division->indices.slice(
+      0, j * config_.batch_size,
+      std::min<int64_t>((j + 1) * config_.batch_size, rows));
+  cursor->epoch = division->epoch;
+  cursor->epoch_position =
+      division->start +
+      std::min(division->span, (j + 1) * division->global_batch);
+  if (division->next == division->batches) {
+    cursor->epoch += 1;  // the epoch is over
+    cursor->epoch_position = 0;
+  }
+  if (!config_.sample_log.empty()) {
+    LogSamples(config_.sample_log, context.round, step, division->epoch,
+               context.rank, batch);
+  }
+  return batch;
+}
+
+// One optimizer step: `accumulate` micro-batches (all but the last under
+// no_sync), then the update. The step commits (the position advances) only
+// once the update is applied; an error before leaves the state as it was.
+absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
+                                        DistributedDataParallel* ddp,
+                                        Division* division,
+                                        int64_t total_steps) {
+  const absl::Time step_start = context.clock->Now();
+  const int64_t micro_in_step =
+      config_.steps > 0
+          ? config_.accumulate
+          : std::min<int64_t>(config_.accumulate,
+                              MicroBatchesLeft(*division, context.world_size));
+  StepReport report;
+  report.step = position_.step + 1;
+  Position cursor = position_;
+  int64_t step_samples = 0;
+  // Zero in place: with gradient_as_bucket_view the gradients are the
+  // buckets, so they must stay where they are.
+  for (auto& p : model_->parameters()) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+  for (int64_t m = 0; m < micro_in_step; ++m) {
+    torch::Tensor batch = NextBatch(context, division, &cursor, report.step);
+    report.epoch = division->epoch;
+    step_samples += batch.size(0);
+    torch::Tensor x = data_.images.index_select(0, batch);
+    torch::Tensor y = data_.labels.index_select(0, batch);
+    auto forward = [&] {
+      return torch::nn::functional::cross_entropy(model_->forward(x), y) /
+             static_cast<double>(micro_in_step);
+    };
+    torch::Tensor loss;
+    if (ddp == nullptr) {
+      loss = forward();
+    } else if (m + 1 < micro_in_step) {
+      auto no_sync = ddp->NoSync();
+      loss = ddp->Forward(forward);
+    } else {
+      loss = ddp->Forward(forward);
+    }
+    loss.backward();
+    report.loss += loss.item<double>();
+  }
+  optimizer_->step();
+  if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+  cursor.step = report.step;
+  position_ = cursor;  // committed
+  window_samples_ += step_samples * context.world_size;
+  report.step_time = context.clock->Now() - step_start;
+  if (ddp != nullptr) report.ddp = ddp->last_step_timings();
+  if (report.step > config_.warmup_steps) stats_.Add(report);
+  if (context.on_step) GS_RETURN_IF_ERROR(context.on_step(report, step_samples));
+  return Report(context, report, total_steps);
+}
+
+// Every log_every steps and after the last: the loss averaged over ranks
+// and, on rank 0, a progress line.
+absl::Status TrainingRun::Impl::Report(const TrainContext& context,
+                                       const StepReport& report,
+                                       int64_t total_steps) {
+  const bool last = Done();
+  if (!last && (config_.log_every <= 0 || report.step % config_.log_every != 0)) {
+    return absl::OkStatus();
+  }
+  GS_ASSIGN_OR_RETURN(final_loss_,
+                      MeanOverRanks(context.backend, report.loss, device_,
+                                    config_.reducer.timeout));
+  const absl::Time now = context.clock->Now();
+  const double rate = window_samples_ /
+                      std::max(absl::ToDoubleSeconds(now - window_start_), 1e-9);
+  window_start_ = now;
+  window_samples_ = 0;
+  if (context.progress == nullptr || context.rank != 0 || config_.log_every <= 0) {
+    return absl::OkStatus();
+  }
+  std::string line = absl::StrFormat(
+      "step %lld/%lld  epoch %lld  loss %.4f  %.0f samples/s  step %.1f ms",
+      static_cast<long long>(report.step), static_cast<long long>(total_steps),
+      static_cast<long long>(report.epoch), final_loss_, rate,
+      Ms(report.step_time));
+  if (context.backend != nullptr) {
+    const StepTimings& t = report.ddp;
+    const double hidden =
+        t.communication > absl::ZeroDuration()
+            ? 100.0 * (t.hidden_communication / t.communication)
+            : 100.0;
+    absl::StrAppendFormat(
+        &line, " (forward %.1f, backward %.1f, comm %.1f, %.0f%% hidden)",
+        Ms(t.forward), Ms(t.backward_compute), Ms(t.communication), hidden);
+  }
+  std::fprintf(context.progress, "%s\n", line.c_str());
+  std::fflush(context.progress);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainSummary> TrainingRun::Impl::Finish(
+    const TrainContext& context) {
+  TrainSummary summary;
+  summary.steps = position_.step;
+  summary.parameters = parameters_;
+  summary.final_loss = final_loss_;
+  stats_.Fill(int64_t{config_.batch_size} * config_.accumulate *
+                  context.world_size,
+              &summary);
+  if (!config_.save_params.empty() && context.rank == 0) {
+    GS_RETURN_IF_ERROR(SaveParameters(*model_, config_.save_params));
   }
   return summary;
 }
 
-}  // namespace
-
 absl::StatusOr<TrainSummary> Train(const TrainerConfig& config,
                                    const TrainContext& context) {
-  try {
-    return TrainOrThrow(config, context);
-  } catch (const c10::Error& e) {
-    // The reducer fails backward() this way when a collective fails.
-    return absl::AbortedError(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return absl::InternalError(e.what());
-  }
+  GS_ASSIGN_OR_RETURN(std::unique_ptr<TrainingRun> run,
+                      TrainingRun::Create(config));
+  return run->TrainRound(context);
 }
 
 absl::StatusOr<int64_t> CountParameters(const ModelConfig& config) {

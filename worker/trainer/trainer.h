@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -53,6 +54,11 @@ struct TrainerConfig {
   int warmup_steps = 2;
   std::string load_params;
   std::string save_params;
+  // When set, each micro-batch's sample indices are appended here as one
+  // line "round step epoch rank i,j,...", written before the batch runs (so a
+  // test can check that every sample of an epoch was used once across
+  // recoveries: per step, the latest round's lines count).
+  std::string sample_log;
 };
 
 // Where one optimizer step's time went; the DDP fields stay zero without a
@@ -89,6 +95,10 @@ struct TrainContext {
   Backend* backend = nullptr;
   int rank = 0;
   int world_size = 1;
+  // The rank whose training state every rank copies before the first step
+  // (Assignment.source_rank), and the round, for the sample log.
+  int source_rank = 0;
+  int64_t round = 0;
   // Rank 0 prints progress here; nullptr prints nothing.
   std::FILE* progress = stdout;
   // Called after every optimizer step on the training thread with the step
@@ -98,12 +108,51 @@ struct TrainContext {
   Clock* clock = RealClock::Get();
 };
 
-// Trains per `config`. Collective when `context.backend` is set: every rank
-// calls it with the same config. Errors: INVALID_ARGUMENT for bad settings,
-// FAILED_PRECONDITION (e.g. CUDA requested without CUDA, mismatched models
-// across ranks), NOT_FOUND/DATA_LOSS for data or parameter files, and the
-// backend's errors (a rank that died, a timeout). Not thread-safe: runs on
-// the calling thread.
+// One training run that can move from round to round: the model, its
+// optimizer, the data and where training is (steps committed, epoch,
+// position in the epoch). A step commits when its optimizer update is
+// applied; a step that fails is discarded, so after an error the run holds
+// the state of its last committed step and can train on in a new round
+// (a new backend, possibly another world size): that is how gradsync
+// recovers a job in place. Not thread-safe: one thread drives it.
+class TrainingRun {
+ public:
+  // Validates `config`, builds the model (seeded by config.seed, or loaded
+  // from load_params) and its optimizer, and loads the data. Errors:
+  // INVALID_ARGUMENT for bad settings, FAILED_PRECONDITION (e.g. CUDA
+  // requested without CUDA), NOT_FOUND/DATA_LOSS for data or parameter files.
+  static absl::StatusOr<std::unique_ptr<TrainingRun>> Create(
+      const TrainerConfig& config);
+  ~TrainingRun();
+
+  // Trains in one round until the run is done. Collective when
+  // `context.backend` is set: first every rank copies rank
+  // `context.source_rank`'s training state (parameters, buffers, optimizer
+  // state, RNG, steps and data position), then the rest of the epoch is
+  // divided among the round's ranks from the global data position, so no
+  // sample is skipped or repeated when the world size changed. Errors:
+  // FAILED_PRECONDITION for mismatched models across ranks; the backend's
+  // status when a collective failed (UNAVAILABLE: a peer left;
+  // DEADLINE_EXCEEDED; ABORTED: the round was superseded); INTERNAL for an
+  // error inside LibTorch.
+  absl::StatusOr<TrainSummary> TrainRound(const TrainContext& context);
+
+  // Optimizer steps committed so far.
+  int64_t committed_step() const;
+  // Whether the run has trained in a round, so its state is worth copying
+  // (a fresh run has none).
+  bool has_state() const;
+
+ private:
+  class Impl;
+  explicit TrainingRun(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Trains per `config` in one round (TrainingRun::Create + TrainRound).
+// Collective when `context.backend` is set: every rank calls it with the
+// same config. Errors: those of Create and TrainRound. Not thread-safe: runs
+// on the calling thread.
 absl::StatusOr<TrainSummary> Train(const TrainerConfig& config,
                                    const TrainContext& context);
 

@@ -283,6 +283,43 @@ TEST(FormatJobStatusTest, EndedJobShowsWhenItEnded) {
                             "\\(2m ago\\)\n"));
 }
 
+// A job that recovered once: round 2 lost rank 1 and round 3 re-formed.
+v1::JobStatus RecoveredJob() {
+  v1::JobStatus job = RunningJob();
+  v1::Recovery* r = job.add_recoveries();
+  r->set_failed_round(2);
+  r->set_new_round(3);
+  r->set_cause("rank 1 (host-a) lost: heartbeat stream broke");
+  r->set_old_world_size(4);
+  r->set_new_world_size(4);
+  r->set_resume_step(1200);
+  r->set_source_rank(2);
+  *r->mutable_detect_time() = ToProtoTime(kNow - absl::Minutes(5));
+  *r->mutable_round_close_time() = ToProtoTime(kNow - absl::Minutes(4));
+  *r->mutable_detection() = ToProtoDuration(absl::Milliseconds(0));
+  *r->mutable_rendezvous() = ToProtoDuration(absl::Milliseconds(35));
+  job.set_recovery_count(1);
+  return job;
+}
+
+TEST(FormatJobStatusTest, RecoveriesAreListedNewestFirst) {
+  v1::JobStatus job = RecoveredJob();
+  EXPECT_THAT(FormatJobStatus(RunningJob(), kNow), Not(HasSubstr("recoveries")));
+  const std::string text = FormatJobStatus(job, kNow);
+  EXPECT_THAT(text, HasSubstr("\nrecoveries (1 in all):\nROUNDS"));
+  EXPECT_THAT(text, ContainsRegex("2 -> 3 +4 -> 4 +after step 1200 from rank 2 "
+                                  "+- +35ms +5m ago +rank 1 \\(host-a\\) lost"));
+}
+
+TEST(JobStatusToJsonTest, RecoveriesAreInTheJson) {
+  nlohmann::json j = nlohmann::json::parse(JobStatusToJson(RecoveredJob()));
+  EXPECT_EQ(j["recovery_count"], 1);
+  ASSERT_EQ(j["recoveries"].size(), 1u);
+  EXPECT_EQ(j["recoveries"][0]["resume_step"], 1200);
+  EXPECT_EQ(j["recoveries"][0]["source_rank"], 2);
+  EXPECT_DOUBLE_EQ(j["recoveries"][0]["rendezvous_seconds"].get<double>(), 0.035);
+}
+
 TEST(JobStatusToJsonTest, MonitoredJobHasMetricsAndDiagnosis) {
   nlohmann::json j = nlohmann::json::parse(JobStatusToJson(MonitoredJob()));
   EXPECT_EQ(j["state"], "degraded");

@@ -122,5 +122,53 @@ TEST(DistributedSamplerTest, BadArguments) {
               HasSubstr("rank 3 is outside [0, 3)"));
 }
 
+// A division from `start` (after the world size changed mid-epoch) hands
+// out the rest of the epoch's order: with the earlier division's consumed
+// prefix, every sample is used exactly once.
+TEST(DistributedSamplerStartTest, DividesTheRestOfTheEpochAmongTheNewRanks) {
+  for (bool shuffle : {false, true}) {
+    // 3 ranks consumed 2 batches of 2 (12 samples) of an epoch of 24.
+    std::multiset<int64_t> used;
+    for (int rank = 0; rank < 3; ++rank) {
+      auto before = DistributedSampler::Create({24, rank, 3, shuffle, 5});
+      ASSERT_TRUE(before.ok());
+      before->SetEpoch(4);
+      std::vector<int64_t> mine = before->Indices();
+      used.insert(mine.begin(), mine.begin() + 4);
+    }
+    for (int rank = 0; rank < 2; ++rank) {
+      SamplerOptions options{24, rank, 2, shuffle, 5};
+      options.start = 12;
+      auto after = DistributedSampler::Create(options);
+      ASSERT_TRUE(after.ok());
+      after->SetEpoch(4);
+      EXPECT_EQ(after->num_samples(), 6);
+      std::vector<int64_t> mine = after->Indices();
+      used.insert(mine.begin(), mine.end());
+    }
+    ASSERT_EQ(used.size(), 24u);
+    for (int64_t i = 0; i < 24; ++i) EXPECT_EQ(used.count(i), 1u) << i;
+  }
+}
+
+TEST(DistributedSamplerStartTest, StartZeroIsTheWholeEpochAndStartIsChecked) {
+  SamplerOptions options{10, 1, 3, true, 9};
+  auto whole = DistributedSampler::Create(options);
+  options.start = 0;
+  auto zero = DistributedSampler::Create(options);
+  ASSERT_TRUE(whole.ok() && zero.ok());
+  EXPECT_EQ(whole->Indices(), zero->Indices());
+  // An uneven rest is padded from its own start, as PyTorch pads an epoch.
+  options = SamplerOptions{10, 0, 3};
+  options.start = 6;  // 4 left for 3 ranks: 2 each, one padded
+  auto rest = DistributedSampler::Create(options);
+  ASSERT_TRUE(rest.ok());
+  EXPECT_THAT(rest->Indices(), ElementsAreArray({6, 9}));
+  options.start = 11;
+  auto bad = DistributedSampler::Create(options);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("start 11 is outside [0, 10]"));
+}
+
 }  // namespace
 }  // namespace gradsync

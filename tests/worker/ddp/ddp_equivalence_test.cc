@@ -13,8 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/backend/gloo_backend.h"
-#include "worker/backend/store.h"
+#include "tests/worker/ddp/gloo_ranks.h"
 #include "worker/ddp/distributed_data_parallel.h"
 
 namespace gradsync {
@@ -106,32 +105,13 @@ std::vector<torch::Tensor> TrainReference(Net init,
   return params;
 }
 
-// Runs `body(rank, backend)` on `world_size` threads sharing a Gloo group.
-void RunRanks(int world_size,
-              const std::function<void(int, Backend*)>& body) {
-  InMemoryStore store;
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world_size; ++rank) {
-    threads.emplace_back([&, rank] {
-      BackendOptions options;
-      options.rank = rank;
-      options.world_size = world_size;
-      options.timeout = absl::Seconds(60);
-      auto backend = GlooBackend::Create(options, &store);
-      ASSERT_TRUE(backend.ok()) << backend.status();
-      body(rank, backend->get());
-    });
-  }
-  for (std::thread& t : threads) t.join();
-}
-
 std::vector<torch::Tensor> TrainDistributed(Net init,
                                             const std::vector<Step>& data,
                                             const Scenario& scenario,
                                             int* rebuilt_ranks) {
   std::vector<std::vector<torch::Tensor>> results(scenario.world_size);
   std::atomic<int> rebuilt{0};
-  RunRanks(scenario.world_size, [&](int rank, Backend* backend) {
+  RunGlooRanks(scenario.world_size, [&](int rank, Backend* backend) {
     Net model;  // rank 0's copy of `init` reaches every rank by broadcast
     if (rank == 0) CopyParams(init, model);
     auto ddp = DistributedDataParallel::Create(model.ptr(), backend,
@@ -253,7 +233,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(DdpTest, MismatchedModelsNameTheFirstDifferentParameter) {
   torch::set_num_threads(1);
   std::vector<absl::Status> statuses(2);
-  RunRanks(2, [&](int rank, Backend* backend) {
+  RunGlooRanks(2, [&](int rank, Backend* backend) {
     Net model(rank == 0 ? kHidden : kHidden + 1);  // fc1 differs on rank 1
     statuses[rank] =
         DistributedDataParallel::Create(model.ptr(), backend).status();
@@ -268,7 +248,7 @@ TEST(DdpTest, MismatchedModelsNameTheFirstDifferentParameter) {
 TEST(DdpTest, UnusedParametersWithoutTheOptionFailBackwardNamingThem) {
   torch::set_num_threads(1);
   std::vector<std::string> errors(2);
-  RunRanks(2, [&](int rank, Backend* backend) {
+  RunGlooRanks(2, [&](int rank, Backend* backend) {
     Net model;
     auto ddp = DistributedDataParallel::Create(model.ptr(), backend);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
@@ -289,7 +269,7 @@ TEST(DdpTest, UnusedParametersWithoutTheOptionFailBackwardNamingThem) {
 
 TEST(DdpTest, StepTimingsAreConsistent) {
   torch::set_num_threads(1);
-  RunRanks(2, [&](int rank, Backend* backend) {
+  RunGlooRanks(2, [&](int rank, Backend* backend) {
     Net model;
     auto ddp = DistributedDataParallel::Create(model.ptr(), backend);
     ASSERT_TRUE(ddp.ok()) << ddp.status();

@@ -1,0 +1,116 @@
+// BroadcastTrainingState: after it, every rank holds the root's parameters
+// (bit for bit), buffers, optimizer state and counters. Ranks are threads
+// joined by the Gloo backend over an in-memory store, parameterized over
+// world size and root.
+#include "worker/ddp/training_state.h"
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/worker/ddp/gloo_ranks.h"
+
+namespace gradsync {
+namespace {
+
+struct NetImpl : torch::nn::Module {
+  NetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(6, 5))),
+        norm(register_module("norm", torch::nn::BatchNorm1d(5))),
+        fc2(register_module("fc2", torch::nn::Linear(5, 3))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc2(torch::relu(norm(fc1(x))));
+  }
+  torch::nn::Linear fc1;
+  torch::nn::BatchNorm1d norm;
+  torch::nn::Linear fc2;
+};
+TORCH_MODULE(Net);
+
+// Trains `net` for `steps` steps on data seeded by `seed`.
+void Train(Net& net, torch::optim::SGD& optimizer, int steps, int seed) {
+  torch::Generator generator = at::detail::createCPUGenerator(seed);
+  for (int s = 0; s < steps; ++s) {
+    torch::Tensor x = torch::randn({8, 6}, generator);
+    torch::Tensor y = torch::randint(0, 3, {8}, generator, torch::kInt64);
+    optimizer.zero_grad();
+    torch::nn::functional::cross_entropy(net->forward(x), y).backward();
+    optimizer.step();
+  }
+}
+
+std::vector<torch::Tensor> State(Net& net) {
+  std::vector<torch::Tensor> state;
+  for (const auto& p : net->parameters()) state.push_back(p.detach().clone());
+  for (const auto& b : net->buffers()) state.push_back(b.clone());
+  return state;
+}
+
+class TrainingStateTest
+    : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(TrainingStateTest, EveryRankEndsWithTheRootsState) {
+  const auto [world_size, last_is_root] = GetParam();
+  const int root = last_is_root ? world_size - 1 : 0;
+  std::vector<std::vector<torch::Tensor>> after_sync(world_size);
+  std::vector<std::vector<torch::Tensor>> after_step(world_size);
+  std::vector<std::vector<int64_t>> counters(world_size);
+  RunGlooRanks(world_size, [&](int rank, Backend* backend) {
+    Net net;
+    {
+      torch::NoGradGuard no_grad;  // a different start on every rank
+      for (auto& p : net->parameters()) p.uniform_(-rank - 1.0, rank + 1.0);
+    }
+    torch::optim::SGD optimizer(net->parameters(),
+                                torch::optim::SGDOptions(0.1).momentum(0.9));
+    // The root has trained (momentum state); the others have not, or less.
+    Train(net, optimizer, rank == root ? 3 : rank % 2, 100 + rank);
+    counters[rank] = {rank * 10, rank, rank + 7};
+    absl::Status synced = BroadcastTrainingState(
+        backend, root, *net, optimizer, &counters[rank], absl::Seconds(60));
+    ASSERT_TRUE(synced.ok()) << synced;
+    after_sync[rank] = State(net);
+    // The same step everywhere: equal results need equal momentum too.
+    Train(net, optimizer, 1, 999);
+    after_step[rank] = State(net);
+  });
+  for (int rank = 0; rank < world_size; ++rank) {
+    EXPECT_EQ(counters[rank], (std::vector<int64_t>{root * 10, root, root + 7}));
+    ASSERT_EQ(after_sync[rank].size(), after_sync[root].size());
+    for (size_t i = 0; i < after_sync[root].size(); ++i) {
+      EXPECT_TRUE(torch::equal(after_sync[rank][i], after_sync[root][i]))
+          << "tensor " << i << " of rank " << rank;
+      EXPECT_TRUE(torch::equal(after_step[rank][i], after_step[root][i]))
+          << "tensor " << i << " of rank " << rank << " after one more step";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    WorldSizesAndRoots, TrainingStateTest,
+    ::testing::Combine(::testing::Values(2, 3), ::testing::Bool()),
+    [](const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
+      return absl::StrCat("W", std::get<0>(info.param),
+                          std::get<1>(info.param) ? "_LastRankIsRoot"
+                                                  : "_RankZeroIsRoot");
+    });
+
+TEST(TrainingStateErrorsTest, RootOutsideTheWorldIsInvalidArgument) {
+  RunGlooRanks(1, [](int, Backend* backend) {
+    Net net;
+    torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
+    std::vector<int64_t> counters = {1};
+    absl::Status status = BroadcastTrainingState(backend, 3, *net, optimizer,
+                                                 &counters, absl::Seconds(5));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  });
+}
+
+}  // namespace
+}  // namespace gradsync

@@ -1,0 +1,73 @@
+// In-place recovery: a worker process's life across rounds. When a peer is
+// lost, the survivors do not exit: each tears its process group down,
+// rejoins the job with the steps it has committed, gets a new assignment
+// (same world size with a spare, fewer ranks without), rebuilds the process
+// group through the new round's key-value store, and trains on from the most
+// advanced member's state, which the round's source rank sends to the
+// others. No LibTorch here: the training loop plugs in as a RoundTrainer.
+#ifndef GRADSYNC_WORKER_RUNTIME_ELASTIC_H_
+#define GRADSYNC_WORKER_RUNTIME_ELASTIC_H_
+
+#include <cstdint>
+#include <functional>
+
+#include "absl/status/status.h"
+#include "proto/gradsync/v1/job.pb.h"
+#include "proto/gradsync/v1/rendezvous.pb.h"
+#include "worker/backend/backend.h"
+#include "worker/client/coordinator_client.h"
+#include "worker/runtime/health_reporter.h"
+#include "worker/runtime/process_group.h"
+
+namespace gradsync {
+
+// A training loop that keeps its state across rounds (see TrainingRun for
+// gradsync's own). Used by one thread.
+class RoundTrainer {
+ public:
+  virtual ~RoundTrainer() = default;
+  // Whether the process holds training state (it trained in a round), and
+  // the optimizer steps it has committed: sent with every rejoin, so the
+  // coordinator can name the new round's source rank.
+  virtual bool has_state() const = 0;
+  virtual int64_t committed_step() const = 0;
+  // Trains in the round `assignment` describes, over `backend`, until
+  // training is done (OK) or a failure. Starts by copying the state of rank
+  // assignment.source_rank (collective). After a failure the trainer must
+  // hold the state of its last committed step.
+  virtual absl::Status TrainRound(const v1::Assignment& assignment,
+                                  Backend* backend) = 0;
+};
+
+struct ElasticOptions {
+  ProcessGroupOptions process_group;
+  // How often this process may re-form its round after a failure before it
+  // gives up.
+  int max_recoveries = 3;
+  // Called after every join with the new assignment (e.g. to print it).
+  std::function<void(const v1::Assignment&)> on_assignment;
+};
+
+// Whether a failed round can be fixed by re-forming it: a peer was lost or
+// stopped answering (UNAVAILABLE, DEADLINE_EXCEEDED), or the round was
+// superseded or its collectives aborted (ABORTED, CANCELLED).
+bool RecoverableByRejoining(const absl::Status& status);
+
+// Joins with `request` (its has_state, committed_step and last_round are
+// filled in for every rejoin), then round after round builds the process
+// group and calls `trainer`. On a recoverable failure under the job's
+// RECOVER policy it tears the process group down and rejoins, at most
+// `options.max_recoveries` times. Heartbeats go through `reporter`, restarted
+// for every round. Returns OK once training finished (the caller reports
+// completion); otherwise the error that ended it: the trainer's or the
+// coordinator's own (a non-recoverable error, or any error under the FAIL
+// policy), or FAILED_PRECONDITION naming the last error once
+// max_recoveries are used up. `client`, `reporter` and `trainer` must stay
+// valid during the call.
+absl::Status RunElastic(CoordinatorClient* client, v1::JoinRequest request,
+                        const ElasticOptions& options,
+                        HealthReporter* reporter, RoundTrainer* trainer);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_RUNTIME_ELASTIC_H_
