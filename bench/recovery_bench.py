@@ -6,6 +6,7 @@ which reload the last checkpoint).
   bazel build //server:gradsync-coordinator //worker:gradsync-worker
   /usr/bin/python3 bench/recovery_bench.py [--world_size=3] [--hidden=512]
       [--kill_step=45] [--steps=120] [--checkpoint_every=10] [--rounds=3]
+      [--monitor_interval=5]
 
 Each round kills rank 1 with SIGKILL once rank 0 has reported --kill_step,
 for gradsync (3 ranks and a spare waiting, shared memory) and for torchrun
@@ -129,6 +130,7 @@ def torchrun_round(args, work, name):
     process = subprocess.Popen(
         [args.torchrun, "--standalone", "--nnodes=1",
          "--nproc_per_node=%d" % args.world_size, "--max_restarts=1",
+         "--monitor_interval=%g" % args.monitor_interval,
          "--redirects=1", "--tee=1", "--log_dir=" + logs,
          os.path.join(os.path.dirname(__file__), "torch_elastic_train.py"),
          "--hidden=%d" % args.hidden, "--batch_size=%d" % args.batch_size,
@@ -179,6 +181,8 @@ def main():
     p.add_argument("--kill_step", type=int, default=45)
     p.add_argument("--checkpoint_every", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--monitor_interval", type=float, default=5,
+                   help="torchrun's worker monitor interval (s); 5 is its default")
     p.add_argument("--bin", default="bazel-bin")
     p.add_argument("--torchrun", default=shutil.which("torchrun") or "torchrun")
     args = p.parse_args()
@@ -186,9 +190,11 @@ def main():
     args.worker = os.path.join(args.bin, "worker", "gradsync-worker")
     print("== recovery: MLP 784-%d-%d-10, batch %d per rank, %d ranks, rank 1 "
           "killed (SIGKILL) after step %d of %d; gradsync with 1 spare waiting, "
-          "torchrun --max_restarts=1 with a checkpoint every %d steps; %d rounds"
+          "torchrun --max_restarts=1 --monitor_interval=%g with a checkpoint "
+          "every %d steps; %d rounds"
           % (args.hidden, args.hidden, args.batch_size, args.world_size,
-             args.kill_step, args.steps, args.checkpoint_every, args.rounds),
+             args.kill_step, args.steps, args.monitor_interval,
+             args.checkpoint_every, args.rounds),
           flush=True)
     work = tempfile.mkdtemp(prefix="recovery-bench-")
     results = {"gradsync": [], "torchrun": []}
