@@ -27,6 +27,11 @@ Coordinator::Coordinator(CoordinatorConfig config)
               [this](const HealthManager::Loss& loss) {
                 rendezvous_.MemberLost(loss.job_id, loss.round, loss.rank,
                                        loss.reason, loss.detection);
+              },
+              // Spares of an ended job stop waiting.
+              [this](const std::string& job_id, v1::JobState state,
+                     const std::string& reason) {
+                rendezvous_.JobEnded(job_id, state, reason);
               }),
       rendezvous_service_(&rendezvous_),
       kv_service_(&kv_),

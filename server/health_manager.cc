@@ -115,11 +115,13 @@ std::string FormatRanks(const std::vector<int>& ranks, size_t max_items) {
 }
 
 HealthManager::HealthManager(JobManager* jobs, Clock* clock,
-                             HealthConfig config, LossCallback on_loss)
+                             HealthConfig config, LossCallback on_loss,
+                             JobEndedCallback on_job_ended)
     : jobs_(jobs),
       clock_(clock),
       config_(config),
-      on_loss_(std::move(on_loss)) {}
+      on_loss_(std::move(on_loss)),
+      on_job_ended_(std::move(on_job_ended)) {}
 
 HealthManager::~HealthManager() = default;
 
@@ -429,6 +431,9 @@ void HealthManager::Transition(JobHealth* job, HealthUpdate update) {
       GS_LOG(INFO) << line;
     } else {
       GS_LOG(WARNING) << line;
+    }
+    if (IsTerminal(update.job_state) && on_job_ended_) {
+      on_job_ended_(job->job_id, update.job_state, update.reason);
     }
   }
 }

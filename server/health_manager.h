@@ -73,15 +73,22 @@ class HealthManager {
   // round. Also called for a member whose stream breaks after its round was
   // superseded (the survivors re-forming need not wait for it).
   using LossCallback = std::function<void(const Loss&)>;
+  // Told when a job ends (SUCCEEDED or FAILED) with the job's reason, so
+  // processes still waiting to join it can be turned away. Runs with the
+  // job's monitoring lock held: it must not call back into this manager.
+  using JobEndedCallback =
+      std::function<void(const std::string& job_id, v1::JobState state,
+                         const std::string& reason)>;
 
   // What one heartbeat stream remembers between messages so that the next
   // heartbeat of the same member skips the lookups. Owned by the stream;
   // used by one thread at a time.
   class Session;
 
-  // `jobs` and `clock` must outlive it. `on_loss` may be empty.
+  // `jobs` and `clock` must outlive it. The callbacks may be empty.
   HealthManager(JobManager* jobs, Clock* clock, HealthConfig config,
-                LossCallback on_loss = nullptr);
+                LossCallback on_loss = nullptr,
+                JobEndedCallback on_job_ended = nullptr);
   ~HealthManager();
 
   // Creates the state of one heartbeat stream.
@@ -236,6 +243,7 @@ class HealthManager {
   Clock* const clock_;
   const HealthConfig config_;
   const LossCallback on_loss_;
+  const JobEndedCallback on_job_ended_;
   std::atomic<bool> stopped_{false};
   std::atomic<int64_t> heartbeats_{0};
 

@@ -566,22 +566,51 @@ absl::Status RendezvousManager::Leave(const std::string& job_id,
   return absl::OkStatus();
 }
 
+void RendezvousManager::JobEnded(const std::string& job_id, v1::JobState state,
+                                 const std::string& reason) {
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = rendezvous_.find(job_id);
+    if (it == rendezvous_.end()) return;
+    FailPendingLocked(
+        it->second.get(),
+        absl::FailedPreconditionError(absl::StrCat(
+            "job '", job_id, "' has ended (", JobStateName(state), ": ", reason,
+            ") while this process waited to join it; a new run needs a new "
+            "job id")),
+        &completions);
+  }
+  Run(std::move(completions));
+}
+
+void RendezvousManager::FailPendingLocked(JobRendezvous* job,
+                                          const absl::Status& status,
+                                          std::vector<Completion>* completions) {
+  const std::string& job_id = job->config.job_id();
+  while (!job->pending.empty()) {
+    GS_LOG(INFO) << "job '" << job_id << "': "
+                 << DescribeProcess(job->pending.front().node)
+                 << " stops waiting: " << status.message();
+    completions->emplace_back(RemovePendingLocked(job, job->pending.begin()),
+                              status);
+  }
+  if (job->last_call_deadline.has_value()) {
+    last_calls_.erase({*job->last_call_deadline, job_id});
+    job->last_call_deadline.reset();
+  }
+}
+
 void RendezvousManager::ForgetJob(const std::string& job_id) {
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
     auto it = rendezvous_.find(job_id);
     if (it == rendezvous_.end()) return;
-    JobRendezvous* job = it->second.get();
-    while (!job->pending.empty()) {
-      completions.emplace_back(
-          RemovePendingLocked(job, job->pending.begin()),
-          absl::FailedPreconditionError(absl::StrCat(
-              "job '", job_id, "' has ended: start a new job id")));
-    }
-    if (job->last_call_deadline.has_value()) {
-      last_calls_.erase({*job->last_call_deadline, job_id});
-    }
+    FailPendingLocked(it->second.get(),
+                      absl::FailedPreconditionError(absl::StrCat(
+                          "job '", job_id, "' has ended: start a new job id")),
+                      &completions);
     rendezvous_.erase(it);
   }
   Run(std::move(completions));

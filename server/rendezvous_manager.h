@@ -74,6 +74,11 @@ class RendezvousManager {
   absl::Status Leave(const std::string& job_id,
                      const std::string& incarnation_id);
 
+  // The job ended (SUCCEEDED or FAILED, for `reason`): joins waiting for
+  // its next round (spares) fail with FAILED_PRECONDITION saying so.
+  void JobEnded(const std::string& job_id, v1::JobState state,
+                const std::string& reason);
+
   // Drops everything about `job_id` (the job ended and was forgotten after
   // its retention period): waiting joins fail with FAILED_PRECONDITION.
   void ForgetJob(const std::string& job_id);
@@ -162,6 +167,11 @@ class RendezvousManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether every awaited node of the superseded round is complete again.
   bool AwaitedBackLocked(const JobRendezvous& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails every pending joiner of `job` with `status` and cancels its last
+  // call.
+  void FailPendingLocked(JobRendezvous* job, const absl::Status& status,
+                         std::vector<Completion>* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes a pending joiner, returning its callback.
   JoinCallback RemovePendingLocked(JobRendezvous* job,

@@ -111,9 +111,17 @@ class HealthManagerTest : public ::testing::Test {
   JobManager jobs_{&storage_, &clock_};
   // What the manager reported to its loss callback.
   std::vector<HealthManager::Loss> losses_;
+  // What it reported to its job-ended callback: "<state>: <reason>".
+  std::vector<std::string> ended_;
   HealthManager health_{&jobs_, &clock_, HealthConfig(),
                         [this](const HealthManager::Loss& loss) {
                           losses_.push_back(loss);
+                        },
+                        [this](const std::string& job_id, v1::JobState state,
+                               const std::string& reason) {
+                          EXPECT_EQ(job_id, kJob);
+                          ended_.push_back(absl::StrCat(
+                              JobStateName(state), ": ", reason));
                         }};
   int world_ = 0;
   std::map<int, std::unique_ptr<HealthManager::Session>> sessions_;
@@ -198,12 +206,25 @@ TEST_F(HealthManagerTest, LossesUnderRecoverAreReportedToTheCallback) {
   EXPECT_EQ(losses_.size(), 3u) << "rank 0 went silent too";
 }
 
+TEST_F(HealthManagerTest, EndedJobsAreReportedOnce) {
+  StartJob(2);
+  BeatAll();
+  ASSERT_TRUE(Complete(0, true, 0, "").ok());
+  EXPECT_TRUE(ended_.empty());
+  ASSERT_TRUE(Complete(1, true, 0, "").ok());
+  ASSERT_TRUE(Complete(1, true, 0, "").ok());  // a repeat
+  EXPECT_THAT(ended_, ::testing::ElementsAre(
+                          "succeeded: all 2 member(s) of round 1 succeeded"));
+}
+
 TEST_F(HealthManagerTest, FailPolicyReportsNoLoss) {
   StartJob(2, v1::FAILURE_POLICY_FAIL);
   BeatAll();
   health_.StreamBroken(sessions_[1].get());
   EXPECT_EQ(Status().state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(losses_, IsEmpty());
+  ASSERT_EQ(ended_.size(), 1u);
+  EXPECT_THAT(ended_[0], HasSubstr("failed: rank 1 (host-1) lost"));
 }
 
 TEST_F(HealthManagerTest, StreamBreakingAfterTheRoundWasSupersededIsReported) {

@@ -711,6 +711,23 @@ TEST_F(RendezvousManagerTest, JoinOfAnEndedJobIsRefused) {
   EXPECT_EQ(Status().state(), v1::JOB_STATE_FAILED);
 }
 
+TEST_F(RendezvousManagerTest, SparesOfAnEndedJobStopWaiting) {
+  UseConfig(ConfigSpec().Min(1).Max(1));
+  JoinOutcome a, spare;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &spare);
+  ASSERT_TRUE(a.done());
+  ASSERT_FALSE(spare.done());
+  rdzv_.JobEnded(kJob, v1::JOB_STATE_SUCCEEDED, "all 1 member(s) succeeded");
+  ASSERT_TRUE(spare.done());
+  EXPECT_EQ(spare.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(spare.status().message(),
+              HasSubstr("has ended (succeeded: all 1 member(s) succeeded) "
+                        "while this process waited"));
+  EXPECT_THAT(Status().spares(), IsEmpty());
+  rdzv_.JobEnded("unknown", v1::JOB_STATE_FAILED, "no such job");  // a no-op
+}
+
 TEST_F(RendezvousManagerTest, NegativeCommittedStepIsInvalidArgument) {
   v1::JoinRequest request = Request(Node("host-a", "inc-a"));
   request.set_committed_step(-1);

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -97,32 +98,38 @@ class RecoveryProcessTest : public ::testing::TestWithParam<bool> {
     return children;
   }
 
-  // The worker that got rank `rank` of `world` in round 1, once known.
-  Worker* RankInRoundOne(int rank, int world) {
-    const std::string line =
-        absl::StrCat("rank ", rank, " of ", world, " (node ");
+  // The worker that got rank `rank` of `world` in round `round`, once
+  // known.
+  Worker* RankInRound(int64_t round, int rank, int world) {
+    const std::string line = absl::StrCat("rank ", rank, " of ", world,
+                                          " (node ");
+    const std::string round_text = absl::StrCat(", round ", round, ",");
     for (Worker& w : workers_) {
       const std::string& out = w.child->out();
-      const size_t at = out.find(line);
-      if (at != std::string::npos &&
-          out.compare(out.find(", round ", at), 9, ", round 1") == 0) {
-        return &w;
+      for (size_t at = out.find(line); at != std::string::npos;
+           at = out.find(line, at + 1)) {
+        if (out.compare(out.find(", round ", at), round_text.size(),
+                        round_text) == 0) {
+          return &w;
+        }
       }
     }
     return nullptr;
   }
 
-  // Waits until rank 0 of round 1 reports step `step`, then kills
-  // `victim`'s rank with SIGKILL; returns the killed worker.
-  Worker* KillAtStep(int victim, int world, int step) {
+  // Waits until rank 0 of round `round` reports step `step` in that round,
+  // then kills the process holding rank `victim` with SIGKILL; returns it.
+  Worker* KillAtStep(int64_t round, int victim, int world, int step) {
     Worker* rank0 = nullptr;
     Worker* killed = nullptr;
     const std::string progress = absl::StrCat("step ", step, "/");
+    const std::string round_line = absl::StrCat(", round ", round, ",");
     EXPECT_TRUE(PumpUntil(Children(), kBound, [&] {
-      rank0 = RankInRoundOne(0, world);
-      killed = RankInRoundOne(victim, world);
-      return rank0 != nullptr && killed != nullptr &&
-             absl::StrContains(rank0->child->out(), progress);
+      rank0 = RankInRound(round, 0, world);
+      killed = RankInRound(round, victim, world);
+      if (rank0 == nullptr || killed == nullptr) return false;
+      const std::string& out = rank0->child->out();
+      return out.find(progress, out.find(round_line)) != std::string::npos;
     })) << Describe();
     if (killed != nullptr) killed->child->Signal(SIGKILL);
     return killed;
@@ -138,17 +145,19 @@ class RecoveryProcessTest : public ::testing::TestWithParam<bool> {
     return status.ok() ? *status : v1::JobStatus();
   }
 
-  // Every worker but `killed` exits 0 (and said it recovered, when it was a
-  // member of round 1); `killed` died of SIGKILL.
-  void ExpectSurvivorsSucceeded(const Worker* killed) {
+  // The `killed` workers died of SIGKILL; every other one exits 0 as a
+  // member of round `last_round`.
+  void ExpectSurvivorsSucceeded(const std::vector<Worker*>& killed,
+                                int64_t last_round) {
     ASSERT_TRUE(WaitAll(Children(), kBound)) << Describe();
     for (const Worker& w : workers_) {
-      if (&w == killed) {
+      if (std::find(killed.begin(), killed.end(), &w) != killed.end()) {
         EXPECT_TRUE(w.child->killed_by(SIGKILL)) << w.child->describe();
         continue;
       }
       EXPECT_EQ(w.child->exit_code(), 0) << w.child->describe();
-      EXPECT_THAT(w.child->out(), HasSubstr(", round 2, backend gloo"))
+      EXPECT_THAT(w.child->out(),
+                  HasSubstr(absl::StrCat(", round ", last_round, ", backend")))
           << w.child->describe();
     }
   }
@@ -203,9 +212,9 @@ TEST_P(RecoveryProcessTest, SpareReplacesAKilledRankWithoutChangingTheResult) {
   flags.push_back(absl::StrCat("--save_params=", params));
   for (int i = 0; i < 4; ++i) StartWorker(job, i, "3", flags);
 
-  Worker* killed = KillAtStep(RandomRank(), 3, RandomStep(10, 120));
+  Worker* killed = KillAtStep(1, RandomRank(), 3, RandomStep(10, 120));
   ASSERT_NE(killed, nullptr);
-  ExpectSurvivorsSucceeded(killed);
+  ExpectSurvivorsSucceeded({killed}, 2);
   v1::JobStatus status = JobStatus(job);
   EXPECT_EQ(status.state(), v1::JOB_STATE_SUCCEEDED) << status.reason();
   EXPECT_EQ(status.round(), 2);
@@ -264,9 +273,9 @@ TEST_P(RecoveryProcessTest, ShrinksWithoutASpareAndUsesEverySampleOnce) {
                              absl::StrCat("--epochs=", kEpochs),
                              "--batch_size=4", "--shuffle"});
   for (int i = 0; i < 3; ++i) StartWorker(job, i, "2:3", flags);
-  Worker* killed = KillAtStep(RandomRank(), 3, RandomStep(10, 150));
+  Worker* killed = KillAtStep(1, RandomRank(), 3, RandomStep(10, 150));
   ASSERT_NE(killed, nullptr);
-  ExpectSurvivorsSucceeded(killed);
+  ExpectSurvivorsSucceeded({killed}, 2);
   v1::JobStatus status = JobStatus(job);
   EXPECT_EQ(status.state(), v1::JOB_STATE_SUCCEEDED) << status.reason();
   EXPECT_EQ(status.round(), 2);
@@ -297,6 +306,43 @@ TEST_P(RecoveryProcessTest, ShrinksWithoutASpareAndUsesEverySampleOnce) {
       ASSERT_EQ(samples.count(i), 1u) << "sample " << i << " of epoch " << epoch;
     }
   }
+}
+
+// Two failures in a row, each replaced by a spare; the spare left over is
+// turned away once the job succeeds.
+TEST_P(RecoveryProcessTest, SurvivesTwoFailuresInARow) {
+  const std::string job = Job("twice");
+  std::vector<std::string> flags = ModelFlags();
+  flags.insert(flags.end(), {"--synthetic_size=96", "--steps=300",
+                             "--batch_size=4", "--max_recoveries=2"});
+  for (int i = 0; i < 3; ++i) StartWorker(job, i, "3", flags);
+  // The spares join once the round runs.
+  ASSERT_TRUE(PumpUntil(Children(), kBound,
+                        [&] { return RankInRound(1, 2, 3) != nullptr; }));
+  for (int i = 3; i < 6; ++i) StartWorker(job, i, "3", flags);
+  Worker* first = KillAtStep(1, RandomRank(), 3, RandomStep(10, 60));
+  ASSERT_NE(first, nullptr);
+  Worker* second = KillAtStep(2, RandomRank(), 3, RandomStep(100, 150));
+  ASSERT_NE(second, nullptr);
+  ASSERT_TRUE(WaitAll(Children(), kBound)) << Describe();
+  v1::JobStatus status = JobStatus(job);
+  EXPECT_EQ(status.state(), v1::JOB_STATE_SUCCEEDED) << status.reason();
+  EXPECT_EQ(status.round(), 3);
+  EXPECT_EQ(status.recovery_count(), 2);
+  int leftover = 0;
+  for (const Worker& w : workers_) {
+    if (&w == first || &w == second) {
+      EXPECT_TRUE(w.child->killed_by(SIGKILL)) << w.child->describe();
+    } else if (absl::StrContains(w.child->out(), ", round 3, backend")) {
+      EXPECT_EQ(w.child->exit_code(), 0) << w.child->describe();
+    } else {
+      ++leftover;
+      EXPECT_EQ(w.child->exit_code(), 1) << w.child->describe();
+      EXPECT_THAT(w.child->err(), HasSubstr("has ended (succeeded"))
+          << w.child->describe();
+    }
+  }
+  EXPECT_EQ(leftover, 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Trainer, RecoveryProcessTest, ::testing::Bool(),
