@@ -6,9 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
 #include "common/logging.h"
-#include "worker/backend/coordinator_store.h"
 #include "worker/backend/gloo_backend.h"
 #include "worker/backend/shm_backend.h"
+#include "worker/runtime/coordinator_store.h"
 #ifdef GRADSYNC_HAS_NCCL
 #include "worker/backend/nccl_backend.h"
 #endif

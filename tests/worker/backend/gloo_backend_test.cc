@@ -29,10 +29,10 @@
 #include "server/coordinator.h"
 #include "tests/worker/backend/backend_test_util.h"
 #include "worker/backend/backend.h"
-#include "worker/backend/coordinator_store.h"
 #include "worker/backend/store.h"
 #include "worker/backend/work.h"
 #include "worker/client/coordinator_client.h"
+#include "worker/runtime/coordinator_store.h"
 
 namespace gradsync {
 namespace testing {

@@ -1,5 +1,5 @@
-#ifndef GRADSYNC_WORKER_BACKEND_COORDINATOR_STORE_H_
-#define GRADSYNC_WORKER_BACKEND_COORDINATOR_STORE_H_
+#ifndef GRADSYNC_WORKER_RUNTIME_COORDINATOR_STORE_H_
+#define GRADSYNC_WORKER_RUNTIME_COORDINATOR_STORE_H_
 
 #include <string>
 #include <vector>
@@ -10,7 +10,11 @@
 
 namespace gradsync {
 
-// A Store backed by the coordinator's key-value store, in one job round
+// A Store backed by the coordinator's key-value store, in one job round. It
+// lives in the runtime, not beside the backends, because it is a gRPC client:
+// backends see only the Store interface (as Gloo keeps its stores apart from
+// its transports).
+//
 // (keys vanish when the round ends, and a stale round's calls fail with
 // ABORTED). Keys are prefixed with `prefix`, so several backends of one
 // round can bootstrap side by side. Thread-safe; `client` must outlive it.
@@ -34,4 +38,4 @@ class CoordinatorStore final : public Store {
 
 }  // namespace gradsync
 
-#endif  // GRADSYNC_WORKER_BACKEND_COORDINATOR_STORE_H_
+#endif  // GRADSYNC_WORKER_RUNTIME_COORDINATOR_STORE_H_

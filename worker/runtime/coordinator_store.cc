@@ -1,4 +1,4 @@
-#include "worker/backend/coordinator_store.h"
+#include "worker/runtime/coordinator_store.h"
 
 #include "absl/strings/str_cat.h"
 
