@@ -82,6 +82,14 @@ class Backend {
   // Completes once every rank has entered the barrier.
   virtual std::shared_ptr<Work> Barrier();
 
+  // Fails the collective in flight and every later one, promptly, and makes
+  // peers in a collective with this rank fail too: for a caller on another
+  // thread (the runtime told by the coordinator that the round is over, a
+  // watchdog) whose training thread may be blocked in a collective that
+  // will never complete. The backend is unusable afterwards; destroy it.
+  // Thread-safe and idempotent.
+  virtual void Abort() = 0;
+
  protected:
   // A finished Work with UNIMPLEMENTED for `collective`.
   std::shared_ptr<Work> Unsupported(const char* collective) const;

@@ -9,9 +9,11 @@
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 #include <pthread.h>
+#include <typeinfo>
 #include <signal.h>
 
 #include <algorithm>
@@ -26,6 +28,23 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
+
+// Debian's libgloo-dev ships gloo/transport/tcp/pair.h without the
+// gloo/common/memory.h it includes, so that header does not compile. The one
+// member Abort() needs from it is a plain (non-virtual) function that libgloo
+// exports; it is declared here as in that header. The class is never
+// constructed, destroyed or used for RTTI here: Abort() checks the pair's
+// real type with typeid before the cast.
+namespace gloo {
+namespace transport {
+namespace tcp {
+class Pair : public ::gloo::transport::Pair {
+ public:
+  std::exception_ptr signalExceptionExternal(const std::string& msg);
+};
+}  // namespace tcp
+}  // namespace transport
+}  // namespace gloo
 
 namespace gradsync {
 namespace {
@@ -374,6 +393,30 @@ std::shared_ptr<Work> GlooBackend::Enqueue(
                                                      const std::string& where) {
                           return Run(run, sequence, where);
                         });
+}
+
+void GlooBackend::Abort() {
+  // Closing a connection does not wake an operation waiting on it; failing
+  // each pair with an exception does (it signals the pair's pending
+  // operations, then closes its socket, so peers fail too).
+  // "gloo::transport::tcp::Pair", mangled: the pairs of a tcp device.
+  static constexpr char kTcpPair[] = "N4gloo9transport3tcp4PairE";
+  for (int peer = 0; peer < world_size(); ++peer) {
+    if (peer == rank()) continue;
+    try {
+      gloo::transport::Pair* pair = context_->getPair(peer).get();
+      if (pair == nullptr) continue;
+      if (std::string(typeid(*pair).name()) != kTcpPair) {
+        pair->close();  // another transport: at least close it
+        continue;
+      }
+      static_cast<gloo::transport::tcp::Pair*>(pair)->signalExceptionExternal(
+          "the gloo backend was aborted");
+    } catch (const std::exception& e) {
+      GS_LOG(WARNING) << "gloo rank " << rank() << ": aborting the connection "
+                      << "to rank " << peer << ": " << e.what();
+    }
+  }
 }
 
 absl::Status GlooBackend::Run(const std::function<void(uint32_t tag)>& run,

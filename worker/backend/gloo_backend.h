@@ -97,6 +97,9 @@ class GlooBackend final : public Backend {
   std::shared_ptr<Work> Broadcast(Buffer buffer, int root) override;
   std::shared_ptr<Work> AllGather(Buffer input, Buffer output) override;
   std::shared_ptr<Work> Barrier() override;
+  // Fails every connection: the collective in flight fails (UNAVAILABLE),
+  // and so do peers waiting on this rank.
+  void Abort() override;
 
  private:
   GlooBackend(const BackendOptions& options,

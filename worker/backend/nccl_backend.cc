@@ -106,6 +106,12 @@ class NcclBackend final : public Backend {
 
   std::string name() const override { return "nccl"; }
 
+  // ncclCommAbort, as the watchdog does on an error.
+  void Abort() override {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_) AbortLocked(absl::AbortedError("aborted by its owner"));
+  }
+
   absl::Status Init(Store* store) {
     GS_RETURN_IF_CUDA_ERROR(cudaSetDevice(nccl_options_.device_index));
     GS_RETURN_IF_CUDA_ERROR(

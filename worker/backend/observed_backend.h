@@ -38,6 +38,7 @@ class ObservedBackend final : public Backend {
   std::shared_ptr<Work> Broadcast(Buffer buffer, int root) override;
   std::shared_ptr<Work> AllGather(Buffer input, Buffer output) override;
   std::shared_ptr<Work> Barrier() override;
+  void Abort() override { inner_->Abort(); }
 
   // The records of collectives issued since the last call, in issue order
   // (at most the newest `kMaxPending`).

@@ -71,6 +71,7 @@ enum class LeaveReason : uint32_t {
   kDestroyed = 1,  // its backend was destroyed
   kFailed = 2,     // one of its collectives failed
   kGaveUp = 3,     // its bootstrap failed
+  kAborted = 4,    // its owner aborted it
 };
 
 // What a collective is, published by every rank so that they can check they
@@ -601,7 +602,7 @@ absl::Status Segment::Barrier(const std::string& where,
                               const std::atomic<bool>& closing) {
   if (closing.load()) {
     return absl::CancelledError(absl::StrCat(
-        where, ": cancelled: the backend was destroyed while it ran"));
+        where, ": cancelled: the backend was aborted or destroyed"));
   }
   GS_RETURN_IF_ERROR(CheckNobodyLeft(where));
   SegmentHeader& h = header();
@@ -633,7 +634,8 @@ absl::Status Segment::Barrier(const std::string& where,
     absl::Status status;
     if (closing.load()) {
       status = absl::CancelledError(absl::StrCat(
-          where, ": cancelled: the backend was destroyed while it ran"));
+          where, ": cancelled: the backend was aborted or destroyed while it "
+                 "ran"));
     } else if (status = CheckNobodyLeft(where); status.ok() && slept) {
       // Every poll interval: has a peer's process exited?
       status = CheckPeersAlive(where);
@@ -678,6 +680,9 @@ absl::Status Segment::CheckNobodyLeft(const std::string& where) const {
       break;
     case LeaveReason::kGaveUp:
       why = "its bootstrap failed";
+      break;
+    case LeaveReason::kAborted:
+      why = "its process group was aborted";
       break;
   }
   return absl::UnavailableError(
@@ -1006,6 +1011,11 @@ ShmBackend::~ShmBackend() {
     closing_.store(true);
     segment_->Leave(LeaveReason::kDestroyed);
   });
+}
+
+void ShmBackend::Abort() {
+  closing_.store(true);
+  segment_->Leave(LeaveReason::kAborted);
 }
 
 const std::string& ShmBackend::segment_name() const { return segment_->name(); }

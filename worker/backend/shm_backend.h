@@ -101,6 +101,9 @@ class ShmBackend final : public Backend {
   std::shared_ptr<Work> Broadcast(Buffer buffer, int root) override;
   std::shared_ptr<Work> AllGather(Buffer input, Buffer output) override;
   std::shared_ptr<Work> Barrier() override;
+  // The collective in flight stops waiting (CANCELLED) within one futex
+  // sleep; peers see this rank leave (UNAVAILABLE).
+  void Abort() override;
 
   // The name the segment had ("/gradsync-shm-..."); it is already removed
   // from /dev/shm when Create returns.
@@ -126,7 +129,8 @@ class ShmBackend final : public Backend {
   // Mapped for the backend's whole life; used only by the queue's thread,
   // except for the destructor's Leave().
   const std::unique_ptr<shm_internal::Segment> segment_;
-  // Set by the destructor: the collective in flight stops waiting.
+  // Set by Abort() and the destructor: the collective in flight stops
+  // waiting.
   std::atomic<bool> closing_{false};
 
   // Declared last: started once every other member is ready.

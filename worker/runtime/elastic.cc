@@ -3,7 +3,9 @@
 #include <memory>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -12,6 +14,30 @@ namespace gradsync {
 namespace {
 
 double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
+
+// The process group of the round being trained in, so that another thread
+// (the heartbeat reporter, told that the round is over) can abort it while
+// the training thread is blocked in a collective. Thread-safe; shared with
+// the reporter's callback, which may outlive the round.
+class RoundInTraining {
+ public:
+  void Set(Backend* backend) {
+    absl::MutexLock lock(&mu_);
+    backend_ = backend;
+  }
+  void Abort(const absl::Status& why) {
+    absl::MutexLock lock(&mu_);
+    if (backend_ == nullptr) return;
+    GS_LOG(WARNING) << "the coordinator ended this member (" << why
+                    << "): aborting the " << backend_->name()
+                    << " process group";
+    backend_->Abort();
+  }
+
+ private:
+  absl::Mutex mu_;
+  Backend* backend_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
 
 // Joins the next round: with the trainer's state, and as a member of
 // `previous` (0: none yet), so that a survivor supersedes it.
@@ -33,11 +59,12 @@ absl::StatusOr<v1::Assignment> JoinRound(CoordinatorClient* client,
   return assignment;
 }
 
-// Builds the round's process group and trains in it.
+// Builds the round's process group and trains in it; `round` can abort the
+// process group meanwhile.
 absl::Status TrainInRound(CoordinatorClient* client,
                           const v1::Assignment& assignment,
-                          const ElasticOptions& options,
-                          RoundTrainer* trainer) {
+                          const ElasticOptions& options, RoundTrainer* trainer,
+                          RoundInTraining* round) {
   const absl::Time start = absl::Now();
   GS_ASSIGN_OR_RETURN(
       std::unique_ptr<Backend> backend,
@@ -45,7 +72,10 @@ absl::Status TrainInRound(CoordinatorClient* client,
   GS_LOG(INFO) << "round " << assignment.round() << ": " << backend->name()
                << " process group of " << assignment.world_size()
                << " rank(s) ready in " << Ms(absl::Now() - start) << " ms";
-  return trainer->TrainRound(assignment, backend.get());
+  round->Set(backend.get());
+  absl::Status trained = trainer->TrainRound(assignment, backend.get());
+  round->Set(nullptr);
+  return trained;
 }
 
 }  // namespace
@@ -63,8 +93,11 @@ absl::Status RunElastic(CoordinatorClient* client, v1::JoinRequest request,
     GS_ASSIGN_OR_RETURN(v1::Assignment assignment,
                         JoinRound(client, &request, previous, *trainer));
     if (options.on_assignment) options.on_assignment(assignment);
-    reporter->Start(assignment, request.node().incarnation_id());
-    absl::Status trained = TrainInRound(client, assignment, options, trainer);
+    auto round = std::make_shared<RoundInTraining>();
+    reporter->Start(assignment, request.node().incarnation_id(),
+                    [round](const absl::Status& why) { round->Abort(why); });
+    absl::Status trained =
+        TrainInRound(client, assignment, options, trainer, round.get());
     if (trained.ok()) return trained;
     if (assignment.failure_policy() == v1::FAILURE_POLICY_FAIL ||
         !RecoverableByRejoining(trained)) {

@@ -55,7 +55,11 @@ bool RecoverableByRejoining(const absl::Status& status);
 
 // Joins with `request` (its has_state, committed_step and last_round are
 // filled in for every rejoin), then round after round builds the process
-// group and calls `trainer`. On a recoverable failure under the job's
+// group and calls `trainer`. When the coordinator ends the member while it
+// trains (the round was superseded because a peer was lost or hung, or the
+// job failed), the process group is aborted from the reporter's thread, so
+// a collective blocked on a hung peer fails at once instead of at the
+// backend's timeout. On a recoverable failure under the job's
 // RECOVER policy it tears the process group down and rejoins, at most
 // `options.max_recoveries` times. Heartbeats go through `reporter`, restarted
 // for every round. Returns OK once training finished (the caller reports

@@ -38,9 +38,11 @@ HealthReporter::HealthReporter(CoordinatorClient* client,
 
 HealthReporter::~HealthReporter() { Stop(); }
 
-void HealthReporter::Start(const v1::Assignment& assignment,
-                           const std::string& incarnation_id) {
+void HealthReporter::Start(
+    const v1::Assignment& assignment, const std::string& incarnation_id,
+    std::function<void(const absl::Status&)> on_round_over) {
   absl::MutexLock lock(&mu_);
+  on_round_over_ = std::move(on_round_over);
   v1::MemberRef member;
   member.set_job_id(assignment.job_id());
   member.set_round(assignment.round());
@@ -90,14 +92,30 @@ v1::HeartbeatRequest HealthReporter::NextRequestLocked() {
   return request;
 }
 
+std::function<void(const absl::Status&)> HealthReporter::TakeRoundOverLocked() {
+  std::function<void(const absl::Status&)> callback;
+  callback.swap(on_round_over_);
+  return callback;
+}
+
 void HealthReporter::OnAnswer(const v1::HeartbeatResponse& response) {
-  absl::MutexLock lock(&mu_);
-  ++stats_.answers;
-  verdict_.state = response.job_state();
-  verdict_.reason = response.reason();
-  const absl::Duration interval =
-      FromProtoDuration(response.heartbeat_interval());
-  if (interval > absl::ZeroDuration()) interval_ = interval;
+  std::function<void(const absl::Status&)> round_over;
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.answers;
+    verdict_.state = response.job_state();
+    verdict_.reason = response.reason();
+    const absl::Duration interval =
+        FromProtoDuration(response.heartbeat_interval());
+    if (interval > absl::ZeroDuration()) interval_ = interval;
+    if (response.job_state() == v1::JOB_STATE_FAILED) {
+      round_over = TakeRoundOverLocked();
+    }
+  }
+  if (round_over) {
+    round_over(absl::FailedPreconditionError(
+        absl::StrCat("the job failed: ", response.reason())));
+  }
 }
 
 void HealthReporter::Run() {
@@ -145,6 +163,12 @@ void HealthReporter::Run() {
                           << member_->rank()
                           << " stopped by the coordinator: " << *ended;
           dead_generation = stream_generation;
+          if (auto round_over = TakeRoundOverLocked()) {
+            const absl::Status why = *ended;
+            mu_.Unlock();
+            round_over(why);
+            mu_.Lock();
+          }
           continue;
         }
         if (!warned) {

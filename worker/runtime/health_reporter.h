@@ -39,6 +39,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -94,7 +95,16 @@ class HealthReporter {
   // `incarnation_id`); starts the sending thread on the first call. Call it
   // again after every rejoin: the stream moves to the new round and queued
   // events of the old round are dropped.
-  void Start(const v1::Assignment& assignment, const std::string& incarnation_id);
+  //
+  // `on_round_over`, when set, is called once (on one of the reporter's
+  // threads) when the coordinator says this member should stop: its stream
+  // ended with ABORTED (the round was superseded), FAILED_PRECONDITION or
+  // NOT_FOUND, or an answer said the job FAILED. The training loop may be
+  // blocked in a collective that will never complete; this is the moment to
+  // abort its process group. It must be quick and must not call the
+  // reporter.
+  void Start(const v1::Assignment& assignment, const std::string& incarnation_id,
+             std::function<void(const absl::Status&)> on_round_over = nullptr);
 
   // Takes the training loop's latest metrics (see the header comment).
   // Cheap and non-blocking with respect to the network.
@@ -120,6 +130,10 @@ class HealthReporter {
  private:
   // The sending thread.
   void Run();
+  // Takes the member's on_round_over callback (once), or returns an empty
+  // one; the caller runs it without the lock.
+  std::function<void(const absl::Status&)> TakeRoundOverLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The next heartbeat: member, snapshot and the queued events.
   v1::HeartbeatRequest NextRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnAnswer(const v1::HeartbeatResponse& response);
@@ -138,6 +152,7 @@ class HealthReporter {
   std::deque<v1::CollectiveFingerprint> collectives_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::StepReady> ready_times_ ABSL_GUARDED_BY(mu_);
   Verdict verdict_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const absl::Status&)> on_round_over_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 

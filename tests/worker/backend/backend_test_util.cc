@@ -77,6 +77,26 @@ void ExpectBarrierWaitsForEveryRank(const std::vector<Backend*>& backends) {
   ExpectAllOk(works);
 }
 
+void ExpectAbortEndsTheCollectiveInFlight(
+    const std::vector<Backend*>& backends) {
+  if (backends.size() < 2) return;  // a barrier of one never waits
+  std::shared_ptr<Work> blocked = backends[0]->Barrier();
+  ASSERT_EQ(blocked->Wait(kBriefly).code(), absl::StatusCode::kDeadlineExceeded)
+      << "the barrier completed without the other ranks";
+  backends[0]->Abort();
+  const absl::Status ended = blocked->Wait(kBound);
+  EXPECT_FALSE(ended.ok());
+  EXPECT_NE(ended.code(), absl::StatusCode::kDeadlineExceeded)
+      << "the abort did not end the barrier: " << ended;
+  backends[0]->Abort();  // idempotent
+  EXPECT_FALSE(backends[0]->Barrier()->Wait(kBound).ok());
+  if (backends.size() == 2) {
+    const absl::Status peer = backends[1]->Barrier()->Wait(kBound);
+    EXPECT_FALSE(peer.ok());
+    EXPECT_NE(peer.code(), absl::StatusCode::kDeadlineExceeded) << peer;
+  }
+}
+
 void ExpectManyCollectivesCompleteInOrder(const std::vector<Backend*>& backends,
                                           int collectives, size_t max_size) {
   const int n = static_cast<int>(backends.size());

@@ -186,6 +186,11 @@ void ExpectAllGatherInRankOrder(const std::vector<Backend*>& backends,
 // A barrier does not complete before the last rank enters it.
 void ExpectBarrierWaitsForEveryRank(const std::vector<Backend*>& backends);
 
+// Rank 0's barrier waits for the others, who never come; Abort() from this
+// thread ends it at once (not at the timeout), rank 0's later collectives
+// fail, and with 2 ranks the peer's collective with it fails too.
+void ExpectAbortEndsTheCollectiveInFlight(const std::vector<Backend*>& backends);
+
 // Each rank issues `collectives` collectives of every kind and of sizes from
 // 0 to `max_size` elements from its own thread without waiting in between,
 // then waits for all: every one completes, in issue order, with the right

@@ -217,6 +217,10 @@ TEST_P(GlooGroupTest, BarrierCompletesOnlyOnceEveryRankEntered) {
   ::gradsync::testing::ExpectBarrierWaitsForEveryRank(Pointers(backends_));
 }
 
+TEST_P(GlooGroupTest, AbortEndsTheCollectiveInFlight) {
+  ::gradsync::testing::ExpectAbortEndsTheCollectiveInFlight(Pointers(backends_));
+}
+
 // Each rank issues a long mix of collectives from its own thread without
 // waiting in between, then waits for all: every one completes, in issue
 // order, with the right result.

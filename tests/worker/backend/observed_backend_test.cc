@@ -29,6 +29,8 @@ class ScriptedBackend final : public Backend {
     works.push_back(std::make_shared<Work>(works.size() + 1));
     return works.back();
   }
+  void Abort() override { ++aborts; }
+  int aborts = 0;
   std::vector<std::shared_ptr<Work>> works;
 
  private:
@@ -78,6 +80,13 @@ TEST(ObservedBackendTest, LastFinishedWaitsForEveryEarlierCollective) {
   EXPECT_EQ(observed.last_finished(), 2u);
   inner.works[2]->Finish(absl::UnavailableError("peer died"));
   EXPECT_EQ(observed.last_finished(), 3u);  // ended, if badly
+}
+
+TEST(ObservedBackendTest, AbortReachesTheInnerBackend) {
+  ScriptedBackend inner;
+  ObservedBackend observed(&inner);
+  observed.Abort();
+  EXPECT_EQ(inner.aborts, 1);
 }
 
 TEST(ObservedBackendTest, KeepsOnlyTheNewestRecords) {

@@ -302,6 +302,10 @@ TEST_P(ShmGroupTest, BarrierCompletesOnlyOnceEveryRankEntered) {
   testing::ExpectBarrierWaitsForEveryRank(Pointers(backends_));
 }
 
+TEST_P(ShmGroupTest, AbortEndsTheCollectiveInFlight) {
+  testing::ExpectAbortEndsTheCollectiveInFlight(Pointers(backends_));
+}
+
 // Sizes up to 1530 elements: up to 3 slots of int64.
 TEST_P(ShmGroupTest, ManyCollectivesIssuedBackToBackCompleteInOrder) {
   testing::ExpectManyCollectivesCompleteInOrder(Pointers(backends_), 100, 1530);
@@ -726,7 +730,7 @@ TEST(ShmBackendFailureTest, DestroyingCancelsCollectivesPromptly) {
   EXPECT_EQ(first->status().code(), absl::StatusCode::kCancelled)
       << first->status();
   EXPECT_THAT(std::string(first->status().message()),
-              AnyOf(HasSubstr("the backend was destroyed while it ran"),
+              AnyOf(HasSubstr("the backend was aborted or destroyed while it ran"),
                     HasSubstr("the backend was destroyed before it ran")));
   for (const auto& work : {second, third}) {
     EXPECT_EQ(work->status().code(), absl::StatusCode::kCancelled)

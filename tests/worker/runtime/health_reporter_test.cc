@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/job_config.h"
@@ -79,6 +80,28 @@ v1::WorkerMetrics Step(int64_t step) {
   m.set_state(v1::WORKER_STATE_TRAINING);
   m.set_step(step);
   return m;
+}
+
+TEST_F(HealthReporterTest, RoundOverIsReportedWhenTheRoundIsSuperseded) {
+  StartCoordinator();
+  v1::Assignment a = JoinOne("inc-a");
+  auto client = Client(port_);
+  HealthReporter reporter(client.get(), FastOptions());
+  absl::Notification over;
+  absl::Status why;
+  int calls = 0;
+  reporter.Start(a, "inc-a", [&](const absl::Status& status) {
+    why = status;
+    ++calls;
+    over.Notify();
+  });
+  ASSERT_TRUE(Eventually([&] { return reporter.stats().answers > 0; }));
+  // A new process on the same node supersedes round 1 (and forms round 2).
+  JoinOne("inc-b");
+  ASSERT_TRUE(over.WaitForNotificationWithTimeout(kPromptly));
+  EXPECT_EQ(why.code(), absl::StatusCode::kAborted) << why;
+  reporter.Stop();
+  EXPECT_EQ(calls, 1);
 }
 
 TEST_F(HealthReporterTest, UpdatesReachTheCoordinatorAndItsVerdictComesBack) {

@@ -42,6 +42,7 @@ using ::gradsync::testing::Runfile;
 using ::gradsync::testing::TempPath;
 using ::gradsync::testing::WaitAll;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr absl::Duration kBound = absl::Seconds(120);
 
@@ -343,6 +344,52 @@ TEST_P(RecoveryProcessTest, SurvivesTwoFailuresInARow) {
     }
   }
   EXPECT_EQ(leftover, 1);
+}
+
+// A rank stopped with SIGSTOP (hung, its connections open): the
+// coordinator finds it lost after 3 missed heartbeats and supersedes the
+// round, the survivors abort their collective at once (not at --timeout,
+// 60 s here) and re-form with the spare. Woken after that, the stale process
+// never joins the new round: it is turned away.
+TEST_P(RecoveryProcessTest, HungRankIsReplacedAndNeverRejoinsItsOldRound) {
+  const std::string job = Job("hung");
+  std::vector<std::string> flags = ModelFlags();
+  flags.insert(flags.end(), {"--synthetic_size=96", "--steps=400",
+                             "--batch_size=4", "--timeout=60s"});
+  for (int i = 0; i < 4; ++i) StartWorker(job, i, "3", flags);
+  Worker* rank0 = nullptr;
+  Worker* stopped = nullptr;
+  const int victim = RandomRank();
+  ASSERT_TRUE(PumpUntil(Children(), kBound, [&] {
+    rank0 = RankInRound(1, 0, 3);
+    stopped = RankInRound(1, victim, 3);
+    return rank0 != nullptr && stopped != nullptr &&
+           absl::StrContains(rank0->child->out(), "step 20/");
+  })) << Describe();
+  stopped->child->Signal(SIGSTOP);
+  const absl::Time stop_time = absl::Now();
+  // Round 2 forms without it, well before the 60 s collective timeout.
+  ASSERT_TRUE(PumpUntil(Children(), kBound, [&] {
+    return RankInRound(2, 2, 3) != nullptr;
+  })) << Describe();
+  EXPECT_LT(absl::Now() - stop_time, absl::Seconds(30));
+  stopped->child->Signal(SIGCONT);
+  ASSERT_TRUE(WaitAll(Children(), kBound)) << Describe();
+  v1::JobStatus status = JobStatus(job);
+  EXPECT_EQ(status.state(), v1::JOB_STATE_SUCCEEDED) << status.reason();
+  EXPECT_EQ(status.round(), 2);
+  EXPECT_THAT(status.recoveries(0).cause(), HasSubstr("missed 3 heartbeats"));
+  for (const Worker& w : workers_) {
+    if (&w == stopped) {
+      EXPECT_THAT(w.child->out(), Not(HasSubstr(", round 2,")))
+          << w.child->describe();
+      EXPECT_EQ(w.child->exit_code(), 1) << w.child->describe();
+      EXPECT_THAT(w.child->err(), HasSubstr("has ended (succeeded"))
+          << w.child->describe();
+    } else {
+      EXPECT_EQ(w.child->exit_code(), 0) << w.child->describe();
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Trainer, RecoveryProcessTest, ::testing::Bool(),
