@@ -269,6 +269,16 @@ absl::StatusOr<bool> HealthManager::Heartbeat(Session* session,
   }
   m.last_started = in.last_started_collective();
   m.last_finished = in.last_finished_collective();
+  if (in.has_round_start() && !m.round_start_seen) {
+    m.round_start_seen = true;
+    absl::Status recorded =
+        jobs_->RecordRoundStart(job->job_id, job->round, in.round_start());
+    if (!recorded.ok()) {
+      GS_LOG(WARNING) << "job '" << job->job_id << "' round " << job->round
+                      << ": could not record rank " << session->rank
+                      << "'s round start: " << recorded;
+    }
+  }
   if (job->detecting()) {
     RecordCollectives(job, session->rank, in);
     RecordReadyTimes(job, session->rank, in);

@@ -161,6 +161,7 @@ class HealthManager {
     int lag_count = 0;                 // samples ever recorded
     absl::Duration lag;                // median of `lags`
     bool succeeded = false;            // reported success
+    bool round_start_seen = false;     // its RoundStartTimings recorded
   };
   // The first fingerprint reported for one collective sequence number.
   struct CollectiveSlot {

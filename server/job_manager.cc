@@ -206,6 +206,38 @@ absl::Status JobManager::RecordRoundSuperseded(absl::string_view job_id,
   return absl::OkStatus();
 }
 
+absl::Status JobManager::RecordRoundStart(absl::string_view job_id,
+                                          int64_t round,
+                                          const v1::RoundStartTimings& timings) {
+  absl::MutexLock lock(&mu_);
+  GS_ASSIGN_OR_RETURN(v1::JobStatus * record, FindLocked(job_id));
+  if (record->recoveries_size() == 0 ||
+      record->recoveries(record->recoveries_size() - 1).new_round() != round) {
+    return absl::OkStatus();
+  }
+  v1::JobStatus updated = *record;
+  v1::Recovery* recovery =
+      updated.mutable_recoveries(updated.recoveries_size() - 1);
+  v1::RoundStartTimings* slowest = recovery->mutable_round_start();
+  const auto keep_max = [](const google::protobuf::Duration& d,
+                           google::protobuf::Duration* max) {
+    if (FromProtoDuration(d) > FromProtoDuration(*max)) *max = d;
+  };
+  keep_max(timings.process_group(), slowest->mutable_process_group());
+  keep_max(timings.state_transfer(), slowest->mutable_state_transfer());
+  keep_max(timings.first_step(), slowest->mutable_first_step());
+  recovery->set_round_start_reports(recovery->round_start_reports() + 1);
+  GS_RETURN_IF_ERROR(PersistLocked(updated));
+  *record = std::move(updated);
+  recovery_phases_["process_group"].Observe(
+      FromProtoDuration(timings.process_group()));
+  recovery_phases_["state_transfer"].Observe(
+      FromProtoDuration(timings.state_transfer()));
+  recovery_phases_["first_step"].Observe(
+      FromProtoDuration(timings.first_step()));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobPhase> JobManager::GetPhase(absl::string_view job_id) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);

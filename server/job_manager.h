@@ -69,8 +69,10 @@ struct JobCensus {
   std::vector<std::pair<std::string, int64_t>> rounds;
   // (job id, recoveries so far), by job id.
   std::vector<std::pair<std::string, int64_t>> recoveries;
-  // Phase ("detection", "rendezvous") -> its durations over every recovery
-  // since the coordinator started.
+  // Phase -> its durations over every recovery since the coordinator
+  // started: "detection" and "rendezvous" once per recovery;
+  // "process_group", "state_transfer" and "first_step" once per member of a
+  // recovered round.
   std::map<std::string, PhaseHistogram> recovery_phases;
 };
 
@@ -127,6 +129,13 @@ class JobManager {
   // shown as they were.
   absl::Status RecordRoundSuperseded(absl::string_view job_id,
                                      absl::string_view reason);
+
+  // A member of `round` reported how its start went: folded into the job's
+  // recovery that formed `round` (the slowest member's of each phase), and
+  // counted in the phase histograms. A no-op when no recovery formed
+  // `round`. NOT_FOUND for an unknown job.
+  absl::Status RecordRoundStart(absl::string_view job_id, int64_t round,
+                                const v1::RoundStartTimings& timings);
 
   // The job's round, state and reason; NOT_FOUND for an unknown id.
   absl::StatusOr<JobPhase> GetPhase(absl::string_view job_id) const;

@@ -95,9 +95,11 @@ std::string RenderMetrics(const JobManager& jobs,
     out.Sample("gradsync_recoveries_total", {{"job", job_id}}, count);
   }
   out.Family("gradsync_recovery_seconds", "histogram",
-             "Duration of the coordinator's recovery phases: detection (a "
-             "silent member's time until it was found lost) and rendezvous "
-             "(the failed round's end to the new round's close).");
+             "Duration of recovery phases: detection (a silent member's time "
+             "until it was found lost) and rendezvous (the failed round's end "
+             "to the new round's close), once per recovery; process_group, "
+             "state_transfer and first_step, once per member of a recovered "
+             "round.");
   for (const auto& [phase, histogram] : census.recovery_phases) {
     int64_t cumulative = 0;
     for (size_t b = 0; b < histogram.counts.size(); ++b) {

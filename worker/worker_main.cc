@@ -207,8 +207,8 @@ class WorkerTrainer : public RoundTrainer {
     return run_ != nullptr ? run_->committed_step() : 0;
   }
 
-  absl::Status TrainRound(const v1::Assignment& assignment,
-                          Backend* backend) override {
+  absl::Status TrainRound(const v1::Assignment& assignment, Backend* backend,
+                          absl::Duration process_group_time) override {
     if (run_ == nullptr) {
       const int devices = static_cast<int>(torch::cuda::device_count());
       if (devices > 0) config_.cuda_device = assignment.local_rank() % devices;
@@ -230,6 +230,15 @@ class WorkerTrainer : public RoundTrainer {
     context.round = assignment.round();
     context.on_step = [&telemetry](const StepReport& report, int64_t samples) {
       return telemetry.OnStep(report, samples);
+    };
+    context.on_round_started = [&telemetry, process_group_time](
+                                   absl::Duration state_transfer,
+                                   absl::Duration first_step) {
+      telemetry.SetRoundStart(process_group_time, state_transfer, first_step);
+      GS_LOG(INFO) << "round started: process group "
+                   << absl::FormatDuration(process_group_time)
+                   << ", state transfer " << absl::FormatDuration(state_transfer)
+                   << ", first step " << absl::FormatDuration(first_step);
     };
     absl::StatusOr<TrainSummary> summary = run_->TrainRound(context);
     if (!summary.ok()) {

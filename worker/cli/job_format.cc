@@ -113,7 +113,14 @@ Json SummaryJson(const v1::JobStatus& job) {
                           {"detected", Rfc3339(r.detect_time())},
                           {"round_closed", Rfc3339(r.round_close_time())},
                           {"detection_seconds", ToSeconds(r.detection())},
-                          {"rendezvous_seconds", ToSeconds(r.rendezvous())}});
+                          {"rendezvous_seconds", ToSeconds(r.rendezvous())},
+                          {"process_group_seconds",
+                           ToSeconds(r.round_start().process_group())},
+                          {"state_transfer_seconds",
+                           ToSeconds(r.round_start().state_transfer())},
+                          {"first_step_seconds",
+                           ToSeconds(r.round_start().first_step())},
+                          {"round_start_reports", r.round_start_reports()}});
   }
   j["recoveries"] = std::move(recoveries);
   return j;
@@ -216,18 +223,23 @@ std::string DiagnosisText(const v1::JobStatus& job) {
 // The job's latest recoveries, newest first; empty when there were none.
 std::string RecoveriesTable(const v1::JobStatus& job, absl::Time now) {
   if (job.recoveries_size() == 0) return "";
+  // The members' phases are the slowest member's (of those that reported).
   std::vector<std::vector<std::string>> rows = {
-      {"ROUNDS", "WORLD", "RESUMED", "DETECTION", "RENDEZVOUS", "WHEN",
-       "CAUSE"}};
+      {"ROUNDS", "WORLD", "RESUMED", "DETECTION", "RENDEZVOUS", "PROCESS GROUP",
+       "STATE COPY", "FIRST STEP", "WHEN", "CAUSE"}};
   for (int i = job.recoveries_size() - 1; i >= 0; --i) {
     const v1::Recovery& r = job.recoveries(i);
+    const v1::RoundStartTimings& s = r.round_start();
     rows.push_back(
         {absl::StrCat(r.failed_round(), " -> ", r.new_round()),
          absl::StrCat(r.old_world_size(), " -> ", r.new_world_size()),
          absl::StrCat("after step ", r.resume_step(), " from rank ",
                       r.source_rank()),
          Seconds(ToSeconds(r.detection())), Seconds(ToSeconds(r.rendezvous())),
-         Ago(r.detect_time(), now), r.cause()});
+         Seconds(ToSeconds(s.process_group())),
+         Seconds(ToSeconds(s.state_transfer())),
+         Seconds(ToSeconds(s.first_step())), Ago(r.detect_time(), now),
+         r.cause()});
   }
   return absl::StrCat("\nrecoveries (", job.recovery_count(), " in all",
                       job.recovery_count() > job.recoveries_size()

@@ -69,11 +69,12 @@ absl::Status TrainInRound(CoordinatorClient* client,
   GS_ASSIGN_OR_RETURN(
       std::unique_ptr<Backend> backend,
       CreateProcessGroup(client, assignment, options.process_group));
+  const absl::Duration took = absl::Now() - start;
   GS_LOG(INFO) << "round " << assignment.round() << ": " << backend->name()
                << " process group of " << assignment.world_size()
-               << " rank(s) ready in " << Ms(absl::Now() - start) << " ms";
+               << " rank(s) ready in " << Ms(took) << " ms";
   round->Set(backend.get());
-  absl::Status trained = trainer->TrainRound(assignment, backend.get());
+  absl::Status trained = trainer->TrainRound(assignment, backend.get(), took);
   round->Set(nullptr);
   return trained;
 }

@@ -12,6 +12,7 @@
 #include <functional>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "proto/gradsync/v1/job.pb.h"
 #include "proto/gradsync/v1/rendezvous.pb.h"
 #include "worker/backend/backend.h"
@@ -31,12 +32,14 @@ class RoundTrainer {
   // coordinator can name the new round's source rank.
   virtual bool has_state() const = 0;
   virtual int64_t committed_step() const = 0;
-  // Trains in the round `assignment` describes, over `backend`, until
-  // training is done (OK) or a failure. Starts by copying the state of rank
-  // assignment.source_rank (collective). After a failure the trainer must
-  // hold the state of its last committed step.
+  // Trains in the round `assignment` describes, over `backend` (which took
+  // `process_group_time` to build), until training is done (OK) or a
+  // failure. Starts by copying the state of rank assignment.source_rank
+  // (collective). After a failure the trainer must hold the state of its
+  // last committed step.
   virtual absl::Status TrainRound(const v1::Assignment& assignment,
-                                  Backend* backend) = 0;
+                                  Backend* backend,
+                                  absl::Duration process_group_time) = 0;
 };
 
 struct ElasticOptions {

@@ -55,6 +55,16 @@ void Telemetry::PublishLocked() {
   metrics_.clear_first_bucket_ready();
 }
 
+void Telemetry::SetRoundStart(absl::Duration process_group,
+                              absl::Duration state_transfer,
+                              absl::Duration first_step) {
+  absl::MutexLock lock(&mu_);
+  v1::RoundStartTimings* t = metrics_.mutable_round_start();
+  *t->mutable_process_group() = ToProtoDuration(process_group);
+  *t->mutable_state_transfer() = ToProtoDuration(state_transfer);
+  *t->mutable_first_step() = ToProtoDuration(first_step);
+}
+
 absl::Status Telemetry::OnStep(const StepReport& report, int64_t samples) {
   {
     absl::MutexLock lock(&mu_);

@@ -49,6 +49,11 @@ class Telemetry {
   // Records the error training ended with and sends it.
   void SetError(const std::string& error);
 
+  // Records how this member's start in the round went; sent with every
+  // heartbeat from the next step on.
+  void SetRoundStart(absl::Duration process_group, absl::Duration state_transfer,
+                     absl::Duration first_step);
+
  private:
   // Fills the collective counters and memory, then hands the snapshot to
   // the reporter.

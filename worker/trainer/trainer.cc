@@ -195,6 +195,8 @@ class TrainingRun::Impl {
   absl::Status Report(const TrainContext& context, const StepReport& report,
                       int64_t total_steps);
   absl::StatusOr<TrainSummary> Finish(const TrainContext& context);
+  // After a step committed: reports the round's start once.
+  void ReportRoundStart(const TrainContext& context);
 
   const TrainerConfig config_;
   const torch::Device device_;
@@ -208,6 +210,11 @@ class TrainingRun::Impl {
   double final_loss_ = 0;
   absl::Time window_start_;
   int64_t window_samples_ = 0;
+  // The current round's start: when it began and when the state was copied;
+  // reported once its first step commits.
+  absl::Time round_begin_;
+  absl::Time state_copied_;
+  bool round_start_reported_ = false;
 };
 
 absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Create(
@@ -262,7 +269,10 @@ absl::StatusOr<TrainSummary> TrainingRun::Impl::TrainRound(
 
 absl::StatusOr<TrainSummary> TrainingRun::Impl::TrainRoundOrThrow(
     const TrainContext& context, std::unique_ptr<DistributedDataParallel>* ddp) {
+  round_begin_ = context.clock->Now();
+  round_start_reported_ = false;
   GS_RETURN_IF_ERROR(JoinRound(context, ddp));
+  state_copied_ = context.clock->Now();
   Division division;
   GS_RETURN_IF_ERROR(StartDivision(context, &division));
   const int64_t total_steps =
@@ -440,6 +450,7 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
   report.step_time = context.clock->Now() - step_start;
   if (ddp != nullptr) report.ddp = ddp->last_step_timings();
   if (report.step > config_.warmup_steps) stats_.Add(report);
+  ReportRoundStart(context);
   if (context.on_step) GS_RETURN_IF_ERROR(context.on_step(report, step_samples));
   return Report(context, report, total_steps);
 }
@@ -482,6 +493,15 @@ absl::Status TrainingRun::Impl::Report(const TrainContext& context,
   std::fprintf(context.progress, "%s\n", line.c_str());
   std::fflush(context.progress);
   return absl::OkStatus();
+}
+
+void TrainingRun::Impl::ReportRoundStart(const TrainContext& context) {
+  if (round_start_reported_) return;
+  round_start_reported_ = true;
+  if (context.on_round_started) {
+    context.on_round_started(state_copied_ - round_begin_,
+                             context.clock->Now() - state_copied_);
+  }
 }
 
 absl::StatusOr<TrainSummary> TrainingRun::Impl::Finish(

@@ -105,6 +105,11 @@ struct TrainContext {
   // and the samples this process consumed in it; must be cheap. An error
   // stops training with that error.
   std::function<absl::Status(const StepReport&, int64_t samples)> on_step;
+  // Called once per round, after its first step committed (before on_step
+  // for that step), with the time the state copy took (with the model check)
+  // and the time from then to that step's commit.
+  std::function<void(absl::Duration state_transfer, absl::Duration first_step)>
+      on_round_started;
   Clock* clock = RealClock::Get();
 };
 

@@ -298,6 +298,13 @@ v1::JobStatus RecoveredJob() {
   *r->mutable_round_close_time() = ToProtoTime(kNow - absl::Minutes(4));
   *r->mutable_detection() = ToProtoDuration(absl::Milliseconds(0));
   *r->mutable_rendezvous() = ToProtoDuration(absl::Milliseconds(35));
+  *r->mutable_round_start()->mutable_process_group() =
+      ToProtoDuration(absl::Milliseconds(49));
+  *r->mutable_round_start()->mutable_state_transfer() =
+      ToProtoDuration(absl::Milliseconds(12));
+  *r->mutable_round_start()->mutable_first_step() =
+      ToProtoDuration(absl::Milliseconds(20));
+  r->set_round_start_reports(4);
   job.set_recovery_count(1);
   return job;
 }
@@ -308,7 +315,8 @@ TEST(FormatJobStatusTest, RecoveriesAreListedNewestFirst) {
   const std::string text = FormatJobStatus(job, kNow);
   EXPECT_THAT(text, HasSubstr("\nrecoveries (1 in all):\nROUNDS"));
   EXPECT_THAT(text, ContainsRegex("2 -> 3 +4 -> 4 +after step 1200 from rank 2 "
-                                  "+- +35ms +5m ago +rank 1 \\(host-a\\) lost"));
+                                  "+- +35ms +49ms +12ms +20ms +5m ago +rank 1 "
+                                  "\\(host-a\\) lost"));
 }
 
 TEST(JobStatusToJsonTest, RecoveriesAreInTheJson) {
@@ -318,6 +326,9 @@ TEST(JobStatusToJsonTest, RecoveriesAreInTheJson) {
   EXPECT_EQ(j["recoveries"][0]["resume_step"], 1200);
   EXPECT_EQ(j["recoveries"][0]["source_rank"], 2);
   EXPECT_DOUBLE_EQ(j["recoveries"][0]["rendezvous_seconds"].get<double>(), 0.035);
+  EXPECT_DOUBLE_EQ(j["recoveries"][0]["process_group_seconds"].get<double>(),
+                   0.049);
+  EXPECT_EQ(j["recoveries"][0]["round_start_reports"], 4);
 }
 
 TEST(JobStatusToJsonTest, MonitoredJobHasMetricsAndDiagnosis) {

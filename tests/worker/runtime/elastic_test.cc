@@ -35,8 +35,9 @@ class ScriptedTrainer : public RoundTrainer {
   bool has_state() const override { return committed_ > 0; }
   int64_t committed_step() const override { return committed_; }
 
-  absl::Status TrainRound(const v1::Assignment& assignment,
-                          Backend* backend) override {
+  absl::Status TrainRound(const v1::Assignment& assignment, Backend* backend,
+                          absl::Duration process_group_time) override {
+    EXPECT_GT(process_group_time, absl::ZeroDuration());
     rounds.push_back(assignment);
     world_sizes.push_back(backend->world_size());
     committed_ += 10;

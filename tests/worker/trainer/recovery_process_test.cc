@@ -27,6 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
+#include "common/job_config.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
 #include "worker/client/coordinator_client.h"
@@ -220,6 +221,16 @@ TEST_P(RecoveryProcessTest, SpareReplacesAKilledRankWithoutChangingTheResult) {
   EXPECT_EQ(status.state(), v1::JOB_STATE_SUCCEEDED) << status.reason();
   EXPECT_EQ(status.round(), 2);
   EXPECT_EQ(status.world_size(), 3);
+  // Every member of round 2 reported how its start went.
+  ASSERT_EQ(status.recoveries_size(), 1);
+  const v1::Recovery& recovery = status.recoveries(0);
+  EXPECT_EQ(recovery.round_start_reports(), 3);
+  EXPECT_GT(FromProtoDuration(recovery.round_start().process_group()),
+            absl::ZeroDuration());
+  EXPECT_GT(FromProtoDuration(recovery.round_start().state_transfer()),
+            absl::ZeroDuration());
+  EXPECT_GT(FromProtoDuration(recovery.round_start().first_step()),
+            absl::ZeroDuration());
 
   workers_ = std::move(reference);
   ASSERT_TRUE(WaitAll(Children(), kBound)) << Describe();
