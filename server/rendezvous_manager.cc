@@ -246,6 +246,7 @@ void RendezvousManager::JoinLocked(JobRendezvous* job,
                << " (" << job->complete_nodes << " complete node(s), need "
                << job->config.min_nodes() << ":" << job->config.max_nodes()
                << ")";
+  MaybeGrowLocked(job, it->node.node_id());
   MaybeCloseLocked(job, completions);
 }
 
@@ -286,8 +287,9 @@ void RendezvousManager::MaybeCloseLocked(JobRendezvous* job,
     CloseLocked(job, completions);
     return;
   }
-  if (job->complete_nodes >= config.min_nodes() &&
-      !job->previous_round_nodes.empty() && AwaitedBackLocked(*job)) {
+  const bool reforming = !job->previous_round_nodes.empty();
+  const bool awaited_back = !reforming || AwaitedBackLocked(*job);
+  if (job->complete_nodes >= config.min_nodes() && reforming && awaited_back) {
     CloseLocked(job, completions);  // a re-formed round: nobody else to wait for
     return;
   }
@@ -300,11 +302,25 @@ void RendezvousManager::MaybeCloseLocked(JobRendezvous* job,
   }
   absl::Time now = clock_->Now();
   if (!job->last_call_deadline.has_value()) {
-    job->last_call_deadline =
-        now + FromProtoDuration(config.last_call_timeout());
+    absl::Duration wait = FromProtoDuration(config.last_call_timeout());
+    if (!awaited_back) wait = std::max(wait, kAwaitedGrace);
+    job->last_call_deadline = now + wait;
     last_calls_.emplace(*job->last_call_deadline, config.job_id());
   }
   if (*job->last_call_deadline <= now) CloseLocked(job, completions);
+}
+
+void RendezvousManager::MaybeGrowLocked(JobRendezvous* job,
+                                        const std::string& node_id) {
+  const int nodes = static_cast<int>(job->node_rank_by_node.size());
+  if (!job->running || nodes >= job->config.max_nodes() ||
+      job->pending_per_node[node_id] != job->config.nproc_per_node()) {
+    return;
+  }
+  SupersedeLocked(job, absl::StrCat("node '", node_id, "' joined while round ",
+                                    job->round, " ran ", nodes,
+                                    " of at most ", job->config.max_nodes(),
+                                    " node(s): the round re-forms to admit it"));
 }
 
 bool RendezvousManager::AwaitedBackLocked(const JobRendezvous& job) const {

@@ -6,7 +6,8 @@
 //   running --(a member rejoins, or a new incarnation on a member's node)-->
 //   round N+1 superseded, forming round N+2 ...
 // Joiners that arrive while a round is running wait as spares for the next
-// round. Time-based transitions (last call, join timeout) happen in Poll(),
+// round, unless the round has fewer than max nodes: then a joiner completing
+// a node supersedes it, so the next round admits that node (grow). Time-based transitions (last call, join timeout) happen in Poll(),
 // so tests drive them with a FakeClock.
 #ifndef GRADSYNC_SERVER_RENDEZVOUS_MANAGER_H_
 #define GRADSYNC_SERVER_RENDEZVOUS_MANAGER_H_
@@ -40,6 +41,11 @@ namespace gradsync {
 // lock held. `jobs`, `kv` and `clock` must outlive it.
 class RendezvousManager {
  public:
+  // How long a round re-forming after a supersede waits for nodes of the old
+  // round that have neither rejoined nor been found lost, at least (the
+  // job's last call applies when longer), before it closes without them.
+  static constexpr absl::Duration kAwaitedGrace = absl::Seconds(10);
+
   // Called exactly once with the outcome of a Join.
   using JoinCallback = std::function<void(absl::StatusOr<v1::Assignment>)>;
 
@@ -159,11 +165,16 @@ class RendezvousManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes the forming round now if it may: max nodes reached; min nodes and
   // every awaited node of a superseded round back; or min nodes and the last
-  // call passed (or zero). Starts the last call when min nodes first
-  // complete.
+  // call passed (or zero; kAwaitedGrace at least while awaited nodes are
+  // missing). Starts the last call when min nodes first complete.
   void MaybeCloseLocked(JobRendezvous* job, std::vector<Completion>* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseLocked(JobRendezvous* job, std::vector<Completion>* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Supersedes the running round when `node_id` just became a complete
+  // node and the round has fewer than max_nodes: its members rejoin and the
+  // next round admits the new node.
+  void MaybeGrowLocked(JobRendezvous* job, const std::string& node_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether every awaited node of the superseded round is complete again.
   bool AwaitedBackLocked(const JobRendezvous& job) const

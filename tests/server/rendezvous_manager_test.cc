@@ -404,10 +404,31 @@ TEST_F(RendezvousManagerTest, ZeroLastCallClosesAtMinNodesImmediately) {
   ASSERT_TRUE(b.done());
   EXPECT_EQ(a.assignment().world_size(), 2);
   EXPECT_EQ(b.assignment().rank(), 1);
-  // A later joiner is a spare of the running round.
+  // A later joiner makes the round (2 of at most 4 nodes) re-form to admit
+  // it; the re-forming round waits for its old nodes to rejoin.
   Join(Node("host-c", "inc-c"), &c);
   EXPECT_FALSE(c.done());
-  EXPECT_EQ(Status().spares_size(), 1);
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_WAITING);
+}
+
+TEST_F(RendezvousManagerTest, ReformingRoundWaitsForItsOldNodesAGraceAtLeast) {
+  UseConfig(ConfigSpec().Min(1).Max(3).LastCall(absl::ZeroDuration()));
+  JoinOutcome a, b, a2;
+  Join(Node("host-a", "inc-a"), &a);
+  ASSERT_TRUE(a.done());
+  Join(Node("host-b", "inc-b"), &b);  // grows: round 1 re-forms
+  Rejoin(Node("host-a", "inc-a"), &a2, 1, 3);
+  ASSERT_TRUE(a2.done() && b.done()) << "every old node is back";
+  // Round 2 has 2 nodes; a's process hangs (never rejoins, never found
+  // lost) when b rejoins alone: the round waits the grace, then closes.
+  JoinOutcome b2;
+  Rejoin(Node("host-b", "inc-b"), &b2, 2, 5);
+  AdvanceAndPoll(RendezvousManager::kAwaitedGrace - absl::Milliseconds(1));
+  EXPECT_FALSE(b2.done());
+  AdvanceAndPoll(absl::Milliseconds(1));
+  ASSERT_TRUE(b2.done());
+  EXPECT_EQ(b2.assignment().round(), 3);
+  EXPECT_EQ(b2.assignment().world_size(), 1);
 }
 
 // ---------------------------------------------------------------------------
@@ -669,6 +690,53 @@ TEST_F(RendezvousManagerTest, LossReportedAfterTheSurvivorsRejoinedClosesTheRoun
   ASSERT_TRUE(a2.done() && b2.done());
   EXPECT_EQ(a2.assignment().round(), 2);
   EXPECT_EQ(a2.assignment().world_size(), 2);
+}
+
+TEST_F(RendezvousManagerTest, NodeJoiningARoundBelowMaxIsAdmittedByReforming) {
+  UseConfig(ConfigSpec().Min(2).Max(3).LastCall(absl::ZeroDuration()));
+  JoinOutcome a, b, c;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  ASSERT_TRUE(a.done() && b.done());
+  EXPECT_EQ(a.assignment().world_size(), 2);
+  Join(Node("host-c", "inc-c"), &c);
+  EXPECT_FALSE(c.done());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_WAITING);
+  EXPECT_THAT(status.reason(),
+              HasSubstr("node 'host-c' joined while round 1 ran 2 of at most 3 "
+                        "node(s): the round re-forms to admit it"));
+  JoinOutcome a2, b2;
+  Rejoin(Node("host-a", "inc-a"), &a2, 1, 40);
+  Rejoin(Node("host-b", "inc-b"), &b2, 1, 40);
+  ASSERT_TRUE(a2.done() && b2.done() && c.done());
+  EXPECT_EQ(c.assignment().round(), 2);
+  EXPECT_EQ(c.assignment().world_size(), 3);
+  EXPECT_EQ(c.assignment().rank(), 2);
+  EXPECT_EQ(c.assignment().resume_step(), 40);
+  EXPECT_EQ(a2.assignment().rank(), 0);
+}
+
+TEST_F(RendezvousManagerTest, JoinerOfAFullRoundStaysASpare) {
+  UseConfig(ConfigSpec().Min(1).Max(2).LastCall(absl::ZeroDuration()).Nproc(2));
+  JoinOutcome a0, a1, b0, b1, c0;
+  Join(Node("host-a", "inc-a0"), &a0);
+  Join(Node("host-a", "inc-a1"), &a1);  // closes with 1 node of 2 processes
+  ASSERT_TRUE(a0.done() && a1.done());
+  // One process of a new node does not complete it: nothing changes.
+  Join(Node("host-b", "inc-b0"), &b0);
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  // Its second completes it: the round (1 of at most 2 nodes) re-forms.
+  Join(Node("host-b", "inc-b1"), &b1);
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_WAITING);
+  Rejoin(Node("host-a", "inc-a0"), &a0, 1, 0);
+  Rejoin(Node("host-a", "inc-a1"), &a1, 1, 0);
+  ASSERT_TRUE(b1.done());
+  EXPECT_EQ(b1.assignment().world_size(), 4);
+  // A third node finds the round at max: it waits as a spare.
+  Join(Node("host-c", "inc-c0"), &c0);
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Status().spares_size(), 1);
 }
 
 TEST_F(RendezvousManagerTest, LossOfAnOlderRoundChangesNothing) {

@@ -276,6 +276,44 @@ std::vector<SampleLine> ReadSampleLog(const std::string& path) {
   return lines;
 }
 
+// Checks the workers' sample logs: per step, the lines of the latest round
+// that ran it count (a step a round did not commit is run again by the
+// next); every sample of each of `epochs` epochs is then used once, except
+// that up to `padding` samples may repeat in an epoch (a division of an
+// epoch's rest among a new world size pads it as PyTorch's sampler does).
+void ExpectEverySampleUsedOnce(const std::vector<Worker>& workers, int samples,
+                               int epochs, int padding) {
+  std::map<int64_t, std::vector<SampleLine>> by_step;
+  for (const Worker& w : workers) {
+    for (SampleLine& line : ReadSampleLog(w.sample_log)) {
+      std::vector<SampleLine>& lines = by_step[line.step];
+      if (!lines.empty() && lines.front().round < line.round) lines.clear();
+      if (lines.empty() || lines.front().round == line.round) {
+        lines.push_back(std::move(line));
+      }
+    }
+  }
+  std::map<int64_t, std::multiset<int64_t>> used;  // epoch -> samples
+  for (const auto& [step, lines] : by_step) {
+    for (const SampleLine& line : lines) {
+      used[line.epoch].insert(line.indices.begin(), line.indices.end());
+    }
+  }
+  ASSERT_EQ(used.size(), static_cast<size_t>(epochs));
+  for (const auto& [epoch, used_in_epoch] : used) {
+    EXPECT_GE(used_in_epoch.size(), static_cast<size_t>(samples));
+    EXPECT_LE(used_in_epoch.size(), static_cast<size_t>(samples + padding))
+        << "epoch " << epoch;
+    for (int64_t i = 0; i < samples; ++i) {
+      ASSERT_GE(used_in_epoch.count(i), 1u) << "sample " << i << " of epoch " << epoch;
+      if (padding == 0) {
+        ASSERT_EQ(used_in_epoch.count(i), 1u)
+            << "sample " << i << " of epoch " << epoch;
+      }
+    }
+  }
+}
+
 TEST_P(RecoveryProcessTest, ShrinksWithoutASpareAndUsesEverySampleOnce) {
   const std::string job = Job("shrink");
   constexpr int kSamples = 960;
@@ -293,31 +331,7 @@ TEST_P(RecoveryProcessTest, ShrinksWithoutASpareAndUsesEverySampleOnce) {
   EXPECT_EQ(status.round(), 2);
   EXPECT_EQ(status.world_size(), 2);
 
-  // Per step, the lines of the latest round that ran it count: a step a
-  // round did not commit is run again by the next.
-  std::map<int64_t, std::vector<SampleLine>> by_step;
-  for (const Worker& w : workers_) {
-    for (SampleLine& line : ReadSampleLog(w.sample_log)) {
-      std::vector<SampleLine>& lines = by_step[line.step];
-      if (!lines.empty() && lines.front().round < line.round) lines.clear();
-      if (lines.empty() || lines.front().round == line.round) {
-        lines.push_back(std::move(line));
-      }
-    }
-  }
-  std::map<int64_t, std::multiset<int64_t>> used;  // epoch -> samples
-  for (const auto& [step, lines] : by_step) {
-    for (const SampleLine& line : lines) {
-      used[line.epoch].insert(line.indices.begin(), line.indices.end());
-    }
-  }
-  ASSERT_EQ(used.size(), static_cast<size_t>(kEpochs));
-  for (const auto& [epoch, samples] : used) {
-    EXPECT_EQ(samples.size(), static_cast<size_t>(kSamples)) << "epoch " << epoch;
-    for (int64_t i = 0; i < kSamples; ++i) {
-      ASSERT_EQ(samples.count(i), 1u) << "sample " << i << " of epoch " << epoch;
-    }
-  }
+  ExpectEverySampleUsedOnce(workers_, kSamples, kEpochs, /*padding=*/0);
 }
 
 // Two failures in a row, each replaced by a spare; the spare left over is
@@ -401,6 +415,35 @@ TEST_P(RecoveryProcessTest, HungRankIsReplacedAndNeverRejoinsItsOldRound) {
       EXPECT_EQ(w.child->exit_code(), 0) << w.child->describe();
     }
   }
+}
+
+// A node that joins while the round runs below MAX: the round re-forms at
+// once to admit it (the step in flight is redone), world size 2 -> 3.
+TEST_P(RecoveryProcessTest, GrowsWhenANodeJoinsBelowMax) {
+  const std::string job = Job("grow");
+  // Long enough (2,400 steps at world size 2) that the third process, which
+  // starts once round 1 runs, joins mid-training.
+  constexpr int kSamples = 9600;
+  constexpr int kEpochs = 2;
+  std::vector<std::string> flags = ModelFlags();
+  flags.insert(flags.end(), {absl::StrCat("--synthetic_size=", kSamples),
+                             absl::StrCat("--epochs=", kEpochs),
+                             "--batch_size=4", "--shuffle",
+                             "--last_call_timeout=0s"});
+  for (int i = 0; i < 2; ++i) StartWorker(job, i, "2:3", flags);
+  ASSERT_TRUE(PumpUntil(Children(), kBound, [&] {
+    return RankInRound(1, 1, 2) != nullptr;
+  })) << Describe();
+  StartWorker(job, 2, "2:3", flags);
+  ExpectSurvivorsSucceeded({}, 2);
+  v1::JobStatus status = JobStatus(job);
+  EXPECT_EQ(status.state(), v1::JOB_STATE_SUCCEEDED) << status.reason();
+  EXPECT_EQ(status.round(), 2);
+  EXPECT_EQ(status.world_size(), 3);
+  ASSERT_EQ(status.recoveries_size(), 1);
+  EXPECT_THAT(status.recoveries(0).cause(), HasSubstr("re-forms to admit it"));
+  // 3 ranks may pad the rest of the epoch they divide by up to 2 samples.
+  ExpectEverySampleUsedOnce(workers_, kSamples, kEpochs, /*padding=*/2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Trainer, RecoveryProcessTest, ::testing::Bool(),
