@@ -99,7 +99,20 @@ absl::Status RunElastic(CoordinatorClient* client, v1::JoinRequest request,
                     [round](const absl::Status& why) { round->Abort(why); });
     absl::Status trained =
         TrainInRound(client, assignment, options, trainer, round.get());
-    if (trained.ok()) return trained;
+    if (trained.ok()) {
+      absl::Status reported = reporter->Finish(true, 0, "");
+      if (!absl::IsAborted(reported) || recoveries == options.max_recoveries) {
+        return reported;
+      }
+      // The round was superseded as training finished (a peer was lost or a
+      // node joined): finish in the next round, which starts at the last
+      // step.
+      GS_LOG(WARNING) << "round " << assignment.round()
+                      << " ended as training finished (" << reported
+                      << "); rejoining to finish in the next round";
+      previous = assignment.round();
+      continue;
+    }
     if (assignment.failure_policy() == v1::FAILURE_POLICY_FAIL ||
         !RecoverableByRejoining(trained)) {
       return trained;

@@ -65,8 +65,10 @@ bool RecoverableByRejoining(const absl::Status& status);
 // backend's timeout. On a recoverable failure under the job's
 // RECOVER policy it tears the process group down and rejoins, at most
 // `options.max_recoveries` times. Heartbeats go through `reporter`, restarted
-// for every round. Returns OK once training finished (the caller reports
-// completion); otherwise the error that ended it: the trainer's or the
+// for every round. Returns OK once training finished and the success was
+// reported (reporter->Finish; a round superseded just then is rejoined, and
+// training finishes in the next one); otherwise the error that ended it (the
+// caller reports the failure): the trainer's or the
 // coordinator's own (a non-recoverable error, or any error under the FAIL
 // policy), or FAILED_PRECONDITION naming the last error once
 // max_recoveries are used up. `client`, `reporter` and `trainer` must stay

@@ -6,6 +6,8 @@
 #include "worker/runtime/elastic.h"
 
 #include <deque>
+#include <functional>
+#include <thread>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "server/coordinator.h"
 #include "worker/client/coordinator_client.h"
+#include "tests/testing/eventually.h"
 #include "worker/runtime/health_reporter.h"
 
 namespace gradsync {
@@ -43,11 +46,17 @@ class ScriptedTrainer : public RoundTrainer {
     committed_ += 10;
     absl::Status next = script_.front();
     script_.pop_front();
+    if (before_first_return) {
+      before_first_return();
+      before_first_return = nullptr;
+    }
     return next;
   }
 
   std::vector<v1::Assignment> rounds;
   std::vector<int> world_sizes;
+  // Runs once, as the first round ends.
+  std::function<void()> before_first_return;
 
  private:
   std::deque<absl::Status> script_;
@@ -116,6 +125,34 @@ TEST_F(ElasticTest, RecoverableFailuresRejoinAndResumeFromTheCommittedStep) {
   ASSERT_EQ(job->recoveries_size(), 2);
   EXPECT_THAT(job->recoveries(1).cause(), HasSubstr("rejoined after round 2"));
   EXPECT_EQ(job->recoveries(1).resume_step(), 20);
+}
+
+TEST_F(ElasticTest, RoundSupersededAsTrainingFinishesIsFinishedInTheNextOne) {
+  ScriptedTrainer trainer({absl::OkStatus(), absl::OkStatus()});
+  std::thread intruder;
+  // As round 1 finishes, a new process on the same node supersedes it (its
+  // join waits until our rejoin supersedes round 2 in turn).
+  trainer.before_first_return = [&] {
+    intruder = std::thread([this] {
+      v1::JoinRequest request;
+      request.set_job_id("superseded");
+      *request.mutable_node() = LocalNodeDescriptor();
+      request.mutable_node()->add_addresses("127.0.0.1");
+      (void)client_->Join(request);
+    });
+    ASSERT_TRUE(Eventually([&] {
+      absl::StatusOr<v1::JobStatus> job = client_->GetJob("superseded");
+      return job.ok() && job->round() == 2;
+    }));
+  };
+  ASSERT_TRUE(Run("superseded", &trainer, 3).ok());
+  intruder.join();
+  EXPECT_EQ(trainer.rounds.size(), 2u) << "finished again in round 3";
+  EXPECT_EQ(trainer.rounds[1].round(), 3);
+  EXPECT_EQ(trainer.rounds[1].resume_step(), 10);
+  absl::StatusOr<v1::JobStatus> job = client_->GetJob("superseded");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason();
 }
 
 TEST_F(ElasticTest, GivesUpAfterMaxRecoveries) {
