@@ -53,7 +53,10 @@ void HealthReporter::Start(
   collectives_.clear();
   ready_times_.clear();
   verdict_ = Verdict();
-  if (!thread_.joinable() && !stopping_) {
+  if (!thread_.joinable()) {
+    // The first Start, or one after Finish()/Stop() ended the thread (a
+    // member that rejoins to finish in the next round).
+    stopping_ = false;
     thread_ = std::thread([this] { Run(); });
   }
 }

@@ -92,9 +92,10 @@ class HealthReporter {
   HealthReporter& operator=(const HealthReporter&) = delete;
 
   // Reports as the member `assignment` describes (the process joined with
-  // `incarnation_id`); starts the sending thread on the first call. Call it
-  // again after every rejoin: the stream moves to the new round and queued
-  // events of the old round are dropped.
+  // `incarnation_id`); starts the sending thread on the first call, and
+  // again after Finish() or Stop() ended it. Call it again after every
+  // rejoin: the stream moves to the new round and queued events of the old
+  // round are dropped. Start, Finish and Stop are called from one thread.
   //
   // `on_round_over`, when set, is called once (on one of the reporter's
   // threads) when the coordinator says this member should stop: its stream

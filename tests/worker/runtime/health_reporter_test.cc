@@ -104,6 +104,23 @@ TEST_F(HealthReporterTest, RoundOverIsReportedWhenTheRoundIsSuperseded) {
   EXPECT_EQ(calls, 1);
 }
 
+TEST_F(HealthReporterTest, StartAfterStopSendsHeartbeatsAgain) {
+  StartCoordinator();
+  v1::Assignment a = JoinOne("inc-a");
+  auto client = Client(port_);
+  HealthReporter reporter(client.get(), FastOptions());
+  reporter.Start(a, "inc-a");
+  ASSERT_TRUE(Eventually([&] { return reporter.stats().answers > 0; }));
+  reporter.Stop();  // as Finish() does before its completion report
+  // Round 2 forms (a new process on the node); the reporter starts again
+  // for it, as after a rejoin.
+  v1::Assignment b = JoinOne("inc-b");
+  reporter.Start(b, "inc-b");
+  reporter.Update(Step(3));
+  ASSERT_TRUE(Eventually([&] { return Job().members(0).metrics().step() == 3; }));
+  EXPECT_EQ(Job().round(), 2);
+}
+
 TEST_F(HealthReporterTest, UpdatesReachTheCoordinatorAndItsVerdictComesBack) {
   StartCoordinator();
   v1::Assignment a = JoinOne("inc-a");
