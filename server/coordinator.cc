@@ -81,6 +81,9 @@ absl::Status Coordinator::Start() {
                  << metrics_.port() << ")";
   }
   server_->GetHealthCheckService()->SetServingStatus(true);
+  // Members of rounds restored from storage get one detection window from
+  // now, as the server serves, to heartbeat again.
+  health_.MonitorRunningRounds();
   monitor_service_.Start();
   poller_ = std::thread([this] { PollLoop(); });
   GS_LOG(INFO) << "gradsync coordinator serving gradsync.v1 on "
@@ -112,7 +115,7 @@ absl::Status Coordinator::RestoreFromStorage() {
     const bool open = job.state() != v1::JOB_STATE_WAITING;
     GS_RETURN_IF_ERROR(kv_.RestoreRound(job.config().job_id(), job.round(), open));
   }
-  return absl::OkStatus();
+  return rendezvous_.Restore();
 }
 
 void Coordinator::Wait() { shut_down_.WaitForNotification(); }

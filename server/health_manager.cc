@@ -130,7 +130,8 @@ std::unique_ptr<HealthManager::Session> HealthManager::NewSession() {
 }
 
 absl::StatusOr<std::shared_ptr<HealthManager::JobHealth>>
-HealthManager::FindOrStart(const v1::MemberRef& member) {
+HealthManager::FindOrStart(const v1::MemberRef& member,
+                           absl::string_view started_by) {
   {
     absl::ReaderMutexLock lock(&mu_);
     auto it = jobs_health_.find(member.job_id());
@@ -156,6 +157,7 @@ HealthManager::FindOrStart(const v1::MemberRef& member) {
   const v1::JobConfig& c = round.config;
   job->job_id = member.job_id();
   job->round = phase.round;
+  job->started_by = std::string(started_by);
   job->interval = c.has_heartbeat_interval() &&
                           FromProtoDuration(c.heartbeat_interval()) >
                               absl::ZeroDuration()
@@ -187,6 +189,15 @@ HealthManager::FindOrStart(const v1::MemberRef& member) {
       m.host = std::move(round.hosts[r]);
       m.last_seen = now;
       m.lags.assign(kLagSamples, absl::ZeroDuration());
+      // Recorded before a restart: a lost member stays lost, and one that
+      // exited while the job runs on had succeeded.
+      m.state = round.states[r] == v1::MEMBER_STATE_UNSPECIFIED
+                    ? v1::MEMBER_STATE_ACTIVE
+                    : round.states[r];
+      if (m.state == v1::MEMBER_STATE_EXITED) {
+        m.succeeded = true;
+        ++job->succeeded;
+      }
     }
     job->collectives.resize(kCollectiveWindow);
     job->steps.resize(kStepWindow);
@@ -210,6 +221,25 @@ HealthManager::FindOrStart(const v1::MemberRef& member) {
                << absl::FormatDuration(job->interval) << ", lost after "
                << job->missed << " missed";
   return job;
+}
+
+void HealthManager::MonitorRunningRounds() {
+  for (const v1::JobStatus& job : jobs_->List()) {
+    if (job.round() < 1 || (job.state() != v1::JOB_STATE_RUNNING &&
+                            job.state() != v1::JOB_STATE_DEGRADED)) {
+      continue;
+    }
+    v1::MemberRef round;
+    round.set_job_id(job.config().job_id());
+    round.set_round(job.round());
+    absl::StatusOr<std::shared_ptr<JobHealth>> started =
+        FindOrStart(round, "the coordinator restarted");
+    if (!started.ok()) {
+      GS_LOG(WARNING) << "job '" << job.config().job_id() << "' round "
+                      << job.round() << ": not monitored after the restart: "
+                      << started.status();
+    }
+  }
 }
 
 absl::Status HealthManager::Resolve(Session* session,
@@ -588,7 +618,7 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now,
                                 absl::FormatDuration(job->interval),
                                 "): last heard ", silent, " ago")
                  : absl::StrCat("sent no heartbeat in the ", silent,
-                                " since monitoring began")});
+                                " since ", job->started_by)});
   }
   if (!update.members.empty()) {
     const HealthUpdate::MemberChange& first = update.members.front();

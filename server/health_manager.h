@@ -4,8 +4,9 @@
 // diagnoses hangs, desyncs and stragglers from what workers report.
 //
 // A round is monitored from the first heartbeat or completion report of any
-// of its members: jobs whose workers never heartbeat are never marked LOST.
-// From then on every member must heartbeat; one silent for
+// of its members (jobs whose workers never heartbeat are never marked LOST),
+// or, after a restart on durable state, from MonitorRunningRounds(). From
+// then on every member must heartbeat; one silent for
 // missed_heartbeats x heartbeat_interval (counted from its last heartbeat, or
 // from the start of monitoring) is LOST. Time comes from the injected Clock
 // and detection runs in Poll(), so tests step a FakeClock.
@@ -116,6 +117,13 @@ class HealthManager {
   // members LOST and diagnoses hangs. Called every poll interval.
   void Poll();
 
+  // After a restart on durable state: starts monitoring every running round
+  // at once, members as recorded. Each live member then has one detection
+  // window from the restart to heartbeat again (the grace period); one
+  // silent past it is LOST, so a round whose workers died during the outage
+  // does not look healthy forever. Call before serving.
+  void MonitorRunningRounds();
+
   // Stops marking members LOST for broken streams (the server is shutting
   // down and cancels every stream). Irreversible.
   void StopDetection() { stopped_.store(true); }
@@ -186,6 +194,9 @@ class HealthManager {
     v1::FailurePolicy policy = v1::FAILURE_POLICY_DEGRADE;
     absl::Duration straggler_threshold;
     absl::Duration hang_timeout;
+    // What started the monitoring, for a member LOST without a heartbeat:
+    // "monitoring began" or "the coordinator restarted".
+    std::string started_by;
 
     // The job's state and reason as last recorded or read from JobManager;
     // `generation` counts their changes so streams know what to resend.
@@ -214,7 +225,8 @@ class HealthManager {
   // member; points `session` at it.
   absl::Status Resolve(Session* session, const v1::MemberRef& member);
   absl::StatusOr<std::shared_ptr<JobHealth>> FindOrStart(
-      const v1::MemberRef& member);
+      const v1::MemberRef& member,
+      absl::string_view started_by = "monitoring began");
   std::vector<std::shared_ptr<JobHealth>> Snapshot() const;
 
   // Ingest helpers.

@@ -260,9 +260,11 @@ absl::StatusOr<RoundMembers> JobManager::GetRoundMembers(
   out.phase = JobPhase{record.round(), record.state(), record.reason()};
   out.incarnations.reserve(record.members_size());
   out.hosts.reserve(record.members_size());
+  out.states.reserve(record.members_size());
   for (const v1::Member& m : record.members()) {
     out.incarnations.push_back(m.node().incarnation_id());
     out.hosts.push_back(m.node().hostname());
+    out.states.push_back(m.state());
   }
   return out;
 }

@@ -47,6 +47,9 @@ struct RoundMembers {
   JobPhase phase;
   std::vector<std::string> incarnations;
   std::vector<std::string> hosts;
+  // As recorded: ACTIVE, LOST, or EXITED (in a job that has not ended, an
+  // EXITED member succeeded).
+  std::vector<v1::MemberState> states;
 };
 
 // Upper bounds (seconds) of the recovery phase histograms' buckets.

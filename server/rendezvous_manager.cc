@@ -1,6 +1,7 @@
 #include "server/rendezvous_manager.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
@@ -34,6 +35,50 @@ absl::Status NcclRefusal(const v1::JoinRequest& request) {
       DescribeProcess(request.node()),
       " reports no CUDA device with NCCL: start it on a GPU node or let "
       "the job use backend auto or gloo"));
+}
+
+// What every member's assignment of one round shares.
+struct RoundShape {
+  int64_t round = 0;
+  int world_size = 0;
+  int num_nodes = 0;
+  v1::Backend backend = v1::BACKEND_UNSPECIFIED;
+  int64_t resume_step = 0;
+  int source_rank = 0;
+  bool single_host = false;
+};
+
+v1::Assignment AssignmentFor(const v1::JobConfig& config,
+                             const RoundShape& shape, int rank,
+                             int node_rank) {
+  const int nproc = config.nproc_per_node();
+  v1::Assignment a;
+  a.set_job_id(config.job_id());
+  a.set_round(shape.round);
+  a.set_rank(rank);
+  a.set_local_rank(rank % nproc);
+  a.set_world_size(shape.world_size);
+  a.set_local_world_size(nproc);
+  a.set_node_rank(node_rank);
+  a.set_num_nodes(shape.num_nodes);
+  a.set_backend(shape.backend);
+  a.set_kv_prefix(KvRoundPrefix(config.job_id(), shape.round));
+  a.set_resume_step(shape.resume_step);
+  a.set_source_rank(shape.source_rank);
+  a.set_failure_policy(config.failure_policy() == v1::FAILURE_POLICY_FAIL
+                           ? v1::FAILURE_POLICY_FAIL
+                           : v1::FAILURE_POLICY_RECOVER);
+  a.set_single_host(shape.single_host);
+  return a;
+}
+
+// Whether every process runs on one (named) host.
+bool OnOneHost(const std::vector<v1::NodeDescriptor>& nodes) {
+  return !nodes.empty() && !nodes.front().hostname().empty() &&
+         std::all_of(nodes.begin(), nodes.end(),
+                     [&](const v1::NodeDescriptor& d) {
+                       return d.hostname() == nodes.front().hostname();
+                     });
 }
 
 }  // namespace
@@ -113,6 +158,101 @@ v1::Backend NegotiateBackend(v1::Backend preference,
 RendezvousManager::RendezvousManager(JobManager* jobs, KvManager* kv,
                                      Clock* clock)
     : jobs_(jobs), kv_(kv), clock_(clock) {}
+
+absl::Status RendezvousManager::Restore() {
+  absl::MutexLock lock(&mu_);
+  for (const v1::JobStatus& listed : jobs_->List()) {
+    const std::string& job_id = listed.config().job_id();
+    if (listed.round() < 1 || IsTerminal(listed.state())) continue;
+    absl::StatusOr<v1::JobStatus> record = jobs_->Get(job_id);
+    if (!record.ok()) return record.status();
+    std::unique_ptr<JobRendezvous>& job = rendezvous_[job_id];
+    job = std::make_unique<JobRendezvous>();
+    absl::Status restored = RestoreLocked(*record, job.get());
+    if (!restored.ok()) {
+      rendezvous_.erase(job_id);
+      return restored;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RendezvousManager::RestoreLocked(const v1::JobStatus& record,
+                                              JobRendezvous* job) {
+  const v1::JobConfig& config = record.config();
+  const int nproc = config.nproc_per_node();
+  const int world = record.members_size();
+  if (nproc < 1 || world < 1 || world % nproc != 0) {
+    return absl::DataLossError(absl::StrCat(
+        "job '", config.job_id(), "': round ", record.round(), " has ", world,
+        " member(s) recorded with ", nproc,
+        " process(es) per node: the state is damaged"));
+  }
+  RoundShape shape;
+  shape.round = record.round();
+  shape.world_size = world;
+  shape.num_nodes = world / nproc;
+  shape.backend = record.backend();
+  if (record.recoveries_size() > 0) {
+    const v1::Recovery& last = record.recoveries(record.recoveries_size() - 1);
+    if (last.new_round() == record.round()) {
+      shape.resume_step = last.resume_step();
+      shape.source_rank = last.source_rank();
+    }
+  }
+  std::vector<v1::NodeDescriptor> nodes;
+  for (const v1::Member& m : record.members()) nodes.push_back(m.node());
+  shape.single_host = OnOneHost(nodes);
+
+  job->config = config;
+  job->round = record.round();
+  job->running = record.state() != v1::JOB_STATE_WAITING;
+  job->node_of_rank.assign(world, std::string());
+  if (job->running) job->members.assign(world, Member());
+  std::vector<std::string> lost_nodes;
+  for (int rank = 0; rank < world; ++rank) {
+    const v1::Member& m = record.members(rank);
+    const std::string& node_id = m.node().node_id();
+    if (m.rank() != rank || m.node_rank() != rank / nproc || node_id.empty()) {
+      return absl::DataLossError(absl::StrCat(
+          "job '", config.job_id(), "': member ", rank, " of round ",
+          record.round(), " is recorded as rank ", m.rank(), ", node rank ",
+          m.node_rank(), ", node '", node_id, "': the state is damaged"));
+    }
+    job->node_of_rank[rank] = node_id;
+    job->remembered_node_rank[node_id] = m.node_rank();
+    if (m.state() == v1::MEMBER_STATE_LOST) lost_nodes.push_back(node_id);
+    if (job->running) {
+      Member& member = job->members[rank];
+      member.node = m.node();
+      member.joined = FromProtoTime(record.round_close_time());
+      member.assignment = AssignmentFor(config, shape, rank, m.node_rank());
+      job->member_by_incarnation[m.node().incarnation_id()] = rank;
+      job->node_rank_by_node[node_id] = m.node_rank();
+    } else {
+      job->previous_round_nodes.insert(node_id);
+      job->awaited_nodes.insert(node_id);
+    }
+  }
+  if (!job->running) {
+    // Superseded before the restart: what the recovery record knew then,
+    // but for how long detection took.
+    v1::Recovery& recovery = job->recovery.emplace();
+    recovery.set_failed_round(job->round);
+    recovery.set_cause(record.reason());
+    recovery.set_old_world_size(world);
+    *recovery.mutable_detect_time() = record.update_time();
+  } else if (!lost_nodes.empty()) {
+    SupersedeLocked(job, record.reason());
+  }
+  for (const std::string& node_id : lost_nodes) {
+    job->awaited_nodes.erase(node_id);
+  }
+  GS_LOG(INFO) << "job '" << config.job_id() << "': round " << job->round
+               << " restored, " << (job->running ? "running" : "re-forming")
+               << ", " << world << " member(s)";
+  return absl::OkStatus();
+}
 
 uint64_t RendezvousManager::Join(const v1::JoinRequest& request,
                                  JoinCallback done) {
@@ -413,10 +553,6 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
   }
   const v1::Backend backend = NegotiateBackend(config.backend(), descriptors);
   const int world_size = num_nodes * nproc;
-  const v1::FailurePolicy policy =
-      config.failure_policy() == v1::FAILURE_POLICY_FAIL
-          ? v1::FAILURE_POLICY_FAIL
-          : v1::FAILURE_POLICY_RECOVER;
   std::vector<std::pair<bool, int64_t>> states(world_size);
   for (int i = 0; i < num_nodes; ++i) {
     for (int local = 0; local < nproc; ++local) {
@@ -425,13 +561,15 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
                                               joiner.committed_step};
     }
   }
-  const auto [resume_step, source_rank] = ChooseResumeSource(states);
-  const bool single_host =
-      !descriptors.empty() && !descriptors.front().hostname().empty() &&
-      std::all_of(descriptors.begin(), descriptors.end(),
-                  [&](const v1::NodeDescriptor& d) {
-                    return d.hostname() == descriptors.front().hostname();
-                  });
+  RoundShape shape;
+  shape.round = job->round + 1;
+  shape.world_size = world_size;
+  shape.num_nodes = num_nodes;
+  shape.backend = backend;
+  std::tie(shape.resume_step, shape.source_rank) = ChooseResumeSource(states);
+  shape.single_host = OnOneHost(descriptors);
+  const int64_t resume_step = shape.resume_step;
+  const int source_rank = shape.source_rank;
 
   job->round += 1;
   job->running = true;
@@ -457,21 +595,8 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
       Member& member = job->members[rank];
       member.node = joiner.node;
       member.joined = joiner.join_time;
-      v1::Assignment& a = member.assignment;
-      a.set_job_id(job_id);
-      a.set_round(job->round);
-      a.set_rank(rank);
-      a.set_local_rank(local);
-      a.set_world_size(world_size);
-      a.set_local_world_size(nproc);
-      a.set_node_rank(node_rank[i]);
-      a.set_num_nodes(num_nodes);
-      a.set_backend(backend);
-      a.set_kv_prefix(KvRoundPrefix(job_id, job->round));
-      a.set_resume_step(resume_step);
-      a.set_source_rank(source_rank);
-      a.set_failure_policy(policy);
-      a.set_single_host(single_host);
+      member.assignment = AssignmentFor(config, shape, rank, node_rank[i]);
+      const v1::Assignment& a = member.assignment;
       job->member_by_incarnation[joiner.node.incarnation_id()] = rank;
       job->node_of_rank[rank] = chosen[i];
 

@@ -51,6 +51,17 @@ class RendezvousManager {
 
   RendezvousManager(JobManager* jobs, KvManager* kv, Clock* clock);
 
+  // After a restart on durable state: rebuilds the rendezvous of every job
+  // that has not ended from its record (JobManager), so that its rounds keep
+  // their numbers, a member whose join answer was lost gets it again, a lost
+  // member or a rejoin supersedes the running round, and a superseded round
+  // re-forms awaiting the nodes of the old round that were not lost. A round
+  // recorded with a lost member but not yet superseded is superseded now.
+  // Processes that were waiting to join are not restored: their joins are
+  // retried and wait again. DATA_LOSS for a record that cannot describe its
+  // round. Call before serving.
+  absl::Status Restore();
+
   // Starts a join (see rendezvous.proto for the semantics). `done` runs with
   // the assignment once the round closes, or with an error: at once for bad
   // input, DEADLINE_EXCEEDED after the job's join timeout, ABORTED when a
@@ -154,6 +165,9 @@ class RendezvousManager {
   };
   using Completion = std::pair<JoinCallback, absl::StatusOr<v1::Assignment>>;
 
+  // Rebuilds `job` from its `record` (see Restore).
+  absl::Status RestoreLocked(const v1::JobStatus& record, JobRendezvous* job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a validated joiner to `job`, superseding or answering as needed.
   void JoinLocked(JobRendezvous* job, const v1::JoinRequest& request,
                   JoinCallback done, uint64_t* ticket,

@@ -115,11 +115,15 @@ absl::Status Bootstrap(CoordinatorClient& client, const v1::Assignment& a,
   }
   GS_RETURN_IF_ERROR(client.Wait(scope, keys, timeout));
   GS_ASSIGN_OR_RETURN(std::string comm_id, client.Get(scope, "comm_id"));
-  GS_ASSIGN_OR_RETURN(int64_t arrived, client.Add(scope, "barrier", 1));
-  if (arrived == a.world_size()) {
-    GS_RETURN_IF_ERROR(client.Set(scope, "barrier_done", "1"));
+  // A barrier of one key per rank, not a counter: Set is idempotent, so a
+  // call retried across a coordinator restart cannot count twice.
+  GS_RETURN_IF_ERROR(
+      client.Set(scope, absl::StrCat("barrier/", a.rank()), "arrived"));
+  std::vector<std::string> arrived;
+  for (int r = 0; r < a.world_size(); ++r) {
+    arrived.push_back(absl::StrCat("barrier/", r));
   }
-  GS_RETURN_IF_ERROR(client.Wait(scope, {"barrier_done"}, timeout));
+  GS_RETURN_IF_ERROR(client.Wait(scope, arrived, timeout));
   std::printf(
       "rank %d/%d (local %d/%d, node %d/%d) round %lld backend %s: "
       "bootstrapped communicator %s\n",

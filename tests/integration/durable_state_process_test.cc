@@ -4,6 +4,8 @@
 // is refused at start with a clear error.
 #include <signal.h>
 
+#include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,22 +36,58 @@ std::unique_ptr<CoordinatorClient> Client(const std::string& address) {
   return *CoordinatorClient::Create(options);
 }
 
+// Starts simulated worker `index` of the `world` of `job`, training `steps`
+// steps of `step_time`.
+std::unique_ptr<Child> StartWorker(const std::string& address,
+                                   const std::string& job, int world,
+                                   int index, int steps,
+                                   absl::Duration step_time) {
+  auto worker = std::make_unique<Child>();
+  EXPECT_TRUE(worker->Start(
+      {Runfile("worker/gradsync-sim-worker"),
+       absl::StrCat("--coordinator=", address), absl::StrCat("--job=", job),
+       absl::StrCat("--nnodes=", world), absl::StrCat("--node_id=node-", index),
+       "--last_call_timeout=0s", absl::StrCat("--train_steps=", steps),
+       absl::StrCat("--step_time=", absl::FormatDuration(step_time))},
+      /*capture=*/true));
+  return worker;
+}
+
 // Starts `world` simulated workers of `job` that train for `steps` steps.
-std::vector<std::unique_ptr<Child>> StartWorkers(const std::string& address,
-                                                 const std::string& job,
-                                                 int world, int steps) {
+std::vector<std::unique_ptr<Child>> StartWorkers(
+    const std::string& address, const std::string& job, int world, int steps,
+    absl::Duration step_time = absl::Milliseconds(20)) {
   std::vector<std::unique_ptr<Child>> workers;
   for (int i = 0; i < world; ++i) {
-    workers.push_back(std::make_unique<Child>());
-    EXPECT_TRUE(workers.back()->Start(
-        {Runfile("worker/gradsync-sim-worker"),
-         absl::StrCat("--coordinator=", address), absl::StrCat("--job=", job),
-         absl::StrCat("--nnodes=", world), absl::StrCat("--node_id=node-", i),
-         "--last_call_timeout=0s", absl::StrCat("--train_steps=", steps),
-         "--step_time=20ms"},
-        /*capture=*/true));
+    workers.push_back(StartWorker(address, job, world, i, steps, step_time));
   }
   return workers;
+}
+
+// Polls `job` on `client` until `done` holds for it (true) or kBound passes.
+bool JobReaches(CoordinatorClient* client, const std::string& job,
+                const std::function<bool(const v1::JobStatus&)>& done) {
+  const absl::Time deadline = absl::Now() + kBound;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<v1::JobStatus> status = client->GetJob(job);
+    if (status.ok() && done(*status)) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+// kill -9 of `first`, then a coordinator on its address and `state_dir`.
+::testing::AssertionResult KillAndRestart(CoordinatorProcess* first,
+                                          CoordinatorProcess* second,
+                                          const std::string& state_dir,
+                                          const std::string& name) {
+  first->child().Signal(SIGKILL);
+  if (!WaitAll({&first->child()}, kBound)) {
+    return ::testing::AssertionFailure() << "the killed coordinator lingers";
+  }
+  return second->Start(Runfile("server/gradsync-coordinator"), name,
+                       {absl::StrCat("--state_dir=", state_dir),
+                        absl::StrCat("--listen=", first->address())});
 }
 
 TEST(DurableStateProcessTest, TrainingGoesOnThroughKillNineAndRestart) {
@@ -74,12 +112,8 @@ TEST(DurableStateProcessTest, TrainingGoesOnThroughKillNineAndRestart) {
   scope.set_round(job->round());
   ASSERT_TRUE(client->Set(scope, "set-before-the-crash", "kept").ok());
 
-  first.child().Signal(SIGKILL);
-  ASSERT_TRUE(WaitAll({&first.child()}, kBound));
   CoordinatorProcess second;  // the same port and state
-  ASSERT_TRUE(second.Start(Runfile("server/gradsync-coordinator"), "mid-2",
-                           {absl::StrCat("--state_dir=", state_dir),
-                            absl::StrCat("--listen=", first.address())}));
+  ASSERT_TRUE(KillAndRestart(&first, &second, state_dir, "mid-2"));
   ASSERT_EQ(second.address(), first.address());
 
   std::vector<Child*> children;
@@ -99,6 +133,86 @@ TEST(DurableStateProcessTest, TrainingGoesOnThroughKillNineAndRestart) {
   absl::StatusOr<std::string> kept = after->Get(scope, "set-before-the-crash");
   ASSERT_TRUE(kept.ok()) << kept.status();
   EXPECT_EQ(*kept, "kept");
+  ASSERT_TRUE(second.Stop());
+}
+
+TEST(DurableStateProcessTest, RoundFormsThroughARestartDuringTheRendezvous) {
+  const std::string state_dir = TempPath("state-rendezvous");
+  CoordinatorProcess first;
+  ASSERT_TRUE(first.Start(Runfile("server/gradsync-coordinator"), "rdzv-1",
+                          {absl::StrCat("--state_dir=", state_dir)}));
+  std::unique_ptr<Child> early = StartWorker(first.address(), "forming", 2, 0,
+                                             5, absl::Milliseconds(20));
+  ASSERT_TRUE(JobReaches(Client(first.address()).get(), "forming",
+                         [](const v1::JobStatus& job) {
+                           return job.waiting_size() == 1;
+                         }));
+  // The early worker's join is in flight when the coordinator dies; it is
+  // retried, waits again, and the round forms once the second worker joins.
+  CoordinatorProcess second;
+  ASSERT_TRUE(KillAndRestart(&first, &second, state_dir, "rdzv-2"));
+  std::unique_ptr<Child> late = StartWorker(second.address(), "forming", 2, 1,
+                                            5, absl::Milliseconds(20));
+  ASSERT_TRUE(WaitAll({early.get(), late.get()}, kBound));
+  EXPECT_EQ(early->exit_code(), 0) << early->describe();
+  EXPECT_EQ(late->exit_code(), 0) << late->describe();
+  absl::StatusOr<v1::JobStatus> job = Client(second.address())->GetJob("forming");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason();
+  EXPECT_EQ(job->round(), 1);
+  ASSERT_TRUE(second.Stop());
+}
+
+TEST(DurableStateProcessTest, WorkerDeadDuringTheOutageIsLostAfterTheGrace) {
+  const std::string state_dir = TempPath("state-grace");
+  CoordinatorProcess first;
+  ASSERT_TRUE(first.Start(Runfile("server/gradsync-coordinator"), "grace-1",
+                          {absl::StrCat("--state_dir=", state_dir)}));
+  std::vector<std::unique_ptr<Child>> workers = StartWorkers(
+      first.address(), "outage", 2, 100000, absl::Milliseconds(100));
+  // Both train and heartbeat.
+  v1::JobStatus training;
+  ASSERT_TRUE(JobReaches(Client(first.address()).get(), "outage",
+                         [&](const v1::JobStatus& job) {
+                           training = job;
+                           return job.members_size() == 2 &&
+                                  job.members(0).metrics().step() > 0 &&
+                                  job.members(1).metrics().step() > 0;
+                         }));
+  const bool first_is_rank1 =
+      workers[0]->pid() == training.members(1).node().pid();
+  Child* rank1 = workers[first_is_rank1 ? 0 : 1].get();
+  Child* rank0 = workers[first_is_rank1 ? 1 : 0].get();
+  first.child().Signal(SIGKILL);
+  ASSERT_TRUE(WaitAll({&first.child()}, kBound));
+  // Rank 1's process dies while nobody watches: its stream cannot break on
+  // the new coordinator, only its silence can tell.
+  rank1->Signal(SIGKILL);
+  ASSERT_TRUE(WaitAll({rank1}, kBound));
+  CoordinatorProcess second;
+  ASSERT_TRUE(second.Start(Runfile("server/gradsync-coordinator"), "grace-2",
+                           {absl::StrCat("--state_dir=", state_dir),
+                            absl::StrCat("--listen=", first.address())}));
+  const absl::Time restarted = absl::Now();
+  v1::JobStatus seen;
+  ASSERT_TRUE(JobReaches(Client(second.address()).get(), "outage",
+                         [&](const v1::JobStatus& job) {
+                           seen = job;
+                           return job.members_size() == 2 &&
+                                  job.members(1).state() ==
+                                      v1::MEMBER_STATE_LOST;
+                         }));
+  const absl::Duration took = absl::Now() - restarted;
+  std::printf("rank 1 shown LOST %s after the restart\n",
+              absl::FormatDuration(took).c_str());
+  // Not before the grace of one detection window (3 x 1 s), which rank 0
+  // used to reconnect.
+  EXPECT_GE(took, absl::Milliseconds(2900));
+  EXPECT_LE(took, absl::Seconds(15));
+  EXPECT_THAT(seen.members(1).state_reason(), HasSubstr("since the coordinator restarted"));
+  EXPECT_EQ(seen.members(0).state(), v1::MEMBER_STATE_ACTIVE);
+  rank0->Signal(SIGKILL);
+  ASSERT_TRUE(WaitAll({rank0}, kBound));
   ASSERT_TRUE(second.Stop());
 }
 

@@ -368,6 +368,81 @@ TEST_F(HealthManagerTest, EndedJobsAreForgottenAfterRetention) {
 }
 
 // ---------------------------------------------------------------------------
+// Restart on durable state
+
+// The coordinator's managers after a restart on the same storage.
+struct RestartedHealth {
+  RestartedHealth(Storage* storage, Clock* clock)
+      : jobs(storage, clock),
+        health(&jobs, clock, HealthConfig(),
+               [this](const HealthManager::Loss& loss) {
+                 lost.push_back(loss.rank);
+               }) {
+    EXPECT_TRUE(jobs.LoadFromStorage().ok());
+    health.MonitorRunningRounds();
+  }
+  absl::StatusOr<bool> Beat(int rank) {
+    if (sessions[rank] == nullptr) sessions[rank] = HealthManager::NewSession();
+    v1::HeartbeatRequest request;
+    request.mutable_member()->set_job_id(kJob);
+    request.mutable_member()->set_round(1);
+    request.mutable_member()->set_rank(rank);
+    request.mutable_member()->set_incarnation_id(Incarnation(rank));
+    v1::HeartbeatResponse response;
+    return health.Heartbeat(sessions[rank].get(), &request, &response);
+  }
+  v1::JobStatus Status() {
+    absl::StatusOr<v1::JobStatus> status = jobs.Get(kJob);
+    EXPECT_TRUE(status.ok()) << status.status();
+    return status.ok() ? *status : v1::JobStatus();
+  }
+
+  JobManager jobs;
+  std::vector<int> lost;  // ranks reported to the loss callback
+  HealthManager health;
+  std::map<int, std::unique_ptr<HealthManager::Session>> sessions;
+};
+
+TEST_F(HealthManagerTest, AfterARestartEachMemberHasOneDetectionWindow) {
+  StartJob(3);
+  BeatAll();
+  ASSERT_TRUE(Complete(2, true, 0, "").ok());
+  clock_.Advance(absl::Seconds(20));  // the coordinator is down
+  RestartedHealth restarted(&storage_, &clock_);
+  clock_.Advance(absl::Milliseconds(2500));
+  ASSERT_TRUE(restarted.Beat(0).ok());
+  restarted.health.Poll();
+  EXPECT_THAT(restarted.lost, IsEmpty()) << "within the grace";
+  clock_.Advance(absl::Seconds(1));
+  restarted.health.Poll();
+  // Rank 1 never came back: silent for the window since the restart.
+  // Rank 2 had succeeded before the crash and stays EXITED.
+  EXPECT_EQ(restarted.lost, std::vector<int>{1});
+  const v1::JobStatus status = restarted.Status();
+  EXPECT_EQ(status.members(0).state(), v1::MEMBER_STATE_ACTIVE);
+  EXPECT_EQ(status.members(1).state(), v1::MEMBER_STATE_LOST);
+  EXPECT_THAT(status.members(1).state_reason(),
+              HasSubstr("since the coordinator restarted"));
+  EXPECT_EQ(status.members(2).state(), v1::MEMBER_STATE_EXITED);
+}
+
+TEST_F(HealthManagerTest, AfterARestartSuccessesBeforeItStillCount) {
+  StartJob(2);
+  BeatAll();
+  ASSERT_TRUE(Complete(1, true, 0, "").ok());
+  RestartedHealth restarted(&storage_, &clock_);
+  v1::ReportCompletionRequest done;
+  done.mutable_member()->set_job_id(kJob);
+  done.mutable_member()->set_round(1);
+  done.mutable_member()->set_rank(0);
+  done.mutable_member()->set_incarnation_id(Incarnation(0));
+  done.set_success(true);
+  absl::StatusOr<v1::JobState> state = restarted.health.ReportCompletion(done);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(*state, v1::JOB_STATE_SUCCEEDED);
+}
+
+// ---------------------------------------------------------------------------
 // Refused heartbeats
 
 TEST_F(HealthManagerTest, RefusesHeartbeatsThatAreNotFromAMember) {

@@ -990,6 +990,156 @@ TEST_F(RendezvousManagerTest, ExtraProcessOnAFullNodeReplacesItsOldestProcess) {
 }
 
 // ---------------------------------------------------------------------------
+// Restart on durable state
+
+// A coordinator restarted on the same storage: fresh managers that load what
+// the first ones wrote, in the order Coordinator::Start restores them.
+class Restarted {
+ public:
+  Restarted(Storage* storage, Clock* clock)
+      : jobs_(storage, clock), kv_(storage, clock, &jobs_),
+        rdzv_(&jobs_, &kv_, clock) {}
+
+  absl::Status Restore() {
+    absl::Status loaded = jobs_.LoadFromStorage();
+    if (!loaded.ok()) return loaded;
+    for (const v1::JobStatus& job : jobs_.List()) {
+      if (job.round() < 1) continue;
+      absl::Status kv = kv_.RestoreRound(
+          job.config().job_id(), job.round(),
+          job.state() != v1::JOB_STATE_WAITING);
+      if (!kv.ok()) return kv;
+    }
+    return rdzv_.Restore();
+  }
+
+  v1::JobStatus Status() const {
+    absl::StatusOr<v1::JobStatus> status = jobs_.Get(kJob);
+    EXPECT_TRUE(status.ok()) << status.status();
+    return status.ok() ? *status : v1::JobStatus();
+  }
+
+  JobManager jobs_;
+  KvManager kv_;
+  RendezvousManager rdzv_;
+};
+
+class RendezvousRestoreTest : public RendezvousManagerTest {
+ protected:
+  // A running round of three nodes, a to c, and a restart.
+  void RunThreeNodesAndRestart(const ConfigSpec& spec) {
+    UseConfig(spec);
+    Join(Node("host-a", "inc-a"), &a_);
+    Join(Node("host-b", "inc-b"), &b_);
+    Join(Node("host-c", "inc-c"), &c_);
+    ASSERT_TRUE(a_.done() && b_.done() && c_.done());
+  }
+
+  absl::Status RestartNow() { return restarted_.Restore(); }
+
+  // Records rank `rank` of round 1 LOST, as failure detection does before it
+  // tells the rendezvous.
+  void RecordLost(int rank, const std::string& reason) {
+    HealthUpdate update;
+    update.members.push_back({rank, v1::MEMBER_STATE_LOST, "stream broke"});
+    update.job_state = v1::JOB_STATE_DEGRADED;
+    update.reason = reason;
+    ASSERT_TRUE(jobs_.RecordHealth(kJob, 1, update).ok());
+  }
+
+  void RejoinRestarted(const v1::NodeDescriptor& node, JoinOutcome* outcome,
+                       int64_t last_round, int64_t committed_step) {
+    v1::JoinRequest request = Request(node, last_round);
+    request.set_has_state(true);
+    request.set_committed_step(committed_step);
+    restarted_.rdzv_.Join(request, outcome->Callback());
+  }
+
+  JoinOutcome a_, b_, c_;
+  Restarted restarted_{&storage_, &clock_};
+};
+
+TEST_F(RendezvousRestoreTest, RunningRoundRepeatsAnswersAndReformsOnALoss) {
+  RunThreeNodesAndRestart(ConfigSpec().Min(2).Max(3));
+  ASSERT_TRUE(RestartNow().ok());
+  EXPECT_EQ(restarted_.Status().state(), v1::JOB_STATE_RUNNING);
+  // A join whose answer the crash lost gets the same assignment again.
+  JoinOutcome again;
+  restarted_.rdzv_.Join(Request(Node("host-b", "inc-b")), again.Callback());
+  ASSERT_TRUE(again.done());
+  EXPECT_EQ(again.assignment().SerializeAsString(),
+            b_.assignment().SerializeAsString());
+
+  // A loss reported after the restart re-forms the round, numbered on.
+  restarted_.rdzv_.MemberLost(kJob, 1, /*rank=*/0, "rank 0 (host-a) lost");
+  EXPECT_EQ(restarted_.Status().state(), v1::JOB_STATE_WAITING);
+  EXPECT_EQ(restarted_.kv_.Set({kJob, 1}, "k", "v").code(),
+            absl::StatusCode::kAborted);
+  JoinOutcome b2, c2;
+  RejoinRestarted(Node("host-b", "inc-b"), &b2, 1, 4);
+  EXPECT_FALSE(b2.done()) << "host-c is still awaited";
+  RejoinRestarted(Node("host-c", "inc-c"), &c2, 1, 5);
+  ASSERT_TRUE(b2.done() && c2.done());
+  EXPECT_EQ(c2.assignment().round(), 2);
+  EXPECT_EQ(c2.assignment().world_size(), 2);
+  EXPECT_EQ(c2.assignment().resume_step(), 5);
+  EXPECT_TRUE(restarted_.kv_.Set({kJob, 2}, "k", "v").ok());
+  EXPECT_EQ(restarted_.Status().recovery_count(), 1);
+}
+
+TEST_F(RendezvousRestoreTest, ReformingRoundAwaitsOnlyTheNodesNotLost) {
+  RunThreeNodesAndRestart(ConfigSpec().Min(2).Max(3).LastCall(absl::Seconds(30)));
+  RecordLost(2, "rank 2 (host-c) lost: stream broke");
+  rdzv_.MemberLost(kJob, 1, /*rank=*/2, "rank 2 (host-c) lost: stream broke");
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(RestartNow().ok());
+  EXPECT_EQ(restarted_.Status().state(), v1::JOB_STATE_WAITING);
+  JoinOutcome a2, b2;
+  RejoinRestarted(Node("host-a", "inc-a"), &a2, 1, 3);
+  EXPECT_FALSE(a2.done()) << "host-b is still awaited";
+  clock_.Advance(absl::Seconds(1));
+  RejoinRestarted(Node("host-b", "inc-b"), &b2, 1, 3);
+  ASSERT_TRUE(a2.done() && b2.done()) << "no last call: host-c was lost";
+  EXPECT_EQ(b2.assignment().round(), 2);
+  EXPECT_EQ(a2.assignment().rank(), 0) << "returning nodes keep their ranks";
+  EXPECT_EQ(b2.assignment().rank(), 1);
+  const v1::JobStatus status = restarted_.Status();
+  ASSERT_EQ(status.recoveries_size(), 1);
+  EXPECT_EQ(status.recoveries(0).cause(), "rank 2 (host-c) lost: stream broke");
+  EXPECT_EQ(status.recoveries(0).failed_round(), 1);
+  EXPECT_EQ(FromProtoDuration(status.recoveries(0).rendezvous()),
+            absl::Seconds(2))
+      << "from the loss before the restart";
+}
+
+TEST_F(RendezvousRestoreTest, RoundWithALostMemberIsSupersededAtRestore) {
+  RunThreeNodesAndRestart(ConfigSpec().Min(2).Max(3));
+  // The crash came after the loss was recorded, before the supersede.
+  RecordLost(1, "rank 1 (host-b) lost: missed 3 heartbeats");
+  ASSERT_TRUE(RestartNow().ok());
+  EXPECT_EQ(restarted_.Status().state(), v1::JOB_STATE_WAITING);
+  JoinOutcome a2, c2;
+  RejoinRestarted(Node("host-a", "inc-a"), &a2, 1, 2);
+  RejoinRestarted(Node("host-c", "inc-c"), &c2, 1, 2);
+  ASSERT_TRUE(a2.done() && c2.done()) << "host-b is not awaited";
+  EXPECT_EQ(a2.assignment().world_size(), 2);
+}
+
+TEST_F(RendezvousRestoreTest, DamagedRecordIsDataLoss) {
+  RunThreeNodesAndRestart(ConfigSpec().Min(3).Max(3));
+  const std::string key = absl::StrCat("jobs/", kJob);
+  absl::StatusOr<std::string> stored = storage_.Get(key);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  v1::JobStatus record;
+  ASSERT_TRUE(record.ParseFromString(*stored));
+  record.mutable_members(1)->set_rank(7);
+  ASSERT_TRUE(storage_.Put(key, record.SerializeAsString()).ok());
+  absl::Status restored = RestartNow();
+  EXPECT_EQ(restored.code(), absl::StatusCode::kDataLoss) << restored;
+  EXPECT_THAT(restored.message(), HasSubstr("damaged"));
+}
+
+// ---------------------------------------------------------------------------
 // Backend negotiation
 
 TEST_F(RendezvousManagerTest, AllCudaNodesWithNcclNegotiateNccl) {

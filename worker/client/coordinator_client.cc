@@ -140,9 +140,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
   if (!valid.ok()) return valid;
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  // Reconnect quickly while the coordinator starts or restarts.
+  // Reconnect quickly while the coordinator starts or restarts: a restarted
+  // coordinator gives members one detection window (3 s by default) to
+  // heartbeat again, so the channel retries at least every second.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(
       options.target, grpc::InsecureChannelCredentials(), args);
   return std::unique_ptr<CoordinatorClient>(

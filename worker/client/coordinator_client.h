@@ -3,7 +3,11 @@
 // Every call has a deadline; calls that fail with UNAVAILABLE (coordinator
 // not up yet, restarting, connection broken) are retried with exponential
 // backoff and jitter within a time budget. Other errors are returned at once
-// with the coordinator's code and message.
+// with the coordinator's code and message. A retried call may reach the
+// coordinator twice when the first attempt was applied but its answer lost
+// (the coordinator restarted in between): Set, Get, Wait, Delete, List and
+// Join are idempotent; Add and CompareAndSet are not, so a barrier built on
+// them should use one key per rank instead.
 #ifndef GRADSYNC_WORKER_CLIENT_COORDINATOR_CLIENT_H_
 #define GRADSYNC_WORKER_CLIENT_COORDINATOR_CLIENT_H_
 
@@ -26,17 +30,19 @@
 
 namespace gradsync {
 
-// How UNAVAILABLE calls are retried.
+// How UNAVAILABLE calls are retried. The defaults ride out a coordinator
+// restart of up to a minute: a join, key-value call or completion report in
+// flight when the coordinator went down is retried until it is answered.
 struct RetryPolicy {
   // Attempts in all, the first included; 1 disables retries.
-  int max_attempts = 10;
+  int max_attempts = 1000;
   absl::Duration initial_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(2);
   double backoff_multiplier = 2.0;
   // Each backoff is scaled by a random factor in [1 - jitter, 1 + jitter].
   double jitter = 0.2;
   // No retry starts once this much time has passed since the first attempt.
-  absl::Duration budget = absl::Seconds(30);
+  absl::Duration budget = absl::Seconds(60);
 };
 
 struct ClientOptions {

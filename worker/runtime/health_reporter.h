@@ -60,9 +60,11 @@ struct HealthReporterOptions {
   absl::Duration interval = absl::Seconds(1);
   // Reconnection backoff after a stream failed: starts at initial_backoff,
   // doubles up to max_backoff, each pause scaled by a random factor in
-  // [1 - jitter, 1 + jitter].
+  // [1 - jitter, 1 + jitter]. max_backoff (with jitter) stays well inside the
+  // coordinator's detection window (3 missed heartbeats by default): a
+  // restarted coordinator gives each member that long to heartbeat again.
   absl::Duration initial_backoff = absl::Milliseconds(100);
-  absl::Duration max_backoff = absl::Seconds(5);
+  absl::Duration max_backoff = absl::Seconds(1);
   double jitter = 0.2;
   // How long Finish() and Stop() wait for the stream to close.
   absl::Duration close_timeout = absl::Seconds(5);
