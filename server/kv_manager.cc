@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/job_config.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace gradsync {
@@ -14,6 +15,8 @@ namespace {
 
 // Waits list at most this many keys, so one call cannot pin the server.
 constexpr size_t kMaxWaitKeys = 100000;
+// Failed write ranges remembered for the callers still to learn of them.
+constexpr size_t kMaxFailures = 64;
 
 std::string StorageKey(const KvScope& scope, const std::string& key) {
   return absl::StrCat(KvRoundPrefix(scope.job_id, scope.round), key);
@@ -42,35 +45,39 @@ KvManager::KvManager(Storage* storage, Clock* clock, const JobManager* jobs,
 
 void KvManager::OpenRound(const std::string& job_id, int64_t round) {
   std::vector<Completion> completions;
+  uint64_t reset = 0;
   {
     absl::MutexLock lock(&mu_);
     JobKv& job = jobs_kv_[job_id];
-    ResetJobLocked(job_id, &job,
-                   absl::StrCat("round ", job.round, " of job '", job_id,
-                                "' is over: round ", round,
-                                " has closed; rejoin"),
-                   &completions);
+    reset = ResetJobLocked(job_id, &job,
+                           absl::StrCat("round ", job.round, " of job '",
+                                        job_id, "' is over: round ", round,
+                                        " has closed; rejoin"),
+                           &completions);
     job.round = round;
     job.open = true;
   }
   Run(std::move(completions));
+  FinishReset(job_id, reset);
 }
 
 void KvManager::RetireRound(const std::string& job_id, int64_t round) {
   std::vector<Completion> completions;
+  uint64_t reset = 0;
   {
     absl::MutexLock lock(&mu_);
     JobKv& job = jobs_kv_[job_id];
     if (round < job.round) return;
-    ResetJobLocked(job_id, &job,
-                   absl::StrCat("round ", round, " of job '", job_id,
-                                "' was superseded by a rejoin; rejoin to get "
-                                "the next round"),
-                   &completions);
+    reset = ResetJobLocked(job_id, &job,
+                           absl::StrCat("round ", round, " of job '", job_id,
+                                        "' was superseded by a rejoin; rejoin "
+                                        "to get the next round"),
+                           &completions);
     job.round = round;
     job.open = false;
   }
   Run(std::move(completions));
+  FinishReset(job_id, reset);
 }
 
 absl::Status KvManager::RestoreRound(const std::string& job_id, int64_t round,
@@ -84,93 +91,91 @@ absl::Status KvManager::RestoreRound(const std::string& job_id, int64_t round,
   job = JobKv();
   job.round = round;
   job.open = open;
-  for (const auto& [key, value] : entries) {
+  for (auto& [key, value] : entries) {
     if (!open || !absl::StartsWith(key, round_prefix)) {
       GS_RETURN_IF_ERROR(storage_->Delete(key).status());
       continue;
     }
-    job.keys += 1;
-    job.bytes += static_cast<int64_t>(key.size() - round_prefix.size() +
-                                      value.size());
+    std::string name = key.substr(round_prefix.size());
+    job.bytes += static_cast<int64_t>(name.size() + value.size());
+    job.entries[std::move(name)] = Value{std::move(value), 0};
   }
   return absl::OkStatus();
 }
 
 void KvManager::ForgetJob(const std::string& job_id) {
   std::vector<Completion> completions;
+  uint64_t reset = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = jobs_kv_.find(job_id);
     if (it == jobs_kv_.end()) return;
-    ResetJobLocked(job_id, &it->second,
-                   absl::StrCat("job '", job_id, "' has ended"), &completions);
+    reset = ResetJobLocked(job_id, &it->second,
+                           absl::StrCat("job '", job_id, "' has ended"),
+                           &completions);
     jobs_kv_.erase(it);
   }
   Run(std::move(completions));
+  FinishReset(job_id, reset);
 }
 
 absl::Status KvManager::Set(const KvScope& scope, const std::string& key,
                             const std::string& value) {
-  std::vector<Completion> completions;
-  absl::Status status;
+  uint64_t seq = 0;
   {
     absl::MutexLock lock(&mu_);
     GS_ASSIGN_OR_RETURN(JobKv * job, CheckScopeLocked(scope));
     GS_RETURN_IF_ERROR(CheckKeyLocked(key));
-    status = WriteLocked(scope, job, key, value, &completions);
+    GS_ASSIGN_OR_RETURN(seq, WriteLocked(scope, job, key, value));
   }
-  Run(std::move(completions));
-  return status;
+  return FinishWrite(scope, key, seq);
 }
 
 absl::StatusOr<std::string> KvManager::Get(const KvScope& scope,
                                            const std::string& key) {
-  absl::MutexLock lock(&mu_);
-  GS_RETURN_IF_ERROR(CheckScopeLocked(scope).status());
-  GS_RETURN_IF_ERROR(CheckKeyLocked(key));
-  absl::StatusOr<std::string> value = storage_->Get(StorageKey(scope, key));
-  if (absl::IsNotFound(value.status())) {
-    return absl::NotFoundError(absl::StrCat("key '", key, "' not found in round ",
-                                            scope.round, " of job '",
-                                            scope.job_id, "'"));
+  Value value;
+  {
+    absl::MutexLock lock(&mu_);
+    GS_ASSIGN_OR_RETURN(JobKv * job, CheckScopeLocked(scope));
+    GS_RETURN_IF_ERROR(CheckKeyLocked(key));
+    auto it = job->entries.find(key);
+    if (it == job->entries.end()) {
+      return absl::NotFoundError(absl::StrCat("key '", key,
+                                              "' not found in round ",
+                                              scope.round, " of job '",
+                                              scope.job_id, "'"));
+    }
+    value = it->second;
   }
-  return value;
+  // Only a durable value is ever shown.
+  GS_RETURN_IF_ERROR(AwaitDurable(value.seq));
+  return std::move(value.data);
 }
 
 absl::StatusOr<int64_t> KvManager::Add(const KvScope& scope,
                                        const std::string& key, int64_t delta) {
-  std::vector<Completion> completions;
-  absl::StatusOr<int64_t> result;
+  uint64_t seq = 0;
+  int64_t next = 0;
   {
     absl::MutexLock lock(&mu_);
     GS_ASSIGN_OR_RETURN(JobKv * job, CheckScopeLocked(scope));
     GS_RETURN_IF_ERROR(CheckKeyLocked(key));
     int64_t current = 0;
-    absl::StatusOr<std::string> stored = storage_->Get(StorageKey(scope, key));
-    if (stored.ok()) {
-      if (!absl::SimpleAtoi(*stored, &current)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "key '", key, "' holds a value that is not a decimal counter"));
-      }
-    } else if (!absl::IsNotFound(stored.status())) {
-      return stored.status();
+    auto it = job->entries.find(key);
+    if (it != job->entries.end() &&
+        !absl::SimpleAtoi(it->second.data, &current)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "key '", key, "' holds a value that is not a decimal counter"));
     }
-    int64_t next = 0;
     if (__builtin_add_overflow(current, delta, &next)) {
       return absl::OutOfRangeError(absl::StrCat(
           "adding ", delta, " to counter '", key, "' (", current,
           ") overflows 64 bits"));
     }
-    absl::Status written =
-        WriteLocked(scope, job, key, absl::StrCat(next), &completions);
-    if (written.ok()) {
-      result = next;
-    } else {
-      result = written;
-    }
+    GS_ASSIGN_OR_RETURN(seq, WriteLocked(scope, job, key, absl::StrCat(next)));
   }
-  Run(std::move(completions));
-  return result;
+  GS_RETURN_IF_ERROR(FinishWrite(scope, key, seq));
+  return next;
 }
 
 absl::StatusOr<CasResult> KvManager::CompareAndSet(const KvScope& scope,
@@ -178,73 +183,80 @@ absl::StatusOr<CasResult> KvManager::CompareAndSet(const KvScope& scope,
                                                    const std::string& expected,
                                                    bool expect_absent,
                                                    const std::string& desired) {
-  std::vector<Completion> completions;
-  absl::StatusOr<CasResult> result;
+  if (expect_absent && !expected.empty()) {
+    return absl::InvalidArgumentError(
+        "compare-and-set: give either expect_absent or expected, not both");
+  }
+  CasResult cas;
+  uint64_t seq = 0;
   {
     absl::MutexLock lock(&mu_);
     GS_ASSIGN_OR_RETURN(JobKv * job, CheckScopeLocked(scope));
     GS_RETURN_IF_ERROR(CheckKeyLocked(key));
-    if (expect_absent && !expected.empty()) {
-      return absl::InvalidArgumentError(
-          "compare-and-set: give either expect_absent or expected, not both");
-    }
-    absl::StatusOr<std::string> stored = storage_->Get(StorageKey(scope, key));
-    if (!stored.ok() && !absl::IsNotFound(stored.status())) {
-      return stored.status();
-    }
-    CasResult cas;
-    bool matches = expect_absent ? !stored.ok()
-                                 : (stored.ok() && *stored == expected);
+    auto it = job->entries.find(key);
+    const bool exists = it != job->entries.end();
+    const bool matches =
+        expect_absent ? !exists : (exists && it->second.data == expected);
     if (matches) {
-      GS_RETURN_IF_ERROR(WriteLocked(scope, job, key, desired, &completions));
+      GS_ASSIGN_OR_RETURN(seq, WriteLocked(scope, job, key, desired));
       cas.swapped = true;
       cas.exists = true;
       cas.value = desired;
     } else {
-      cas.exists = stored.ok();
-      if (stored.ok()) cas.value = *std::move(stored);
+      cas.exists = exists;
+      if (exists) {
+        cas.value = it->second.data;
+        seq = it->second.seq;  // shown only once durable
+      }
     }
-    result = std::move(cas);
   }
-  Run(std::move(completions));
-  return result;
+  if (cas.swapped) {
+    GS_RETURN_IF_ERROR(FinishWrite(scope, key, seq));
+  } else {
+    GS_RETURN_IF_ERROR(AwaitDurable(seq));
+  }
+  return cas;
 }
 
 absl::StatusOr<bool> KvManager::Delete(const KvScope& scope,
                                        const std::string& key) {
-  absl::MutexLock lock(&mu_);
-  GS_ASSIGN_OR_RETURN(JobKv * job, CheckScopeLocked(scope));
-  GS_RETURN_IF_ERROR(CheckKeyLocked(key));
-  std::string storage_key = StorageKey(scope, key);
-  absl::StatusOr<std::string> stored = storage_->Get(storage_key);
-  if (!stored.ok()) {
-    if (absl::IsNotFound(stored.status())) return false;
-    return stored.status();
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    GS_ASSIGN_OR_RETURN(JobKv * job, CheckScopeLocked(scope));
+    GS_RETURN_IF_ERROR(CheckKeyLocked(key));
+    auto it = job->entries.find(key);
+    if (it == job->entries.end()) return false;
+    job->bytes -= static_cast<int64_t>(key.size() + it->second.data.size());
+    job->entries.erase(it);
+    seq = QueueLocked(scope.job_id, {Storage::Mutation::Kind::kDelete,
+                                     StorageKey(scope, key), ""});
   }
-  GS_ASSIGN_OR_RETURN(bool existed, storage_->Delete(storage_key));
-  if (existed) {
-    job->keys -= 1;
-    job->bytes -= static_cast<int64_t>(key.size() + stored->size());
-  }
-  return existed;
+  GS_RETURN_IF_ERROR(AwaitDurable(seq));
+  return true;
 }
 
 absl::StatusOr<std::vector<Storage::Entry>> KvManager::List(
     const KvScope& scope, const std::string& prefix, bool keys_only) {
-  absl::MutexLock lock(&mu_);
-  GS_RETURN_IF_ERROR(CheckScopeLocked(scope).status());
-  if (static_cast<int64_t>(prefix.size()) > limits_.max_key_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prefix is ", prefix.size(), " bytes; keys are at most ",
-                     limits_.max_key_bytes));
+  std::vector<Storage::Entry> entries;
+  uint64_t newest = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    GS_ASSIGN_OR_RETURN(JobKv * job, CheckScopeLocked(scope));
+    if (static_cast<int64_t>(prefix.size()) > limits_.max_key_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prefix is ", prefix.size(), " bytes; keys are at most ",
+                       limits_.max_key_bytes));
+    }
+    for (auto it = job->entries.lower_bound(prefix);
+         it != job->entries.end() && absl::StartsWith(it->first, prefix);
+         ++it) {
+      entries.emplace_back(it->first,
+                           keys_only ? std::string() : it->second.data);
+      newest = std::max(newest, it->second.seq);
+    }
   }
-  std::string round_prefix = KvRoundPrefix(scope.job_id, scope.round);
-  GS_ASSIGN_OR_RETURN(
-      std::vector<Storage::Entry> entries,
-      storage_->Scan(absl::StrCat(round_prefix, prefix), keys_only));
-  for (Storage::Entry& entry : entries) {
-    entry.first.erase(0, round_prefix.size());
-  }
+  GS_RETURN_IF_ERROR(AwaitDurable(newest));
   return entries;
 }
 
@@ -368,37 +380,158 @@ absl::Status KvManager::CheckKeyLocked(const std::string& key) const {
   return absl::OkStatus();
 }
 
-absl::Status KvManager::WriteLocked(const KvScope& scope, JobKv* job,
-                                    const std::string& key,
-                                    const std::string& value,
-                                    std::vector<Completion>* completions) {
+absl::StatusOr<uint64_t> KvManager::WriteLocked(const KvScope& scope,
+                                                JobKv* job,
+                                                const std::string& key,
+                                                const std::string& value) {
   if (static_cast<int64_t>(value.size()) > limits_.max_value_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "value for key '", key, "' is ", value.size(),
         " bytes; the limit is ", limits_.max_value_bytes));
   }
-  std::string storage_key = StorageKey(scope, key);
-  absl::StatusOr<std::string> old = storage_->Get(storage_key);
-  if (!old.ok() && !absl::IsNotFound(old.status())) return old.status();
-  int64_t key_delta = old.ok() ? 0 : 1;
-  int64_t byte_delta = static_cast<int64_t>(value.size()) -
-                       (old.ok() ? static_cast<int64_t>(old->size())
-                                 : -static_cast<int64_t>(key.size()));
-  if (job->keys + key_delta > limits_.max_keys_per_round) {
+  auto old = job->entries.find(key);
+  const bool exists = old != job->entries.end();
+  const int64_t byte_delta =
+      static_cast<int64_t>(value.size()) -
+      (exists ? static_cast<int64_t>(old->second.data.size())
+              : -static_cast<int64_t>(key.size()));
+  if (!exists &&
+      static_cast<int64_t>(job->entries.size()) >= limits_.max_keys_per_round) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "round ", scope.round, " of job '", scope.job_id, "' holds ",
-        job->keys, " keys, the limit: delete keys it no longer needs"));
+        job->entries.size(), " keys, the limit: delete keys it no longer needs"));
   }
   if (job->bytes + byte_delta > limits_.max_bytes_per_round) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "round ", scope.round, " of job '", scope.job_id, "' would hold over ",
         limits_.max_bytes_per_round, " bytes: delete keys it no longer needs"));
   }
-  GS_RETURN_IF_ERROR(storage_->Put(storage_key, value));
-  job->keys += key_delta;
+  const uint64_t seq = QueueLocked(
+      scope.job_id,
+      {Storage::Mutation::Kind::kPut, StorageKey(scope, key), value});
+  job->entries[key] = Value{value, seq};
   job->bytes += byte_delta;
-  if (key_delta == 1) WakeLocked(scope, job, key, completions);
+  return seq;
+}
+
+uint64_t KvManager::QueueLocked(const std::string& job_id,
+                                Storage::Mutation mutation) {
+  const uint64_t seq = ++last_seq_;
+  absl::MutexLock lock(&flush_mu_);
+  queued_.push_back(Queued{seq, job_id, std::move(mutation)});
+  return seq;
+}
+
+absl::Status KvManager::FinishWrite(const KvScope& scope,
+                                    const std::string& key, uint64_t seq) {
+  GS_RETURN_IF_ERROR(AwaitDurable(seq));
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_kv_.find(scope.job_id);
+    if (it != jobs_kv_.end() && it->second.round == scope.round &&
+        it->second.open) {
+      WakeLocked(scope, &it->second, key, &completions);
+    }
+  }
+  Run(std::move(completions));
   return absl::OkStatus();
+}
+
+absl::Status KvManager::AwaitDurable(uint64_t seq) {
+  struct Settled {
+    const KvManager* kv;
+    uint64_t seq;
+    bool operator()() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return kv->settled_seq_ >= seq || !kv->flushing_;
+    }
+  };
+  const Settled settled{this, seq};
+  flush_mu_.Lock();
+  while (settled_seq_ < seq) {
+    if (flushing_) {
+      flush_mu_.Await(absl::Condition(&settled));
+      continue;
+    }
+    // Lead: commit everything queued so far, this write included.
+    std::vector<Queued> batch;
+    batch.swap(queued_);
+    flushing_ = true;
+    flush_mu_.Unlock();
+    std::vector<Storage::Mutation> mutations;
+    mutations.reserve(batch.size());
+    for (const Queued& q : batch) mutations.push_back(q.mutation);
+    const absl::Status status = storage_->Apply(mutations);
+    if (!status.ok()) FailBatch(batch, status);
+    flush_mu_.Lock();
+    if (status.ok()) settled_seq_ = std::max(settled_seq_, batch.back().seq);
+    flushing_ = false;
+  }
+  absl::Status outcome = OutcomeLocked(seq);
+  flush_mu_.Unlock();
+  return outcome;
+}
+
+void KvManager::FailBatch(const std::vector<Queued>& batch,
+                          const absl::Status& status) {
+  GS_LOG(ERROR) << "key-value storage failed " << batch.size()
+                << " write(s): " << status
+                << "; they and the writes queued after them fail";
+  absl::MutexLock lock(&mu_);
+  std::set<std::string> touched;
+  for (const Queued& q : batch) touched.insert(q.job_id);
+  {
+    absl::MutexLock flush_lock(&flush_mu_);
+    for (const Queued& q : queued_) touched.insert(q.job_id);
+    queued_.clear();
+    failures_[last_seq_] = {batch.front().seq,
+                            absl::UnavailableError(absl::StrCat(
+                                "the coordinator could not store the write: ",
+                                status.message()))};
+    if (failures_.size() > kMaxFailures) failures_.erase(failures_.begin());
+    settled_seq_ = last_seq_;
+  }
+  for (const std::string& job_id : touched) {
+    auto it = jobs_kv_.find(job_id);
+    if (it != jobs_kv_.end()) ReloadLocked(job_id, &it->second);
+  }
+}
+
+absl::Status KvManager::OutcomeLocked(uint64_t seq) const {
+  auto failed = failures_.lower_bound(seq);
+  if (failed != failures_.end() && failed->second.first <= seq) {
+    return failed->second.second;
+  }
+  return absl::OkStatus();
+}
+
+int64_t KvManager::QueuedWrites() const {
+  absl::MutexLock lock(&flush_mu_);
+  return static_cast<int64_t>(queued_.size());
+}
+
+uint64_t KvManager::SettledSeq() const {
+  absl::MutexLock lock(&flush_mu_);
+  return settled_seq_;
+}
+
+void KvManager::ReloadLocked(const std::string& job_id, JobKv* job) {
+  job->entries.clear();
+  job->bytes = 0;
+  if (!job->open) return;
+  const std::string prefix = KvRoundPrefix(job_id, job->round);
+  absl::StatusOr<std::vector<Storage::Entry>> stored =
+      storage_->Scan(prefix, /*keys_only=*/false);
+  if (!stored.ok()) {
+    GS_LOG(ERROR) << "job '" << job_id << "': cannot reload round "
+                  << job->round << " from storage: " << stored.status();
+    return;
+  }
+  for (auto& [key, value] : *stored) {
+    std::string name = key.substr(prefix.size());
+    job->bytes += static_cast<int64_t>(name.size() + value.size());
+    job->entries[std::move(name)] = Value{std::move(value), 0};
+  }
 }
 
 void KvManager::WakeLocked(const KvScope& scope, JobKv* job,
@@ -422,9 +555,9 @@ void KvManager::WakeLocked(const KvScope& scope, JobKv* job,
   }
 }
 
-void KvManager::ResetJobLocked(const std::string& job_id, JobKv* job,
-                               absl::string_view why,
-                               std::vector<Completion>* completions) {
+uint64_t KvManager::ResetJobLocked(const std::string& job_id, JobKv* job,
+                                   absl::string_view why,
+                                   std::vector<Completion>* completions) {
   std::vector<uint64_t> ended;
   for (const auto& [ticket, waiter] : waiters_) {
     if (waiter.job_id == job_id) ended.push_back(ticket);
@@ -434,12 +567,19 @@ void KvManager::ResetJobLocked(const std::string& job_id, JobKv* job,
                               absl::AbortedError(why));
     RemoveWaiterLocked(ticket);
   }
-  // Storage errors cannot be reported to anyone here; in-memory storage
-  // has none, and stale keys of a dropped round are unreachable anyway.
-  (void)storage_->DeletePrefix(absl::StrCat("kv/", job_id, "/"));
-  job->keys = 0;
+  job->entries.clear();
   job->bytes = 0;
   job->waiting_on.clear();
+  return QueueLocked(job_id, {Storage::Mutation::Kind::kDeletePrefix,
+                              absl::StrCat("kv/", job_id, "/"), ""});
+}
+
+void KvManager::FinishReset(const std::string& job_id, uint64_t seq) {
+  absl::Status status = AwaitDurable(seq);
+  if (!status.ok()) {
+    GS_LOG(WARNING) << "job '" << job_id
+                    << "': dropping the keys of its old rounds: " << status;
+  }
 }
 
 void KvManager::RemoveWaiterLocked(uint64_t ticket) {
@@ -452,8 +592,17 @@ void KvManager::RemoveWaiterLocked(uint64_t ticket) {
 std::vector<std::string> KvManager::MissingKeysLocked(
     const Waiter& waiter) const {
   std::vector<std::string> missing;
+  const uint64_t settled = SettledSeq();
+  auto job = jobs_kv_.find(waiter.job_id);
   for (const std::string& key : waiter.keys) {
-    if (!storage_->Get(StorageKey({waiter.job_id, waiter.round}, key)).ok()) {
+    if (job == jobs_kv_.end()) {
+      missing.push_back(key);
+      continue;
+    }
+    auto it = job->second.entries.find(key);
+    // A key whose write is not durable yet counts as missing: its writer
+    // wakes the wait once it is.
+    if (it == job->second.entries.end() || it->second.seq > settled) {
       missing.push_back(key);
     }
   }

@@ -47,9 +47,20 @@ struct CasResult {
   std::string value;    // the value stored after the call
 };
 
-// Thread-safe. Lock order: may call JobManager while holding its lock, never
-// calls the rendezvous manager. Wait callbacks run without the lock held.
-// `storage`, `clock` and `jobs` must outlive it.
+// Durability: the keys of each job's live round are held in memory, which
+// every call reads, and written through to Storage. A write is applied to
+// memory under the manager's lock, queued, and answered once storage has
+// made it durable; the writes queued meanwhile by other callers go to
+// storage in the same batch (Storage::Apply: one commit for all), which is
+// what makes a durable backend fast under concurrent writers. Reads are
+// answered, and waits completed, only with values that are durable, so
+// nothing anyone was told can be lost by a crash. When storage fails a
+// batch, every write queued up to then fails with its error and memory is
+// reloaded from storage.
+//
+// Thread-safe. Lock order: mu_ before flush_mu_; may call JobManager while
+// holding mu_, never calls the rendezvous manager. Wait callbacks run
+// without locks held. `storage`, `clock` and `jobs` must outlive it.
 class KvManager {
  public:
   // Called exactly once with the outcome of a Wait.
@@ -108,6 +119,10 @@ class KvManager {
   // Fails the waits whose timeout has passed. Called periodically.
   void Poll();
 
+  // Writes applied in memory and waiting for storage to make them durable
+  // (the depth of the group-commit queue).
+  int64_t QueuedWrites() const ABSL_LOCKS_EXCLUDED(flush_mu_);
+
  private:
   struct Waiter {
     std::string job_id;
@@ -116,13 +131,26 @@ class KvManager {
     absl::Time deadline;
     WaitCallback done;
   };
+  // A value in memory and the sequence number of the write that stored it
+  // (0: read from storage at a restart, durable).
+  struct Value {
+    std::string data;
+    uint64_t seq = 0;
+  };
   struct JobKv {
     int64_t round = 0;    // latest round opened or retired
     bool open = false;    // whether `round` accepts calls
-    int64_t keys = 0;     // keys stored in `round`
+    // The keys of `round` (without the round prefix), when open.
+    std::map<std::string, Value, std::less<>> entries;
     int64_t bytes = 0;    // key + value bytes stored in `round`
     // key -> tickets of the waits that wait for it.
     absl::flat_hash_map<std::string, std::vector<uint64_t>> waiting_on;
+  };
+  // A write applied to memory, waiting to be made durable.
+  struct Queued {
+    uint64_t seq = 0;
+    std::string job_id;
+    Storage::Mutation mutation;
   };
   using Completion = std::pair<WaitCallback, absl::Status>;
 
@@ -131,20 +159,48 @@ class KvManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckKeyLocked(const std::string& key) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Stores key=value in the open round, keeping the size accounting.
-  absl::Status WriteLocked(const KvScope& scope, JobKv* job,
-                           const std::string& key, const std::string& value,
-                           std::vector<Completion>* completions)
+  // Stores key=value in memory, keeping the size accounting, and queues it
+  // for storage; returns the write's sequence number (for FinishWrite).
+  absl::StatusOr<uint64_t> WriteLocked(const KvScope& scope, JobKv* job,
+                                       const std::string& key,
+                                       const std::string& value)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `mutation` of `job_id` for storage; returns its sequence number.
+  uint64_t QueueLocked(const std::string& job_id, Storage::Mutation mutation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until write `seq` of `key` is durable, then completes the waits it
+  // was the last missing key of. The write's outcome.
+  absl::Status FinishWrite(const KvScope& scope, const std::string& key,
+                           uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_, flush_mu_);
+  // Returns once write `seq` (and every write before it) is durable or has
+  // failed, committing the queued writes as one batch when no other caller
+  // is; the write's outcome.
+  absl::Status AwaitDurable(uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_, flush_mu_);
+  // A batch failed with `status`: fails it and everything queued after it,
+  // and reloads the memory of the jobs they touched from storage.
+  void FailBatch(const std::vector<Queued>& batch, const absl::Status& status)
+      ABSL_LOCKS_EXCLUDED(mu_, flush_mu_);
+  // The outcome of write `seq`, known durable or failed.
+  absl::Status OutcomeLocked(uint64_t seq) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(flush_mu_);
+  // Every write up to the one returned is durable or has failed.
+  uint64_t SettledSeq() const ABSL_LOCKS_EXCLUDED(flush_mu_);
+  // Reloads the open round of `job` from storage.
+  void ReloadLocked(const std::string& job_id, JobKv* job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes the waits on `key` whose keys now all exist.
   void WakeLocked(const KvScope& scope, JobKv* job, const std::string& key,
                   std::vector<Completion>* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops the keys of every round of `job_id` and ends its waits.
-  void ResetJobLocked(const std::string& job_id, JobKv* job,
-                      absl::string_view why,
-                      std::vector<Completion>* completions)
+  // Drops the keys of every round of `job_id` and ends its waits; returns
+  // the sequence number of the queued deletion.
+  uint64_t ResetJobLocked(const std::string& job_id, JobKv* job,
+                          absl::string_view why,
+                          std::vector<Completion>* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for a queued reset; its failure can only be logged (stale keys of
+  // a dropped round are unreachable, and dropped again at a restart).
+  void FinishReset(const std::string& job_id, uint64_t seq);
   void RemoveWaiterLocked(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> MissingKeysLocked(const Waiter& waiter) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -162,6 +218,17 @@ class KvManager {
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   // (deadline, ticket) of every pending wait, earliest first.
   std::set<std::pair<absl::Time, uint64_t>> deadlines_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;  // of the latest write
+
+  mutable absl::Mutex flush_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::vector<Queued> queued_ ABSL_GUARDED_BY(flush_mu_);  // in seq order
+  bool flushing_ ABSL_GUARDED_BY(flush_mu_) = false;
+  // Every write up to this one is durable or has failed.
+  uint64_t settled_seq_ ABSL_GUARDED_BY(flush_mu_) = 0;
+  // Failed writes: last seq of a failed range -> (first seq, error). The
+  // latest kMaxFailures ranges are kept.
+  std::map<uint64_t, std::pair<uint64_t, absl::Status>> failures_
+      ABSL_GUARDED_BY(flush_mu_);
 };
 
 // The storage prefix of a round's keys: "kv/<job>/<round>/".

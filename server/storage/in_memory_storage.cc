@@ -8,12 +8,7 @@ namespace gradsync {
 absl::Status InMemoryStorage::Put(absl::string_view key,
                                   absl::string_view value) {
   absl::MutexLock lock(&mu_);
-  auto it = entries_.find(key);
-  if (it == entries_.end()) {
-    entries_.emplace(std::string(key), std::string(value));
-  } else {
-    it->second.assign(value.data(), value.size());
-  }
+  PutLocked(key, value);
   return absl::OkStatus();
 }
 
@@ -28,10 +23,7 @@ absl::StatusOr<std::string> InMemoryStorage::Get(absl::string_view key) const {
 
 absl::StatusOr<bool> InMemoryStorage::Delete(absl::string_view key) {
   absl::MutexLock lock(&mu_);
-  auto it = entries_.find(key);
-  if (it == entries_.end()) return false;
-  entries_.erase(it);
-  return true;
+  return DeleteLocked(key);
 }
 
 absl::StatusOr<std::vector<Storage::Entry>> InMemoryStorage::Scan(
@@ -48,6 +40,45 @@ absl::StatusOr<std::vector<Storage::Entry>> InMemoryStorage::Scan(
 absl::StatusOr<int64_t> InMemoryStorage::DeletePrefix(
     absl::string_view prefix) {
   absl::MutexLock lock(&mu_);
+  return DeletePrefixLocked(prefix);
+}
+
+absl::Status InMemoryStorage::Apply(const std::vector<Mutation>& batch) {
+  absl::MutexLock lock(&mu_);
+  for (const Mutation& m : batch) {
+    switch (m.kind) {
+      case Mutation::Kind::kPut:
+        PutLocked(m.key, m.value);
+        break;
+      case Mutation::Kind::kDelete:
+        DeleteLocked(m.key);
+        break;
+      case Mutation::Kind::kDeletePrefix:
+        DeletePrefixLocked(m.key);
+        break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void InMemoryStorage::PutLocked(absl::string_view key,
+                                absl::string_view value) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) {
+    entries_.emplace(std::string(key), std::string(value));
+  } else {
+    it->second.assign(value.data(), value.size());
+  }
+}
+
+bool InMemoryStorage::DeleteLocked(absl::string_view key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return false;
+  entries_.erase(it);
+  return true;
+}
+
+int64_t InMemoryStorage::DeletePrefixLocked(absl::string_view prefix) {
   auto first = entries_.lower_bound(prefix);
   auto last = first;
   int64_t removed = 0;

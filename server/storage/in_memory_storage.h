@@ -20,8 +20,15 @@ class InMemoryStorage final : public Storage {
   absl::StatusOr<std::vector<Entry>> Scan(absl::string_view prefix,
                                           bool keys_only) const override;
   absl::StatusOr<int64_t> DeletePrefix(absl::string_view prefix) override;
+  absl::Status Apply(const std::vector<Mutation>& batch) override;
 
  private:
+  void PutLocked(absl::string_view key, absl::string_view value)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool DeleteLocked(absl::string_view key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t DeletePrefixLocked(absl::string_view prefix)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   mutable absl::Mutex mu_;
   std::map<std::string, std::string, std::less<>> entries_ ABSL_GUARDED_BY(mu_);
 };

@@ -226,7 +226,7 @@ absl::StatusOr<int> LockDir(const std::string& dir) {
 }  // namespace
 
 struct SqliteStorage::Write {
-  enum class Kind { kPut, kDelete, kDeletePrefix };
+  using Kind = Mutation::Kind;
   Kind kind;
   std::string key;
   std::string value;
@@ -282,29 +282,44 @@ SqliteStorage::~SqliteStorage() {
 
 absl::Status SqliteStorage::Put(absl::string_view key, absl::string_view value) {
   Write write{Write::Kind::kPut, std::string(key), std::string(value)};
-  return Commit(&write);
+  return Commit({&write});
 }
 
 absl::StatusOr<bool> SqliteStorage::Delete(absl::string_view key) {
   Write write{Write::Kind::kDelete, std::string(key), ""};
-  GS_RETURN_IF_ERROR(Commit(&write));
+  GS_RETURN_IF_ERROR(Commit({&write}));
   return write.changes > 0;
 }
 
 absl::StatusOr<int64_t> SqliteStorage::DeletePrefix(absl::string_view prefix) {
   Write write{Write::Kind::kDeletePrefix, std::string(prefix), ""};
-  GS_RETURN_IF_ERROR(Commit(&write));
+  GS_RETURN_IF_ERROR(Commit({&write}));
   return write.changes;
 }
 
-absl::Status SqliteStorage::Commit(Write* write) {
+absl::Status SqliteStorage::Apply(const std::vector<Mutation>& batch) {
+  if (batch.empty()) return absl::OkStatus();
+  std::vector<Write> writes;
+  writes.reserve(batch.size());
+  std::vector<Write*> queued;
+  for (const Mutation& m : batch) {
+    writes.push_back(Write{m.kind, m.key, m.value});
+    queued.push_back(&writes.back());
+  }
+  return Commit(queued);
+}
+
+absl::Status SqliteStorage::Commit(const std::vector<Write*>& writes) {
+  // Queued together, the writes are committed in one transaction: waiting
+  // for the last is waiting for all.
+  Write* const write = writes.back();
   struct Ready {
     const Write* write;
     const bool* committing;
     bool operator()() const { return write->done || !*committing; }
   };
   absl::MutexLock lock(&mu_);
-  queued_.push_back(write);
+  queued_.insert(queued_.end(), writes.begin(), writes.end());
   while (!write->done) {
     if (committing_) {
       const Ready ready{write, &committing_};

@@ -60,6 +60,7 @@ class SqliteStorage final : public Storage {
   absl::StatusOr<std::vector<Entry>> Scan(absl::string_view prefix,
                                           bool keys_only) const override;
   absl::StatusOr<int64_t> DeletePrefix(absl::string_view prefix) override;
+  absl::Status Apply(const std::vector<Mutation>& batch) override;
 
  private:
   // One queued write and, once committed, its outcome.
@@ -68,8 +69,10 @@ class SqliteStorage final : public Storage {
   SqliteStorage(std::string path, int lock_fd, sqlite3* writer,
                 sqlite3* reader);
 
-  // Queues `write` and returns once a commit that includes it has ended.
-  absl::Status Commit(Write* write) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues `writes` together and returns once the commit that includes
+  // them has ended (its status).
+  absl::Status Commit(const std::vector<Write*>& writes)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Applies `batch` in one transaction on writer_ (all or none).
   absl::Status CommitBatch(const std::vector<Write*>& batch);
 

@@ -1,6 +1,7 @@
 // The coordinator's persistent state sits behind this small interface: an
-// ordered map from string keys to byte values. In-memory now
-// (InMemoryStorage); a durable backend implements the same five calls.
+// ordered map from string keys to byte values. InMemoryStorage for tests and
+// a coordinator without state; SqliteStorage for --state_dir. Every backend
+// passes tests/server/storage/storage_conformance_test.
 #ifndef GRADSYNC_SERVER_STORAGE_STORAGE_H_
 #define GRADSYNC_SERVER_STORAGE_STORAGE_H_
 
@@ -22,6 +23,14 @@ class Storage {
  public:
   using Entry = std::pair<std::string, std::string>;
 
+  // One change of a batch (see Apply).
+  struct Mutation {
+    enum class Kind { kPut, kDelete, kDeletePrefix };
+    Kind kind = Kind::kPut;
+    std::string key;    // the prefix for kDeletePrefix
+    std::string value;  // for kPut
+  };
+
   virtual ~Storage() = default;
 
   // Stores `value` under `key`, replacing any previous value.
@@ -36,6 +45,10 @@ class Storage {
                                                   bool keys_only) const = 0;
   // Removes every key that starts with `prefix`; returns how many.
   virtual absl::StatusOr<int64_t> DeletePrefix(absl::string_view prefix) = 0;
+  // Applies `batch` in order and atomically: when it returns OK all of it
+  // is stored (durably, for a durable backend), otherwise none of it. One
+  // call costs a durable backend one commit, however long the batch.
+  virtual absl::Status Apply(const std::vector<Mutation>& batch) = 0;
 };
 
 }  // namespace gradsync

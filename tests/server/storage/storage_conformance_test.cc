@@ -182,6 +182,47 @@ TEST_P(StorageConformanceTest, ConcurrentPutsOfDistinctKeysAreAllKept) {
   EXPECT_EQ(all->size(), static_cast<size_t>(kThreads * kPerThread));
 }
 
+TEST_P(StorageConformanceTest, ApplyRunsTheBatchInOrder) {
+  ASSERT_TRUE(storage_->Put("old/1", "x").ok());
+  ASSERT_TRUE(storage_->Put("gone", "x").ok());
+  using Kind = Storage::Mutation::Kind;
+  const std::vector<Storage::Mutation> batch = {
+      {Kind::kPut, "k", "first"},    {Kind::kPut, "k", "second"},
+      {Kind::kDelete, "gone", ""},   {Kind::kPut, "old/2", "y"},
+      {Kind::kDeletePrefix, "old/", ""}, {Kind::kPut, "old/3", "z"},
+      {Kind::kDelete, "missing", ""},
+  };
+  ASSERT_TRUE(storage_->Apply(batch).ok());
+  absl::StatusOr<std::vector<Storage::Entry>> all =
+      storage_->Scan("", /*keys_only=*/false);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_THAT(*all, ElementsAre(Pair("k", "second"), Pair("old/3", "z")));
+  EXPECT_TRUE(storage_->Apply({}).ok()) << "an empty batch is a no-op";
+}
+
+TEST_P(StorageConformanceTest, ConcurrentBatchesAreEachWhole) {
+  constexpr int kThreads = 6;
+  constexpr int kBatches = 50;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([this, t] {
+      for (int b = 0; b < kBatches; ++b) {
+        std::vector<Storage::Mutation> batch;
+        for (int i = 0; i < 4; ++i) {
+          batch.push_back({Storage::Mutation::Kind::kPut,
+                           absl::StrCat("t", t, "/", b, "/", i), "v"});
+        }
+        EXPECT_TRUE(storage_->Apply(batch).ok());
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  absl::StatusOr<std::vector<Storage::Entry>> all =
+      storage_->Scan("t", /*keys_only=*/true);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->size(), static_cast<size_t>(kThreads * kBatches * 4));
+}
+
 TEST_P(StorageConformanceTest, PrefixesEndingInFfBytesMatchExactly) {
   const std::string ff("p\xff", 2);
   const std::string ffff("p\xff\xff", 3);
