@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -41,7 +42,19 @@ std::string KvRoundPrefix(absl::string_view job_id, int64_t round) {
 
 KvManager::KvManager(Storage* storage, Clock* clock, const JobManager* jobs,
                      KvLimits limits)
-    : storage_(storage), clock_(clock), jobs_(jobs), limits_(limits) {}
+    : storage_(storage),
+      clock_(clock),
+      jobs_(jobs),
+      limits_(limits),
+      flusher_([this] { FlushLoop(); }) {}
+
+KvManager::~KvManager() {
+  {
+    absl::MutexLock lock(&flush_mu_);
+    stopping_ = true;
+  }
+  flusher_.join();
+}
 
 void KvManager::OpenRound(const std::string& job_id, int64_t round) {
   std::vector<Completion> completions;
@@ -121,14 +134,37 @@ void KvManager::ForgetJob(const std::string& job_id) {
 
 absl::Status KvManager::Set(const KvScope& scope, const std::string& key,
                             const std::string& value) {
-  uint64_t seq = 0;
+  absl::Notification done;
+  absl::Status status;
+  SetAsync(scope, key, value, [&](absl::Status s) {
+    status = std::move(s);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return status;
+}
+
+void KvManager::SetAsync(const KvScope& scope, const std::string& key,
+                         const std::string& value, WriteCallback done) {
+  absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
-    GS_ASSIGN_OR_RETURN(JobKv * job, CheckScopeLocked(scope));
-    GS_RETURN_IF_ERROR(CheckKeyLocked(key));
-    GS_ASSIGN_OR_RETURN(seq, WriteLocked(scope, job, key, value));
+    absl::StatusOr<JobKv*> job = CheckScopeLocked(scope);
+    refused = job.status();
+    if (refused.ok()) refused = CheckKeyLocked(key);
+    if (refused.ok()) {
+      // Waits on the key complete before the caller hears of the write.
+      WriteCallback on_commit = [this, scope, key, done](absl::Status status) {
+        if (status.ok()) WakeKey(scope, key);
+        done(std::move(status));
+      };
+      absl::StatusOr<uint64_t> queued =
+          WriteLocked(scope, *job, key, value, &on_commit);
+      if (queued.ok()) return;
+      refused = queued.status();
+    }
   }
-  return FinishWrite(scope, key, seq);
+  done(std::move(refused));
 }
 
 absl::StatusOr<std::string> KvManager::Get(const KvScope& scope,
@@ -383,7 +419,8 @@ absl::Status KvManager::CheckKeyLocked(const std::string& key) const {
 absl::StatusOr<uint64_t> KvManager::WriteLocked(const KvScope& scope,
                                                 JobKv* job,
                                                 const std::string& key,
-                                                const std::string& value) {
+                                                const std::string& value,
+                                                WriteCallback* done) {
   if (static_cast<int64_t>(value.size()) > limits_.max_value_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "value for key '", key, "' is ", value.size(),
@@ -408,23 +445,30 @@ absl::StatusOr<uint64_t> KvManager::WriteLocked(const KvScope& scope,
   }
   const uint64_t seq = QueueLocked(
       scope.job_id,
-      {Storage::Mutation::Kind::kPut, StorageKey(scope, key), value});
+      {Storage::Mutation::Kind::kPut, StorageKey(scope, key), value},
+      done != nullptr ? std::move(*done) : nullptr);
   job->entries[key] = Value{value, seq};
   job->bytes += byte_delta;
   return seq;
 }
 
 uint64_t KvManager::QueueLocked(const std::string& job_id,
-                                Storage::Mutation mutation) {
+                                Storage::Mutation mutation,
+                                WriteCallback done) {
   const uint64_t seq = ++last_seq_;
   absl::MutexLock lock(&flush_mu_);
-  queued_.push_back(Queued{seq, job_id, std::move(mutation)});
+  queued_.push_back(Queued{seq, job_id, std::move(mutation), std::move(done)});
   return seq;
 }
 
 absl::Status KvManager::FinishWrite(const KvScope& scope,
                                     const std::string& key, uint64_t seq) {
   GS_RETURN_IF_ERROR(AwaitDurable(seq));
+  WakeKey(scope, key);
+  return absl::OkStatus();
+}
+
+void KvManager::WakeKey(const KvScope& scope, const std::string& key) {
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
@@ -435,7 +479,6 @@ absl::Status KvManager::FinishWrite(const KvScope& scope,
     }
   }
   Run(std::move(completions));
-  return absl::OkStatus();
 }
 
 absl::Status KvManager::AwaitDurable(uint64_t seq) {
@@ -443,47 +486,56 @@ absl::Status KvManager::AwaitDurable(uint64_t seq) {
     const KvManager* kv;
     uint64_t seq;
     bool operator()() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return kv->settled_seq_ >= seq || !kv->flushing_;
+      return kv->settled_seq_ >= seq;
     }
   };
   const Settled settled{this, seq};
+  absl::MutexLock lock(&flush_mu_);
+  flush_mu_.Await(absl::Condition(&settled));
+  return OutcomeLocked(seq);
+}
+
+void KvManager::FlushLoop() {
   flush_mu_.Lock();
-  while (settled_seq_ < seq) {
-    if (flushing_) {
-      flush_mu_.Await(absl::Condition(&settled));
-      continue;
-    }
-    // Lead: commit everything queued so far, this write included.
+  for (;;) {
+    flush_mu_.Await(absl::Condition(this, &KvManager::QueuedOrStopping));
+    if (queued_.empty()) break;  // stopping, and everything is committed
     std::vector<Queued> batch;
     batch.swap(queued_);
-    flushing_ = true;
     flush_mu_.Unlock();
     std::vector<Storage::Mutation> mutations;
     mutations.reserve(batch.size());
     for (const Queued& q : batch) mutations.push_back(q.mutation);
     const absl::Status status = storage_->Apply(mutations);
-    if (!status.ok()) FailBatch(batch, status);
+    std::vector<Queued> failed_after;
+    if (!status.ok()) failed_after = FailBatch(batch, status);
     flush_mu_.Lock();
     if (status.ok()) settled_seq_ = std::max(settled_seq_, batch.back().seq);
-    flushing_ = false;
+    const absl::Status outcome = OutcomeLocked(batch.back().seq);
+    flush_mu_.Unlock();
+    for (std::vector<Queued>* done : {&batch, &failed_after}) {
+      for (Queued& q : *done) {
+        if (q.done) q.done(outcome);
+      }
+    }
+    flush_mu_.Lock();
   }
-  absl::Status outcome = OutcomeLocked(seq);
   flush_mu_.Unlock();
-  return outcome;
 }
 
-void KvManager::FailBatch(const std::vector<Queued>& batch,
-                          const absl::Status& status) {
+std::vector<KvManager::Queued> KvManager::FailBatch(
+    const std::vector<Queued>& batch, const absl::Status& status) {
   GS_LOG(ERROR) << "key-value storage failed " << batch.size()
                 << " write(s): " << status
                 << "; they and the writes queued after them fail";
   absl::MutexLock lock(&mu_);
   std::set<std::string> touched;
   for (const Queued& q : batch) touched.insert(q.job_id);
+  std::vector<Queued> after;
   {
     absl::MutexLock flush_lock(&flush_mu_);
     for (const Queued& q : queued_) touched.insert(q.job_id);
-    queued_.clear();
+    after.swap(queued_);
     failures_[last_seq_] = {batch.front().seq,
                             absl::UnavailableError(absl::StrCat(
                                 "the coordinator could not store the write: ",
@@ -495,6 +547,7 @@ void KvManager::FailBatch(const std::vector<Queued>& batch,
     auto it = jobs_kv_.find(job_id);
     if (it != jobs_kv_.end()) ReloadLocked(job_id, &it->second);
   }
+  return after;
 }
 
 absl::Status KvManager::OutcomeLocked(uint64_t seq) const {

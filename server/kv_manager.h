@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -65,9 +66,16 @@ class KvManager {
  public:
   // Called exactly once with the outcome of a Wait.
   using WaitCallback = std::function<void(absl::Status)>;
+  // Called exactly once with the outcome of a write (SetAsync).
+  using WriteCallback = std::function<void(absl::Status)>;
 
+  // Starts the thread that commits queued writes; the destructor commits
+  // what is still queued and stops it.
   KvManager(Storage* storage, Clock* clock, const JobManager* jobs,
             KvLimits limits = KvLimits());
+  ~KvManager();
+  KvManager(const KvManager&) = delete;
+  KvManager& operator=(const KvManager&) = delete;
 
   // Makes `round` the job's current round: older rounds' keys are dropped
   // and their waits fail with ABORTED.
@@ -89,6 +97,12 @@ class KvManager {
 
   absl::Status Set(const KvScope& scope, const std::string& key,
                    const std::string& value);
+  // Set without blocking the caller: `done` runs with the outcome once the
+  // write is durable (on the committing thread, no lock held), or before
+  // SetAsync returns for bad input. The gRPC handler uses this, so every
+  // call in flight can share a commit.
+  void SetAsync(const KvScope& scope, const std::string& key,
+                const std::string& value, WriteCallback done);
   // NOT_FOUND when `key` does not exist.
   absl::StatusOr<std::string> Get(const KvScope& scope, const std::string& key);
   // Adds `delta` to the decimal counter at `key` (0 when absent).
@@ -151,6 +165,7 @@ class KvManager {
     uint64_t seq = 0;
     std::string job_id;
     Storage::Mutation mutation;
+    WriteCallback done;  // may be empty: the writer waits in AwaitDurable
   };
   using Completion = std::pair<WaitCallback, absl::Status>;
 
@@ -160,25 +175,39 @@ class KvManager {
   absl::Status CheckKeyLocked(const std::string& key) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stores key=value in memory, keeping the size accounting, and queues it
-  // for storage; returns the write's sequence number (for FinishWrite).
+  // for storage with *done (taken only when queued; null: the caller waits
+  // in FinishWrite); returns the write's sequence number.
   absl::StatusOr<uint64_t> WriteLocked(const KvScope& scope, JobKv* job,
                                        const std::string& key,
-                                       const std::string& value)
+                                       const std::string& value,
+                                       WriteCallback* done = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Queues `mutation` of `job_id` for storage; returns its sequence number.
-  uint64_t QueueLocked(const std::string& job_id, Storage::Mutation mutation)
+  // Queues `mutation` of `job_id` for storage, with `done` to run once it
+  // is committed; returns its sequence number.
+  uint64_t QueueLocked(const std::string& job_id, Storage::Mutation mutation,
+                       WriteCallback done = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until write `seq` of `key` is durable, then completes the waits it
   // was the last missing key of. The write's outcome.
   absl::Status FinishWrite(const KvScope& scope, const std::string& key,
                            uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_, flush_mu_);
+  // Completes the waits on `key`, whose write is now durable.
+  void WakeKey(const KvScope& scope, const std::string& key)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Returns once write `seq` (and every write before it) is durable or has
-  // failed, committing the queued writes as one batch when no other caller
-  // is; the write's outcome.
+  // failed; the write's outcome.
   absl::Status AwaitDurable(uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_, flush_mu_);
-  // A batch failed with `status`: fails it and everything queued after it,
-  // and reloads the memory of the jobs they touched from storage.
-  void FailBatch(const std::vector<Queued>& batch, const absl::Status& status)
+  // The committing thread: commits everything queued as one batch, then
+  // runs the batch's callbacks, until the destructor stops it.
+  void FlushLoop() ABSL_LOCKS_EXCLUDED(mu_, flush_mu_);
+  bool QueuedOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(flush_mu_) {
+    return !queued_.empty() || stopping_;
+  }
+  // A batch failed with `status`: fails it and everything queued after it
+  // (returned, for their callbacks), and reloads the memory of the jobs they
+  // touched from storage.
+  std::vector<Queued> FailBatch(const std::vector<Queued>& batch,
+                                const absl::Status& status)
       ABSL_LOCKS_EXCLUDED(mu_, flush_mu_);
   // The outcome of write `seq`, known durable or failed.
   absl::Status OutcomeLocked(uint64_t seq) const
@@ -222,13 +251,14 @@ class KvManager {
 
   mutable absl::Mutex flush_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::vector<Queued> queued_ ABSL_GUARDED_BY(flush_mu_);  // in seq order
-  bool flushing_ ABSL_GUARDED_BY(flush_mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(flush_mu_) = false;
   // Every write up to this one is durable or has failed.
   uint64_t settled_seq_ ABSL_GUARDED_BY(flush_mu_) = 0;
   // Failed writes: last seq of a failed range -> (first seq, error). The
   // latest kMaxFailures ranges are kept.
   std::map<uint64_t, std::pair<uint64_t, absl::Status>> failures_
       ABSL_GUARDED_BY(flush_mu_);
+  std::thread flusher_;
 };
 
 // The storage prefix of a round's keys: "kv/<job>/<round>/".

@@ -23,8 +23,12 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context,
 grpc::ServerUnaryReactor* KvService::Set(grpc::CallbackServerContext* context,
                                          const v1::SetRequest* request,
                                          v1::SetResponse* response) {
-  return Done(context, kv_->Set(ToScope(request->scope()), request->key(),
-                                request->value()));
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  kv_->SetAsync(ToScope(request->scope()), request->key(), request->value(),
+                [reactor](absl::Status status) {
+                  reactor->Finish(ToGrpcStatus(status));
+                });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* KvService::Get(grpc::CallbackServerContext* context,
