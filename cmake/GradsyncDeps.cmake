@@ -192,3 +192,61 @@ target_compile_definitions(gradsync_system_httplib INTERFACE
   CPPHTTPLIB_OPENSSL_SUPPORT CPPHTTPLIB_ZLIB_SUPPORT CPPHTTPLIB_BROTLI_SUPPORT)
 _gradsync_link_by_name(gradsync_system_httplib "cpp-httplib" cpp-httplib ssl crypto)
 target_link_libraries(gradsync_system_httplib INTERFACE Threads::Threads)
+
+# --- etcd's v3 API (golang-etcd-server-dev, with golang-github-gogo-protobuf-dev
+# and golang-github-grpc-ecosystem-grpc-gateway-dev), the client of the
+# coordinator's --etcd: its .proto files compiled unchanged. Optional here (a
+# GPU machine has no Debian packages): without them --etcd is left out.
+set(GRADSYNC_GOCODE_DIR "/usr/share/gocode/src" CACHE PATH
+  "Where Debian's golang-*-dev packages keep their sources (etcd's .proto files)")
+set(_etcd_roots
+  "${GRADSYNC_GOCODE_DIR}/go.etcd.io"
+  "${GRADSYNC_GOCODE_DIR}/github.com/gogo/protobuf"
+  "${GRADSYNC_GOCODE_DIR}/github.com/grpc-ecosystem/grpc-gateway/third_party/googleapis")
+set(_etcd_protos  # "<root index>:<path under the root>"
+  "0:etcd/etcdserver/etcdserverpb/rpc.proto"
+  "0:etcd/etcdserver/api/v3election/v3electionpb/v3election.proto"
+  "0:etcd/mvcc/mvccpb/kv.proto"
+  "0:etcd/auth/authpb/auth.proto"
+  "1:gogoproto/gogo.proto"
+  "2:google/api/annotations.proto"
+  "2:google/api/http.proto")
+set(_etcd_out "${PROJECT_BINARY_DIR}/third_party/system/etcd_v3")
+set(_etcd_files "")
+set(_etcd_srcs "")
+set(_etcd_missing "")
+foreach(entry IN LISTS _etcd_protos)
+  string(REPLACE ":" ";" parts "${entry}")
+  list(GET parts 0 root_index)
+  list(GET parts 1 path)
+  list(GET _etcd_roots ${root_index} root)
+  if(NOT EXISTS "${root}/${path}")
+    list(APPEND _etcd_missing "${root}/${path}")
+  endif()
+  list(APPEND _etcd_files "${root}/${path}")
+  string(REGEX REPLACE "\\.proto$" "" base "${_etcd_out}/${path}")
+  list(APPEND _etcd_srcs "${base}.pb.cc" "${base}.grpc.pb.cc")
+  list(APPEND _etcd_hdrs "${base}.pb.h" "${base}.grpc.pb.h")
+endforeach()
+if(_etcd_missing)
+  add_library(gradsync_system_etcd_v3 INTERFACE)
+  gradsync_disable(gradsync_system_etcd_v3
+    "etcd's .proto files not found (install golang-etcd-server-dev)")
+else()
+  set(_etcd_proto_paths "")
+  foreach(root IN LISTS _etcd_roots)
+    list(APPEND _etcd_proto_paths "--proto_path=${root}")
+  endforeach()
+  file(MAKE_DIRECTORY "${_etcd_out}")
+  add_custom_command(
+    OUTPUT ${_etcd_srcs} ${_etcd_hdrs}
+    COMMAND "${GRADSYNC_PROTOC}" ${_etcd_proto_paths}
+      "--proto_path=${GRADSYNC_PROTOBUF_INCLUDE_DIR}"
+      "--cpp_out=${_etcd_out}" "--grpc_out=${_etcd_out}"
+      "--plugin=protoc-gen-grpc=${GRADSYNC_GRPC_CPP_PLUGIN}" ${_etcd_files}
+    DEPENDS ${_etcd_files}
+    COMMENT "protoc: etcd's v3 API")
+  add_library(gradsync_system_etcd_v3 STATIC ${_etcd_srcs} ${_etcd_hdrs})
+  target_include_directories(gradsync_system_etcd_v3 PUBLIC "${_etcd_out}")
+  target_link_libraries(gradsync_system_etcd_v3 PUBLIC gradsync_system_grpc)
+endif()

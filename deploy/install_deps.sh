@@ -10,6 +10,10 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   libtorch-dev libgloo-dev libcpp-httplib-dev python3-prometheus-client
   libsqlite3-dev sqlite3
+  # --etcd: etcd's .proto files (and those they import) for the client, and
+  # etcd itself for the tests
+  golang-etcd-server-dev golang-github-gogo-protobuf-dev
+  golang-github-grpc-ecosystem-grpc-gateway-dev etcd-server
   python3-torch procps
   cmake ninja-build  # the CMake build (deploy/cmake_build.sh)
 )

@@ -428,14 +428,14 @@ void HealthManager::ReportLosses(const std::vector<Loss>& losses) {
   for (const Loss& loss : losses) on_loss_(loss);
 }
 
-void HealthManager::Transition(JobHealth* job, HealthUpdate update) {
+absl::Status HealthManager::Transition(JobHealth* job, HealthUpdate update) {
   absl::Status recorded = jobs_->RecordHealth(job->job_id, job->round, update);
   if (!recorded.ok()) {
     // The round ended meanwhile (superseded or finished); the next Poll
     // follows the job's new phase.
     GS_LOG(INFO) << "job '" << job->job_id << "' round " << job->round
                  << ": not recorded: " << recorded.message();
-    return;
+    return recorded;
   }
   constexpr size_t kLoggedChanges = 10;  // a mass loss logs a summary
   for (size_t i = 0; i < update.members.size(); ++i) {
@@ -476,6 +476,7 @@ void HealthManager::Transition(JobHealth* job, HealthUpdate update) {
       on_job_ended_(job->job_id, update.job_state, update.reason);
     }
   }
+  return absl::OkStatus();
 }
 
 void HealthManager::StreamBroken(Session* session) {
@@ -551,10 +552,19 @@ absl::StatusOr<v1::JobState> HealthManager::ReportCompletion(
     update.job_state = v1::JOB_STATE_FAILED;
     update.reason = absl::StrCat("rank ", rank, " (", m.host, ") ", how);
   }
-  if (job->detecting()) {
-    Transition(job, std::move(update));
-  } else {
+  if (!job->detecting()) {
     m.state = v1::MEMBER_STATE_EXITED;  // the job already ended
+    return job->state;
+  }
+  if (!Transition(job, std::move(update)).ok()) {
+    // Superseded before this manager's Poll saw it: the member's success
+    // belongs to a round that is over, and it must rejoin to finish.
+    if (request.success()) {
+      m.succeeded = false;
+      --job->succeeded;
+    }
+    job->current = false;
+    return absl::AbortedError(RoundOver(job->job_id, job->round));
   }
   return job->state;
 }

@@ -237,7 +237,10 @@ class HealthManager {
                         const v1::WorkerMetrics& metrics)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // Records member changes and a job state in JobManager, then mirrors them.
-  void Transition(JobHealth* job, HealthUpdate update)
+  // FAILED_PRECONDITION (nothing changed) when the round is no longer the
+  // job's running one: the rendezvous superseded it before this manager's
+  // next Poll noticed.
+  absl::Status Transition(JobHealth* job, HealthUpdate update)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // Adds the job state lost members lead to, per the policy; under RECOVER
   // appends a Loss per lost member of `update` to `losses`.

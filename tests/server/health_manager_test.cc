@@ -367,6 +367,17 @@ TEST_F(HealthManagerTest, EndedJobsAreForgottenAfterRetention) {
   EXPECT_EQ(Beat(0).status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(HealthManagerTest, SuccessInARoundSupersededBeforeThePollIsAborted) {
+  StartJob(1);
+  BeatAll();
+  // The rendezvous supersedes the round; this manager has not polled since.
+  ASSERT_TRUE(jobs_.RecordRoundSuperseded(kJob, "a new process joined").ok());
+  absl::StatusOr<v1::JobState> state = Complete(0, true, 0, "");
+  EXPECT_EQ(state.status().code(), absl::StatusCode::kAborted) << state.status();
+  EXPECT_THAT(ended_, IsEmpty()) << "the job did not end";
+  EXPECT_EQ(Beat(0).status().code(), absl::StatusCode::kAborted);
+}
+
 // ---------------------------------------------------------------------------
 // Restart on durable state
 

@@ -147,7 +147,7 @@ TEST_F(ElasticTest, RoundSupersededAsTrainingFinishesIsFinishedInTheNextOne) {
   };
   ASSERT_TRUE(Run("superseded", &trainer, 3).ok());
   intruder.join();
-  EXPECT_EQ(trainer.rounds.size(), 2u) << "finished again in round 3";
+  ASSERT_EQ(trainer.rounds.size(), 2u) << "finished again in round 3";
   EXPECT_EQ(trainer.rounds[1].round(), 3);
   EXPECT_EQ(trainer.rounds[1].resume_step(), 10);
   absl::StatusOr<v1::JobStatus> job = client_->GetJob("superseded");
