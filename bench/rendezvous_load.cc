@@ -34,7 +34,7 @@
 #include "proto/gradsync/v1/kv.grpc.pb.h"
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
 #include "server/coordinator.h"
-#include "server/storage/sqlite_storage.h"
+#include "server/storage/open_storage.h"
 
 ABSL_FLAG(int, workers, 10000, "simulated workers joining one job");
 ABSL_FLAG(int, channels, 8,
@@ -52,6 +52,11 @@ ABSL_FLAG(std::string, job, "bench", "job id to use");
 ABSL_FLAG(std::string, state_dir, "",
           "in-process coordinator only: keep state in a SQLite database in "
           "this (fresh) directory, as gradsync-coordinator --state_dir does");
+ABSL_FLAG(std::string, etcd, "",
+          "with the in-process coordinator: keep its state in the etcd at "
+          "HOST:PORT, as gradsync-coordinator --etcd does");
+ABSL_FLAG(std::string, etcd_prefix, "/gradsync-bench/",
+          "namespace of the state in --etcd (use a fresh one per run)");
 
 namespace gradsync {
 namespace {
@@ -324,23 +329,22 @@ int Main() {
   const int workers = absl::GetFlag(FLAGS_workers);
   const absl::Duration timeout = absl::GetFlag(FLAGS_timeout);
   std::string target = absl::GetFlag(FLAGS_coordinator);
-  std::unique_ptr<SqliteStorage> storage;  // outlives the coordinator
+  std::unique_ptr<Storage> storage;  // outlives the coordinator
   std::unique_ptr<Coordinator> coordinator;
   if (target.empty()) {
     CoordinatorConfig config;
     config.listen_address = "127.0.0.1:0";
-    const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
-    if (!state_dir.empty()) {
-      absl::StatusOr<std::unique_ptr<SqliteStorage>> opened =
-          SqliteStorage::Open(state_dir);
-      if (!opened.ok()) {
-        std::fprintf(stderr, "cannot open --state_dir: %s\n",
-                     opened.status().ToString().c_str());
-        return 1;
-      }
-      storage = *std::move(opened);
-      config.storage = storage.get();
+    StorageSpec spec;
+    spec.state_dir = absl::GetFlag(FLAGS_state_dir);
+    spec.etcd = absl::GetFlag(FLAGS_etcd);
+    spec.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
+    absl::StatusOr<std::unique_ptr<Storage>> opened = OpenStorage(spec);
+    if (!opened.ok()) {
+      std::fprintf(stderr, "%s\n", opened.status().ToString().c_str());
+      return 1;
     }
+    storage = *std::move(opened);
+    config.storage = storage.get();
     coordinator = std::make_unique<Coordinator>(config);
     absl::Status started = coordinator->Start();
     if (!started.ok()) {

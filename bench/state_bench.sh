@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Durable-state benchmark, side by side in one run: the coordinator serving
-# from memory and from --state_dir (SQLite, WAL, synchronous=FULL), on the
-# same load: 10,000 simulated workers ranked (goal <= 1 s with state), then
-# key-value Set+Get calls with 64 in flight (goal: durable >= 0.5 of memory).
+# from memory, from --state_dir (SQLite, WAL, synchronous=FULL) and from
+# --etcd (a one-member etcd on loopback that this script starts, when
+# /usr/bin/etcd is there), on the same load: 10,000 simulated workers ranked
+# (goal <= 1 s with state), then key-value Set+Get calls with 64 in flight
+# (goal: durable >= 0.5 of memory).
 #   bench/state_bench.sh [--rounds=3]
-# Rounds alternate the two backends so machine noise hits both; prints each
-# round and the median ratio durable / in-memory.
+# Rounds alternate the backends so machine noise hits all; prints each round
+# and the median ratios durable / in-memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=3
@@ -18,7 +20,32 @@ done
 bazel build -c opt //bench:rendezvous_load 2>&1 | tail -n 1
 load=bazel-bin/bench/rendezvous_load
 state=$(mktemp -d)
-trap 'rm -rf "$state"' EXIT
+etcd_pid=""
+cleanup() {
+  [ -n "$etcd_pid" ] && kill "$etcd_pid" 2>/dev/null && wait "$etcd_pid" 2>/dev/null
+  rm -rf "$state"
+}
+trap cleanup EXIT
+
+# A free loopback port (the kernel's pick for port 0).
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+etcd_endpoint=""
+if [ -x /usr/bin/etcd ]; then
+  cport=$(free_port); pport=$(free_port)
+  /usr/bin/etcd --name=bench --data-dir="$state/etcd" \
+    --listen-client-urls="http://127.0.0.1:$cport" \
+    --advertise-client-urls="http://127.0.0.1:$cport" \
+    --listen-peer-urls="http://127.0.0.1:$pport" \
+    --initial-advertise-peer-urls="http://127.0.0.1:$pport" \
+    --initial-cluster="bench=http://127.0.0.1:$pport" \
+    --logger=zap --log-outputs="$state/etcd.log" &
+  etcd_pid=$!
+  etcd_endpoint="127.0.0.1:$cport"
+  for _ in $(seq 1 100); do  # up to 10 s for it to serve
+    curl -fs "http://$etcd_endpoint/health" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+fi
 
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p" <<<"$2"; }
 run() {  # prints "ranked_s kv_calls_per_s" of one run, or fails
@@ -29,16 +56,30 @@ run() {  # prints "ranked_s kv_calls_per_s" of one run, or fails
   echo "$(field ranked_s "$out") $(field kv_calls_per_s "$out")"
 }
 
-printf "%5s %12s %12s %14s %14s\n" round memory_s state_s memory_kv/s state_kv/s
-kv_ratios=()
+printf "%5s %10s %10s %10s %12s %12s %12s\n" round memory_s state_s etcd_s \
+  memory_kv/s state_kv/s etcd_kv/s
+kv_ratios=(); rank_ratios=(); etcd_kv_ratios=(); etcd_rank_ratios=()
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 for r in $(seq 1 "$rounds"); do
   read -r mr mk < <(run)
   rm -rf "$state/r$r"
   read -r sr sk < <(run --state_dir="$state/r$r")
-  printf "%5d %12s %12s %14s %14s\n" "$r" "$mr" "$sr" "$mk" "$sk"
-  kv_ratios+=("$(awk -v a="$sk" -v b="$mk" 'BEGIN { printf "%.3f", a / b }')")
-  rank_ratios+=("$(awk -v a="$sr" -v b="$mr" 'BEGIN { printf "%.3f", a / b }')")
+  er="-"; ek="-"
+  if [ -n "$etcd_endpoint" ]; then
+    read -r er ek < <(run --etcd="$etcd_endpoint" --etcd_prefix="/bench-$r/")
+    etcd_kv_ratios+=("$(ratio "$ek" "$mk")")
+    etcd_rank_ratios+=("$(ratio "$er" "$mr")")
+  fi
+  printf "%5d %10s %10s %10s %12s %12s %12s\n" "$r" "$mr" "$sr" "$er" "$mk" "$sk" "$ek"
+  kv_ratios+=("$(ratio "$sk" "$mk")")
+  rank_ratios+=("$(ratio "$sr" "$mr")")
 done
 median() { printf "%s\n" "$@" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-echo "key-value throughput, durable / in-memory (median): $(median "${kv_ratios[@]}")  (goal >= 0.5)"
-echo "time to rank 10,000 workers, durable / in-memory (median): $(median "${rank_ratios[@]}")"
+echo "key-value throughput, --state_dir / in-memory (median): $(median "${kv_ratios[@]}")  (goal >= 0.5)"
+echo "time to rank 10,000 workers, --state_dir / in-memory (median): $(median "${rank_ratios[@]}")"
+if [ -n "$etcd_endpoint" ]; then
+  echo "key-value throughput, --etcd / in-memory (median): $(median "${etcd_kv_ratios[@]}")"
+  echo "time to rank 10,000 workers, --etcd / in-memory (median): $(median "${etcd_rank_ratios[@]}")"
+else
+  echo "--etcd: not measured (no /usr/bin/etcd)"
+fi

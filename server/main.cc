@@ -20,9 +20,11 @@
 #include "absl/flags/parse.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "server/coordinator.h"
+#include "server/storage/open_storage.h"
 #include "server/storage/sqlite_storage.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:29400",
@@ -60,6 +62,12 @@ ABSL_FLAG(bool, check_state, false,
           "verify --state_dir (format and SQLite's integrity check), print a "
           "summary and exit: 0 when sound, 1 otherwise; safe while a "
           "coordinator serves from it");
+ABSL_FLAG(std::string, etcd, "",
+          "HOST:PORT[,HOST:PORT...] of an etcd v3 cluster to keep the durable "
+          "state in, instead of --state_dir (several endpoints: IPv4 "
+          "addresses); empty: no etcd");
+ABSL_FLAG(std::string, etcd_prefix, "/gradsync/",
+          "namespace of this coordinator's keys in etcd");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write the bound port to this file once serving (for "
           "scripts that start the coordinator on port 0)");
@@ -167,18 +175,17 @@ int main(int argc, char** argv) {
   }
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (absl::GetFlag(FLAGS_check_state)) return CheckState(state_dir);
-  std::unique_ptr<gradsync::SqliteStorage> storage;
-  if (!state_dir.empty()) {
-    absl::StatusOr<std::unique_ptr<gradsync::SqliteStorage>> opened =
-        gradsync::SqliteStorage::Open(state_dir);
-    if (!opened.ok()) {
-      GS_LOG(ERROR) << "cannot open --state_dir: " << opened.status();
-      return EXIT_FAILURE;
-    }
-    storage = *std::move(opened);
-    config.storage = storage.get();
-    GS_LOG(INFO) << "keeping state in " << state_dir;
+  gradsync::StorageSpec spec;
+  spec.state_dir = state_dir;
+  spec.etcd = absl::GetFlag(FLAGS_etcd);
+  spec.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
+  absl::StatusOr<std::unique_ptr<gradsync::Storage>> storage =
+      gradsync::OpenStorage(spec);
+  if (!storage.ok()) {
+    GS_LOG(ERROR) << storage.status().message();
+    return EXIT_FAILURE;
   }
+  config.storage = storage->get();
   gradsync::Coordinator coordinator(config);
   absl::Status started = coordinator.Start();
   if (!started.ok()) {

@@ -120,18 +120,6 @@ absl::Status Exec(sqlite3* db, const std::string& path, const char* sql) {
   return Statement(db, path, sql).Run();
 }
 
-// The smallest key greater than every key that starts with `prefix`; nullopt
-// when there is none (empty prefix, or only 0xff bytes).
-std::optional<std::string> PrefixEnd(absl::string_view prefix) {
-  std::string end(prefix);
-  while (!end.empty() && static_cast<unsigned char>(end.back()) == 0xff) {
-    end.pop_back();
-  }
-  if (end.empty()) return std::nullopt;
-  end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
-  return end;
-}
-
 // Opens `path` with `flags`; the handle is closed on error.
 absl::StatusOr<sqlite3*> OpenDatabase(const std::string& path, int flags) {
   sqlite3* db = nullptr;

@@ -18,9 +18,6 @@ struct sqlite3;
 
 namespace gradsync {
 
-// The state format this binary reads and writes (SQLite's user_version).
-// A directory written with another format is refused at open, never reset.
-inline constexpr int kStateFormat = 1;
 
 // What CheckStateDir() found.
 struct StateSummary {

@@ -6,6 +6,7 @@
 #define GRADSYNC_SERVER_STORAGE_STORAGE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +16,11 @@
 #include "absl/strings/string_view.h"
 
 namespace gradsync {
+
+// The format of the state this binary reads and writes, kept by every
+// durable backend (SQLite's user_version, an etcd key). State written with
+// another format is refused at open, never reset.
+inline constexpr int kStateFormat = 1;
 
 // An ordered key-value map. Implementations are thread-safe; each call is
 // atomic on its own (callers that need read-modify-write atomicity hold their
@@ -50,6 +56,19 @@ class Storage {
   // call costs a durable backend one commit, however long the batch.
   virtual absl::Status Apply(const std::vector<Mutation>& batch) = 0;
 };
+
+// The smallest string greater than every string starting with `prefix`: the
+// exclusive end of a prefix scan. None when there is no such string (the
+// prefix is empty or all 0xff bytes: the scan runs to the end).
+inline std::optional<std::string> PrefixEnd(absl::string_view prefix) {
+  std::string end(prefix);
+  while (!end.empty() && static_cast<unsigned char>(end.back()) == 0xff) {
+    end.pop_back();
+  }
+  if (end.empty()) return std::nullopt;
+  end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
+  return end;
+}
 
 }  // namespace gradsync
 

@@ -1,7 +1,9 @@
-// gradsync-coordinator --state_dir: a job keeps training through a kill -9
-// of the coordinator and a restart on the same address and state, and its
-// keys and result are kept; a second coordinator on a state directory in use
-// is refused at start with a clear error.
+// gradsync-coordinator with durable state, --state_dir (SQLite) or --etcd
+// (a real etcd-server started by the test): a job keeps training through a
+// kill -9 of the coordinator and a restart on the same address and state, a
+// rendezvous in progress forms, a worker that died meanwhile is found, and
+// keys and results are kept; a second coordinator on a state directory in
+// use is refused at start with a clear error.
 #include <signal.h>
 
 #include <cstdio>
@@ -15,6 +17,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/etcd_process.h"
 #include "tests/testing/subprocess.h"
 #include "worker/client/coordinator_client.h"
 
@@ -23,6 +26,7 @@ namespace {
 
 using ::gradsync::testing::Child;
 using ::gradsync::testing::CoordinatorProcess;
+using ::gradsync::testing::EtcdProcess;
 using ::gradsync::testing::Runfile;
 using ::gradsync::testing::TempPath;
 using ::gradsync::testing::WaitAll;
@@ -76,25 +80,94 @@ bool JobReaches(CoordinatorClient* client, const std::string& job,
   return false;
 }
 
-// kill -9 of `first`, then a coordinator on its address and `state_dir`.
-::testing::AssertionResult KillAndRestart(CoordinatorProcess* first,
-                                          CoordinatorProcess* second,
-                                          const std::string& state_dir,
-                                          const std::string& name) {
-  first->child().Signal(SIGKILL);
-  if (!WaitAll({&first->child()}, kBound)) {
-    return ::testing::AssertionFailure() << "the killed coordinator lingers";
-  }
-  return second->Start(Runfile("server/gradsync-coordinator"), name,
-                       {absl::StrCat("--state_dir=", state_dir),
-                        absl::StrCat("--listen=", first->address())});
+// While `holder` serves from `state_dir`, a second coordinator on it exits
+// 1 naming the holder; once `holder` has stopped, --check_state finds the
+// state sound with its one job.
+void ExpectLockedThenSound(const std::string& state_dir,
+                           CoordinatorProcess* holder) {
+  Child third;
+  ASSERT_TRUE(third.Start({Runfile("server/gradsync-coordinator"),
+                           "--listen=127.0.0.1:0",
+                           absl::StrCat("--state_dir=", state_dir)},
+                          /*capture=*/true));
+  ASSERT_TRUE(WaitAll({&third}, kBound));
+  EXPECT_EQ(third.exit_code(), 1);
+  EXPECT_THAT(third.err(), HasSubstr("is in use by another coordinator (pid " +
+                                     std::to_string(holder->child().pid()) + ")"));
+  ASSERT_TRUE(holder->Stop());
+
+  Child check;
+  ASSERT_TRUE(check.Start({Runfile("server/gradsync-coordinator"),
+                           absl::StrCat("--state_dir=", state_dir),
+                           "--check_state"},
+                          /*capture=*/true));
+  ASSERT_TRUE(WaitAll({&check}, kBound));
+  EXPECT_EQ(check.exit_code(), 0) << check.describe();
+  EXPECT_THAT(check.out(), HasSubstr(": ok (state format 1,"));
+  EXPECT_THAT(check.out(), HasSubstr(" 1 jobs,"));
 }
 
-TEST(DurableStateProcessTest, TrainingGoesOnThroughKillNineAndRestart) {
-  const std::string state_dir = TempPath("state-mid-training");
+enum class Backend { kStateDir, kEtcd };
+
+std::string BackendName(const ::testing::TestParamInfo<Backend>& info) {
+  return info.param == Backend::kStateDir ? "StateDir" : "Etcd";
+}
+
+// Each test's coordinators keep their state in the backend of the
+// parameter: a directory of their own, or a namespace of their own in an
+// etcd started for the test.
+class DurableStateProcessTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    if (GetParam() != Backend::kEtcd) return;
+    if (EtcdProcess::Binary().empty()) {
+      GTEST_SKIP() << "no etcd binary: install etcd-server";
+    }
+    ASSERT_TRUE(etcd_.Start("process-test"));
+  }
+
+  // The flags that point a coordinator at the state named `name`.
+  std::vector<std::string> StateFlags(const std::string& name) const {
+    if (GetParam() == Backend::kStateDir) {
+      return {absl::StrCat("--state_dir=", TempPath(absl::StrCat("state-", name)))};
+    }
+    return {absl::StrCat("--etcd=", etcd_.endpoint()),
+            absl::StrCat("--etcd_prefix=/", name, "/")};
+  }
+
+  // Starts a coordinator on the state named `state`.
+  ::testing::AssertionResult StartOn(CoordinatorProcess* coordinator,
+                                     const std::string& state,
+                                     const std::string& name) {
+    return coordinator->Start(Runfile("server/gradsync-coordinator"), name,
+                              StateFlags(state));
+  }
+
+  // kill -9 of `first`, then a coordinator on its address and `state`.
+  ::testing::AssertionResult KillAndRestart(CoordinatorProcess* first,
+                                            CoordinatorProcess* second,
+                                            const std::string& state,
+                                            const std::string& name) {
+    first->child().Signal(SIGKILL);
+    if (!WaitAll({&first->child()}, kBound)) {
+      return ::testing::AssertionFailure() << "the killed coordinator lingers";
+    }
+    std::vector<std::string> flags = StateFlags(state);
+    flags.push_back(absl::StrCat("--listen=", first->address()));
+    return second->Start(Runfile("server/gradsync-coordinator"), name, flags);
+  }
+
+  EtcdProcess etcd_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Backends, DurableStateProcessTest,
+                         ::testing::Values(Backend::kStateDir, Backend::kEtcd),
+                         BackendName);
+
+TEST_P(DurableStateProcessTest, TrainingGoesOnThroughKillNineAndRestart) {
+  const std::string state = "mid-training";
   CoordinatorProcess first;
-  ASSERT_TRUE(first.Start(Runfile("server/gradsync-coordinator"), "mid-1",
-                          {absl::StrCat("--state_dir=", state_dir)}));
+  ASSERT_TRUE(StartOn(&first, state, "mid-1"));
   // 150 steps of 20 ms: about 3 s of training, through the outage.
   std::vector<std::unique_ptr<Child>> workers =
       StartWorkers(first.address(), "live", 2, 150);
@@ -113,7 +186,7 @@ TEST(DurableStateProcessTest, TrainingGoesOnThroughKillNineAndRestart) {
   ASSERT_TRUE(client->Set(scope, "set-before-the-crash", "kept").ok());
 
   CoordinatorProcess second;  // the same port and state
-  ASSERT_TRUE(KillAndRestart(&first, &second, state_dir, "mid-2"));
+  ASSERT_TRUE(KillAndRestart(&first, &second, state, "mid-2"));
   ASSERT_EQ(second.address(), first.address());
 
   std::vector<Child*> children;
@@ -136,11 +209,10 @@ TEST(DurableStateProcessTest, TrainingGoesOnThroughKillNineAndRestart) {
   ASSERT_TRUE(second.Stop());
 }
 
-TEST(DurableStateProcessTest, RoundFormsThroughARestartDuringTheRendezvous) {
-  const std::string state_dir = TempPath("state-rendezvous");
+TEST_P(DurableStateProcessTest, RoundFormsThroughARestartDuringTheRendezvous) {
+  const std::string state = "rendezvous";
   CoordinatorProcess first;
-  ASSERT_TRUE(first.Start(Runfile("server/gradsync-coordinator"), "rdzv-1",
-                          {absl::StrCat("--state_dir=", state_dir)}));
+  ASSERT_TRUE(StartOn(&first, state, "rdzv-1"));
   std::unique_ptr<Child> early = StartWorker(first.address(), "forming", 2, 0,
                                              5, absl::Milliseconds(20));
   ASSERT_TRUE(JobReaches(Client(first.address()).get(), "forming",
@@ -150,7 +222,7 @@ TEST(DurableStateProcessTest, RoundFormsThroughARestartDuringTheRendezvous) {
   // The early worker's join is in flight when the coordinator dies; it is
   // retried, waits again, and the round forms once the second worker joins.
   CoordinatorProcess second;
-  ASSERT_TRUE(KillAndRestart(&first, &second, state_dir, "rdzv-2"));
+  ASSERT_TRUE(KillAndRestart(&first, &second, state, "rdzv-2"));
   std::unique_ptr<Child> late = StartWorker(second.address(), "forming", 2, 1,
                                             5, absl::Milliseconds(20));
   ASSERT_TRUE(WaitAll({early.get(), late.get()}, kBound));
@@ -163,11 +235,10 @@ TEST(DurableStateProcessTest, RoundFormsThroughARestartDuringTheRendezvous) {
   ASSERT_TRUE(second.Stop());
 }
 
-TEST(DurableStateProcessTest, WorkerDeadDuringTheOutageIsLostAfterTheGrace) {
-  const std::string state_dir = TempPath("state-grace");
+TEST_P(DurableStateProcessTest, WorkerDeadDuringTheOutageIsLostAfterTheGrace) {
+  const std::string state = "grace";
   CoordinatorProcess first;
-  ASSERT_TRUE(first.Start(Runfile("server/gradsync-coordinator"), "grace-1",
-                          {absl::StrCat("--state_dir=", state_dir)}));
+  ASSERT_TRUE(StartOn(&first, state, "grace-1"));
   std::vector<std::unique_ptr<Child>> workers = StartWorkers(
       first.address(), "outage", 2, 100000, absl::Milliseconds(100));
   // Both train and heartbeat.
@@ -190,9 +261,10 @@ TEST(DurableStateProcessTest, WorkerDeadDuringTheOutageIsLostAfterTheGrace) {
   rank1->Signal(SIGKILL);
   ASSERT_TRUE(WaitAll({rank1}, kBound));
   CoordinatorProcess second;
+  std::vector<std::string> flags = StateFlags(state);
+  flags.push_back(absl::StrCat("--listen=", first.address()));
   ASSERT_TRUE(second.Start(Runfile("server/gradsync-coordinator"), "grace-2",
-                           {absl::StrCat("--state_dir=", state_dir),
-                            absl::StrCat("--listen=", first.address())}));
+                           flags));
   const absl::Time restarted = absl::Now();
   v1::JobStatus seen;
   ASSERT_TRUE(JobReaches(Client(second.address()).get(), "outage",
@@ -216,11 +288,10 @@ TEST(DurableStateProcessTest, WorkerDeadDuringTheOutageIsLostAfterTheGrace) {
   ASSERT_TRUE(second.Stop());
 }
 
-TEST(DurableStateProcessTest, AJobsResultIsKeptThroughKillNineAndRestart) {
-  const std::string state_dir = TempPath("state-kill-nine");
+TEST_P(DurableStateProcessTest, AJobsResultIsKeptThroughKillNineAndRestart) {
+  const std::string state = "kill-nine";
   CoordinatorProcess first;
-  ASSERT_TRUE(first.Start(Runfile("server/gradsync-coordinator"), "durable-1",
-                          {absl::StrCat("--state_dir=", state_dir)}));
+  ASSERT_TRUE(StartOn(&first, state, "durable-1"));
   std::vector<std::unique_ptr<Child>> workers =
       StartWorkers(first.address(), "kept", 2, 5);
   ASSERT_TRUE(WaitAll({workers[0].get(), workers[1].get()}, kBound));
@@ -230,35 +301,18 @@ TEST(DurableStateProcessTest, AJobsResultIsKeptThroughKillNineAndRestart) {
   ASSERT_TRUE(WaitAll({&first.child()}, kBound));
 
   CoordinatorProcess second;
-  ASSERT_TRUE(second.Start(Runfile("server/gradsync-coordinator"), "durable-2",
-                           {absl::StrCat("--state_dir=", state_dir)}));
+  ASSERT_TRUE(StartOn(&second, state, "durable-2"));
   absl::StatusOr<v1::JobStatus> job = Client(second.address())->GetJob("kept");
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(job->round(), 1);
   EXPECT_THAT(job->reason(), HasSubstr("all 2 member(s) of round 1 succeeded"));
 
-  // The state directory is locked by `second`: a third coordinator refuses.
-  Child third;
-  ASSERT_TRUE(third.Start({Runfile("server/gradsync-coordinator"),
-                           "--listen=127.0.0.1:0",
-                           absl::StrCat("--state_dir=", state_dir)},
-                          /*capture=*/true));
-  ASSERT_TRUE(WaitAll({&third}, kBound));
-  EXPECT_EQ(third.exit_code(), 1);
-  EXPECT_THAT(third.err(), HasSubstr("is in use by another coordinator (pid " +
-                                     std::to_string(second.child().pid()) + ")"));
-  ASSERT_TRUE(second.Stop());
-
-  Child check;
-  ASSERT_TRUE(check.Start({Runfile("server/gradsync-coordinator"),
-                           absl::StrCat("--state_dir=", state_dir),
-                           "--check_state"},
-                          /*capture=*/true));
-  ASSERT_TRUE(WaitAll({&check}, kBound));
-  EXPECT_EQ(check.exit_code(), 0) << check.describe();
-  EXPECT_THAT(check.out(), HasSubstr(": ok (state format 1,"));
-  EXPECT_THAT(check.out(), HasSubstr(" 1 jobs,"));
+  if (GetParam() == Backend::kStateDir) {
+    ExpectLockedThenSound(TempPath("state-kill-nine"), &second);
+  } else {
+    ASSERT_TRUE(second.Stop());
+  }
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 // The scenarios every Storage backend must pass, run against each one: the
 // managers rely on exactly this behaviour, whichever backend is configured.
+// The etcd backend runs against a real etcd-server started for this binary
+// (skipped where etcd is not installed or not built in).
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -14,6 +16,10 @@
 #include "server/storage/sqlite_storage.h"
 #include "server/storage/storage.h"
 #include "tests/testing/subprocess.h"
+#ifdef GRADSYNC_WITH_ETCD
+#include "server/storage/etcd_storage.h"
+#include "tests/testing/etcd_process.h"
+#endif
 
 namespace gradsync {
 namespace {
@@ -23,11 +29,46 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Pair;
 
-enum class Backend { kInMemory, kSqlite };
+enum class Backend { kInMemory, kSqlite, kEtcd };
 
 std::string BackendName(const ::testing::TestParamInfo<Backend>& info) {
-  return info.param == Backend::kInMemory ? "InMemory" : "Sqlite";
+  switch (info.param) {
+    case Backend::kInMemory:
+      return "InMemory";
+    case Backend::kSqlite:
+      return "Sqlite";
+    case Backend::kEtcd:
+      return "Etcd";
+  }
+  return "Unknown";
 }
+
+#ifdef GRADSYNC_WITH_ETCD
+// One etcd for the whole binary, started before the first test; each test
+// works under a key prefix of its own.
+class EtcdEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    if (testing::EtcdProcess::Binary().empty()) return;
+    etcd_ = std::make_unique<testing::EtcdProcess>();
+    ::testing::AssertionResult started = etcd_->Start("conformance");
+    started_ = started;
+    if (!started) ADD_FAILURE() << started.message();
+  }
+  void TearDown() override { etcd_.reset(); }
+
+  static testing::EtcdProcess* etcd() { return etcd_.get(); }
+  static bool started() { return started_; }
+
+ private:
+  static std::unique_ptr<testing::EtcdProcess> etcd_;
+  static bool started_;
+};
+std::unique_ptr<testing::EtcdProcess> EtcdEnvironment::etcd_;
+bool EtcdEnvironment::started_ = false;
+::testing::Environment* const kEtcdEnvironment =
+    ::testing::AddGlobalTestEnvironment(new EtcdEnvironment);
+#endif
 
 class StorageConformanceTest : public ::testing::TestWithParam<Backend> {
  protected:
@@ -40,6 +81,24 @@ class StorageConformanceTest : public ::testing::TestWithParam<Backend> {
         ::testing::UnitTest::GetInstance()->current_test_info()->name();
     for (char& c : name) {
       if (c == '/') c = '_';
+    }
+    if (GetParam() == Backend::kEtcd) {
+#ifdef GRADSYNC_WITH_ETCD
+      if (testing::EtcdProcess::Binary().empty()) {
+        GTEST_SKIP() << "no etcd binary: install etcd-server";
+      }
+      ASSERT_TRUE(EtcdEnvironment::started()) << "etcd did not start";
+      EtcdOptions options;
+      options.endpoints = {EtcdEnvironment::etcd()->endpoint()};
+      options.prefix = absl::StrCat("/", name, "/");
+      absl::StatusOr<std::unique_ptr<EtcdStorage>> opened =
+          EtcdStorage::Open(options);
+      ASSERT_TRUE(opened.ok()) << opened.status();
+      storage_ = *std::move(opened);
+#else
+      GTEST_SKIP() << "built without etcd";
+#endif
+      return;
     }
     dir_ = testing::TempPath(absl::StrCat("state-", name));
     std::filesystem::remove_all(dir_);
@@ -55,7 +114,8 @@ class StorageConformanceTest : public ::testing::TestWithParam<Backend> {
 };
 
 INSTANTIATE_TEST_SUITE_P(Backends, StorageConformanceTest,
-                         ::testing::Values(Backend::kInMemory, Backend::kSqlite),
+                         ::testing::Values(Backend::kInMemory, Backend::kSqlite,
+                                           Backend::kEtcd),
                          BackendName);
 
 TEST_P(StorageConformanceTest, GetReturnsWhatPutStored) {
@@ -221,6 +281,27 @@ TEST_P(StorageConformanceTest, ConcurrentBatchesAreEachWhole) {
       storage_->Scan("t", /*keys_only=*/true);
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(all->size(), static_cast<size_t>(kThreads * kBatches * 4));
+}
+
+TEST_P(StorageConformanceTest, ScanOfManyKeysReturnsThemAllInOrder) {
+  constexpr int kKeys = 2500;  // more than one page of an etcd range read
+  std::vector<Storage::Mutation> batch;
+  for (int i = 0; i < kKeys; ++i) {
+    batch.push_back({Storage::Mutation::Kind::kPut,
+                     absl::StrCat("many/", 100000 + i), absl::StrCat(i)});
+  }
+  ASSERT_TRUE(storage_->Apply(batch).ok());
+  absl::StatusOr<std::vector<Storage::Entry>> all =
+      storage_->Scan("many/", /*keys_only=*/false);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), static_cast<size_t>(kKeys));
+  for (int i = 0; i < kKeys; ++i) {
+    ASSERT_EQ((*all)[i].first, absl::StrCat("many/", 100000 + i));
+    ASSERT_EQ((*all)[i].second, absl::StrCat(i));
+  }
+  absl::StatusOr<int64_t> removed = storage_->DeletePrefix("many/");
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, kKeys);
 }
 
 TEST_P(StorageConformanceTest, PrefixesEndingInFfBytesMatchExactly) {

@@ -1,0 +1,56 @@
+#include "server/storage/open_storage.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "server/storage/sqlite_storage.h"
+#ifdef GRADSYNC_WITH_ETCD
+#include "server/storage/etcd_storage.h"
+#endif
+
+namespace gradsync {
+namespace {
+
+// `status` with "cannot use FLAG: " before its message.
+absl::Status Naming(const char* flag, const absl::Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrCat("cannot use ", flag, ": ", status.message()));
+}
+
+absl::StatusOr<std::unique_ptr<Storage>> OpenEtcd(const StorageSpec& spec) {
+#ifdef GRADSYNC_WITH_ETCD
+  EtcdOptions options;
+  absl::StatusOr<std::vector<std::string>> endpoints =
+      ParseEtcdEndpoints(spec.etcd);
+  if (!endpoints.ok()) return Naming("--etcd", endpoints.status());
+  options.endpoints = *std::move(endpoints);
+  options.prefix = spec.etcd_prefix;
+  absl::StatusOr<std::unique_ptr<EtcdStorage>> opened = EtcdStorage::Open(options);
+  if (!opened.ok()) return Naming("--etcd", opened.status());
+  GS_LOG(INFO) << "keeping state in etcd at " << spec.etcd << " under '"
+               << spec.etcd_prefix << "'";
+  return std::unique_ptr<Storage>(*std::move(opened));
+#else
+  return absl::UnimplementedError(
+      "--etcd: this build of gradsync has no etcd client (etcd's .proto "
+      "files, from golang-etcd-server-dev, were missing at build time)");
+#endif
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Storage>> OpenStorage(const StorageSpec& spec) {
+  if (!spec.state_dir.empty() && !spec.etcd.empty()) {
+    return absl::InvalidArgumentError("give --state_dir or --etcd, not both");
+  }
+  if (!spec.etcd.empty()) return OpenEtcd(spec);
+  if (spec.state_dir.empty()) return std::unique_ptr<Storage>();
+  absl::StatusOr<std::unique_ptr<SqliteStorage>> opened =
+      SqliteStorage::Open(spec.state_dir);
+  if (!opened.ok()) return Naming("--state_dir", opened.status());
+  GS_LOG(INFO) << "keeping state in " << spec.state_dir;
+  return std::unique_ptr<Storage>(*std::move(opened));
+}
+
+}  // namespace gradsync

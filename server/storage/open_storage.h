@@ -1,0 +1,30 @@
+// Opens the durable storage a coordinator is configured with: SQLite in a
+// state directory, an etcd cluster, or none (state in memory).
+#ifndef GRADSYNC_SERVER_STORAGE_OPEN_STORAGE_H_
+#define GRADSYNC_SERVER_STORAGE_OPEN_STORAGE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/storage/storage.h"
+
+namespace gradsync {
+
+// Where the state goes (the coordinator's --state_dir, --etcd and
+// --etcd_prefix). At most one of state_dir and etcd is set.
+struct StorageSpec {
+  std::string state_dir;
+  std::string etcd;  // "HOST:PORT[,HOST:PORT...]"
+  std::string etcd_prefix = "/gradsync/";
+};
+
+// The opened storage; null when neither is set. Errors name the flag and
+// keep the backend's code: INVALID_ARGUMENT for both set or bad endpoints,
+// UNIMPLEMENTED for etcd in a build without it, and SqliteStorage::Open's
+// and EtcdStorage::Open's errors.
+absl::StatusOr<std::unique_ptr<Storage>> OpenStorage(const StorageSpec& spec);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_SERVER_STORAGE_OPEN_STORAGE_H_

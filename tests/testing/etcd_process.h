@@ -1,0 +1,39 @@
+// etcd-server (Debian's etcd-server package) as a one-member cluster on
+// loopback ports for tests of the coordinator's --etcd storage.
+#ifndef GRADSYNC_TESTS_TESTING_ETCD_PROCESS_H_
+#define GRADSYNC_TESTS_TESTING_ETCD_PROCESS_H_
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+
+namespace gradsync {
+namespace testing {
+
+// Not thread-safe: one test thread drives it. The process is killed and
+// reaped on destruction; its data and log live in the test's temporary
+// directory.
+class EtcdProcess {
+ public:
+  // Where the etcd binary is ($GRADSYNC_ETCD, else /usr/bin/etcd), or ""
+  // when there is none (tests then skip).
+  static std::string Binary();
+
+  // Starts a fresh member named `name` and waits (bounded) until it serves
+  // reads.
+  ::testing::AssertionResult Start(const std::string& name);
+
+  // "127.0.0.1:PORT" of its client API once started.
+  const std::string& endpoint() const { return endpoint_; }
+  Child& child() { return child_; }
+
+ private:
+  Child child_;
+  std::string endpoint_;
+};
+
+}  // namespace testing
+}  // namespace gradsync
+
+#endif  // GRADSYNC_TESTS_TESTING_ETCD_PROCESS_H_
