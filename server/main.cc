@@ -9,6 +9,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -67,7 +68,13 @@ ABSL_FLAG(std::string, etcd, "",
           "state in, instead of --state_dir (several endpoints: IPv4 "
           "addresses); empty: no etcd");
 ABSL_FLAG(std::string, etcd_prefix, "/gradsync/",
-          "namespace of this coordinator's keys in etcd");
+          "namespace of this coordinator's keys in etcd; the coordinators "
+          "started with the same --etcd and prefix are replicas: one leads "
+          "and serves, the others stand by (not listening) and take over "
+          "when it stops");
+ABSL_FLAG(std::string, advertise, "",
+          "with --etcd: the address this coordinator publishes when it leads "
+          "(default: --listen)");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write the bound port to this file once serving (for "
           "scripts that start the coordinator on port 0)");
@@ -134,6 +141,30 @@ bool WritePortFile(const std::string& path, int port) {
   return true;
 }
 
+// Ends the process on a stop signal while `*campaigning` holds: a standby
+// holds nothing to shut down. Runs on its own thread; the signals are
+// blocked.
+void ExitOnStopWhile(const sigset_t& stop_signals,
+                     const std::atomic<bool>* campaigning) {
+  const timespec tick = absl::ToTimespec(absl::Milliseconds(100));
+  while (campaigning->load()) {
+    const int signal_number = sigtimedwait(&stop_signals, nullptr, &tick);
+    if (signal_number > 0) {
+      GS_LOG(INFO) << "received " << strsignal(signal_number)
+                   << " while standing by: exiting";
+      std::_Exit(EXIT_SUCCESS);
+    }
+  }
+}
+
+// The leadership of an --etcd namespace ended while this coordinator served:
+// another may lead already, and every write of this one is refused.
+void LeadershipLost(const absl::Status& why) {
+  GS_LOG(ERROR) << "lost the leadership: " << why.message()
+                << "; exiting (start this coordinator again to stand by)";
+  std::_Exit(EXIT_FAILURE);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -179,8 +210,16 @@ int main(int argc, char** argv) {
   spec.state_dir = state_dir;
   spec.etcd = absl::GetFlag(FLAGS_etcd);
   spec.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
+  spec.lead = true;
+  spec.advertise = absl::GetFlag(FLAGS_advertise);
+  if (spec.advertise.empty()) spec.advertise = config.listen_address;
+  spec.on_lost = LeadershipLost;
+  std::atomic<bool> campaigning{true};
+  std::thread standby_watch(ExitOnStopWhile, stop_signals, &campaigning);
   absl::StatusOr<std::unique_ptr<gradsync::Storage>> storage =
       gradsync::OpenStorage(spec);
+  campaigning.store(false);
+  standby_watch.join();
   if (!storage.ok()) {
     GS_LOG(ERROR) << storage.status().message();
     return EXIT_FAILURE;

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/grpc_status.h"
+#include "server/storage/etcd_client.h"
 #include "common/status_macros.h"
 
 namespace gradsync {
@@ -18,19 +18,6 @@ namespace {
 constexpr size_t kMaxTxnOps = 128;
 // Keys read per Range call of a scan.
 constexpr int64_t kScanPage = 1000;
-
-bool IsIpv4(absl::string_view host) {
-  std::vector<absl::string_view> parts = absl::StrSplit(host, '.');
-  if (parts.size() != 4) return false;
-  for (absl::string_view part : parts) {
-    int byte = 0;
-    if (part.empty() || !absl::SimpleAtoi(part, &byte) || byte < 0 ||
-        byte > 255) {
-      return false;
-    }
-  }
-  return true;
-}
 
 // The half-open key interval a mutation writes: [key, key + "\0") for one
 // key, [prefix, PrefixEnd(prefix)) for a prefix ("" end: to the end).
@@ -55,98 +42,51 @@ bool Overlap(const std::pair<std::string, std::string>& a,
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(
-    const std::string& list) {
-  std::vector<std::string> endpoints;
-  for (absl::string_view entry : absl::StrSplit(list, ',')) {
-    const size_t colon = entry.rfind(':');
-    int port = 0;
-    if (colon == absl::string_view::npos || colon == 0 ||
-        !absl::SimpleAtoi(entry.substr(colon + 1), &port) || port < 1 ||
-        port > 65535) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "etcd endpoint '", entry, "' is not HOST:PORT (e.g. 10.0.0.5:2379)"));
-    }
-    endpoints.emplace_back(entry);
-  }
-  return endpoints;
-}
-
 absl::StatusOr<std::unique_ptr<EtcdStorage>> EtcdStorage::Open(
     EtcdOptions options) {
-  if (options.endpoints.empty()) {
-    return absl::InvalidArgumentError("no etcd endpoint given");
-  }
   if (options.prefix.empty()) {
     return absl::InvalidArgumentError("the etcd key prefix must not be empty");
   }
-  std::string target;
-  if (options.endpoints.size() == 1) {
-    target = options.endpoints.front();
-  } else {
-    for (const std::string& endpoint : options.endpoints) {
-      if (!IsIpv4(endpoint.substr(0, endpoint.rfind(':')))) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "etcd endpoint '", endpoint,
-            "': give several endpoints as IPv4 addresses (HOST:PORT with a "
-            "numeric HOST), or one endpoint by name"));
-      }
-    }
-    target = absl::StrCat("ipv4:", absl::StrJoin(options.endpoints, ","));
-  }
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      target, grpc::InsecureChannelCredentials(), args);
+  GS_ASSIGN_OR_RETURN(EtcdConnection etcd,
+                      EtcdConnection::Create(options.endpoints,
+                                             options.call_timeout));
   std::unique_ptr<EtcdStorage> storage(
-      new EtcdStorage(std::move(options), std::move(channel)));
+      new EtcdStorage(std::move(options), etcd));
   GS_RETURN_IF_ERROR(storage->CheckFormat());
+  if (storage->options_.lead) {
+    LeadershipOptions leading = storage->options_.leadership;
+    leading.prefix = storage->options_.prefix;
+    GS_ASSIGN_OR_RETURN(storage->leadership_,
+                        EtcdLeadership::Campaign(
+                            std::move(etcd), std::move(leading),
+                            storage->options_.on_lost_leadership));
+    storage->options_.fence_key = storage->leadership_->key();
+    storage->options_.fence_revision = storage->leadership_->revision();
+  }
   return storage;
 }
 
-EtcdStorage::EtcdStorage(EtcdOptions options,
-                         std::shared_ptr<grpc::Channel> channel)
+EtcdStorage::EtcdStorage(EtcdOptions options, EtcdConnection etcd)
     : options_(std::move(options)),
       data_prefix_(absl::StrCat(options_.prefix, "d/")),
-      endpoints_(absl::StrJoin(options_.endpoints, ",")),
-      channel_(std::move(channel)),
-      kv_(etcdserverpb::KV::NewStub(channel_)) {}
-
-std::unique_ptr<grpc::ClientContext> EtcdStorage::Context() const {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(std::chrono::system_clock::now() +
-                        absl::ToChronoMilliseconds(options_.call_timeout));
-  // A member that is down or restarting: wait for the channel within the
-  // deadline rather than fail at once.
-  context->set_wait_for_ready(true);
-  return context;
-}
-
-absl::Status EtcdStorage::Failed(const char* what,
-                                 const grpc::Status& status) const {
-  const absl::Status s = FromGrpcStatus(status);
-  return absl::Status(s.code(), absl::StrCat("etcd at ", endpoints_, ": ",
-                                             what, ": ", s.message()));
-}
+      etcd_(std::move(etcd)),
+      kv_(etcdserverpb::KV::NewStub(etcd_.channel())) {}
 
 absl::Status EtcdStorage::Put(absl::string_view key, absl::string_view value) {
-  etcdserverpb::PutRequest request;
-  request.set_key(absl::StrCat(data_prefix_, key));
-  request.set_value(std::string(value));
-  etcdserverpb::PutResponse response;
-  grpc::Status status = kv_->Put(Context().get(), request, &response);
-  if (!status.ok()) return Failed("put", status);
-  return absl::OkStatus();
+  etcdserverpb::RequestOp op;
+  op.mutable_request_put()->set_key(absl::StrCat(data_prefix_, key));
+  op.mutable_request_put()->set_value(std::string(value));
+  std::vector<etcdserverpb::RequestOp> ops;
+  ops.push_back(std::move(op));
+  return Commit("put", std::move(ops)).status();
 }
 
 absl::StatusOr<std::string> EtcdStorage::Get(absl::string_view key) const {
   etcdserverpb::RangeRequest request;
   request.set_key(absl::StrCat(data_prefix_, key));
   etcdserverpb::RangeResponse response;
-  grpc::Status status = kv_->Range(Context().get(), request, &response);
-  if (!status.ok()) return Failed("get", status);
+  grpc::Status status = kv_->Range(etcd_.Context().get(), request, &response);
+  if (!status.ok()) return etcd_.Failed("get", status);
   if (response.kvs_size() == 0) {
     return absl::NotFoundError(absl::StrCat("key '", key, "' not found"));
   }
@@ -154,12 +94,13 @@ absl::StatusOr<std::string> EtcdStorage::Get(absl::string_view key) const {
 }
 
 absl::StatusOr<bool> EtcdStorage::Delete(absl::string_view key) {
-  etcdserverpb::DeleteRangeRequest request;
-  request.set_key(absl::StrCat(data_prefix_, key));
-  etcdserverpb::DeleteRangeResponse response;
-  grpc::Status status = kv_->DeleteRange(Context().get(), request, &response);
-  if (!status.ok()) return Failed("delete", status);
-  return response.deleted() > 0;
+  etcdserverpb::RequestOp op;
+  op.mutable_request_delete_range()->set_key(absl::StrCat(data_prefix_, key));
+  std::vector<etcdserverpb::RequestOp> ops;
+  ops.push_back(std::move(op));
+  GS_ASSIGN_OR_RETURN(etcdserverpb::TxnResponse response,
+                      Commit("delete", std::move(ops)));
+  return response.responses(0).response_delete_range().deleted() > 0;
 }
 
 absl::StatusOr<std::vector<Storage::Entry>> EtcdStorage::Scan(
@@ -177,8 +118,8 @@ absl::StatusOr<std::vector<Storage::Entry>> EtcdStorage::Scan(
   for (;;) {
     request.set_revision(revision);
     etcdserverpb::RangeResponse response;
-    grpc::Status status = kv_->Range(Context().get(), request, &response);
-    if (!status.ok()) return Failed("scan", status);
+    grpc::Status status = kv_->Range(etcd_.Context().get(), request, &response);
+    if (!status.ok()) return etcd_.Failed("scan", status);
     revision = response.header().revision();
     for (mvccpb::KeyValue& kv : *response.mutable_kvs()) {
       entries.emplace_back(kv.key().substr(data_prefix_.size()),
@@ -193,13 +134,15 @@ absl::StatusOr<std::vector<Storage::Entry>> EtcdStorage::Scan(
 
 absl::StatusOr<int64_t> EtcdStorage::DeletePrefix(absl::string_view prefix) {
   const std::string begin = absl::StrCat(data_prefix_, prefix);
-  etcdserverpb::DeleteRangeRequest request;
-  request.set_key(begin);
-  request.set_range_end(PrefixEnd(begin).value_or(std::string(1, '\0')));
-  etcdserverpb::DeleteRangeResponse response;
-  grpc::Status status = kv_->DeleteRange(Context().get(), request, &response);
-  if (!status.ok()) return Failed("delete prefix", status);
-  return response.deleted();
+  etcdserverpb::RequestOp op;
+  op.mutable_request_delete_range()->set_key(begin);
+  op.mutable_request_delete_range()->set_range_end(
+      PrefixEnd(begin).value_or(std::string(1, '\0')));
+  std::vector<etcdserverpb::RequestOp> ops;
+  ops.push_back(std::move(op));
+  GS_ASSIGN_OR_RETURN(etcdserverpb::TxnResponse response,
+                      Commit("delete prefix", std::move(ops)));
+  return response.responses(0).response_delete_range().deleted();
 }
 
 absl::Status EtcdStorage::Apply(const std::vector<Mutation>& batch) {
@@ -212,7 +155,7 @@ absl::Status EtcdStorage::Apply(const std::vector<Mutation>& batch) {
       conflict = Overlap(spans[i], span);
     }
     if (conflict) {
-      GS_RETURN_IF_ERROR(Commit(std::move(ops)));
+      GS_RETURN_IF_ERROR(Commit("transaction", std::move(ops)).status());
       ops.clear();
       spans.clear();
     }
@@ -231,7 +174,7 @@ absl::Status EtcdStorage::Apply(const std::vector<Mutation>& batch) {
     spans.push_back(std::move(span));
   }
   if (ops.empty()) return absl::OkStatus();
-  return Commit(std::move(ops));
+  return Commit("transaction", std::move(ops)).status();
 }
 
 absl::Status EtcdStorage::CheckFormat() {
@@ -253,20 +196,20 @@ absl::Status EtcdStorage::CheckFormat() {
       request.add_failure()->mutable_request_range();
   read->set_key(marker);
   etcdserverpb::TxnResponse response;
-  grpc::Status status = kv_->Txn(Context().get(), request, &response);
-  if (!status.ok()) return Failed("reading the state format", status);
+  grpc::Status status = kv_->Txn(etcd_.Context().get(), request, &response);
+  if (!status.ok()) return etcd_.Failed("reading the state format", status);
   if (response.succeeded()) return absl::OkStatus();  // a new namespace
   const etcdserverpb::RangeResponse& found =
       response.responses(0).response_range();
   if (found.kvs_size() == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "etcd at ", endpoints_, ": keys under '", options_.prefix,
+        "etcd at ", etcd_.endpoints(), ": keys under '", options_.prefix,
         "' are not a gradsync state (no '", marker,
         "'): give another --etcd_prefix, or remove them if they are stale"));
   }
   if (found.kvs(0).value() != expected) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "etcd at ", endpoints_, ": the state under '", options_.prefix,
+        "etcd at ", etcd_.endpoints(), ": the state under '", options_.prefix,
         "' has format '", found.kvs(0).value(),
         "', this gradsync-coordinator reads format ", expected,
         ": run the gradsync that wrote it"));
@@ -274,13 +217,31 @@ absl::Status EtcdStorage::CheckFormat() {
   return absl::OkStatus();
 }
 
-absl::Status EtcdStorage::Commit(std::vector<etcdserverpb::RequestOp> ops) {
+absl::StatusOr<etcdserverpb::TxnResponse> EtcdStorage::Commit(
+    const char* what, std::vector<etcdserverpb::RequestOp> ops) {
   etcdserverpb::TxnRequest request;
+  if (options_.fence_revision > 0) {
+    etcdserverpb::Compare* leads = request.add_compare();
+    leads->set_key(options_.fence_key);
+    leads->set_target(etcdserverpb::Compare::CREATE);
+    leads->set_result(etcdserverpb::Compare::EQUAL);
+    leads->set_create_revision(options_.fence_revision);
+  }
   for (etcdserverpb::RequestOp& op : ops) *request.add_success() = std::move(op);
   etcdserverpb::TxnResponse response;
-  grpc::Status status = kv_->Txn(Context().get(), request, &response);
-  if (!status.ok()) return Failed("transaction", status);
-  return absl::OkStatus();
+  grpc::Status status = kv_->Txn(etcd_.Context().get(), request, &response);
+  if (!status.ok()) return etcd_.Failed(what, status);
+  if (!response.succeeded()) {
+    absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
+        "etcd at ", etcd_.endpoints(), ": ", what, " refused: this coordinator no "
+        "longer leads ('", options_.fence_key, "' is not the one it created "
+        "at revision ", options_.fence_revision, ")"));
+    if (options_.on_lost_leadership && !fenced_off_.exchange(true)) {
+      options_.on_lost_leadership(refused);
+    }
+    return refused;
+  }
+  return response;
 }
 
 }  // namespace gradsync

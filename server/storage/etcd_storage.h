@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -17,6 +18,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+#include "server/storage/etcd_client.h"
+#include "server/storage/etcd_leadership.h"
 #include "server/storage/storage.h"
 
 namespace gradsync {
@@ -29,16 +32,25 @@ struct EtcdOptions {
   std::string prefix = "/gradsync/";
   // Deadline of each call to etcd.
   absl::Duration call_timeout = absl::Seconds(5);
+  // Fencing (see EtcdLeadership): when fence_revision > 0, every write is a
+  // transaction that applies only while the key `fence_key` still has that
+  // create revision, i.e. while this replica's leadership lasts. Otherwise
+  // the write changes nothing and fails with FAILED_PRECONDITION.
+  std::string fence_key;
+  int64_t fence_revision = 0;
+  // With `lead`, Open first campaigns for the leadership of the namespace
+  // (EtcdLeadership, blocking while another replica leads), then fences
+  // every write with it; `leadership` says how. `on_lost_leadership` runs
+  // once if the leadership ends while the storage is open, or a write is
+  // refused by the fence.
+  bool lead = false;
+  LeadershipOptions leadership;
+  EtcdLeadership::LostCallback on_lost_leadership;
 };
-
-// Splits "HOST:PORT[,HOST:PORT...]" into endpoints; INVALID_ARGUMENT naming
-// the bad entry.
-absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(
-    const std::string& list);
 
 // Every call is one etcd request (Apply: one transaction per run of
 // mutations etcd accepts together), answered once the cluster has committed
-// it: durable on a quorum. Errors carry etcd's gRPC code (UNAVAILABLE when no
+// it: durable on a quorum. Writes are fenced when the options say so. Errors carry etcd's gRPC code (UNAVAILABLE when no
 // member answers, DEADLINE_EXCEEDED past call_timeout) and name the
 // endpoints. Thread-safe; the channel reconnects on its own.
 class EtcdStorage final : public Storage {
@@ -61,22 +73,23 @@ class EtcdStorage final : public Storage {
   absl::Status Apply(const std::vector<Mutation>& batch) override;
 
  private:
-  EtcdStorage(EtcdOptions options, std::shared_ptr<grpc::Channel> channel);
+  EtcdStorage(EtcdOptions options, EtcdConnection etcd);
 
-  // A context with the call deadline.
-  std::unique_ptr<grpc::ClientContext> Context() const;
-  // The status of a finished call, naming `what` and the endpoints.
-  absl::Status Failed(const char* what, const grpc::Status& status) const;
-  // Runs one transaction of `ops` (none conflicting).
-  absl::Status Commit(std::vector<etcdserverpb::RequestOp> ops);
+  // Runs one transaction of `ops` (none conflicting), fenced; `what` names
+  // it in errors.
+  absl::StatusOr<etcdserverpb::TxnResponse> Commit(
+      const char* what, std::vector<etcdserverpb::RequestOp> ops);
   // Checks or writes the format marker (see Open).
   absl::Status CheckFormat();
 
-  const EtcdOptions options_;
+  EtcdOptions options_;  // constant once Open returns
   const std::string data_prefix_;  // PREFIX "d/"
-  const std::string endpoints_;  // for errors
-  std::shared_ptr<grpc::Channel> channel_;
+  const EtcdConnection etcd_;
   std::unique_ptr<etcdserverpb::KV::Stub> kv_;
+  // Held while the storage is open, with `lead`.
+  std::unique_ptr<EtcdLeadership> leadership_;
+  // Set by the first write the fence refused (on_lost_leadership runs once).
+  std::atomic<bool> fenced_off_{false};
 };
 
 }  // namespace gradsync

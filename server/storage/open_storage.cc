@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/host_ports.h"
 #include "common/logging.h"
 #include "server/storage/sqlite_storage.h"
 #ifdef GRADSYNC_WITH_ETCD
@@ -22,10 +23,13 @@ absl::StatusOr<std::unique_ptr<Storage>> OpenEtcd(const StorageSpec& spec) {
 #ifdef GRADSYNC_WITH_ETCD
   EtcdOptions options;
   absl::StatusOr<std::vector<std::string>> endpoints =
-      ParseEtcdEndpoints(spec.etcd);
+      ParseHostPorts(spec.etcd, "etcd endpoint", "10.0.0.5:2379");
   if (!endpoints.ok()) return Naming("--etcd", endpoints.status());
   options.endpoints = *std::move(endpoints);
   options.prefix = spec.etcd_prefix;
+  options.lead = spec.lead;
+  options.leadership.address = spec.advertise;
+  options.on_lost_leadership = spec.on_lost;
   absl::StatusOr<std::unique_ptr<EtcdStorage>> opened = EtcdStorage::Open(options);
   if (!opened.ok()) return Naming("--etcd", opened.status());
   GS_LOG(INFO) << "keeping state in etcd at " << spec.etcd << " under '"

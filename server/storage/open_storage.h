@@ -3,6 +3,7 @@
 #ifndef GRADSYNC_SERVER_STORAGE_OPEN_STORAGE_H_
 #define GRADSYNC_SERVER_STORAGE_OPEN_STORAGE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -17,6 +18,12 @@ struct StorageSpec {
   std::string state_dir;
   std::string etcd;  // "HOST:PORT[,HOST:PORT...]"
   std::string etcd_prefix = "/gradsync/";
+  // With etcd: first campaign for the leadership of the prefix (blocking
+  // while another coordinator leads), publishing `advertise`, and fence
+  // every write with it; `on_lost` runs if the leadership ends.
+  bool lead = false;
+  std::string advertise;
+  std::function<void(const absl::Status&)> on_lost;
 };
 
 // The opened storage; null when neither is set. Errors name the flag and

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/host_ports.h"
 #include "common/job_config.h"
 
 namespace gradsync {
@@ -21,19 +22,6 @@ namespace {
 // Extra time a blocking call's deadline allows beyond the server-side wait,
 // so the coordinator's precise timeout error arrives before the deadline.
 constexpr absl::Duration kWaitMargin = absl::Seconds(30);
-
-absl::Status ValidateTarget(const std::string& target) {
-  size_t colon = target.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(target.substr(colon + 1), &port) || port < 1 ||
-      port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "coordinator address '", target,
-        "' is not HOST:PORT (e.g. 127.0.0.1:29400)"));
-  }
-  return absl::OkStatus();
-}
 
 // HeartbeatStream over the callback API: one read always pending (answers),
 // at most one write in flight and one waiting.
@@ -136,8 +124,12 @@ class HeartbeatReactor final
 
 absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
     ClientOptions options) {
-  absl::Status valid = ValidateTarget(options.target);
-  if (!valid.ok()) return valid;
+  absl::StatusOr<std::vector<std::string>> addresses =
+      ParseHostPorts(options.target, "coordinator address", "127.0.0.1:29400");
+  if (!addresses.ok()) return addresses.status();
+  absl::StatusOr<std::string> target =
+      FailoverTarget(*addresses, "coordinator address");
+  if (!target.ok()) return target.status();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   // Reconnect quickly while the coordinator starts or restarts: a restarted
@@ -146,7 +138,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(
-      options.target, grpc::InsecureChannelCredentials(), args);
+      *target, grpc::InsecureChannelCredentials(), args);
   return std::unique_ptr<CoordinatorClient>(
       new CoordinatorClient(std::move(options), std::move(channel)));
 }

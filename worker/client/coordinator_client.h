@@ -46,7 +46,10 @@ struct RetryPolicy {
 };
 
 struct ClientOptions {
-  // The coordinator, "HOST:PORT".
+  // The coordinator, "HOST:PORT"; or its replicas (see
+  // gradsync-coordinator --etcd), "HOST:PORT,HOST:PORT,..." as IPv4
+  // addresses: calls go to the one that serves (the leader) and move to the
+  // next when it goes away.
   std::string target;
   // Deadline of each attempt of a call that does not wait by design.
   absl::Duration call_timeout = absl::Seconds(10);
@@ -59,7 +62,7 @@ class HeartbeatStream;
 // call at once.
 class CoordinatorClient {
  public:
-  // INVALID_ARGUMENT when `options.target` is not HOST:PORT. Does not
+  // INVALID_ARGUMENT when `options.target` is not HOST:PORT[,...]. Does not
   // connect yet: the first call does.
   static absl::StatusOr<std::unique_ptr<CoordinatorClient>> Create(
       ClientOptions options);

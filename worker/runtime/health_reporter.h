@@ -64,7 +64,7 @@ struct HealthReporterOptions {
   // coordinator's detection window (3 missed heartbeats by default): a
   // restarted coordinator gives each member that long to heartbeat again.
   absl::Duration initial_backoff = absl::Milliseconds(100);
-  absl::Duration max_backoff = absl::Seconds(1);
+  absl::Duration max_backoff = absl::Milliseconds(500);
   double jitter = 0.2;
   // How long Finish() and Stop() wait for the stream to close.
   absl::Duration close_timeout = absl::Seconds(5);

@@ -5,34 +5,26 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
+#include <cstdio>
 #include <memory>
+#include <thread>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/etcd_process.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/ports.h"
 
 namespace gradsync {
 namespace {
 
-using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-TEST(ParseEtcdEndpointsTest, SplitsHostPortListsAndNamesTheBadEntry) {
-  absl::StatusOr<std::vector<std::string>> two =
-      ParseEtcdEndpoints("10.0.0.1:2379,etcd-b:2379");
-  ASSERT_TRUE(two.ok()) << two.status();
-  EXPECT_THAT(*two, ElementsAre("10.0.0.1:2379", "etcd-b:2379"));
-  for (const std::string bad : {"", "10.0.0.1", ":2379", "h:0", "h:x", "a:1,"}) {
-    absl::StatusOr<std::vector<std::string>> parsed = ParseEtcdEndpoints(bad);
-    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument)
-        << "'" << bad << "'";
-  }
-}
 
 TEST(EtcdStorageTest, SeveralEndpointsMustBeAddresses) {
   EtcdOptions options;
@@ -116,6 +108,102 @@ TEST_F(EtcdNamespaceTest, AnotherFormatIsRefused) {
   EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(opened.status().message(),
               HasSubstr(absl::StrCat("has format '", kStateFormat + 1, "'")));
+}
+
+// ---------------------------------------------------------------------------
+// Leadership and fencing
+
+class EtcdLeadershipTest : public EtcdNamespaceTest {
+ protected:
+  // Opens the namespace "/ha/" as a replica that leads (blocking while
+  // another leads); `lost` counts the losses it reports.
+  absl::StatusOr<std::unique_ptr<EtcdStorage>> Lead(
+      const std::string& address, std::atomic<int>* lost) {
+    EtcdOptions options;
+    options.endpoints = {etcd_.endpoint()};
+    options.prefix = "/ha/";
+    options.lead = true;
+    options.leadership.address = address;
+    options.leadership.standby_poll = absl::Milliseconds(20);
+    options.on_lost_leadership = [lost](const absl::Status&) { ++*lost; };
+    return EtcdStorage::Open(options);
+  }
+
+  void DeleteRaw(const std::string& key) {
+    grpc::ClientContext context;
+    etcdserverpb::DeleteRangeRequest request;
+    request.set_key(key);
+    etcdserverpb::DeleteRangeResponse response;
+    ASSERT_TRUE(kv_->DeleteRange(&context, request, &response).ok());
+  }
+};
+
+TEST_F(EtcdLeadershipTest, ADeposedLeaderCannotWrite) {
+  std::atomic<int> a_lost{0}, b_lost{0};
+  absl::StatusOr<std::unique_ptr<EtcdStorage>> a = Lead("a:1", &a_lost);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE((*a)->Put("k", "from a").ok());
+  // As if a's lease had expired while it was stopped: its key goes, and b
+  // campaigns and leads.
+  DeleteRaw("/ha/leader");
+  absl::StatusOr<std::unique_ptr<EtcdStorage>> b = Lead("b:2", &b_lost);
+  ASSERT_TRUE(b.ok()) << b.status();
+  absl::Status refused = (*a)->Put("k", "late write from a");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("no longer leads"));
+  EXPECT_EQ(a_lost.load(), 1) << "the refusal reports the loss";
+  EXPECT_EQ((*a)->Apply({{Storage::Mutation::Kind::kPut, "other", "x"}}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*a)->DeletePrefix("").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<std::string> kept = (*b)->Get("k");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(*kept, "from a") << "nothing a wrote after it was deposed landed";
+  EXPECT_EQ((*b)->Get("other").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE((*b)->Put("k", "from b").ok());
+  EXPECT_EQ(b_lost.load(), 0);
+}
+
+TEST_F(EtcdLeadershipTest, AStandbyLeadsOnceTheLeaderResigns) {
+  std::atomic<int> a_lost{0}, b_lost{0};
+  absl::StatusOr<std::unique_ptr<EtcdStorage>> a = Lead("a:1", &a_lost);
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::Notification b_leads;
+  absl::StatusOr<std::unique_ptr<EtcdStorage>> b;
+  std::thread standby([&] {
+    b = Lead("b:2", &b_lost);
+    b_leads.Notify();
+  });
+  EXPECT_FALSE(b_leads.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
+      << "b must stand by while a leads";
+  const absl::Time resigned = absl::Now();
+  a->reset();  // revokes a's lease
+  ASSERT_TRUE(b_leads.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  standby.join();
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::printf("the standby led %s after the leader resigned\n",
+              absl::FormatDuration(absl::Now() - resigned).c_str());
+  EXPECT_TRUE((*b)->Put("k", "v").ok());
+  EXPECT_EQ(a_lost.load(), 0) << "resigning is not a loss";
+}
+
+TEST_F(EtcdLeadershipTest, AnExpiredLeaseIsReportedLost) {
+  std::atomic<int> lost{0};
+  absl::StatusOr<std::unique_ptr<EtcdStorage>> a = Lead("a:1", &lost);
+  ASSERT_TRUE(a.ok()) << a.status();
+  // Revoke every lease, as etcd does when renewals stop for the TTL.
+  auto leases = etcdserverpb::Lease::NewStub(grpc::CreateChannel(
+      etcd_.endpoint(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext list_context;
+  etcdserverpb::LeaseLeasesResponse all;
+  ASSERT_TRUE(leases->LeaseLeases(&list_context, {}, &all).ok());
+  ASSERT_EQ(all.leases_size(), 1);
+  grpc::ClientContext revoke_context;
+  etcdserverpb::LeaseRevokeRequest revoke;
+  revoke.set_id(all.leases(0).id());
+  etcdserverpb::LeaseRevokeResponse revoked;
+  ASSERT_TRUE(leases->LeaseRevoke(&revoke_context, revoke, &revoked).ok());
+  EXPECT_TRUE(Eventually([&] { return lost.load() == 1; }, absl::Seconds(10)));
 }
 
 }  // namespace

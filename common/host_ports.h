@@ -1,0 +1,29 @@
+// Lists of HOST:PORT addresses, as flags give them ("--coordinator=A,B",
+// "--etcd=A,B,C"), and the gRPC target that fails over between them.
+#ifndef GRADSYNC_COMMON_HOST_PORTS_H_
+#define GRADSYNC_COMMON_HOST_PORTS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace gradsync {
+
+// Splits "HOST:PORT[,HOST:PORT...]". INVALID_ARGUMENT for an entry that is
+// not HOST:PORT with a port in 1-65535, naming `what` ("coordinator
+// address") and showing `example`.
+absl::StatusOr<std::vector<std::string>> ParseHostPorts(
+    absl::string_view list, absl::string_view what, absl::string_view example);
+
+// The gRPC target that reaches `addresses`: one as it is (a name or an
+// address); several as "ipv4:A,B,..." (gRPC's pick_first then connects to
+// the first that accepts, and moves on when it goes away). Several must be
+// IPv4 addresses: INVALID_ARGUMENT naming the first that is not.
+absl::StatusOr<std::string> FailoverTarget(
+    const std::vector<std::string>& addresses, absl::string_view what);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_COMMON_HOST_PORTS_H_

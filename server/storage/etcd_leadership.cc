@@ -1,0 +1,169 @@
+#include "server/storage/etcd_leadership.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+
+namespace gradsync {
+namespace {
+
+// The leader key's value, or "" when there is no leader.
+absl::StatusOr<std::string> CurrentLeader(const EtcdConnection& etcd,
+                                          etcdserverpb::KV::Stub* kv,
+                                          const std::string& key) {
+  etcdserverpb::RangeRequest request;
+  request.set_key(key);
+  etcdserverpb::RangeResponse response;
+  grpc::Status status = kv->Range(etcd.Context().get(), request, &response);
+  if (!status.ok()) return etcd.Failed("reading the leader", status);
+  return response.kvs_size() == 0 ? std::string() : response.kvs(0).value();
+}
+
+// One attempt to lead: creates `key` = `address` under a new lease unless
+// the key exists. The key's create revision when this replica now leads
+// (with *lease set), 0 when another one does.
+absl::StatusOr<int64_t> TryToLead(const EtcdConnection& etcd,
+                                  etcdserverpb::KV::Stub* kv,
+                                  etcdserverpb::Lease::Stub* leases,
+                                  const std::string& key,
+                                  const LeadershipOptions& options,
+                                  int64_t* lease) {
+  etcdserverpb::LeaseGrantRequest grant;
+  grant.set_ttl(absl::ToInt64Seconds(absl::Ceil(options.lease_ttl, absl::Seconds(1))));
+  etcdserverpb::LeaseGrantResponse granted;
+  grpc::Status status = leases->LeaseGrant(etcd.Context().get(), grant, &granted);
+  if (!status.ok()) return etcd.Failed("granting a lease", status);
+  etcdserverpb::TxnRequest request;
+  etcdserverpb::Compare* absent = request.add_compare();
+  absent->set_key(key);
+  absent->set_target(etcdserverpb::Compare::CREATE);
+  absent->set_result(etcdserverpb::Compare::EQUAL);
+  absent->set_create_revision(0);
+  etcdserverpb::PutRequest* put = request.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value(options.address);
+  put->set_lease(granted.id());
+  etcdserverpb::TxnResponse response;
+  status = kv->Txn(etcd.Context().get(), request, &response);
+  if (status.ok() && response.succeeded()) {
+    *lease = granted.id();
+    return response.header().revision();
+  }
+  etcdserverpb::LeaseRevokeRequest revoke;
+  revoke.set_id(granted.id());
+  etcdserverpb::LeaseRevokeResponse revoked;
+  (void)leases->LeaseRevoke(etcd.Context().get(), revoke, &revoked);
+  if (!status.ok()) return etcd.Failed("campaigning", status);
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EtcdLeadership>> EtcdLeadership::Campaign(
+    EtcdConnection etcd, LeadershipOptions options, LostCallback on_lost) {
+  const std::string key = absl::StrCat(options.prefix, "leader");
+  auto kv = etcdserverpb::KV::NewStub(etcd.channel());
+  auto leases = etcdserverpb::Lease::NewStub(etcd.channel());
+  std::string waiting_for;  // the leader last logged
+  for (;;) {
+    absl::StatusOr<std::string> leader = CurrentLeader(etcd, kv.get(), key);
+    if (leader.ok() && leader->empty()) {
+      int64_t lease = 0;
+      absl::StatusOr<int64_t> revision =
+          TryToLead(etcd, kv.get(), leases.get(), key, options, &lease);
+      if (revision.ok() && *revision > 0) {
+        GS_LOG(INFO) << "leading the coordinators under '" << options.prefix
+                     << "' in etcd at " << etcd.endpoints() << " (lease "
+                     << absl::StrCat(absl::Hex(lease)) << ", revision "
+                     << *revision << ")";
+        return std::unique_ptr<EtcdLeadership>(
+            new EtcdLeadership(std::move(etcd), std::move(options),
+                               std::move(on_lost), lease, *revision));
+      }
+      if (!revision.ok()) leader = revision.status();
+    }
+    if (!leader.ok()) {
+      GS_LOG(WARNING) << "standing by: " << leader.status() << "; retrying";
+    } else if (!leader->empty() && *leader != waiting_for) {
+      GS_LOG(INFO) << "standing by: the coordinator at '" << *leader
+                   << "' leads under '" << options.prefix << "'";
+      waiting_for = *leader;
+    }
+    absl::SleepFor(options.standby_poll);
+  }
+}
+
+EtcdLeadership::EtcdLeadership(EtcdConnection etcd, LeadershipOptions options,
+                               LostCallback on_lost, int64_t lease,
+                               int64_t revision)
+    : etcd_(std::move(etcd)),
+      options_(std::move(options)),
+      on_lost_(std::move(on_lost)),
+      key_(absl::StrCat(options_.prefix, "leader")),
+      lease_(lease),
+      revision_(revision),
+      leases_(etcdserverpb::Lease::NewStub(etcd_.channel())),
+      renewer_([this] { RenewLoop(); }) {}
+
+EtcdLeadership::~EtcdLeadership() {
+  stop_.Notify();
+  renewer_.join();
+  etcdserverpb::LeaseRevokeRequest revoke;
+  revoke.set_id(lease_);
+  etcdserverpb::LeaseRevokeResponse revoked;
+  grpc::Status status =
+      leases_->LeaseRevoke(etcd_.Context().get(), revoke, &revoked);
+  if (!status.ok()) {
+    GS_LOG(WARNING) << etcd_.Failed("resigning", status)
+                    << ": a standby takes over once the lease expires";
+  }
+}
+
+void EtcdLeadership::RenewLoop() {
+  absl::Time renewed = absl::Now();
+  while (!stop_.WaitForNotificationWithTimeout(options_.lease_ttl / 4)) {
+    absl::StatusOr<int64_t> ttl = Renew();
+    if (ttl.ok() && *ttl > 0) {
+      renewed = absl::Now();
+      continue;
+    }
+    absl::Status why;
+    if (ttl.ok()) {
+      why = absl::AbortedError(absl::StrCat(
+          "the lease of '", key_, "' expired: another coordinator may lead"));
+    } else if (absl::Now() - renewed > options_.lease_ttl) {
+      why = absl::UnavailableError(absl::StrCat(
+          "the lease of '", key_, "' was not renewed for ",
+          absl::FormatDuration(options_.lease_ttl), ": ", ttl.status().message()));
+    } else {
+      continue;  // a transient error: retry within the TTL
+    }
+    if (!stop_.HasBeenNotified() && on_lost_) on_lost_(why);
+    return;
+  }
+}
+
+absl::StatusOr<int64_t> EtcdLeadership::Renew() {
+  std::unique_ptr<grpc::ClientContext> context =
+      etcd_.Context(options_.lease_ttl / 2);
+  std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::LeaseKeepAliveRequest,
+                                           etcdserverpb::LeaseKeepAliveResponse>>
+      stream = leases_->LeaseKeepAlive(context.get());
+  etcdserverpb::LeaseKeepAliveRequest request;
+  request.set_id(lease_);
+  etcdserverpb::LeaseKeepAliveResponse response;
+  const bool answered = stream->Write(request) && stream->Read(&response);
+  stream->WritesDone();
+  grpc::Status status = stream->Finish();
+  if (!answered) {
+    return etcd_.Failed("renewing the lease",
+                        status.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                   "no answer")
+                                    : status);
+  }
+  return response.ttl();
+}
+
+}  // namespace gradsync
