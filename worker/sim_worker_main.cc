@@ -32,7 +32,8 @@
 #include "worker/runtime/join.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400",
-          "the coordinator, HOST:PORT");
+          "the coordinator, HOST:PORT; or its replicas (--etcd), "
+          "HOST:PORT,HOST:PORT,... as IPv4 addresses");
 ABSL_FLAG(std::string, job, "", "job id (created by the first join)");
 ABSL_FLAG(std::string, nnodes, "1", "nodes per round: N or MIN:MAX");
 ABSL_FLAG(int, nproc_per_node, 1, "worker processes per node");

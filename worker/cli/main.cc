@@ -24,7 +24,8 @@
 #include "worker/client/coordinator_client.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400",
-          "the coordinator, HOST:PORT");
+          "the coordinator, HOST:PORT; or its replicas (--etcd), "
+          "HOST:PORT,HOST:PORT,... as IPv4 addresses");
 ABSL_FLAG(bool, json, false, "print JSON instead of tables");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5),
           "give up when the coordinator does not answer within this time");

@@ -46,7 +46,8 @@ absl::StatusOr<v1::JoinRequest> BuildJoinRequest(const JoinConfig& config) {
 }
 
 std::string DefaultWorkerAddress(const std::string& coordinator_target) {
-  std::string host = coordinator_target;
+  // Of several coordinator replicas ("A,B"), the first stands for all.
+  std::string host = coordinator_target.substr(0, coordinator_target.find(','));
   if (absl::StartsWith(host, "[")) {
     host = host.substr(1, host.find(']') - 1);
   } else if (size_t colon = host.rfind(':'); colon != std::string::npos) {
