@@ -131,7 +131,8 @@ std::unique_ptr<HealthManager::Session> HealthManager::NewSession() {
 
 absl::StatusOr<std::shared_ptr<HealthManager::JobHealth>>
 HealthManager::FindOrStart(const v1::MemberRef& member,
-                           absl::string_view started_by) {
+                           absl::string_view started_by,
+                           int grace_windows) {
   {
     absl::ReaderMutexLock lock(&mu_);
     auto it = jobs_health_.find(member.job_id());
@@ -177,6 +178,7 @@ HealthManager::FindOrStart(const v1::MemberRef& member,
                           : config_.hang_timeout;
   const size_t world = round.incarnations.size();
   const absl::Time now = clock_->Now();
+  job->not_lost_before = now + grace_windows * job->interval * job->missed;
   {
     absl::MutexLock lock(&job->mu);
     job->state = phase.state;
@@ -233,7 +235,7 @@ void HealthManager::MonitorRunningRounds() {
     round.set_job_id(job.config().job_id());
     round.set_round(job.round());
     absl::StatusOr<std::shared_ptr<JobHealth>> started =
-        FindOrStart(round, "the coordinator restarted");
+        FindOrStart(round, "the coordinator restarted", kRestartGrace);
     if (!started.ok()) {
       GS_LOG(WARNING) << "job '" << job.config().job_id() << "' round "
                       << job.round() << ": not monitored after the restart: "
@@ -614,6 +616,10 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now,
   if (!job->detecting()) return;
 
   const absl::Duration limit = job->interval * job->missed;
+  if (now < job->not_lost_before) {
+    DiagnoseHang(job, now);
+    return;
+  }
   HealthUpdate update;
   for (size_t r = 0; r < job->members.size(); ++r) {
     const MemberHealth& m = job->members[r];

@@ -118,11 +118,15 @@ class HealthManager {
   void Poll();
 
   // After a restart on durable state: starts monitoring every running round
-  // at once, members as recorded. Each live member then has one detection
-  // window from the restart to heartbeat again (the grace period); one
-  // silent past it is LOST, so a round whose workers died during the outage
-  // does not look healthy forever. Call before serving.
+  // at once, members as recorded. No member is found silent for
+  // kRestartGrace detection windows from the restart: one to reconnect,
+  // one for the calls the outage delayed (a member still bootstrapping
+  // through the key-value store retries them with backoff before its first
+  // heartbeat). A member silent past that is LOST, so a round whose workers
+  // died during the outage does not look healthy forever. Call once
+  // serving.
   void MonitorRunningRounds();
+  static constexpr int kRestartGrace = 2;
 
   // Stops marking members LOST for broken streams (the server is shutting
   // down and cancels every stream). Irreversible.
@@ -197,6 +201,8 @@ class HealthManager {
     // What started the monitoring, for a member LOST without a heartbeat:
     // "monitoring began" or "the coordinator restarted".
     std::string started_by;
+    // No member is found silent before this (the grace after a restart).
+    absl::Time not_lost_before = absl::InfinitePast();
 
     // The job's state and reason as last recorded or read from JobManager;
     // `generation` counts their changes so streams know what to resend.
@@ -226,7 +232,8 @@ class HealthManager {
   absl::Status Resolve(Session* session, const v1::MemberRef& member);
   absl::StatusOr<std::shared_ptr<JobHealth>> FindOrStart(
       const v1::MemberRef& member,
-      absl::string_view started_by = "monitoring began");
+      absl::string_view started_by = "monitoring began",
+      int grace_windows = 0);
   std::vector<std::shared_ptr<JobHealth>> Snapshot() const;
 
   // Ingest helpers.

@@ -414,17 +414,20 @@ struct RestartedHealth {
   std::map<int, std::unique_ptr<HealthManager::Session>> sessions;
 };
 
-TEST_F(HealthManagerTest, AfterARestartEachMemberHasOneDetectionWindow) {
+TEST_F(HealthManagerTest, AfterARestartMembersHaveTwoDetectionWindows) {
   StartJob(3);
   BeatAll();
   ASSERT_TRUE(Complete(2, true, 0, "").ok());
   clock_.Advance(absl::Seconds(20));  // the coordinator is down
   RestartedHealth restarted(&storage_, &clock_);
-  clock_.Advance(absl::Milliseconds(2500));
+  clock_.Advance(absl::Milliseconds(3500));
+  restarted.health.Poll();
+  EXPECT_THAT(restarted.lost, IsEmpty()) << "past one window, within the grace";
+  clock_.Advance(absl::Seconds(2));
   ASSERT_TRUE(restarted.Beat(0).ok());
   restarted.health.Poll();
   EXPECT_THAT(restarted.lost, IsEmpty()) << "within the grace";
-  clock_.Advance(absl::Seconds(1));
+  clock_.Advance(absl::Seconds(1));  // 6.5 s: past 2 windows of 3 s
   restarted.health.Poll();
   // Rank 1 never came back: silent for the window since the restart.
   // Rank 2 had succeeded before the crash and stays EXITED.

@@ -133,8 +133,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   // Reconnect quickly while the coordinator starts or restarts: a restarted
-  // coordinator gives members one detection window (3 s by default) to
-  // heartbeat again, so the channel retries at least every second.
+  // coordinator finds members silent after a grace of a few seconds, so the
+  // channel retries at least every second.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(

@@ -37,7 +37,9 @@ struct RetryPolicy {
   // Attempts in all, the first included; 1 disables retries.
   int max_attempts = 1000;
   absl::Duration initial_backoff = absl::Milliseconds(50);
-  absl::Duration max_backoff = absl::Seconds(2);
+  // Short, so that calls resume within about a second of a coordinator's
+  // return: members still bootstrapping must heartbeat within its grace.
+  absl::Duration max_backoff = absl::Seconds(1);
   double backoff_multiplier = 2.0;
   // Each backoff is scaled by a random factor in [1 - jitter, 1 + jitter].
   double jitter = 0.2;
