@@ -12,9 +12,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/worker/ddp/gloo_ranks.h"
+#include "worker/runtime/elastic.h"
 
 namespace gradsync {
 namespace {
@@ -100,6 +102,37 @@ INSTANTIATE_TEST_SUITE_P(
                           std::get<1>(info.param) ? "_LastRankIsRoot"
                                                   : "_RankZeroIsRoot");
     });
+
+TEST(TrainingStateErrorsTest, APeerLostDuringTheTransferIsARecoverableError) {
+  // Rank 2 dies as the transfer starts (its process group aborts, as a
+  // killed process's connections close). The others must not hang: each
+  // either finishes or fails with an error that re-forming the round fixes,
+  // and the root, which must reach rank 2, fails.
+  constexpr int kWorld = 3;
+  constexpr absl::Duration kTimeout = absl::Seconds(10);
+  std::vector<absl::Status> statuses(kWorld);
+  const absl::Time start = absl::Now();
+  RunGlooRanks(kWorld, [&](int rank, Backend* backend) {
+    if (rank == 2) {
+      backend->Abort();
+      return;
+    }
+    Net net;
+    torch::optim::SGD optimizer(net->parameters(),
+                                torch::optim::SGDOptions(0.1).momentum(0.9));
+    Train(net, optimizer, 2, 7);
+    std::vector<int64_t> counters = {5, 1};
+    statuses[rank] = BroadcastTrainingState(backend, /*root=*/0, *net,
+                                            optimizer, &counters, kTimeout);
+  });
+  EXPECT_LT(absl::Now() - start, kTimeout + absl::Seconds(20)) << "no hang";
+  EXPECT_FALSE(statuses[0].ok()) << "the root cannot reach rank 2";
+  for (int rank = 0; rank < 2; ++rank) {
+    if (statuses[rank].ok()) continue;
+    EXPECT_TRUE(RecoverableByRejoining(statuses[rank]))
+        << "rank " << rank << ": " << statuses[rank];
+  }
+}
 
 TEST(TrainingStateErrorsTest, RootOutsideTheWorldIsInvalidArgument) {
   RunGlooRanks(1, [](int, Backend* backend) {
