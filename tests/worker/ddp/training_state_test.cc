@@ -105,9 +105,10 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(TrainingStateErrorsTest, APeerLostDuringTheTransferIsARecoverableError) {
   // Rank 2 dies as the transfer starts (its process group aborts, as a
-  // killed process's connections close). The others must not hang: each
-  // either finishes or fails with an error that re-forming the round fixes,
-  // and the root, which must reach rank 2, fails.
+  // killed process's connections close). The others must not hang, and
+  // must fail with an error that re-forming the round fixes: in the
+  // transfer, or at the latest in the next collective (what the root sends
+  // may fit in socket buffers before the connection closes).
   constexpr int kWorld = 3;
   constexpr absl::Duration kTimeout = absl::Seconds(10);
   std::vector<absl::Status> statuses(kWorld);
@@ -124,11 +125,10 @@ TEST(TrainingStateErrorsTest, APeerLostDuringTheTransferIsARecoverableError) {
     std::vector<int64_t> counters = {5, 1};
     statuses[rank] = BroadcastTrainingState(backend, /*root=*/0, *net,
                                             optimizer, &counters, kTimeout);
+    if (statuses[rank].ok()) statuses[rank] = backend->Barrier()->Wait(kTimeout);
   });
   EXPECT_LT(absl::Now() - start, kTimeout + absl::Seconds(20)) << "no hang";
-  EXPECT_FALSE(statuses[0].ok()) << "the root cannot reach rank 2";
   for (int rank = 0; rank < 2; ++rank) {
-    if (statuses[rank].ok()) continue;
     EXPECT_TRUE(RecoverableByRejoining(statuses[rank]))
         << "rank " << rank << ": " << statuses[rank];
   }
