@@ -46,7 +46,11 @@ absl::StatusOr<std::string> FailoverTarget(
   if (addresses.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("no ", what, " given"));
   }
-  if (addresses.size() == 1) return addresses.front();
+  const std::string& first = addresses.front();
+  if (addresses.size() == 1 &&
+      !IsIpv4(absl::string_view(first).substr(0, first.rfind(':')))) {
+    return first;  // a name, for the DNS resolver
+  }
   for (const std::string& address : addresses) {
     if (!IsIpv4(absl::string_view(address).substr(0, address.rfind(':')))) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -17,10 +17,12 @@ namespace gradsync {
 absl::StatusOr<std::vector<std::string>> ParseHostPorts(
     absl::string_view list, absl::string_view what, absl::string_view example);
 
-// The gRPC target that reaches `addresses`: one as it is (a name or an
-// address); several as "ipv4:A,B,..." (gRPC's pick_first then connects to
-// the first that accepts, and moves on when it goes away). Several must be
-// IPv4 addresses: INVALID_ARGUMENT naming the first that is not.
+// The gRPC target that reaches `addresses`: IPv4 addresses as
+// "ipv4:A,B,..." (no DNS resolver, whose minimum time between resolutions
+// would hold a reconnection back for seconds; with several, gRPC's
+// pick_first connects to the first that accepts and moves on when it goes
+// away); one name as it is. Several must be IPv4 addresses:
+// INVALID_ARGUMENT naming the first that is not.
 absl::StatusOr<std::string> FailoverTarget(
     const std::vector<std::string>& addresses, absl::string_view what);
 

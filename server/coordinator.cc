@@ -21,7 +21,11 @@ Coordinator::Coordinator(CoordinatorConfig config)
                                           : owned_storage_.get()),
       jobs_(storage_, clock_),
       kv_(storage_, clock_, &jobs_, config_.kv_limits),
-      rendezvous_(&jobs_, &kv_, clock_),
+      // A superseded round's members are turned away at once.
+      rendezvous_(&jobs_, &kv_, clock_,
+                  [this](const std::string& job_id, int64_t round) {
+                    health_.RoundEnded(job_id, round);
+                  }),
       // A lost member re-forms its round (failure policy RECOVER).
       health_(&jobs_, clock_, config_.health,
               [this](const HealthManager::Loss& loss) {

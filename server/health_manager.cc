@@ -225,6 +225,14 @@ HealthManager::FindOrStart(const v1::MemberRef& member,
   return job;
 }
 
+void HealthManager::RoundEnded(const std::string& job_id, int64_t round) {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = jobs_health_.find(job_id);
+  if (it != jobs_health_.end() && it->second->round <= round) {
+    it->second->superseded.store(true);
+  }
+}
+
 void HealthManager::MonitorRunningRounds() {
   for (const v1::JobStatus& job : jobs_->List()) {
     if (job.round() < 1 || (job.state() != v1::JOB_STATE_RUNNING &&
@@ -250,7 +258,7 @@ absl::Status HealthManager::Resolve(Session* session,
   GS_ASSIGN_OR_RETURN(std::shared_ptr<JobHealth> job, FindOrStart(member));
   {
     absl::MutexLock lock(&job->mu);
-    if (!job->current) {
+    if (!job->live()) {
       return absl::AbortedError(RoundOver(job->job_id, job->round));
     }
     if (member.rank() >= static_cast<int>(job->members.size())) {
@@ -288,7 +296,7 @@ absl::StatusOr<bool> HealthManager::Heartbeat(Session* session,
   JobHealth* job = session->job.get();
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&job->mu);
-  if (!job->current) {
+  if (!job->live()) {
     return absl::AbortedError(RoundOver(job->job_id, job->round));
   }
   MemberHealth& m = job->members[session->rank];
@@ -494,7 +502,7 @@ void HealthManager::StreamBroken(Session* session) {
     if (!job->detecting()) {
       // The round was superseded (or ended) before this member's stream
       // broke: nothing to record, but a re-forming round need not wait.
-      if (!job->current && job->policy != v1::FAILURE_POLICY_FAIL) {
+      if (!job->live() && job->policy != v1::FAILURE_POLICY_FAIL) {
         losses.push_back(Loss{job->job_id, job->round, session->rank,
                               absl::StrCat("rank ", session->rank, " (",
                                            m.host, ") lost: ", why),
@@ -602,7 +610,7 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now,
                             std::vector<Loss>* losses) {
   // Follow the job's phase: a superseded round ends its monitoring.
   absl::StatusOr<JobPhase> phase = jobs_->GetPhase(job->job_id);
-  if (!phase.ok() || phase->round != job->round ||
+  if (job->superseded.load() || !phase.ok() || phase->round != job->round ||
       phase->state == v1::JOB_STATE_WAITING) {
     job->current = false;
     ++job->generation;

@@ -119,14 +119,21 @@ class HealthManager {
 
   // After a restart on durable state: starts monitoring every running round
   // at once, members as recorded. No member is found silent for
-  // kRestartGrace detection windows from the restart: one to reconnect,
-  // one for the calls the outage delayed (a member still bootstrapping
-  // through the key-value store retries them with backoff before its first
-  // heartbeat). A member silent past that is LOST, so a round whose workers
-  // died during the outage does not look healthy forever. Call once
-  // serving.
+  // kRestartGrace detection windows from the restart (15 s with the
+  // defaults): members reconnect, and those still bootstrapping through the
+  // key-value store finish the calls the outage delayed, before their first
+  // heartbeat; on this project's test machines a client's reconnection has
+  // been seen to take up to 5 s. A member silent past that is LOST, so a
+  // round whose workers died during the outage does not look healthy
+  // forever. Call once serving.
   void MonitorRunningRounds();
-  static constexpr int kRestartGrace = 2;
+  static constexpr int kRestartGrace = 5;
+
+  // The rendezvous superseded round `round` of `job_id`: from now on its
+  // members' heartbeats and completion reports are ABORTED (they rejoin),
+  // without waiting for the next Poll. Takes no job lock, so the rendezvous
+  // may call it under its own.
+  void RoundEnded(const std::string& job_id, int64_t round);
 
   // Stops marking members LOST for broken streams (the server is shutting
   // down and cancels every stream). Irreversible.
@@ -220,10 +227,18 @@ class HealthManager {
     std::vector<StepSlot> steps ABSL_GUARDED_BY(mu);
     v1::JobDiagnosis diagnosis ABSL_GUARDED_BY(mu);
 
+    // Set by RoundEnded the moment the rendezvous supersedes the round, so
+    // its members are turned away at once; the next Poll clears `current`.
+    std::atomic<bool> superseded{false};
+
+    // Whether the round is still the job's running one.
+    bool live() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return current && !superseded.load();
+    }
     // Whether failure detection applies: the round runs and has not ended.
     bool detecting() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-      return current && (state == v1::JOB_STATE_RUNNING ||
-                         state == v1::JOB_STATE_DEGRADED);
+      return live() && (state == v1::JOB_STATE_RUNNING ||
+                        state == v1::JOB_STATE_DEGRADED);
     }
   };
 

@@ -156,8 +156,12 @@ v1::Backend NegotiateBackend(v1::Backend preference,
 }
 
 RendezvousManager::RendezvousManager(JobManager* jobs, KvManager* kv,
-                                     Clock* clock)
-    : jobs_(jobs), kv_(kv), clock_(clock) {}
+                                     Clock* clock,
+                                     RoundEndedCallback on_round_ended)
+    : jobs_(jobs),
+      kv_(kv),
+      clock_(clock),
+      on_round_ended_(std::move(on_round_ended)) {}
 
 absl::Status RendezvousManager::Restore() {
   absl::MutexLock lock(&mu_);
@@ -310,6 +314,7 @@ uint64_t RendezvousManager::Join(const v1::JoinRequest& request,
     JoinLocked(job.get(), request, std::move(done), &ticket, &completions);
   }
   Run(std::move(completions));
+  ReportEndedRounds();
   return ticket;
 }
 
@@ -417,6 +422,17 @@ void RendezvousManager::SupersedeLocked(JobRendezvous* job,
   }
   GS_LOG(INFO) << "job '" << job_id << "' round " << job->round
                << " superseded: " << reason;
+  ended_rounds_.emplace_back(job_id, job->round);
+}
+
+void RendezvousManager::ReportEndedRounds() {
+  std::vector<std::pair<std::string, int64_t>> ended;
+  {
+    absl::MutexLock lock(&mu_);
+    ended.swap(ended_rounds_);
+  }
+  if (!on_round_ended_) return;
+  for (const auto& [job_id, round] : ended) on_round_ended_(job_id, round);
 }
 
 void RendezvousManager::MaybeCloseLocked(JobRendezvous* job,
@@ -497,6 +513,7 @@ void RendezvousManager::MemberLost(const std::string& job_id, int64_t round,
     MaybeCloseLocked(job, &completions);
   }
   Run(std::move(completions));
+  ReportEndedRounds();
 }
 
 void RendezvousManager::CloseLocked(JobRendezvous* job,

@@ -37,8 +37,9 @@
 namespace gradsync {
 
 // Thread-safe. Lock order: holds its lock while calling JobManager and
-// KvManager, which never call back. Join callbacks always run without the
-// lock held. `jobs`, `kv` and `clock` must outlive it.
+// KvManager, which never call back. Join callbacks and the round-ended
+// callback always run without the lock held. `jobs`, `kv` and `clock` must
+// outlive it.
 class RendezvousManager {
  public:
   // How long a round re-forming after a supersede waits for nodes of the old
@@ -49,7 +50,14 @@ class RendezvousManager {
   // Called exactly once with the outcome of a Join.
   using JoinCallback = std::function<void(absl::StatusOr<v1::Assignment>)>;
 
-  RendezvousManager(JobManager* jobs, KvManager* kv, Clock* clock);
+  // Told, without this manager's lock held, that a round of a job was
+  // superseded. The composition root points it at failure detection, which
+  // turns the round's members away at once.
+  using RoundEndedCallback =
+      std::function<void(const std::string& job_id, int64_t round)>;
+
+  RendezvousManager(JobManager* jobs, KvManager* kv, Clock* clock,
+                    RoundEndedCallback on_round_ended = nullptr);
 
   // After a restart on durable state: rebuilds the rendezvous of every job
   // that has not ended from its record (JobManager), so that its rounds keep
@@ -207,10 +215,13 @@ class RendezvousManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   static void Run(std::vector<Completion> completions);
+  // Tells on_round_ended_ about the rounds superseded since the last call.
+  void ReportEndedRounds() ABSL_LOCKS_EXCLUDED(mu_);
 
   JobManager* const jobs_;
   KvManager* const kv_;
   Clock* const clock_;
+  const RoundEndedCallback on_round_ended_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<JobRendezvous>> rendezvous_
@@ -223,6 +234,9 @@ class RendezvousManager {
       ABSL_GUARDED_BY(mu_);
   // (last-call deadline, job id), earliest first.
   std::set<std::pair<absl::Time, std::string>> last_calls_
+      ABSL_GUARDED_BY(mu_);
+  // (job id, round) superseded and not yet reported (ReportEndedRounds).
+  std::vector<std::pair<std::string, int64_t>> ended_rounds_
       ABSL_GUARDED_BY(mu_);
 };
 

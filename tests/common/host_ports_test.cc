@@ -32,6 +32,7 @@ TEST(ParseHostPortsTest, SplitsListsAndNamesTheBadEntry) {
 TEST(FailoverTargetTest, OneAsItIsSeveralAsIpv4List) {
   EXPECT_EQ(FailoverTarget({"coord:29400"}, "coordinator address").value(),
             "coord:29400");
+  EXPECT_EQ(FailoverTarget({"10.0.0.1:1"}, "x").value(), "ipv4:10.0.0.1:1");
   EXPECT_EQ(FailoverTarget({"10.0.0.1:1", "10.0.0.2:2"}, "x").value(),
             "ipv4:10.0.0.1:1,10.0.0.2:2");
   for (const std::vector<std::string>& bad :

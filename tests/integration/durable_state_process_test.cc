@@ -263,6 +263,8 @@ TEST_P(DurableStateProcessTest, WorkerDeadDuringTheOutageIsLostAfterTheGrace) {
   CoordinatorProcess second;
   std::vector<std::string> flags = StateFlags(state);
   flags.push_back(absl::StrCat("--listen=", first.address()));
+  // Heartbeats every 0.5 s: a grace of 5 x 3 x 0.5 s keeps the test short.
+  flags.push_back("--heartbeat_interval=500ms");
   ASSERT_TRUE(second.Start(Runfile("server/gradsync-coordinator"), "grace-2",
                            flags));
   const absl::Time restarted = absl::Now();
@@ -277,10 +279,10 @@ TEST_P(DurableStateProcessTest, WorkerDeadDuringTheOutageIsLostAfterTheGrace) {
   const absl::Duration took = absl::Now() - restarted;
   std::printf("rank 1 shown LOST %s after the restart\n",
               absl::FormatDuration(took).c_str());
-  // Not before the grace of two detection windows (2 x 3 x 1 s), within
+  // Not before the grace of five detection windows (5 x 3 x 0.5 s), within
   // which rank 0 reconnected.
-  EXPECT_GE(took, absl::Milliseconds(5900));
-  EXPECT_LE(took, absl::Seconds(20));
+  EXPECT_GE(took, absl::Milliseconds(7400));
+  EXPECT_LE(took, absl::Seconds(25));
   EXPECT_THAT(seen.members(1).state_reason(), HasSubstr("since the coordinator restarted"));
   EXPECT_EQ(seen.members(0).state(), v1::MEMBER_STATE_ACTIVE);
   rank0->Signal(SIGKILL);

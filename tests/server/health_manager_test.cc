@@ -367,6 +367,19 @@ TEST_F(HealthManagerTest, EndedJobsAreForgottenAfterRetention) {
   EXPECT_EQ(Beat(0).status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(HealthManagerTest, RoundEndedTurnsItsMembersAwayWithoutAPoll) {
+  StartJob(2);
+  BeatAll();
+  health_.RoundEnded(kJob, 0);  // an older round: nothing changes
+  ASSERT_TRUE(Beat(0).ok());
+  health_.RoundEnded(kJob, 1);
+  EXPECT_EQ(Beat(0).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(Complete(1, true, 0, "").status().code(),
+            absl::StatusCode::kAborted);
+  EXPECT_THAT(ended_, IsEmpty());
+  EXPECT_THAT(losses_, IsEmpty()) << "a superseded round loses nobody";
+}
+
 TEST_F(HealthManagerTest, SuccessInARoundSupersededBeforeThePollIsAborted) {
   StartJob(1);
   BeatAll();
@@ -414,7 +427,7 @@ struct RestartedHealth {
   std::map<int, std::unique_ptr<HealthManager::Session>> sessions;
 };
 
-TEST_F(HealthManagerTest, AfterARestartMembersHaveTwoDetectionWindows) {
+TEST_F(HealthManagerTest, AfterARestartMembersHaveAGraceOfFiveWindows) {
   StartJob(3);
   BeatAll();
   ASSERT_TRUE(Complete(2, true, 0, "").ok());
@@ -423,11 +436,11 @@ TEST_F(HealthManagerTest, AfterARestartMembersHaveTwoDetectionWindows) {
   clock_.Advance(absl::Milliseconds(3500));
   restarted.health.Poll();
   EXPECT_THAT(restarted.lost, IsEmpty()) << "past one window, within the grace";
-  clock_.Advance(absl::Seconds(2));
+  clock_.Advance(absl::Seconds(11));
   ASSERT_TRUE(restarted.Beat(0).ok());
   restarted.health.Poll();
   EXPECT_THAT(restarted.lost, IsEmpty()) << "within the grace";
-  clock_.Advance(absl::Seconds(1));  // 6.5 s: past 2 windows of 3 s
+  clock_.Advance(absl::Seconds(1));  // 15.5 s: past 5 windows of 3 s
   restarted.health.Poll();
   // Rank 1 never came back: silent for the window since the restart.
   // Rank 2 had succeeded before the crash and stays EXITED.

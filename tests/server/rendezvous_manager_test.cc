@@ -656,6 +656,28 @@ TEST_F(RendezvousManagerTest, SpareTakesTheLostPlaceAndTheMostAdvancedIsSource) 
       << "1.5 s falls in the (1, 2.5] bucket";
 }
 
+TEST(RendezvousRoundEndedTest, ASupersededRoundIsReportedAfterTheCall) {
+  InMemoryStorage storage;
+  FakeClock clock;
+  JobManager jobs(&storage, &clock);
+  KvManager kv(&storage, &clock, &jobs);
+  std::vector<std::pair<std::string, int64_t>> ended;
+  RendezvousManager rdzv(&jobs, &kv, &clock,
+                         [&](const std::string& job_id, int64_t round) {
+                           ended.emplace_back(job_id, round);
+                         });
+  v1::JoinRequest request;
+  request.set_job_id(kJob);
+  *request.mutable_config() = Config(ConfigSpec().Min(1).Max(1));
+  *request.mutable_node() = Node("host-a", "inc-a");
+  JoinOutcome a;
+  rdzv.Join(request, a.Callback());
+  ASSERT_TRUE(a.done());
+  EXPECT_TRUE(ended.empty());
+  rdzv.MemberLost(kJob, 1, /*rank=*/0, "rank 0 (host-a) lost");
+  EXPECT_EQ(ended, (std::vector<std::pair<std::string, int64_t>>{{kJob, 1}}));
+}
+
 TEST_F(RendezvousManagerTest, SurvivorsReformWithoutTheLostNodeAtOnce) {
   UseConfig(ConfigSpec().Min(2).Max(3).LastCall(absl::Seconds(30)));
   JoinOutcome a, b, c;

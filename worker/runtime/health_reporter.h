@@ -61,8 +61,8 @@ struct HealthReporterOptions {
   // Reconnection backoff after a stream failed: starts at initial_backoff,
   // doubles up to max_backoff, each pause scaled by a random factor in
   // [1 - jitter, 1 + jitter]. max_backoff (with jitter) stays well inside the
-  // grace a restarted coordinator gives members to heartbeat again (two
-  // detection windows, 6 s by default).
+  // grace a restarted coordinator gives members to heartbeat again (five
+  // detection windows, 15 s by default).
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Milliseconds(500);
   double jitter = 0.2;
