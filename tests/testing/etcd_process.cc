@@ -22,28 +22,41 @@ std::string EtcdProcess::Binary() {
 }
 
 ::testing::AssertionResult EtcdProcess::Start(const std::string& name) {
+  // A port picked free may be taken before etcd binds it: try again then.
+  constexpr int kAttempts = 3;
+  ::testing::AssertionResult started = ::testing::AssertionFailure();
+  for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+    started = StartOnce(name);
+    if (started) break;
+  }
+  return started;
+}
+
+::testing::AssertionResult EtcdProcess::StartOnce(const std::string& name) {
   const std::string binary = Binary();
   if (binary.empty()) {
     return ::testing::AssertionFailure() << "no etcd binary (etcd-server)";
   }
   const std::string dir = TempPath(absl::StrCat("etcd-", name));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  std::filesystem::create_directories(dir, ignored);
   const int client_port = PickUnusedPort();
   const int peer_port = PickUnusedPort();
   endpoint_ = absl::StrCat("127.0.0.1:", client_port);
   const std::string client_url = absl::StrCat("http://", endpoint_);
   const std::string peer_url = absl::StrCat("http://127.0.0.1:", peer_port);
-  if (!child_.Start({binary, absl::StrCat("--name=", name),
-                     absl::StrCat("--data-dir=", dir, "/data"),
-                     absl::StrCat("--listen-client-urls=", client_url),
-                     absl::StrCat("--advertise-client-urls=", client_url),
-                     absl::StrCat("--listen-peer-urls=", peer_url),
-                     absl::StrCat("--initial-advertise-peer-urls=", peer_url),
-                     absl::StrCat("--initial-cluster=", name, "=", peer_url),
-                     "--logger=zap",
-                     absl::StrCat("--log-outputs=", dir, "/etcd.log")},
-                    /*capture=*/false)) {
+  child_ = std::make_unique<Child>();
+  if (!child_->Start({binary, absl::StrCat("--name=", name),
+                      absl::StrCat("--data-dir=", dir, "/data"),
+                      absl::StrCat("--listen-client-urls=", client_url),
+                      absl::StrCat("--advertise-client-urls=", client_url),
+                      absl::StrCat("--listen-peer-urls=", peer_url),
+                      absl::StrCat("--initial-advertise-peer-urls=", peer_url),
+                      absl::StrCat("--initial-cluster=", name, "=", peer_url),
+                      "--logger=zap",
+                      absl::StrCat("--log-outputs=", dir, "/etcd.log")},
+                     /*capture=*/false)) {
     return ::testing::AssertionFailure() << "cannot start " << binary;
   }
   // Serving once a read through the client answers; etcd elects itself
@@ -52,10 +65,10 @@ std::string EtcdProcess::Binary() {
   const absl::Time deadline = absl::Now() + kStartBound;
   absl::Status last;
   while (absl::Now() < deadline) {
-    if (child_.Reap()) {
+    if (child_->Reap()) {
       return ::testing::AssertionFailure()
              << "etcd exited at start (log: " << dir << "/etcd.log): "
-             << child_.describe();
+             << child_->describe();
     }
     EtcdOptions options;
     options.endpoints = {endpoint_};

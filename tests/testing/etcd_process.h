@@ -3,6 +3,7 @@
 #ifndef GRADSYNC_TESTS_TESTING_ETCD_PROCESS_H_
 #define GRADSYNC_TESTS_TESTING_ETCD_PROCESS_H_
 
+#include <memory>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -21,15 +22,18 @@ class EtcdProcess {
   static std::string Binary();
 
   // Starts a fresh member named `name` and waits (bounded) until it serves
-  // reads.
+  // reads; tries again (3 times in all) with other ports when it does not
+  // start.
   ::testing::AssertionResult Start(const std::string& name);
 
   // "127.0.0.1:PORT" of its client API once started.
   const std::string& endpoint() const { return endpoint_; }
-  Child& child() { return child_; }
+  Child& child() { return *child_; }
 
  private:
-  Child child_;
+  ::testing::AssertionResult StartOnce(const std::string& name);
+
+  std::unique_ptr<Child> child_;  // killed and reaped when replaced or destroyed
   std::string endpoint_;
 };
 

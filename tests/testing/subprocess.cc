@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,8 +33,13 @@ std::string Runfile(const std::string& path) {
 }
 
 std::string TempPath(const std::string& name) {
+  // A folder per process: ctest runs the cases of one binary as concurrent
+  // processes that share TEST_TMPDIR.
   const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
+  const std::string dir =
+      absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/p", getpid());
+  mkdir(dir.c_str(), 0755);  // EEXIST after the first call
+  return absl::StrCat(dir, "/", name);
 }
 
 std::string Hostname() {

@@ -22,7 +22,8 @@ namespace testing {
 // The path of a data dependency of the running test ("server/x").
 std::string Runfile(const std::string& path);
 
-// A path under the test's private temporary directory.
+// A path under the test's private temporary directory, in a folder of this
+// process's own (created on the first call).
 std::string TempPath(const std::string& name);
 
 // This machine's host name ("localhost" if unknown).

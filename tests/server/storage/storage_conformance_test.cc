@@ -44,28 +44,33 @@ std::string BackendName(const ::testing::TestParamInfo<Backend>& info) {
 }
 
 #ifdef GRADSYNC_WITH_ETCD
-// One etcd for the whole binary, started before the first test; each test
-// works under a key prefix of its own.
+// One etcd for the whole binary, started by the first etcd test (ctest runs
+// each case in a process of its own: the others need none) and stopped at
+// exit; each test works under a key prefix of its own.
 class EtcdEnvironment : public ::testing::Environment {
  public:
-  void SetUp() override {
-    if (testing::EtcdProcess::Binary().empty()) return;
-    etcd_ = std::make_unique<testing::EtcdProcess>();
-    ::testing::AssertionResult started = etcd_->Start("conformance");
-    started_ = started;
-    if (!started) ADD_FAILURE() << started.message();
-  }
   void TearDown() override { etcd_.reset(); }
 
-  static testing::EtcdProcess* etcd() { return etcd_.get(); }
-  static bool started() { return started_; }
+  // The running etcd; null (and a test failure) when it cannot start.
+  static testing::EtcdProcess* Get() {
+    if (etcd_ == nullptr) {
+      etcd_ = std::make_unique<testing::EtcdProcess>();
+      start_ = etcd_->Start("conformance");
+    }
+    if (!start_) {
+      ADD_FAILURE() << "etcd did not start: " << start_.message();
+      return nullptr;
+    }
+    return etcd_.get();
+  }
 
  private:
   static std::unique_ptr<testing::EtcdProcess> etcd_;
-  static bool started_;
+  static ::testing::AssertionResult start_;
 };
 std::unique_ptr<testing::EtcdProcess> EtcdEnvironment::etcd_;
-bool EtcdEnvironment::started_ = false;
+::testing::AssertionResult EtcdEnvironment::start_ =
+    ::testing::AssertionFailure();
 ::testing::Environment* const kEtcdEnvironment =
     ::testing::AddGlobalTestEnvironment(new EtcdEnvironment);
 #endif
@@ -87,9 +92,10 @@ class StorageConformanceTest : public ::testing::TestWithParam<Backend> {
       if (testing::EtcdProcess::Binary().empty()) {
         GTEST_SKIP() << "no etcd binary: install etcd-server";
       }
-      ASSERT_TRUE(EtcdEnvironment::started()) << "etcd did not start";
+      testing::EtcdProcess* etcd = EtcdEnvironment::Get();
+      ASSERT_NE(etcd, nullptr);
       EtcdOptions options;
-      options.endpoints = {EtcdEnvironment::etcd()->endpoint()};
+      options.endpoints = {etcd->endpoint()};
       options.prefix = absl::StrCat("/", name, "/");
       absl::StatusOr<std::unique_ptr<EtcdStorage>> opened =
           EtcdStorage::Open(options);
