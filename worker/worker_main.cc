@@ -29,7 +29,7 @@
 #include "worker/runtime/health_reporter.h"
 #include "worker/runtime/join.h"
 #include "worker/runtime/process_group.h"
-#include "worker/trainer/telemetry.h"
+#include "worker/runtime/telemetry.h"
 #include "worker/trainer/trainer.h"
 
 // Joining.

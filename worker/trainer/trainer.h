@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "worker/backend/backend.h"
 #include "worker/ddp/reducer.h"
+#include "worker/runtime/step_report.h"
 #include "worker/trainer/models.h"
 
 namespace gradsync {
@@ -59,17 +60,6 @@ struct TrainerConfig {
   // test can check that every sample of an epoch was used once across
   // recoveries: per step, the latest round's lines count).
   std::string sample_log;
-};
-
-// Where one optimizer step's time went; the DDP fields stay zero without a
-// backend.
-struct StepReport {
-  int64_t step = 0;  // 1-based
-  int64_t epoch = 0;
-  // This rank's loss (the mean over its micro-batches).
-  double loss = 0;
-  absl::Duration step_time;
-  StepTimings ddp;
 };
 
 // What a training run did, for the progress line and benchmarks.

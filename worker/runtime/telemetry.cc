@@ -1,4 +1,4 @@
-#include "worker/trainer/telemetry.h"
+#include "worker/runtime/telemetry.h"
 
 #include <unistd.h>
 

@@ -2,8 +2,8 @@
 // HealthReporter sends: step metrics after every step, and between steps a
 // refresh of the collective counters so that a rank stuck inside a step
 // still shows which collective it is waiting on.
-#ifndef GRADSYNC_WORKER_TRAINER_TELEMETRY_H_
-#define GRADSYNC_WORKER_TRAINER_TELEMETRY_H_
+#ifndef GRADSYNC_WORKER_RUNTIME_TELEMETRY_H_
+#define GRADSYNC_WORKER_RUNTIME_TELEMETRY_H_
 
 #include <cstdint>
 #include <functional>
@@ -18,7 +18,7 @@
 #include "proto/gradsync/v1/job.pb.h"
 #include "worker/backend/observed_backend.h"
 #include "worker/runtime/health_reporter.h"
-#include "worker/trainer/trainer.h"
+#include "worker/runtime/step_report.h"
 
 namespace gradsync {
 
@@ -75,4 +75,4 @@ int64_t ResidentSetBytes();
 
 }  // namespace gradsync
 
-#endif  // GRADSYNC_WORKER_TRAINER_TELEMETRY_H_
+#endif  // GRADSYNC_WORKER_RUNTIME_TELEMETRY_H_

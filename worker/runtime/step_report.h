@@ -1,0 +1,27 @@
+// What a training loop reports after each optimizer step: plain values, no
+// LibTorch, so that the heartbeat side (Telemetry) need not compile against
+// it.
+#ifndef GRADSYNC_WORKER_RUNTIME_STEP_REPORT_H_
+#define GRADSYNC_WORKER_RUNTIME_STEP_REPORT_H_
+
+#include <cstdint>
+
+#include "absl/time/time.h"
+#include "worker/ddp/step_timings.h"
+
+namespace gradsync {
+
+// Where one optimizer step's time went; the DDP fields stay zero without a
+// backend.
+struct StepReport {
+  int64_t step = 0;  // 1-based
+  int64_t epoch = 0;
+  // This rank's loss (the mean over its micro-batches).
+  double loss = 0;
+  absl::Duration step_time;
+  StepTimings ddp;
+};
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_RUNTIME_STEP_REPORT_H_
