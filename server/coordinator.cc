@@ -21,10 +21,16 @@ Coordinator::Coordinator(CoordinatorConfig config)
                                           : owned_storage_.get()),
       jobs_(storage_, clock_),
       kv_(storage_, clock_, &jobs_, config_.kv_limits),
-      // A superseded round's members are turned away at once.
+      // A superseded round's members are turned away at once; a round
+      // asked to re-form is told so with the heartbeat answers.
       rendezvous_(&jobs_, &kv_, clock_,
-                  [this](const std::string& job_id, int64_t round) {
-                    health_.RoundEnded(job_id, round);
+                  [this](const std::string& job_id, int64_t round,
+                         RendezvousManager::RoundEvent event) {
+                    if (event == RendezvousManager::RoundEvent::kSuperseded) {
+                      health_.RoundEnded(job_id, round);
+                    } else {
+                      health_.ReformRequested(job_id, round);
+                    }
                   }),
       // A lost member re-forms its round (failure policy RECOVER).
       health_(&jobs_, clock_, config_.health,

@@ -218,6 +218,11 @@ HealthManager::FindOrStart(const v1::MemberRef& member,
     slot->current = false;
   }
   slot = job;
+  auto reform = reform_requests_.find(job->job_id);
+  if (reform != reform_requests_.end() && reform->second == job->round) {
+    absl::MutexLock job_lock(&job->mu);
+    job->reform_requested = true;
+  }
   GS_LOG(INFO) << "job '" << job->job_id << "' round " << job->round
                << ": monitoring " << world << " member(s), heartbeat every "
                << absl::FormatDuration(job->interval) << ", lost after "
@@ -231,6 +236,22 @@ void HealthManager::RoundEnded(const std::string& job_id, int64_t round) {
   if (it != jobs_health_.end() && it->second->round <= round) {
     it->second->superseded.store(true);
   }
+}
+
+void HealthManager::ReformRequested(const std::string& job_id,
+                                    int64_t round) {
+  std::shared_ptr<JobHealth> job;
+  {
+    absl::MutexLock lock(&mu_);
+    reform_requests_[job_id] = round;
+    auto it = jobs_health_.find(job_id);
+    if (it == jobs_health_.end() || it->second->round != round) return;
+    job = it->second;
+  }
+  absl::MutexLock lock(&job->mu);
+  if (job->reform_requested) return;
+  job->reform_requested = true;
+  ++job->generation;  // every stream sends it with its next answer
 }
 
 void HealthManager::MonitorRunningRounds() {
@@ -334,6 +355,7 @@ absl::StatusOr<bool> HealthManager::Heartbeat(Session* session,
   response->set_job_state(job->state);
   response->set_reason(job->reason);
   *response->mutable_heartbeat_interval() = ToProtoDuration(job->interval);
+  response->set_reform_at_step_boundary(job->reform_requested);
   return true;
 }
 
@@ -755,6 +777,7 @@ void HealthManager::ForEachMember(
 
 void HealthManager::Forget(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
+  reform_requests_.erase(job_id);
   auto it = jobs_health_.find(job_id);
   if (it == jobs_health_.end()) return;
   {

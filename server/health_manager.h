@@ -135,6 +135,12 @@ class HealthManager {
   // may call it under its own.
   void RoundEnded(const std::string& job_id, int64_t round);
 
+  // The rendezvous asks the members of round `round` of `job_id` to re-form
+  // at their next step boundary (a node waits to join): from now on every
+  // heartbeat answer of that round says so (reform_at_step_boundary), also
+  // when its monitoring starts later. Called without the rendezvous's lock.
+  void ReformRequested(const std::string& job_id, int64_t round);
+
   // Stops marking members LOST for broken streams (the server is shutting
   // down and cancels every stream). Irreversible.
   void StopDetection() { stopped_.store(true); }
@@ -219,6 +225,8 @@ class HealthManager {
     // False once the round was superseded or forgotten: heartbeats get
     // ABORTED.
     bool current ABSL_GUARDED_BY(mu) = true;
+    // The rendezvous asked the members to re-form at a step boundary.
+    bool reform_requested ABSL_GUARDED_BY(mu) = false;
     std::vector<MemberHealth> members ABSL_GUARDED_BY(mu);
     int succeeded ABSL_GUARDED_BY(mu) = 0;  // members that reported success
     // When any rank last finished a collective (or monitoring started).
@@ -288,6 +296,10 @@ class HealthManager {
   mutable absl::Mutex mu_;
   // job id -> the monitoring of its latest round.
   absl::flat_hash_map<std::string, std::shared_ptr<JobHealth>> jobs_health_
+      ABSL_GUARDED_BY(mu_);
+  // job id -> the latest round asked to re-form at a step boundary, for a
+  // round whose monitoring starts after the request.
+  absl::flat_hash_map<std::string, int64_t> reform_requests_
       ABSL_GUARDED_BY(mu_);
 };
 

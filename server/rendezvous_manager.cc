@@ -69,6 +69,7 @@ v1::Assignment AssignmentFor(const v1::JobConfig& config,
                            ? v1::FAILURE_POLICY_FAIL
                            : v1::FAILURE_POLICY_RECOVER);
   a.set_single_host(shape.single_host);
+  a.set_may_grow(shape.num_nodes < config.max_nodes());
   return a;
 }
 
@@ -157,11 +158,11 @@ v1::Backend NegotiateBackend(v1::Backend preference,
 
 RendezvousManager::RendezvousManager(JobManager* jobs, KvManager* kv,
                                      Clock* clock,
-                                     RoundEndedCallback on_round_ended)
+                                     RoundEventCallback on_round_event)
     : jobs_(jobs),
       kv_(kv),
       clock_(clock),
-      on_round_ended_(std::move(on_round_ended)) {}
+      on_round_event_(std::move(on_round_event)) {}
 
 absl::Status RendezvousManager::Restore() {
   absl::MutexLock lock(&mu_);
@@ -314,7 +315,7 @@ uint64_t RendezvousManager::Join(const v1::JoinRequest& request,
     JoinLocked(job.get(), request, std::move(done), &ticket, &completions);
   }
   Run(std::move(completions));
-  ReportEndedRounds();
+  ReportRoundEvents();
   return ticket;
 }
 
@@ -336,9 +337,12 @@ void RendezvousManager::JoinLocked(JobRendezvous* job,
         completions->emplace_back(std::move(done), m.assignment);
         return;
       }
-      SupersedeLocked(job, absl::StrCat("rank ", m.assignment.rank(), " (",
-                                        DescribeProcess(m.node),
-                                        ") rejoined after round ", job->round));
+      SupersedeLocked(
+          job, !job->reform_reason.empty()
+                   ? job->reform_reason
+                   : absl::StrCat("rank ", m.assignment.rank(), " (",
+                                  DescribeProcess(m.node),
+                                  ") rejoined after round ", job->round));
     } else if (job->node_rank_by_node.contains(node.node_id())) {
       SupersedeLocked(job, absl::StrCat(DescribeProcess(node),
                                         " restarted: a new process joined "
@@ -400,6 +404,7 @@ void RendezvousManager::SupersedeLocked(JobRendezvous* job,
                                         absl::Duration detection) {
   const std::string& job_id = job->config.job_id();
   job->running = false;
+  job->reform_reason.clear();
   v1::Recovery& recovery = job->recovery.emplace();
   recovery.set_failed_round(job->round);
   recovery.set_cause(reason);
@@ -422,29 +427,34 @@ void RendezvousManager::SupersedeLocked(JobRendezvous* job,
   }
   GS_LOG(INFO) << "job '" << job_id << "' round " << job->round
                << " superseded: " << reason;
-  ended_rounds_.emplace_back(job_id, job->round);
+  round_events_.push_back({job_id, job->round, RoundEvent::kSuperseded});
 }
 
-void RendezvousManager::ReportEndedRounds() {
-  std::vector<std::pair<std::string, int64_t>> ended;
+void RendezvousManager::ReportRoundEvents() {
+  std::vector<PendingEvent> events;
   {
     absl::MutexLock lock(&mu_);
-    ended.swap(ended_rounds_);
+    events.swap(round_events_);
   }
-  if (!on_round_ended_) return;
-  for (const auto& [job_id, round] : ended) on_round_ended_(job_id, round);
+  if (!on_round_event_) return;
+  for (const PendingEvent& e : events) {
+    on_round_event_(e.job_id, e.round, e.event);
+  }
 }
 
 void RendezvousManager::MaybeCloseLocked(JobRendezvous* job,
                                          std::vector<Completion>* completions) {
   if (job->running) return;
   const v1::JobConfig& config = job->config;
-  if (job->complete_nodes >= config.max_nodes()) {
+  const bool reforming = !job->previous_round_nodes.empty();
+  const bool awaited_back = !reforming || AwaitedBackLocked(*job);
+  // Spares alone may reach MAX while nodes of the old round, which hold
+  // the training state, are on their way back: they are awaited all the
+  // same (they take places first).
+  if (job->complete_nodes >= config.max_nodes() && awaited_back) {
     CloseLocked(job, completions);
     return;
   }
-  const bool reforming = !job->previous_round_nodes.empty();
-  const bool awaited_back = !reforming || AwaitedBackLocked(*job);
   if (job->complete_nodes >= config.min_nodes() && reforming && awaited_back) {
     CloseLocked(job, completions);  // a re-formed round: nobody else to wait for
     return;
@@ -469,14 +479,18 @@ void RendezvousManager::MaybeCloseLocked(JobRendezvous* job,
 void RendezvousManager::MaybeGrowLocked(JobRendezvous* job,
                                         const std::string& node_id) {
   const int nodes = static_cast<int>(job->node_rank_by_node.size());
-  if (!job->running || nodes >= job->config.max_nodes() ||
+  if (!job->running || !job->reform_reason.empty() ||
+      nodes >= job->config.max_nodes() ||
       job->pending_per_node[node_id] != job->config.nproc_per_node()) {
     return;
   }
-  SupersedeLocked(job, absl::StrCat("node '", node_id, "' joined while round ",
-                                    job->round, " ran ", nodes,
-                                    " of at most ", job->config.max_nodes(),
-                                    " node(s): the round re-forms to admit it"));
+  job->reform_reason = absl::StrCat(
+      "node '", node_id, "' joined while round ", job->round, " ran ", nodes,
+      " of at most ", job->config.max_nodes(),
+      " node(s): the round re-forms at a step boundary to admit it");
+  GS_LOG(INFO) << "job '" << job->config.job_id() << "': " << job->reform_reason;
+  round_events_.push_back(
+      {job->config.job_id(), job->round, RoundEvent::kReformRequested});
 }
 
 bool RendezvousManager::AwaitedBackLocked(const JobRendezvous& job) const {
@@ -513,7 +527,7 @@ void RendezvousManager::MemberLost(const std::string& job_id, int64_t round,
     MaybeCloseLocked(job, &completions);
   }
   Run(std::move(completions));
-  ReportEndedRounds();
+  ReportRoundEvents();
 }
 
 void RendezvousManager::CloseLocked(JobRendezvous* job,

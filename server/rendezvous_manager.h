@@ -50,14 +50,24 @@ class RendezvousManager {
   // Called exactly once with the outcome of a Join.
   using JoinCallback = std::function<void(absl::StatusOr<v1::Assignment>)>;
 
-  // Told, without this manager's lock held, that a round of a job was
-  // superseded. The composition root points it at failure detection, which
-  // turns the round's members away at once.
-  using RoundEndedCallback =
-      std::function<void(const std::string& job_id, int64_t round)>;
+  // What a round's members must be told about, besides their assignment.
+  enum class RoundEvent {
+    // The round was superseded: its members must stop and rejoin.
+    kSuperseded,
+    // A node waits to join the round, which runs below the job's MAX: its
+    // members should stop together at their next step boundary and rejoin,
+    // so that the next round admits the node and no step is lost.
+    kReformRequested,
+  };
+  // Told, without this manager's lock held, about a round's events. The
+  // composition root points it at failure detection, which passes them on
+  // to the members with their heartbeat answers (and turns the members of a
+  // superseded round away at once).
+  using RoundEventCallback = std::function<void(
+      const std::string& job_id, int64_t round, RoundEvent event)>;
 
   RendezvousManager(JobManager* jobs, KvManager* kv, Clock* clock,
-                    RoundEndedCallback on_round_ended = nullptr);
+                    RoundEventCallback on_round_event = nullptr);
 
   // After a restart on durable state: rebuilds the rendezvous of every job
   // that has not ended from its record (JobManager), so that its rounds keep
@@ -159,6 +169,9 @@ class RendezvousManager {
     // Set when `round` is superseded; completed and recorded when the next
     // round closes.
     std::optional<v1::Recovery> recovery;
+    // While `round` runs: why its members were asked to re-form at a step
+    // boundary (a node waits to join); empty when they were not.
+    std::string reform_reason;
     // Waiting processes in join order, indexed by ticket and incarnation.
     std::list<Joiner> pending;
     absl::flat_hash_map<uint64_t, std::list<Joiner>::iterator> by_ticket;
@@ -185,17 +198,19 @@ class RendezvousManager {
   void SupersedeLocked(JobRendezvous* job, const std::string& reason,
                        absl::Duration detection = absl::ZeroDuration())
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Closes the forming round now if it may: max nodes reached; min nodes and
-  // every awaited node of a superseded round back; or min nodes and the last
-  // call passed (or zero; kAwaitedGrace at least while awaited nodes are
-  // missing). Starts the last call when min nodes first complete.
+  // Closes the forming round now if it may: every awaited node of a
+  // superseded round back and max nodes reached, or min nodes in a
+  // re-forming round; or min nodes and the last call passed (or zero;
+  // kAwaitedGrace at least while awaited nodes are missing). Starts the last
+  // call when min nodes first complete.
   void MaybeCloseLocked(JobRendezvous* job, std::vector<Completion>* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseLocked(JobRendezvous* job, std::vector<Completion>* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Supersedes the running round when `node_id` just became a complete
-  // node and the round has fewer than max_nodes: its members rejoin and the
-  // next round admits the new node.
+  // When `node_id` just became a complete node and the running round has
+  // fewer than max_nodes: asks the round's members to re-form at their next
+  // step boundary (RoundEvent::kReformRequested); the first of them to
+  // rejoin supersedes the round, and the next one admits the new node.
   void MaybeGrowLocked(JobRendezvous* job, const std::string& node_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether every awaited node of the superseded round is complete again.
@@ -215,13 +230,13 @@ class RendezvousManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   static void Run(std::vector<Completion> completions);
-  // Tells on_round_ended_ about the rounds superseded since the last call.
-  void ReportEndedRounds() ABSL_LOCKS_EXCLUDED(mu_);
+  // Tells on_round_event_ about the round events since the last call.
+  void ReportRoundEvents() ABSL_LOCKS_EXCLUDED(mu_);
 
   JobManager* const jobs_;
   KvManager* const kv_;
   Clock* const clock_;
-  const RoundEndedCallback on_round_ended_;
+  const RoundEventCallback on_round_event_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<JobRendezvous>> rendezvous_
@@ -235,9 +250,13 @@ class RendezvousManager {
   // (last-call deadline, job id), earliest first.
   std::set<std::pair<absl::Time, std::string>> last_calls_
       ABSL_GUARDED_BY(mu_);
-  // (job id, round) superseded and not yet reported (ReportEndedRounds).
-  std::vector<std::pair<std::string, int64_t>> ended_rounds_
-      ABSL_GUARDED_BY(mu_);
+  // Round events not yet reported (ReportRoundEvents), in order.
+  struct PendingEvent {
+    std::string job_id;
+    int64_t round = 0;
+    RoundEvent event = RoundEvent::kSuperseded;
+  };
+  std::vector<PendingEvent> round_events_ ABSL_GUARDED_BY(mu_);
 };
 
 // Checks a node descriptor from a join; INVALID_ARGUMENT naming the field.

@@ -29,6 +29,7 @@
 #include "worker/runtime/health_reporter.h"
 #include "worker/runtime/join.h"
 #include "worker/runtime/process_group.h"
+#include "worker/runtime/reform.h"
 #include "worker/runtime/telemetry.h"
 #include "worker/trainer/trainer.h"
 
@@ -241,9 +242,16 @@ class WorkerTrainer : public RoundTrainer {
                    << ", state transfer " << absl::FormatDuration(state_transfer)
                    << ", first step " << absl::FormatDuration(first_step);
     };
+    if (assignment.may_grow()) {
+      context.reform_requested = [reporter = reporter_] {
+        return reporter->verdict().reform_at_step_boundary;
+      };
+    }
     absl::StatusOr<TrainSummary> summary = run_->TrainRound(context);
     if (!summary.ok()) {
-      telemetry.SetError(std::string(summary.status().message()));
+      if (!IsReformAtStepBoundary(summary.status())) {
+        telemetry.SetError(std::string(summary.status().message()));
+      }
       return summary.status();
     }
     telemetry.SetState(v1::WORKER_STATE_STOPPING);

@@ -380,6 +380,31 @@ TEST_F(HealthManagerTest, RoundEndedTurnsItsMembersAwayWithoutAPoll) {
   EXPECT_THAT(losses_, IsEmpty()) << "a superseded round loses nobody";
 }
 
+TEST_F(HealthManagerTest, ReformRequestReachesEveryMemberWithItsNextAnswer) {
+  StartJob(2);
+  BeatAll();
+  ASSERT_FALSE(last_response_.reform_at_step_boundary());
+  EXPECT_FALSE(*Beat(0)) << "nothing changed: no answer";
+  health_.ReformRequested(kJob, 0);  // an older round: nothing changes
+  EXPECT_FALSE(*Beat(0));
+  health_.ReformRequested(kJob, 1);
+  for (int rank : {0, 1}) {
+    ASSERT_TRUE(*Beat(rank)) << "an answer for rank " << rank;
+    EXPECT_TRUE(last_response_.reform_at_step_boundary());
+    EXPECT_EQ(last_response_.job_state(), v1::JOB_STATE_RUNNING);
+  }
+  EXPECT_FALSE(*Beat(0)) << "said once per stream";
+  EXPECT_THAT(losses_, IsEmpty());
+}
+
+TEST_F(HealthManagerTest, ReformRequestedBeforeMonitoringStartsIsKept) {
+  StartJob(2);
+  // The rendezvous asks before any member of round 1 heartbeated.
+  health_.ReformRequested(kJob, 1);
+  ASSERT_TRUE(*Beat(1));
+  EXPECT_TRUE(last_response_.reform_at_step_boundary());
+}
+
 TEST_F(HealthManagerTest, SuccessInARoundSupersededBeforeThePollIsAborted) {
   StartJob(1);
   BeatAll();

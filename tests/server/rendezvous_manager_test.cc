@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -176,7 +177,15 @@ class RendezvousManagerTest : public ::testing::Test {
   FakeClock clock_;
   JobManager jobs_{&storage_, &clock_};
   KvManager kv_{&storage_, &clock_, &jobs_};
-  RendezvousManager rdzv_{&jobs_, &kv_, &clock_};
+  // Round events the manager reported, in order.
+  std::vector<std::tuple<std::string, int64_t, RendezvousManager::RoundEvent>>
+      events_;
+  RendezvousManager rdzv_{
+      &jobs_, &kv_, &clock_,
+      [this](const std::string& job_id, int64_t round,
+             RendezvousManager::RoundEvent event) {
+        events_.emplace_back(job_id, round, event);
+      }};
   v1::JobConfig config_ = Config(ConfigSpec());
 };
 
@@ -404,11 +413,11 @@ TEST_F(RendezvousManagerTest, ZeroLastCallClosesAtMinNodesImmediately) {
   ASSERT_TRUE(b.done());
   EXPECT_EQ(a.assignment().world_size(), 2);
   EXPECT_EQ(b.assignment().rank(), 1);
-  // A later joiner makes the round (2 of at most 4 nodes) re-form to admit
-  // it; the re-forming round waits for its old nodes to rejoin.
+  // A later joiner asks the round (2 of at most 4 nodes) to re-form at a
+  // step boundary to admit it; the round runs on meanwhile.
   Join(Node("host-c", "inc-c"), &c);
   EXPECT_FALSE(c.done());
-  EXPECT_EQ(Status().state(), v1::JOB_STATE_WAITING);
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
 }
 
 TEST_F(RendezvousManagerTest, ReformingRoundWaitsForItsOldNodesAGraceAtLeast) {
@@ -578,9 +587,13 @@ TEST_F(RendezvousManagerTest, ReturningNodesTakePlacesBeforeSpares) {
   Join(Node("host-b", "inc-b"), &b);
   Join(Node("host-c", "inc-c"), &c);
   Join(Node("host-d", "inc-d"), &d);
-  // a rejoins: round 1 is superseded; a, a node of round 1, takes a place
-  // first and the longest-waiting spare (c) takes the other; d stays spare.
+  // a rejoins: round 1 is superseded. b, which holds state too, is awaited
+  // although the spares alone could fill the round.
   Join(Node("host-a", "inc-a"), &a2, /*last_round=*/1);
+  EXPECT_FALSE(a2.done());
+  // b is lost: a, a node of round 1, takes a place first and the
+  // longest-waiting spare (c) takes the other; d stays spare.
+  rdzv_.MemberLost(kJob, 1, /*rank=*/1, "rank 1 (host-b) lost");
   ASSERT_TRUE(a2.done() && c.done());
   EXPECT_EQ(a2.assignment().round(), 2);
   EXPECT_EQ(c.assignment().round(), 2);
@@ -663,7 +676,10 @@ TEST(RendezvousRoundEndedTest, ASupersededRoundIsReportedAfterTheCall) {
   KvManager kv(&storage, &clock, &jobs);
   std::vector<std::pair<std::string, int64_t>> ended;
   RendezvousManager rdzv(&jobs, &kv, &clock,
-                         [&](const std::string& job_id, int64_t round) {
+                         [&](const std::string& job_id, int64_t round,
+                             RendezvousManager::RoundEvent event) {
+                           EXPECT_EQ(event,
+                                     RendezvousManager::RoundEvent::kSuperseded);
                            ended.emplace_back(job_id, round);
                          });
   v1::JoinRequest request;
@@ -714,29 +730,44 @@ TEST_F(RendezvousManagerTest, LossReportedAfterTheSurvivorsRejoinedClosesTheRoun
   EXPECT_EQ(a2.assignment().world_size(), 2);
 }
 
-TEST_F(RendezvousManagerTest, NodeJoiningARoundBelowMaxIsAdmittedByReforming) {
+TEST_F(RendezvousManagerTest, NodeJoiningARoundBelowMaxIsAdmittedAtAStepBoundary) {
   UseConfig(ConfigSpec().Min(2).Max(3).LastCall(absl::ZeroDuration()));
-  JoinOutcome a, b, c;
+  JoinOutcome a, b, c, d;
   Join(Node("host-a", "inc-a"), &a);
   Join(Node("host-b", "inc-b"), &b);
   ASSERT_TRUE(a.done() && b.done());
   EXPECT_EQ(a.assignment().world_size(), 2);
+  EXPECT_TRUE(a.assignment().may_grow()) << "2 of at most 3 nodes";
+  // The joiner does not interrupt the round: its members are asked, once,
+  // to re-form at their next step boundary, and train on meanwhile.
   Join(Node("host-c", "inc-c"), &c);
+  Join(Node("host-d", "inc-d"), &d);
   EXPECT_FALSE(c.done());
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  using Event = RendezvousManager::RoundEvent;
+  using Events =
+      std::vector<std::tuple<std::string, int64_t, RendezvousManager::RoundEvent>>;
+  EXPECT_EQ(events_, (Events{{kJob, 1, Event::kReformRequested}}));
+  // The first member to stop there supersedes the round, giving the reason.
+  JoinOutcome a2, b2;
+  Rejoin(Node("host-a", "inc-a"), &a2, 1, 40);
   v1::JobStatus status = Status();
   EXPECT_EQ(status.state(), v1::JOB_STATE_WAITING);
   EXPECT_THAT(status.reason(),
               HasSubstr("node 'host-c' joined while round 1 ran 2 of at most 3 "
-                        "node(s): the round re-forms to admit it"));
-  JoinOutcome a2, b2;
-  Rejoin(Node("host-a", "inc-a"), &a2, 1, 40);
+                        "node(s): the round re-forms at a step boundary to "
+                        "admit it"));
+  EXPECT_EQ(events_, (Events{{kJob, 1, Event::kReformRequested},
+                             {kJob, 1, Event::kSuperseded}}));
   Rejoin(Node("host-b", "inc-b"), &b2, 1, 40);
   ASSERT_TRUE(a2.done() && b2.done() && c.done());
   EXPECT_EQ(c.assignment().round(), 2);
   EXPECT_EQ(c.assignment().world_size(), 3);
   EXPECT_EQ(c.assignment().rank(), 2);
   EXPECT_EQ(c.assignment().resume_step(), 40);
+  EXPECT_FALSE(c.assignment().may_grow()) << "at MAX";
   EXPECT_EQ(a2.assignment().rank(), 0);
+  EXPECT_FALSE(d.done()) << "the round is full: host-d stays a spare";
 }
 
 TEST_F(RendezvousManagerTest, JoinerOfAFullRoundStaysASpare) {
@@ -748,9 +779,11 @@ TEST_F(RendezvousManagerTest, JoinerOfAFullRoundStaysASpare) {
   // One process of a new node does not complete it: nothing changes.
   Join(Node("host-b", "inc-b0"), &b0);
   EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
-  // Its second completes it: the round (1 of at most 2 nodes) re-forms.
+  // Its second completes it: the round (1 of at most 2 nodes) is asked to
+  // re-form, and does when its members rejoin.
   Join(Node("host-b", "inc-b1"), &b1);
-  EXPECT_EQ(Status().state(), v1::JOB_STATE_WAITING);
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(events_.size(), 1u);
   Rejoin(Node("host-a", "inc-a0"), &a0, 1, 0);
   Rejoin(Node("host-a", "inc-a1"), &a1, 1, 0);
   ASSERT_TRUE(b1.done());
@@ -972,6 +1005,8 @@ TEST_F(RendezvousManagerTest, NewNodeTakesTheNodeRankThatIsFree) {
   Join(Node("host-c", "inc-c"), &c2, 1);
   Join(Node("host-d", "inc-d"), &d);
   Join(Node("host-a", "inc-a"), &a2, 1);
+  EXPECT_FALSE(a2.done()) << "host-b is awaited until found lost";
+  rdzv_.MemberLost(kJob, 1, /*rank=*/1, "rank 1 (host-b) lost");
   ASSERT_TRUE(a2.done() && c2.done() && d.done());
   EXPECT_EQ(a2.assignment().node_rank(), 0);
   EXPECT_EQ(d.assignment().node_rank(), 1);

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "worker/runtime/reform.h"
 
 namespace gradsync {
 namespace {
@@ -90,7 +91,8 @@ absl::Status RunElastic(CoordinatorClient* client, v1::JoinRequest request,
                         const ElasticOptions& options,
                         HealthReporter* reporter, RoundTrainer* trainer) {
   int64_t previous = 0;
-  for (int recoveries = 0;; ++recoveries) {
+  int recoveries = 0;
+  for (;;) {
     GS_ASSIGN_OR_RETURN(v1::Assignment assignment,
                         JoinRound(client, &request, previous, *trainer));
     if (options.on_assignment) options.on_assignment(assignment);
@@ -99,18 +101,24 @@ absl::Status RunElastic(CoordinatorClient* client, v1::JoinRequest request,
                     [round](const absl::Status& why) { round->Abort(why); });
     absl::Status trained =
         TrainInRound(client, assignment, options, trainer, round.get());
+    previous = assignment.round();
     if (trained.ok()) {
       absl::Status reported = reporter->Finish(true, 0, "");
       if (!absl::IsAborted(reported) || recoveries == options.max_recoveries) {
         return reported;
       }
-      // The round was superseded as training finished (a peer was lost or a
-      // node joined): finish in the next round, which starts at the last
-      // step.
+      // The round was superseded as training finished (a peer was lost):
+      // finish in the next round, which starts at the last step.
       GS_LOG(WARNING) << "round " << assignment.round()
                       << " ended as training finished (" << reported
                       << "); rejoining to finish in the next round";
-      previous = assignment.round();
+      ++recoveries;
+      continue;
+    }
+    if (IsReformAtStepBoundary(trained)) {
+      // Planned: nothing failed and nothing is lost.
+      GS_LOG(INFO) << "round " << assignment.round() << ": " << trained.message()
+                   << "; rejoining";
       continue;
     }
     if (assignment.failure_policy() == v1::FAILURE_POLICY_FAIL ||
@@ -123,13 +131,12 @@ absl::Status RunElastic(CoordinatorClient* client, v1::JoinRequest request,
           " time(s) (--max_recoveries); the last failure: ",
           trained.ToString()));
     }
+    ++recoveries;
     GS_LOG(WARNING) << "round " << assignment.round() << " failed on rank "
                     << assignment.rank() << " after step "
                     << trainer->committed_step() << ": " << trained
-                    << "; rejoining to re-form it (recovery "
-                    << recoveries + 1 << " of at most "
-                    << options.max_recoveries << ")";
-    previous = assignment.round();
+                    << "; rejoining to re-form it (recovery " << recoveries
+                    << " of at most " << options.max_recoveries << ")";
   }
 }
 

@@ -36,7 +36,10 @@ class RoundTrainer {
   // `process_group_time` to build), until training is done (OK) or a
   // failure. Starts by copying the state of rank assignment.source_rank
   // (collective). After a failure the trainer must hold the state of its
-  // last committed step.
+  // last committed step. When assignment.may_grow, the trainer should stop
+  // at a step boundary once the coordinator asks (the reporter's
+  // Verdict::reform_at_step_boundary), all members after the same step, and
+  // return ReformAtStepBoundary (reform.h).
   virtual absl::Status TrainRound(const v1::Assignment& assignment,
                                   Backend* backend,
                                   absl::Duration process_group_time) = 0;
@@ -62,7 +65,9 @@ bool RecoverableByRejoining(const absl::Status& status);
 // trains (the round was superseded because a peer was lost or hung, or the
 // job failed), the process group is aborted from the reporter's thread, so
 // a collective blocked on a hung peer fails at once instead of at the
-// backend's timeout. On a recoverable failure under the job's
+// backend's timeout. A round the trainer ends at a step boundary because
+// the coordinator asked it to re-form (IsReformAtStepBoundary) is rejoined
+// at once and is not a recovery. On a recoverable failure under the job's
 // RECOVER policy it tears the process group down and rejoins, at most
 // `options.max_recoveries` times. Heartbeats go through `reporter`, restarted
 // for every round. Returns OK once training finished and the success was

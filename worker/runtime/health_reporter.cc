@@ -108,6 +108,7 @@ void HealthReporter::OnAnswer(const v1::HeartbeatResponse& response) {
     ++stats_.answers;
     verdict_.state = response.job_state();
     verdict_.reason = response.reason();
+    verdict_.reform_at_step_boundary = response.reform_at_step_boundary();
     const absl::Duration interval =
         FromProtoDuration(response.heartbeat_interval());
     if (interval > absl::ZeroDuration()) interval_ = interval;

@@ -78,6 +78,9 @@ class HealthReporter {
   struct Verdict {
     v1::JobState state = v1::JOB_STATE_UNSPECIFIED;  // nothing heard yet
     std::string reason;
+    // A node waits to join the round: the members should re-form at their
+    // next step boundary (see TrainContext::reform_requested).
+    bool reform_at_step_boundary = false;
   };
   // Counters for logs and tests.
   struct Stats {

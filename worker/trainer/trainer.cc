@@ -18,6 +18,7 @@
 #include "worker/ddp/distributed_data_parallel.h"
 #include "worker/ddp/tensor_buffer.h"
 #include "worker/ddp/training_state.h"
+#include "worker/runtime/reform.h"
 #include "worker/trainer/params_io.h"
 
 namespace gradsync {
@@ -194,6 +195,9 @@ class TrainingRun::Impl {
                           Position* cursor, int64_t step);
   absl::Status Report(const TrainContext& context, const StepReport& report,
                       int64_t total_steps);
+  // At a step boundary: ReformAtStepBoundary when any rank was asked to
+  // re-form the round (collective).
+  absl::Status AgreeOnReform(const TrainContext& context);
   absl::StatusOr<TrainSummary> Finish(const TrainContext& context);
   // After a step committed: reports the round's start once.
   void ReportRoundStart(const TrainContext& context);
@@ -285,6 +289,9 @@ absl::StatusOr<TrainSummary> TrainingRun::Impl::TrainRoundOrThrow(
   window_samples_ = 0;
   while (!Done()) {
     GS_RETURN_IF_ERROR(RunStep(context, ddp->get(), &division, total_steps));
+    if (!Done() && context.reform_requested) {
+      GS_RETURN_IF_ERROR(AgreeOnReform(context));
+    }
   }
   return Finish(context);
 }
@@ -492,6 +499,19 @@ absl::Status TrainingRun::Impl::Report(const TrainContext& context,
   }
   std::fprintf(context.progress, "%s\n", line.c_str());
   std::fflush(context.progress);
+  return absl::OkStatus();
+}
+
+absl::Status TrainingRun::Impl::AgreeOnReform(const TrainContext& context) {
+  const bool asked = context.reform_requested();
+  absl::StatusOr<double> any =
+      MeanOverRanks(context.backend, asked ? 1.0 : 0.0, device_,
+                    config_.reducer.timeout);
+  // A rank that saw the agreement first may already have rejoined, and the
+  // coordinator ended the round under this rank's all-reduce: the step is
+  // committed all the same.
+  if (!any.ok() && !asked) return any.status();
+  if (!any.ok() || *any > 0) return ReformAtStepBoundary(position_.step);
   return absl::OkStatus();
 }
 

@@ -100,6 +100,13 @@ struct TrainContext {
   // and the time from then to that step's commit.
   std::function<void(absl::Duration state_transfer, absl::Duration first_step)>
       on_round_started;
+  // Set when the round may grow (Assignment.may_grow): after every step that
+  // leaves training unfinished, whether the coordinator asked this member
+  // to re-form the round at a step boundary. The ranks agree with a
+  // one-element all-reduce after each such step, so that all stop after the
+  // same committed step; TrainRound then returns ReformAtStepBoundary
+  // (worker/runtime/reform.h). Unset, no step pays for that all-reduce.
+  std::function<bool()> reform_requested;
   Clock* clock = RealClock::Get();
 };
 
@@ -128,7 +135,8 @@ class TrainingRun {
   // sample is skipped or repeated when the world size changed. Errors:
   // FAILED_PRECONDITION for mismatched models across ranks; the backend's
   // status when a collective failed (UNAVAILABLE: a peer left;
-  // DEADLINE_EXCEEDED; ABORTED: the round was superseded); INTERNAL for an
+  // DEADLINE_EXCEEDED; ABORTED: the round was superseded, or it re-forms at
+  // a step boundary, see TrainContext::reform_requested); INTERNAL for an
   // error inside LibTorch.
   absl::StatusOr<TrainSummary> TrainRound(const TrainContext& context);
 

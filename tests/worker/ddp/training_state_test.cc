@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -113,7 +114,17 @@ TEST(TrainingStateErrorsTest, APeerLostDuringTheTransferIsARecoverableError) {
   constexpr absl::Duration kTimeout = absl::Seconds(10);
   std::vector<absl::Status> statuses(kWorld);
   const absl::Time start = absl::Now();
+  absl::Mutex mu;
+  int created = 0;  // ranks whose process group is whole
   RunGlooRanks(kWorld, [&](int rank, Backend* backend) {
+    {
+      // Rank 2 aborts only once every rank finished connecting: an abort
+      // during another rank's bootstrap would fail that rank's Create.
+      absl::MutexLock lock(&mu);
+      ++created;
+      const auto all = [&] { return created == kWorld; };
+      mu.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(60));
+    }
     if (rank == 2) {
       backend->Abort();
       return;

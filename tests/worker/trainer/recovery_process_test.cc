@@ -314,6 +314,21 @@ void ExpectEverySampleUsedOnce(const std::vector<Worker>& workers, int samples,
   }
 }
 
+// The last step any rank started in round `round`, and the first in the
+// round after it, from the sample logs (a step's lines are written before
+// it runs).
+std::pair<int64_t, int64_t> StepsAroundRoundEnd(
+    const std::vector<Worker>& workers, int64_t round) {
+  int64_t last = 0, next = INT64_MAX;
+  for (const Worker& w : workers) {
+    for (const SampleLine& line : ReadSampleLog(w.sample_log)) {
+      if (line.round == round) last = std::max(last, line.step);
+      if (line.round == round + 1) next = std::min(next, line.step);
+    }
+  }
+  return {last, next};
+}
+
 TEST_P(RecoveryProcessTest, ShrinksWithoutASpareAndUsesEverySampleOnce) {
   const std::string job = Job("shrink");
   constexpr int kSamples = 960;
@@ -417,8 +432,9 @@ TEST_P(RecoveryProcessTest, HungRankIsReplacedAndNeverRejoinsItsOldRound) {
   }
 }
 
-// A node that joins while the round runs below MAX: the round re-forms at
-// once to admit it (the step in flight is redone), world size 2 -> 3.
+// A node that joins while the round runs below MAX: the members finish the
+// step in flight, stop together after it and re-form the round with the
+// node, world size 2 -> 3; no step is run twice and none is a recovery.
 TEST_P(RecoveryProcessTest, GrowsWhenANodeJoinsBelowMax) {
   const std::string job = Job("grow");
   // Long enough (2,400 steps at world size 2) that the third process, which
@@ -441,7 +457,17 @@ TEST_P(RecoveryProcessTest, GrowsWhenANodeJoinsBelowMax) {
   EXPECT_EQ(status.round(), 2);
   EXPECT_EQ(status.world_size(), 3);
   ASSERT_EQ(status.recoveries_size(), 1);
-  EXPECT_THAT(status.recoveries(0).cause(), HasSubstr("re-forms to admit it"));
+  EXPECT_THAT(status.recoveries(0).cause(),
+              HasSubstr("re-forms at a step boundary to admit it"));
+  // No step of round 1 was abandoned: round 2 starts with the next one.
+  const auto [last, next] = StepsAroundRoundEnd(workers_, 1);
+  EXPECT_GT(last, 0);
+  EXPECT_EQ(next, last + 1);
+  EXPECT_EQ(status.recoveries(0).resume_step(), last);
+  for (const Worker& w : workers_) {
+    EXPECT_THAT(w.child->err(), Not(HasSubstr("recovery 1 of")))
+        << w.child->describe();
+  }
   // 3 ranks may pad the rest of the epoch they divide by up to 2 samples.
   ExpectEverySampleUsedOnce(workers_, kSamples, kEpochs, /*padding=*/2);
 }

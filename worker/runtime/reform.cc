@@ -1,0 +1,26 @@
+#include "worker/runtime/reform.h"
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+
+namespace gradsync {
+namespace {
+
+constexpr char kReformPayload[] = "type.gradsync.dev/reform_at_step_boundary";
+
+}  // namespace
+
+absl::Status ReformAtStepBoundary(int64_t step) {
+  absl::Status status = absl::AbortedError(absl::StrCat(
+      "the round re-forms after step ", step,
+      " to admit a node (every member committed that step)"));
+  status.SetPayload(kReformPayload, absl::Cord(absl::StrCat(step)));
+  return status;
+}
+
+bool IsReformAtStepBoundary(const absl::Status& status) {
+  return absl::IsAborted(status) &&
+         status.GetPayload(kReformPayload).has_value();
+}
+
+}  // namespace gradsync
