@@ -463,8 +463,8 @@ void HealthManager::ReportLosses(const std::vector<Loss>& losses) {
 absl::Status HealthManager::Transition(JobHealth* job, HealthUpdate update) {
   absl::Status recorded = jobs_->RecordHealth(job->job_id, job->round, update);
   if (!recorded.ok()) {
-    // The round ended meanwhile (superseded or finished); the next Poll
-    // follows the job's new phase.
+    // The round ended meanwhile: superseded (RoundEnded is on its way) or
+    // the job finished.
     GS_LOG(INFO) << "job '" << job->job_id << "' round " << job->round
                  << ": not recorded: " << recorded.message();
     return recorded;
@@ -630,18 +630,13 @@ void HealthManager::Poll() {
 
 void HealthManager::PollJob(JobHealth* job, absl::Time now,
                             std::vector<Loss>* losses) {
-  // Follow the job's phase: a superseded round ends its monitoring.
-  absl::StatusOr<JobPhase> phase = jobs_->GetPhase(job->job_id);
-  if (job->superseded.load() || !phase.ok() || phase->round != job->round ||
-      phase->state == v1::JOB_STATE_WAITING) {
+  // A round the rendezvous superseded (RoundEnded) ends its monitoring.
+  // Nothing else changes a monitored round's state behind this manager's
+  // back: it records every other transition itself (Transition).
+  if (job->superseded.load()) {
     job->current = false;
     ++job->generation;
     return;
-  }
-  if (phase->state != job->state || phase->reason != job->reason) {
-    job->state = phase->state;
-    job->reason = std::move(phase->reason);
-    ++job->generation;
   }
   if (!job->detecting()) return;
 

@@ -113,8 +113,10 @@ class HealthManager {
   absl::StatusOr<v1::JobState> ReportCompletion(
       const v1::ReportCompletionRequest& request);
 
-  // Follows the jobs' phases (rounds superseded, jobs ended), marks silent
-  // members LOST and diagnoses hangs. Called every poll interval.
+  // Ends the monitoring of superseded rounds, marks silent members LOST and
+  // diagnoses hangs. Called every poll interval. The jobs' state is not
+  // polled: the rendezvous reports superseded rounds (RoundEnded), and this
+  // manager records every other transition of a monitored round itself.
   void Poll();
 
   // After a restart on durable state: starts monitoring every running round
@@ -217,7 +219,8 @@ class HealthManager {
     // No member is found silent before this (the grace after a restart).
     absl::Time not_lost_before = absl::InfinitePast();
 
-    // The job's state and reason as last recorded or read from JobManager;
+    // The job's state and reason: read from JobManager when the monitoring
+    // started, then as this manager recorded them (Transition);
     // `generation` counts their changes so streams know what to resend.
     v1::JobState state ABSL_GUARDED_BY(mu) = v1::JOB_STATE_RUNNING;
     std::string reason ABSL_GUARDED_BY(mu);

@@ -57,6 +57,13 @@ class HealthManagerTest : public ::testing::Test {
                     .ok());
   }
 
+  // What the rendezvous does when it supersedes round `round`: records it,
+  // then tells this manager (RoundEnded).
+  void Supersede(int64_t round, const std::string& reason) {
+    ASSERT_TRUE(jobs_.RecordRoundSuperseded(kJob, reason).ok());
+    health_.RoundEnded(kJob, round);
+  }
+
   static v1::MemberRef Ref(int rank, int64_t round = 1) {
     v1::MemberRef ref;
     ref.set_job_id(kJob);
@@ -232,7 +239,7 @@ TEST_F(HealthManagerTest, StreamBreakingAfterTheRoundWasSupersededIsReported) {
   BeatAll();
   // Rank 0 rejoined first (its collective failed): the round is superseded
   // before the coordinator saw rank 1's stream break.
-  ASSERT_TRUE(jobs_.RecordRoundSuperseded(kJob, "rank 0 rejoined").ok());
+  Supersede(1, "rank 0 rejoined");
   Advance(absl::Milliseconds(10));
   health_.StreamBroken(sessions_[1].get());
   ASSERT_EQ(losses_.size(), 1u);
@@ -291,7 +298,7 @@ TEST_F(HealthManagerTest, AnsweringFirstHeartbeatAndStateChangesOnly) {
 TEST_F(HealthManagerTest, SupersededRoundEndsMonitoringWithoutLosses) {
   StartJob(2);
   BeatAll();
-  ASSERT_TRUE(jobs_.RecordRoundSuperseded(kJob, "rank 0 rejoined").ok());
+  Supersede(1, "rank 0 rejoined");
   Advance(absl::Seconds(10));
   v1::JobStatus status = Status();
   EXPECT_EQ(status.state(), v1::JOB_STATE_WAITING);
