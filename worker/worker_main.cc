@@ -20,6 +20,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/failpoint.h"
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -61,6 +62,10 @@ ABSL_FLAG(absl::Duration, timeout, absl::Minutes(5),
 ABSL_FLAG(int, max_recoveries, 3,
           "how often this process may re-form its round after losing a peer "
           "before it gives up");
+ABSL_FLAG(std::string, failpoint, "",
+          "for tests: NAME[:N] makes this process exit with code 86 on the "
+          "N-th pass (default 1) through failpoint NAME (state_transfer: in "
+          "the middle of copying a round's training state)");
 ABSL_FLAG(std::string, failure_policy, "",
           "what losing a member does to the job (set by its first join): "
           "recover (re-form the round in place; the default) or fail");
@@ -279,6 +284,9 @@ void PrintAssignment(const v1::Assignment& assignment) {
 }
 
 absl::Status Run() {
+  if (!absl::GetFlag(FLAGS_failpoint).empty()) {
+    GS_RETURN_IF_ERROR(ArmFailpoint(absl::GetFlag(FLAGS_failpoint)));
+  }
   if (absl::GetFlag(FLAGS_threads) > 0) {
     torch::set_num_threads(absl::GetFlag(FLAGS_threads));
   }

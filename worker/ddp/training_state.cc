@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/failpoint.h"
 #include "common/status_macros.h"
 #include "worker/ddp/distributed_data_parallel.h"
 #include "worker/ddp/tensor_buffer.h"
@@ -105,6 +106,7 @@ absl::Status BroadcastTrainingState(Backend* backend, int root,
     const int64_t* p = host.data_ptr<int64_t>();
     counters->assign(p, p + counters->size());
   }
+  Failpoint(kFailpointStateTransfer);
   GS_RETURN_IF_ERROR(BroadcastTensors(backend, tensors, timeout, root));
   GS_RETURN_IF_ERROR(BroadcastOptimizer(backend, root, optimizer, device, timeout));
   return BroadcastGenerator(backend, root, device, timeout);

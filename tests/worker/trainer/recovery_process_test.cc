@@ -27,6 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
+#include "common/failpoint.h"
 #include "common/job_config.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
@@ -46,6 +47,11 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 constexpr absl::Duration kBound = absl::Seconds(120);
+
+double RelativeError(const torch::Tensor& actual, const torch::Tensor& expected) {
+  return (actual - expected).norm().item<double>() /
+         std::max(expected.norm().item<double>(), 1e-12);
+}
 
 // One worker process of a job, with its sample log.
 struct Worker {
@@ -164,6 +170,52 @@ class RecoveryProcessTest : public ::testing::TestWithParam<bool> {
     }
   }
 
+  // A job whose final parameters are compared with those of a reference:
+  // the same config, 3 ranks, no failure, run alongside.
+  struct ComparedRun {
+    std::string params;            // the job's, saved by rank 0
+    std::string reference_params;  // the reference's
+    std::vector<Worker> reference;
+    // The job's workers' flags (model, data, --save_params=params).
+    std::vector<std::string> flags;
+  };
+
+  // Starts the reference of job `job` (as job "<job>-reference").
+  ComparedRun StartReference(const std::string& job) {
+    ComparedRun run;
+    run.params = TempPath(job + "-ddp.pt");
+    run.reference_params = TempPath(job + "-reference.pt");
+    std::vector<std::string> flags = ModelFlags();
+    flags.insert(flags.end(), {"--synthetic_size=96", "--steps=300",
+                               "--batch_size=4", "--max_recoveries=2"});
+    run.flags = flags;
+    run.flags.push_back(absl::StrCat("--save_params=", run.params));
+    flags.push_back(absl::StrCat("--save_params=", run.reference_params));
+    for (int i = 0; i < 3; ++i) StartWorker(job + "-reference", i, "3", flags);
+    run.reference = std::move(workers_);
+    workers_.clear();
+    return run;
+  }
+
+  // Waits for `run`'s reference to succeed, then compares the parameters
+  // the job saved with the reference's.
+  void ExpectSameParametersAsTheReference(ComparedRun* run) {
+    workers_ = std::move(run->reference);
+    ASSERT_TRUE(WaitAll(Children(), kBound)) << Describe();
+    for (const Worker& w : workers_) {
+      ASSERT_EQ(w.child->exit_code(), 0) << w.child->describe();
+    }
+    auto ddp = ReadParameters(run->params);
+    auto expected = ReadParameters(run->reference_params);
+    ASSERT_TRUE(ddp.ok()) << ddp.status();
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    ASSERT_EQ(ddp->size(), expected->size());
+    for (const auto& [name, tensor] : *expected) {
+      ASSERT_EQ(ddp->count(name), 1u) << name;
+      EXPECT_LE(RelativeError(ddp->at(name), tensor), 1e-5) << name;
+    }
+  }
+
   std::string Describe() const {
     std::string all;
     for (const Worker& w : workers_) absl::StrAppend(&all, w.child->describe(), "\n");
@@ -190,29 +242,11 @@ class RecoveryProcessTest : public ::testing::TestWithParam<bool> {
 
 CoordinatorProcess* RecoveryProcessTest::coordinator_ = nullptr;
 
-double RelativeError(const torch::Tensor& actual, const torch::Tensor& expected) {
-  return (actual - expected).norm().item<double>() /
-         std::max(expected.norm().item<double>(), 1e-12);
-}
-
 TEST_P(RecoveryProcessTest, SpareReplacesAKilledRankWithoutChangingTheResult) {
   const std::string job = Job("spare");
-  const std::string params = TempPath(job + "-ddp.pt");
-  const std::string reference_params = TempPath(job + "-reference.pt");
-  std::vector<std::string> flags = ModelFlags();
-  flags.insert(flags.end(), {"--synthetic_size=96", "--steps=300",
-                             "--batch_size=4", "--max_recoveries=2"});
-  // The reference: the same job with 3 ranks and no failure, alongside.
-  std::vector<std::string> reference_flags = flags;
-  reference_flags.push_back(absl::StrCat("--save_params=", reference_params));
-  for (int i = 0; i < 3; ++i) {
-    StartWorker(job + "-reference", i, "3", reference_flags);
-  }
-  std::vector<Worker> reference = std::move(workers_);
-  workers_.clear();
+  ComparedRun run = StartReference(job);
   // 3 members and a spare (the fourth to join).
-  flags.push_back(absl::StrCat("--save_params=", params));
-  for (int i = 0; i < 4; ++i) StartWorker(job, i, "3", flags);
+  for (int i = 0; i < 4; ++i) StartWorker(job, i, "3", run.flags);
 
   Worker* killed = KillAtStep(1, RandomRank(), 3, RandomStep(10, 120));
   ASSERT_NE(killed, nullptr);
@@ -232,20 +266,51 @@ TEST_P(RecoveryProcessTest, SpareReplacesAKilledRankWithoutChangingTheResult) {
   EXPECT_GT(FromProtoDuration(recovery.round_start().first_step()),
             absl::ZeroDuration());
 
-  workers_ = std::move(reference);
+  ExpectSameParametersAsTheReference(&run);
+}
+
+// A member dies in the middle of the state transfer that starts a round:
+// the spare that takes the killed rank's place exits (failpoint) after it
+// received the step counters, before the parameters. The others find the
+// loss in the transfer, or at the latest in their next collective, re-form
+// once more with the second spare, and end with the parameters of an
+// uninterrupted run.
+TEST_P(RecoveryProcessTest, SurvivesALossDuringTheStateTransfer) {
+  const std::string job = Job("transfer");
+  ComparedRun run = StartReference(job);
+  const std::vector<std::string>& flags = run.flags;
+  workers_.reserve(5);  // pointers into it stay valid
+  for (int i = 0; i < 3; ++i) StartWorker(job, i, "3", flags);
+  Worker* killed = KillAtStep(1, RandomRank(), 3, RandomStep(10, 120));
+  ASSERT_NE(killed, nullptr);
+  // The survivors wait for a third node (--nnodes=3): the first spare, which
+  // dies in round 2's state transfer; then the second.
+  std::vector<std::string> failing = flags;
+  failing.push_back("--failpoint=state_transfer");
+  StartWorker(job, 3, "3", failing);
+  ASSERT_TRUE(PumpUntil(Children(), kBound,
+                        [&] { return !workers_[3].child->running(); }))
+      << Describe();
+  StartWorker(job, 4, "3", flags);
   ASSERT_TRUE(WaitAll(Children(), kBound)) << Describe();
+  const Worker& failed = workers_[3];
+  EXPECT_EQ(failed.child->exit_code(), kFailpointExitCode)
+      << failed.child->describe();
+  EXPECT_THAT(failed.child->err(), HasSubstr("failpoint state_transfer hit"));
+  EXPECT_THAT(failed.child->out(), HasSubstr(", round 2, backend"));
   for (const Worker& w : workers_) {
-    ASSERT_EQ(w.child->exit_code(), 0) << w.child->describe();
+    if (&w == killed || &w == &failed) continue;
+    EXPECT_EQ(w.child->exit_code(), 0) << w.child->describe();
+    EXPECT_THAT(w.child->out(), HasSubstr(", round 3, backend"))
+        << w.child->describe();
   }
-  auto ddp = ReadParameters(params);
-  auto expected = ReadParameters(reference_params);
-  ASSERT_TRUE(ddp.ok()) << ddp.status();
-  ASSERT_TRUE(expected.ok()) << expected.status();
-  ASSERT_EQ(ddp->size(), expected->size());
-  for (const auto& [name, tensor] : *expected) {
-    ASSERT_EQ(ddp->count(name), 1u) << name;
-    EXPECT_LE(RelativeError(ddp->at(name), tensor), 1e-5) << name;
-  }
+  v1::JobStatus status = JobStatus(job);
+  EXPECT_EQ(status.state(), v1::JOB_STATE_SUCCEEDED) << status.reason();
+  EXPECT_EQ(status.round(), 3);
+  EXPECT_EQ(status.world_size(), 3);
+  EXPECT_EQ(status.recovery_count(), 2);
+
+  ExpectSameParametersAsTheReference(&run);
 }
 
 // One line of a sample log.

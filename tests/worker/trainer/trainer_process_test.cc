@@ -33,6 +33,7 @@ using ::gradsync::testing::Runfile;
 using ::gradsync::testing::TempPath;
 using ::gradsync::testing::WaitAll;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr absl::Duration kTrainBound = absl::Seconds(120);
 constexpr int kPerRankBatch = 4;
@@ -255,6 +256,13 @@ TEST_P(KilledRankTest, FailsTheOthersWithinTheTimeout) {
   EXPECT_THAT(rank0->err(),
               HasSubstr(shared_memory ? "shm allreduce" : "gloo allreduce"))
       << rank0->describe();
+  // No recovery: the job failed, and the survivor never rejoined.
+  EXPECT_THAT(rank0->out(), Not(HasSubstr(", round 2,"))) << rank0->describe();
+  absl::StatusOr<v1::JobStatus> status = (*client)->GetJob(job);
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->state(), v1::JOB_STATE_FAILED) << status->reason();
+  EXPECT_EQ(status->round(), 1);
+  EXPECT_EQ(status->recovery_count(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Trainer, KilledRankTest, ::testing::Bool(),
