@@ -5,7 +5,7 @@
 # gradient sync against a raw all-reduce of the same bytes.
 #   bench/ddp_bench.sh [--hidden=2800] [--batch_size=32] [--steps=60]
 #                      [--world_size=2] [--threads=1] [--rounds=3]
-#                      [--device=cpu|cuda] [--no_build]
+#                      [--device=cpu|cuda] [--may_grow] [--no_build]
 # Each configuration runs --rounds times, interleaved with its peer's runs so
 # that machine noise hits both; the median of the runs' median step times is
 # reported. Prints:
@@ -13,11 +13,15 @@
 #   - each one's overhead over one process training alone without sync
 #     (goal: gradsync's <= half of PyTorch's);
 #   - bucketed sync vs raw all-reduce throughput, Gloo and shared memory
-#     (goal >= 97%; CPU only).
+#     (goal >= 97%; CPU only);
+#   - with --may_grow: the step time of a round that may grow (--nnodes=1:2,
+#     one node running: the ranks agree after every step whether to re-form
+#     at the step boundary, a one-element all-reduce) over the fixed round's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 hidden=2800 batch=32 steps=60 world=2 threads=1 rounds=3 device=cpu build=1
+may_grow=0
 for arg in "$@"; do
   case "$arg" in
     --hidden=*) hidden=${arg#*=} ;;
@@ -27,6 +31,7 @@ for arg in "$@"; do
     --threads=*) threads=${arg#*=} ;;
     --rounds=*) rounds=${arg#*=} ;;
     --device=*) device=${arg#*=} ;;
+    --may_grow) may_grow=1 ;;
     --no_build) build=0 ;;
     *) echo "ddp_bench: unknown argument $arg" >&2; exit 2 ;;
   esac
@@ -65,13 +70,15 @@ common=(--model=mlp --hidden="$hidden" --batch_size="$batch" --steps="$steps"
 torch_common=(--hidden="$hidden" --batch_size="$batch" --steps="$steps"
               --synthetic_size=8192 --threads="$threads" --device="$device"
               --warmup=5 --world_size="$world")
-# gradsync_ddp ROUND: one DDP run as job "bench-ROUND" (runs in a subshell,
-# so the job id comes from the caller).
+# gradsync_ddp ROUND [NNODES]: one DDP run as job "bench-ROUND" (runs in a
+# subshell, so the job id comes from the caller), on one node of NNODES
+# (default 1).
 gradsync_ddp() {
-  local job=$1 pids=()
+  local job=$1 nnodes=${2:-1} pids=()
   for r in $(seq "$world"); do
     "$worker_bin" --coordinator="127.0.0.1:$port" --job="bench-$job" \
-      --nnodes=1 --nproc_per_node="$world" "${common[@]}" \
+      --nnodes="$nnodes" --last_call_timeout=0s \
+      --nproc_per_node="$world" "${common[@]}" \
       --summary_json="$work/gs.json" >"$work/gs-$r.log" 2>&1 &
     pids+=($!)
   done
@@ -94,9 +101,13 @@ median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print v[in
 params=$("$python" -c "h=$hidden; print(784*h + h + h*h + h + 10*h + 10)")
 echo "== $device, MLP 784-$hidden-$hidden-10 ($params parameters), batch $batch per rank," \
      "$world ranks, $threads thread(s) per rank, $steps steps (5 warm-up), $rounds rounds"
-gs_ddp=() gs_local=() t_ddp=() t_local=()
+gs_ddp=() gs_local=() t_ddp=() t_local=() gs_grow=()
 for round in $(seq "$rounds"); do
   gs_ddp+=("$(gradsync_ddp "$round")")
+  if [ "$may_grow" = 1 ]; then
+    gs_grow+=("$(gradsync_ddp "grow-$round" 1:2)")
+    echo "round $round: gradsync ddp in a round that may grow ${gs_grow[-1]} ms"
+  fi
   t_ddp+=("$(torch_run)")
   gs_local+=("$(gradsync_local)")
   t_local+=("$(torch_run --local)")
@@ -115,6 +126,14 @@ awk -v g="$g" -v t="$t" -v gl="$gl" -v tl="$tl" 'BEGIN {
   if (to > 0) printf "overhead ratio gradsync/pytorch: %.2f (goal <= 0.5)\n", go / to
   printf "RESULT gradsync_ms=%.3f torch_ms=%.3f gradsync_alone_ms=%.3f torch_alone_ms=%.3f step_ratio=%.3f\n", g, t, gl, tl, g / t
 }'
+
+if [ "$may_grow" = 1 ]; then
+  gg=$(echo "${gs_grow[*]}" | median)
+  awk -v g="$g" -v gg="$gg" 'BEGIN {
+    printf "round that may grow: %.2f ms vs fixed %.2f ms, ratio %.3f\n", gg, g, gg / g
+    printf "RESULT may_grow_ms=%.3f fixed_ms=%.3f may_grow_ratio=%.3f\n", gg, g, gg / g
+  }'
+fi
 
 if [ "$device" = cpu ] && [ -n "$allreduce_bin" ]; then
   echo

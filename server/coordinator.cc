@@ -4,6 +4,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/keepalive.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/metrics.h"
@@ -66,6 +67,11 @@ absl::Status Coordinator::Start() {
                            grpc::InsecureServerCredentials(), &port_);
   // Values are up to 1 MiB; leave room for the rest of the message.
   builder.SetMaxReceiveMessageSize(8 << 20);
+  // Clients' keepalive pings are welcome, however rarely this server sends
+  // them data.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             absl::ToInt64Milliseconds(kMinPingInterval));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.RegisterService(&rendezvous_service_);
   builder.RegisterService(&kv_service_);
   builder.RegisterService(&jobs_service_);

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/host_ports.h"
+#include "common/keepalive.h"
 #include "common/job_config.h"
 
 namespace gradsync {
@@ -137,6 +138,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
   // channel retries at least every second.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A coordinator that stops answering without closing its connections (a
+  // frozen process, a partition) is found by keepalive pings
+  // (common/keepalive.h); the channel then reconnects, to the next replica
+  // when this one does not complete a connection in time.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
+              absl::ToInt64Milliseconds(kKeepaliveTime));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+              absl::ToInt64Milliseconds(kKeepaliveTimeout));
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // long waits too
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+              absl::ToInt64Milliseconds(kConnectTimeout));
   auto channel = grpc::CreateCustomChannel(
       *target, grpc::InsecureChannelCredentials(), args);
   return std::unique_ptr<CoordinatorClient>(

@@ -60,6 +60,12 @@ struct ClientOptions {
 
 class HeartbeatStream;
 
+// A connection to a coordinator that does not complete within this moves
+// on to the next replica. With keepalive (common/keepalive.h) a client so
+// leaves a frozen leader within about 10 s, inside the grace a new leader
+// gives members to heartbeat again (HealthManager::kRestartGrace).
+inline constexpr absl::Duration kConnectTimeout = absl::Seconds(4);
+
 // One connection (channel) to a coordinator. Thread-safe: many threads may
 // call at once.
 class CoordinatorClient {
