@@ -11,6 +11,11 @@
 
 namespace gradsync {
 
+// The trailing metadata key under which a coordinator replica that stands
+// by names the leader's address (HOST:PORT) in its UNAVAILABLE answers; a
+// client moves there (see CoordinatorClient).
+inline constexpr char kLeaderMetadataKey[] = "gradsync-leader";
+
 // Splits "HOST:PORT[,HOST:PORT...]". INVALID_ARGUMENT for an entry that is
 // not HOST:PORT with a port in 1-65535, naming `what` ("coordinator
 // address") and showing `example`.

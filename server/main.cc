@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "server/coordinator.h"
+#include "server/standby_server.h"
 #include "server/storage/open_storage.h"
 #include "server/storage/sqlite_storage.h"
 
@@ -70,8 +71,8 @@ ABSL_FLAG(std::string, etcd, "",
 ABSL_FLAG(std::string, etcd_prefix, "/gradsync/",
           "namespace of this coordinator's keys in etcd; the coordinators "
           "started with the same --etcd and prefix are replicas: one leads "
-          "and serves, the others stand by (not listening) and take over "
-          "when it stops");
+          "and serves, the others stand by (answering every call with the "
+          "leader's address) and take over when it stops");
 ABSL_FLAG(std::string, advertise, "",
           "with --etcd: the address this coordinator publishes when it leads "
           "(default: --listen)");
@@ -214,12 +215,27 @@ int main(int argc, char** argv) {
   spec.advertise = absl::GetFlag(FLAGS_advertise);
   if (spec.advertise.empty()) spec.advertise = config.listen_address;
   spec.on_lost = LeadershipLost;
+  // While another replica leads, calls to this address are told where.
+  std::unique_ptr<gradsync::StandbyServer> standby;
+  if (!spec.etcd.empty()) {
+    absl::StatusOr<std::unique_ptr<gradsync::StandbyServer>> started =
+        gradsync::StandbyServer::Start(config.listen_address);
+    if (!started.ok()) {
+      GS_LOG(ERROR) << started.status().message();
+      return EXIT_FAILURE;
+    }
+    standby = *std::move(started);
+    spec.on_standing_by = [&standby](const std::string& leader) {
+      standby->SetLeader(leader);
+    };
+  }
   std::atomic<bool> campaigning{true};
   std::thread standby_watch(ExitOnStopWhile, stop_signals, &campaigning);
   absl::StatusOr<std::unique_ptr<gradsync::Storage>> storage =
       gradsync::OpenStorage(spec);
   campaigning.store(false);
   standby_watch.join();
+  standby.reset();  // frees the address for the coordinator
   if (!storage.ok()) {
     GS_LOG(ERROR) << storage.status().message();
     return EXIT_FAILURE;

@@ -86,10 +86,13 @@ absl::StatusOr<std::unique_ptr<EtcdLeadership>> EtcdLeadership::Campaign(
     }
     if (!leader.ok()) {
       GS_LOG(WARNING) << "standing by: " << leader.status() << "; retrying";
-    } else if (!leader->empty() && *leader != waiting_for) {
-      GS_LOG(INFO) << "standing by: the coordinator at '" << *leader
-                   << "' leads under '" << options.prefix << "'";
+    } else if (*leader != waiting_for) {
+      if (!leader->empty()) {
+        GS_LOG(INFO) << "standing by: the coordinator at '" << *leader
+                     << "' leads under '" << options.prefix << "'";
+      }
       waiting_for = *leader;
+      if (options.on_standing_by) options.on_standing_by(waiting_for);
     }
     absl::SleepFor(options.standby_poll);
   }

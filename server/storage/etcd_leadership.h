@@ -31,6 +31,9 @@ struct LeadershipOptions {
   absl::Duration lease_ttl = absl::Seconds(2);
   // How often a standby looks whether the leader key is gone.
   absl::Duration standby_poll = absl::Milliseconds(200);
+  // Called on the campaigning thread whenever the leader a standby waits
+  // for changes, with its published address (empty: none leads).
+  std::function<void(const std::string& leader)> on_standing_by;
 };
 
 // Thread-safe. Holds the lease from Campaign() until destruction, renewing

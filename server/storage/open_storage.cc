@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<Storage>> OpenEtcd(const StorageSpec& spec) {
   options.prefix = spec.etcd_prefix;
   options.lead = spec.lead;
   options.leadership.address = spec.advertise;
+  options.leadership.on_standing_by = spec.on_standing_by;
   options.on_lost_leadership = spec.on_lost;
   absl::StatusOr<std::unique_ptr<EtcdStorage>> opened = EtcdStorage::Open(options);
   if (!opened.ok()) return Naming("--etcd", opened.status());

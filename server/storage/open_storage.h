@@ -24,6 +24,9 @@ struct StorageSpec {
   bool lead = false;
   std::string advertise;
   std::function<void(const absl::Status&)> on_lost;
+  // With etcd and `lead`: told, while standing by, the address of the
+  // replica that leads whenever it changes (empty: none).
+  std::function<void(const std::string& leader)> on_standing_by;
 };
 
 // The opened storage; null when neither is set. Errors name the flag and

@@ -1,5 +1,6 @@
 // Coordinator replicas on one etcd (--etcd with the same --etcd_prefix):
-// the leader serves, the standby waits without listening. Killing the
+// the leader serves, the standby answers every call with the leader's
+// address. Killing the
 // leader with SIGKILL while two workers train hands the job to the standby
 // (the workers, given both addresses, follow). A leader stopped with
 // SIGSTOP is replaced as well: the workers find it frozen by keepalive and
@@ -100,15 +101,19 @@ class HaProcessTest : public ::testing::Test {
   }
 
   // Two sim workers of job `job` (2 nodes), training `steps` 50 ms steps,
-  // told both replicas.
+  // told both replicas (the standby's address first with `standby_first`).
   std::vector<std::unique_ptr<Child>> StartWorkers(const std::string& job,
-                                                   int steps) {
+                                                   int steps,
+                                                   bool standby_first = false) {
+    const std::string replicas =
+        standby_first ? absl::StrCat(b_->address(), ",", a_->address())
+                      : absl::StrCat(a_->address(), ",", b_->address());
     std::vector<std::unique_ptr<Child>> workers;
     for (int i = 0; i < 2; ++i) {
       workers.push_back(std::make_unique<Child>());
       EXPECT_TRUE(workers.back()->Start(
           {Runfile("worker/gradsync-sim-worker"),
-           absl::StrCat("--coordinator=", a_->address(), ",", b_->address()),
+           absl::StrCat("--coordinator=", replicas),
            absl::StrCat("--job=", job), "--nnodes=2",
            absl::StrCat("--node_id=node-", i), "--last_call_timeout=0s",
            absl::StrCat("--train_steps=", steps), "--step_time=50ms"},
@@ -153,8 +158,11 @@ class HaProcessTest : public ::testing::Test {
   std::unique_ptr<CoordinatorClient> client_;
 };
 
+// The workers are given the standby's address first: it answers with the
+// leader's, and they follow.
 TEST_F(HaProcessTest, KilledLeaderIsReplacedAndTheJobSucceeds) {
-  std::vector<std::unique_ptr<Child>> workers = StartWorkers("ha", 200);
+  std::vector<std::unique_ptr<Child>> workers =
+      StartWorkers("ha", 200, /*standby_first=*/true);
   int64_t step_at_kill = 0;
   ASSERT_TRUE(
       Eventually([&] { return BothReport("ha", 0, &step_at_kill); }, kBound));

@@ -15,6 +15,7 @@
 #include "common/grpc_status.h"
 #include "common/host_ports.h"
 #include "common/keepalive.h"
+#include "common/logging.h"
 #include "common/job_config.h"
 
 namespace gradsync {
@@ -31,9 +32,14 @@ class HeartbeatReactor final
       public grpc::ClientBidiReactor<v1::HeartbeatRequest,
                                      v1::HeartbeatResponse> {
  public:
-  HeartbeatReactor(v1::Monitor::Stub* stub,
-                   std::function<void(const v1::HeartbeatResponse&)> on_response)
-      : on_response_(std::move(on_response)) {
+  // `on_done` sees the final status and the context (trailing metadata)
+  // before the stream counts as ended.
+  HeartbeatReactor(
+      v1::Monitor::Stub* stub,
+      std::function<void(const v1::HeartbeatResponse&)> on_response,
+      std::function<void(const grpc::ClientContext&, const grpc::Status&)>
+          on_done)
+      : on_response_(std::move(on_response)), on_done_(std::move(on_done)) {
     stub->async()->Heartbeat(&context_, this);
     StartRead(&response_);
     StartCall();
@@ -104,12 +110,15 @@ class HeartbeatReactor final
   }
 
   void OnDone(const grpc::Status& status) override {
+    on_done_(context_, status);
     absl::MutexLock lock(&mu_);
     done_ = FromGrpcStatus(status);
   }
 
  private:
   const std::function<void(const v1::HeartbeatResponse&)> on_response_;
+  const std::function<void(const grpc::ClientContext&, const grpc::Status&)>
+      on_done_;
   grpc::ClientContext context_;
   v1::HeartbeatResponse response_;  // used by OnReadDone only
 
@@ -149,24 +158,77 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // long waits too
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
               absl::ToInt64Milliseconds(kConnectTimeout));
-  auto channel = grpc::CreateCustomChannel(
-      *target, grpc::InsecureChannelCredentials(), args);
-  return std::unique_ptr<CoordinatorClient>(
-      new CoordinatorClient(std::move(options), std::move(channel)));
+  return std::unique_ptr<CoordinatorClient>(new CoordinatorClient(
+      std::move(options), std::move(args), *std::move(target)));
 }
 
+CoordinatorClient::Route::Route(std::string target_in, bool to_leader_in,
+                                const grpc::ChannelArguments& args)
+    : target(std::move(target_in)),
+      to_leader(to_leader_in),
+      channel(grpc::CreateCustomChannel(
+          target, grpc::InsecureChannelCredentials(), args)),
+      rendezvous(v1::Rendezvous::NewStub(channel)),
+      kv(v1::KeyValue::NewStub(channel)),
+      jobs(v1::Jobs::NewStub(channel)),
+      monitor(v1::Monitor::NewStub(channel)) {}
+
 CoordinatorClient::CoordinatorClient(ClientOptions options,
-                                     std::shared_ptr<grpc::Channel> channel)
+                                     grpc::ChannelArguments args,
+                                     std::string target)
     : options_(std::move(options)),
-      channel_(std::move(channel)),
-      rendezvous_(v1::Rendezvous::NewStub(channel_)),
-      kv_(v1::KeyValue::NewStub(channel_)),
-      jobs_(v1::Jobs::NewStub(channel_)),
-      monitor_(v1::Monitor::NewStub(channel_)) {}
+      args_(std::move(args)),
+      replicas_(std::make_shared<const Route>(std::move(target),
+                                              /*to_leader=*/false, args_)),
+      route_(replicas_) {}
+
+std::shared_ptr<const CoordinatorClient::Route> CoordinatorClient::route()
+    const {
+  absl::MutexLock lock(&mu_);
+  return route_;
+}
+
+bool CoordinatorClient::Reroute(const grpc::ClientContext& context,
+                                const grpc::Status& status, const Route& used) {
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto named = trailers.find(kLeaderMetadataKey);
+  std::string leader;
+  if (named != trailers.end()) {
+    leader.assign(named->second.data(), named->second.size());
+  }
+  absl::StatusOr<std::string> target = absl::InvalidArgumentError("none");
+  if (!leader.empty()) {
+    absl::StatusOr<std::vector<std::string>> address =
+        ParseHostPorts(leader, "leader address", "10.0.0.5:29400");
+    if (address.ok() && address->size() == 1) {
+      target = FailoverTarget(*address, "leader address");
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (route_.get() != &used) return true;  // another call moved already
+  if (target.ok() && *target != used.target) {
+    if (leader != last_leader_) {
+      GS_LOG(INFO) << "a coordinator replica stands by: following the "
+                   << "leader it names at " << leader;
+      last_leader_ = leader;
+    }
+    route_ = std::make_shared<const Route>(*target, /*to_leader=*/true, args_);
+    return true;
+  }
+  if (used.to_leader && !target.ok()) {
+    if (used.target != last_unreachable_) {
+      GS_LOG(INFO) << "the leader at " << used.target << " is unreachable ("
+                   << status.error_message() << "): trying the replicas "
+                   << options_.target;
+      last_unreachable_ = used.target;
+    }
+    route_ = replicas_;
+  }
+  return false;
+}
 
 absl::Status CoordinatorClient::Call(
-    const char* what, absl::Duration timeout,
-    const std::function<grpc::Status(grpc::ClientContext*)>& attempt) {
+    const char* what, absl::Duration timeout, const Attempt& attempt) {
   const RetryPolicy& retry = options_.retry;
   const absl::Time start = absl::Now();
   absl::Duration backoff = retry.initial_backoff;
@@ -175,9 +237,15 @@ absl::Status CoordinatorClient::Call(
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          absl::ToChronoMilliseconds(timeout));
-    grpc::Status status = attempt(&context);
+    const std::shared_ptr<const Route> route = this->route();
+    grpc::Status status = attempt(&context, *route);
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE) {
       return FromGrpcStatus(status);
+    }
+    const bool moved = Reroute(context, status, *route);
+    if (moved && attempt_number < retry.max_attempts &&
+        absl::Now() - start < retry.budget) {
+      continue;  // to the leader, at once
     }
     absl::Duration pause =
         backoff * absl::Uniform(random, 1.0 - retry.jitter, 1.0 + retry.jitter);
@@ -207,11 +275,11 @@ absl::StatusOr<v1::Assignment> CoordinatorClient::Join(
   }
   v1::JoinResponse response;
   absl::Status status =
-      Call("join", max_wait, [&](grpc::ClientContext* context) {
+      Call("join", max_wait, [&](grpc::ClientContext* context, const Route& r) {
         // Wait for the connection rather than failing fast while the
         // coordinator starts.
         context->set_wait_for_ready(true);
-        return rendezvous_->Join(context, request, &response);
+        return r.rendezvous->Join(context, request, &response);
       });
   if (!status.ok()) return status;
   return response.assignment();
@@ -223,8 +291,8 @@ absl::Status CoordinatorClient::Leave(const std::string& job_id,
   request.set_job_id(job_id);
   request.set_incarnation_id(incarnation_id);
   v1::LeaveResponse response;
-  return Call("leave", options_.call_timeout, [&](grpc::ClientContext* c) {
-    return rendezvous_->Leave(c, request, &response);
+  return Call("leave", options_.call_timeout, [&](grpc::ClientContext* c, const Route& r) {
+    return r.rendezvous->Leave(c, request, &response);
   });
 }
 
@@ -236,8 +304,8 @@ absl::Status CoordinatorClient::Set(const v1::Scope& scope,
   request.set_key(key);
   request.set_value(value);
   v1::SetResponse response;
-  return Call("set", options_.call_timeout, [&](grpc::ClientContext* c) {
-    return kv_->Set(c, request, &response);
+  return Call("set", options_.call_timeout, [&](grpc::ClientContext* c, const Route& r) {
+    return r.kv->Set(c, request, &response);
   });
 }
 
@@ -248,8 +316,8 @@ absl::StatusOr<std::string> CoordinatorClient::Get(const v1::Scope& scope,
   request.set_key(key);
   v1::GetResponse response;
   absl::Status status =
-      Call("get", options_.call_timeout, [&](grpc::ClientContext* c) {
-        return kv_->Get(c, request, &response);
+      Call("get", options_.call_timeout, [&](grpc::ClientContext* c, const Route& r) {
+        return r.kv->Get(c, request, &response);
       });
   if (!status.ok()) return status;
   return std::move(*response.mutable_value());
@@ -264,8 +332,8 @@ absl::StatusOr<int64_t> CoordinatorClient::Add(const v1::Scope& scope,
   request.set_delta(delta);
   v1::AddResponse response;
   absl::Status status =
-      Call("add", options_.call_timeout, [&](grpc::ClientContext* c) {
-        return kv_->Add(c, request, &response);
+      Call("add", options_.call_timeout, [&](grpc::ClientContext* c, const Route& r) {
+        return r.kv->Add(c, request, &response);
       });
   if (!status.ok()) return status;
   return response.value();
@@ -275,8 +343,8 @@ absl::StatusOr<v1::CompareAndSetResponse> CoordinatorClient::CompareAndSet(
     const v1::CompareAndSetRequest& request) {
   v1::CompareAndSetResponse response;
   absl::Status status = Call(
-      "compare-and-set", options_.call_timeout, [&](grpc::ClientContext* c) {
-        return kv_->CompareAndSet(c, request, &response);
+      "compare-and-set", options_.call_timeout, [&](grpc::ClientContext* c, const Route& r) {
+        return r.kv->CompareAndSet(c, request, &response);
       });
   if (!status.ok()) return status;
   return response;
@@ -290,8 +358,8 @@ absl::Status CoordinatorClient::Wait(const v1::Scope& scope,
   for (const std::string& key : keys) request.add_keys(key);
   request.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   v1::WaitResponse response;
-  return Call("wait", timeout + kWaitMargin, [&](grpc::ClientContext* c) {
-    return kv_->Wait(c, request, &response);
+  return Call("wait", timeout + kWaitMargin, [&](grpc::ClientContext* c, const Route& r) {
+    return r.kv->Wait(c, request, &response);
   });
 }
 
@@ -302,8 +370,8 @@ absl::StatusOr<bool> CoordinatorClient::Delete(const v1::Scope& scope,
   request.set_key(key);
   v1::DeleteResponse response;
   absl::Status status =
-      Call("delete", options_.call_timeout, [&](grpc::ClientContext* c) {
-        return kv_->Delete(c, request, &response);
+      Call("delete", options_.call_timeout, [&](grpc::ClientContext* c, const Route& r) {
+        return r.kv->Delete(c, request, &response);
       });
   if (!status.ok()) return status;
   return response.existed();
@@ -318,8 +386,8 @@ CoordinatorClient::List(const v1::Scope& scope, const std::string& prefix,
   request.set_keys_only(keys_only);
   v1::ListResponse response;
   absl::Status status =
-      Call("list", options_.call_timeout, [&](grpc::ClientContext* c) {
-        return kv_->List(c, request, &response);
+      Call("list", options_.call_timeout, [&](grpc::ClientContext* c, const Route& r) {
+        return r.kv->List(c, request, &response);
       });
   if (!status.ok()) return status;
   std::vector<std::pair<std::string, std::string>> entries;
@@ -336,8 +404,8 @@ absl::StatusOr<v1::JobStatus> CoordinatorClient::CreateJob(
   *request.mutable_config() = config;
   v1::CreateJobResponse response;
   absl::Status status =
-      Call("create job", options_.call_timeout, [&](grpc::ClientContext* c) {
-        return jobs_->CreateJob(c, request, &response);
+      Call("create job", options_.call_timeout, [&](grpc::ClientContext* c, const Route& r) {
+        return r.jobs->CreateJob(c, request, &response);
       });
   if (!status.ok()) return status;
   return response.job();
@@ -350,8 +418,8 @@ absl::StatusOr<v1::JobStatus> CoordinatorClient::GetJob(
   request.set_with_buckets(with_buckets);
   v1::GetJobResponse response;
   absl::Status status =
-      Call("get job", options_.call_timeout, [&](grpc::ClientContext* c) {
-        return jobs_->GetJob(c, request, &response);
+      Call("get job", options_.call_timeout, [&](grpc::ClientContext* c, const Route& r) {
+        return r.jobs->GetJob(c, request, &response);
       });
   if (!status.ok()) return status;
   return response.job();
@@ -361,8 +429,8 @@ absl::StatusOr<std::vector<v1::JobStatus>> CoordinatorClient::ListJobs() {
   v1::ListJobsRequest request;
   v1::ListJobsResponse response;
   absl::Status status =
-      Call("list jobs", options_.call_timeout, [&](grpc::ClientContext* c) {
-        return jobs_->ListJobs(c, request, &response);
+      Call("list jobs", options_.call_timeout, [&](grpc::ClientContext* c, const Route& r) {
+        return r.jobs->ListJobs(c, request, &response);
       });
   if (!status.ok()) return status;
   return std::vector<v1::JobStatus>(response.jobs().begin(),
@@ -377,8 +445,9 @@ absl::Status CoordinatorClient::WatchJob(
   request.set_with_buckets(with_buckets);
   request.set_min_interval_ms(absl::ToInt64Milliseconds(min_interval));
   grpc::ClientContext context;
+  const std::shared_ptr<const Route> route = this->route();
   std::unique_ptr<grpc::ClientReader<v1::WatchJobResponse>> reader =
-      jobs_->WatchJob(&context, request);
+      route->jobs->WatchJob(&context, request);
   v1::WatchJobResponse response;
   while (reader->Read(&response)) {
     if (!on_status(response.job())) {
@@ -389,6 +458,7 @@ absl::Status CoordinatorClient::WatchJob(
   }
   grpc::Status status = reader->Finish();
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    Reroute(context, status, *route);  // for the next watch
     return absl::UnavailableError(absl::StrCat(
         "watch: cannot reach the coordinator at ", options_.target, ": ",
         status.error_message(), " (is it running, and is the address right?)"));
@@ -398,16 +468,25 @@ absl::Status CoordinatorClient::WatchJob(
 
 std::unique_ptr<HeartbeatStream> CoordinatorClient::OpenHeartbeatStream(
     std::function<void(const v1::HeartbeatResponse&)> on_response) {
-  return std::make_unique<HeartbeatReactor>(monitor_.get(),
-                                            std::move(on_response));
+  // The reactor keeps the route (its stub) alive until the stream ends.
+  std::shared_ptr<const Route> route = this->route();
+  v1::Monitor::Stub* stub = route->monitor.get();
+  return std::make_unique<HeartbeatReactor>(
+      stub, std::move(on_response),
+      [this, route = std::move(route)](const grpc::ClientContext& context,
+                                       const grpc::Status& status) {
+        if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+          Reroute(context, status, *route);
+        }
+      });
 }
 
 absl::StatusOr<v1::JobState> CoordinatorClient::ReportCompletion(
     const v1::ReportCompletionRequest& request) {
   v1::ReportCompletionResponse response;
   absl::Status status = Call(
-      "report completion", options_.call_timeout, [&](grpc::ClientContext* c) {
-        return monitor_->ReportCompletion(c, request, &response);
+      "report completion", options_.call_timeout, [&](grpc::ClientContext* c, const Route& r) {
+        return r.monitor->ReportCompletion(c, request, &response);
       });
   if (!status.ok()) return status;
   return response.job_state();

@@ -22,6 +22,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/gradsync/v1/health.grpc.pb.h"
 #include "proto/gradsync/v1/jobs.grpc.pb.h"
@@ -50,8 +52,9 @@ struct RetryPolicy {
 struct ClientOptions {
   // The coordinator, "HOST:PORT"; or its replicas (see
   // gradsync-coordinator --etcd), "HOST:PORT,HOST:PORT,..." as IPv4
-  // addresses: calls go to the one that serves (the leader) and move to the
-  // next when it goes away.
+  // addresses: calls go to the first that accepts a connection; a replica
+  // that stands by answers with the leader's address, and calls move there
+  // until it goes away, then try the list again.
   std::string target;
   // Deadline of each attempt of a call that does not wait by design.
   absl::Duration call_timeout = absl::Seconds(10);
@@ -128,22 +131,49 @@ class CoordinatorClient {
   const ClientOptions& options() const { return options_; }
 
  private:
-  CoordinatorClient(ClientOptions options,
-                    std::shared_ptr<grpc::Channel> channel);
+  // Where calls go: a channel and its stubs, for the list of replicas or
+  // for the leader a standby named. Replaced as a whole, so that a call
+  // keeps the one it started on.
+  struct Route {
+    Route(std::string target, bool to_leader,
+          const grpc::ChannelArguments& args);
+    std::string target;  // gRPC's
+    bool to_leader;      // a standby named it
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Rendezvous::Stub> rendezvous;
+    std::unique_ptr<v1::KeyValue::Stub> kv;
+    std::unique_ptr<v1::Jobs::Stub> jobs;
+    std::unique_ptr<v1::Monitor::Stub> monitor;
+  };
+  using Attempt =
+      std::function<grpc::Status(grpc::ClientContext*, const Route&)>;
+
+  CoordinatorClient(ClientOptions options, grpc::ChannelArguments args,
+                    std::string target);
+
+  std::shared_ptr<const Route> route() const;
+  // After a call over `used` ended UNAVAILABLE (`status`, with `context`'s
+  // trailing metadata): when a standby named the leader, calls go there from now on
+  // (true: try again at once); when a leader followed before went away,
+  // they go back to the list of replicas.
+  bool Reroute(const grpc::ClientContext& context, const grpc::Status& status,
+               const Route& used);
 
   // Runs `attempt` with a fresh context whose deadline is `timeout` away,
   // retrying UNAVAILABLE per the retry policy. `what` names the call in
   // errors.
   absl::Status Call(const char* what, absl::Duration timeout,
-                    const std::function<grpc::Status(grpc::ClientContext*)>&
-                        attempt);
+                    const Attempt& attempt);
 
   const ClientOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Rendezvous::Stub> rendezvous_;
-  std::unique_ptr<v1::KeyValue::Stub> kv_;
-  std::unique_ptr<v1::Jobs::Stub> jobs_;
-  std::unique_ptr<v1::Monitor::Stub> monitor_;
+  const grpc::ChannelArguments args_;
+  const std::shared_ptr<const Route> replicas_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const Route> route_ ABSL_GUARDED_BY(mu_);
+  // The leader last followed and the route last found unreachable, so that
+  // a stale leader named again and again is logged once.
+  std::string last_leader_ ABSL_GUARDED_BY(mu_);
+  std::string last_unreachable_ ABSL_GUARDED_BY(mu_);
 };
 
 // One Monitor.Heartbeat stream. Send() never blocks: a heartbeat waiting
