@@ -27,7 +27,6 @@
 #include "server/coordinator.h"
 #include "server/standby_server.h"
 #include "server/storage/open_storage.h"
-#include "server/storage/sqlite_storage.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:29400",
           "HOST:PORT to serve gRPC on (port 0 picks a free port)");
@@ -61,9 +60,10 @@ ABSL_FLAG(std::string, state_dir, "",
           "coordinator): jobs, their results and key-value entries survive a "
           "restart; empty: in memory only");
 ABSL_FLAG(bool, check_state, false,
-          "verify --state_dir (format and SQLite's integrity check), print a "
-          "summary and exit: 0 when sound, 1 otherwise; safe while a "
-          "coordinator serves from it");
+          "verify --state_dir (format and SQLite's integrity check) or the "
+          "--etcd namespace (format), print a summary and exit: 0 when "
+          "sound, 1 otherwise; writes nothing, safe while a coordinator "
+          "serves from it");
 ABSL_FLAG(std::string, etcd, "",
           "HOST:PORT[,HOST:PORT...] of an etcd v3 cluster to keep the durable "
           "state in, instead of --state_dir (several endpoints: IPv4 "
@@ -108,22 +108,21 @@ void BoundShutdown(const sigset_t& stop_signals, absl::Duration bound) {
   std::_Exit(2);
 }
 
-// --check_state: verifies `state_dir` and prints what it holds.
-int CheckState(const std::string& state_dir) {
-  if (state_dir.empty()) {
-    std::fprintf(stderr, "--check_state needs --state_dir=DIR\n");
-    return EXIT_FAILURE;
-  }
-  absl::StatusOr<gradsync::StateSummary> summary =
-      gradsync::CheckStateDir(state_dir);
+// --check_state: verifies the state `spec` names and prints what it holds.
+int RunCheckState(const gradsync::StorageSpec& spec) {
+  const std::string where =
+      spec.etcd.empty() ? spec.state_dir
+                        : absl::StrCat("etcd at ", spec.etcd, " under '",
+                                       spec.etcd_prefix, "'");
+  absl::StatusOr<gradsync::StateSummary> summary = gradsync::CheckState(spec);
   if (!summary.ok()) {
-    std::fprintf(stderr, "%s: %s\n", state_dir.c_str(),
+    std::fprintf(stderr, "%s: %s\n", where.c_str(),
                  summary.status().ToString().c_str());
     return EXIT_FAILURE;
   }
   std::printf("%s: ok (state format %d, %lld entries: %lld jobs, %lld "
               "key-value entries)\n",
-              state_dir.c_str(), summary->format,
+              where.c_str(), summary->format,
               static_cast<long long>(summary->entries),
               static_cast<long long>(summary->jobs),
               static_cast<long long>(summary->kv_keys));
@@ -205,12 +204,11 @@ int main(int argc, char** argv) {
                      ">= 1, --retention >= 0 and --shutdown_grace >= 0";
     return EXIT_FAILURE;
   }
-  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
-  if (absl::GetFlag(FLAGS_check_state)) return CheckState(state_dir);
   gradsync::StorageSpec spec;
-  spec.state_dir = state_dir;
+  spec.state_dir = absl::GetFlag(FLAGS_state_dir);
   spec.etcd = absl::GetFlag(FLAGS_etcd);
   spec.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
+  if (absl::GetFlag(FLAGS_check_state)) return RunCheckState(spec);
   spec.lead = true;
   spec.advertise = absl::GetFlag(FLAGS_advertise);
   if (spec.advertise.empty()) spec.advertise = config.listen_address;

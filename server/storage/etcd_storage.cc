@@ -52,7 +52,7 @@ absl::StatusOr<std::unique_ptr<EtcdStorage>> EtcdStorage::Open(
                                              options.call_timeout));
   std::unique_ptr<EtcdStorage> storage(
       new EtcdStorage(std::move(options), etcd));
-  GS_RETURN_IF_ERROR(storage->CheckFormat());
+  GS_RETURN_IF_ERROR(storage->CheckFormat(/*create=*/true));
   if (storage->options_.lead) {
     LeadershipOptions leading = storage->options_.leadership;
     leading.prefix = storage->options_.prefix;
@@ -64,6 +64,36 @@ absl::StatusOr<std::unique_ptr<EtcdStorage>> EtcdStorage::Open(
     storage->options_.fence_revision = storage->leadership_->revision();
   }
   return storage;
+}
+
+absl::StatusOr<StateSummary> EtcdStorage::Check(EtcdOptions options) {
+  if (options.prefix.empty()) {
+    return absl::InvalidArgumentError("the etcd key prefix must not be empty");
+  }
+  GS_ASSIGN_OR_RETURN(EtcdConnection etcd,
+                      EtcdConnection::Create(options.endpoints,
+                                             options.call_timeout));
+  options.lead = false;
+  EtcdStorage storage(std::move(options), std::move(etcd));
+  GS_RETURN_IF_ERROR(storage.CheckFormat(/*create=*/false));
+  StateSummary summary;
+  summary.format = kStateFormat;
+  GS_ASSIGN_OR_RETURN(summary.entries, storage.Count(""));
+  GS_ASSIGN_OR_RETURN(summary.jobs, storage.Count("jobs/"));
+  GS_ASSIGN_OR_RETURN(summary.kv_keys, storage.Count("kv/"));
+  return summary;
+}
+
+absl::StatusOr<int64_t> EtcdStorage::Count(absl::string_view prefix) const {
+  const std::string begin = absl::StrCat(data_prefix_, prefix);
+  etcdserverpb::RangeRequest request;
+  request.set_key(begin);
+  request.set_range_end(PrefixEnd(begin).value_or(std::string(1, '\0')));
+  request.set_count_only(true);
+  etcdserverpb::RangeResponse response;
+  grpc::Status status = kv_->Range(etcd_.Context().get(), request, &response);
+  if (!status.ok()) return etcd_.Failed("count", status);
+  return response.count();
 }
 
 EtcdStorage::EtcdStorage(EtcdOptions options, EtcdConnection etcd)
@@ -177,11 +207,11 @@ absl::Status EtcdStorage::Apply(const std::vector<Mutation>& batch) {
   return Commit("transaction", std::move(ops)).status();
 }
 
-absl::Status EtcdStorage::CheckFormat() {
+absl::Status EtcdStorage::CheckFormat(bool create) {
   const std::string marker = absl::StrCat(options_.prefix, "format");
   const std::string expected = absl::StrCat(kStateFormat);
-  // Create the marker only where the namespace is empty; either way, read
-  // the marker and whether any key exists, in one transaction.
+  // Where the namespace is empty, create the marker (or only say so);
+  // otherwise read the marker, in one transaction.
   etcdserverpb::TxnRequest request;
   etcdserverpb::Compare* absent = request.add_compare();
   absent->set_key(options_.prefix);
@@ -189,16 +219,24 @@ absl::Status EtcdStorage::CheckFormat() {
   absent->set_target(etcdserverpb::Compare::CREATE);
   absent->set_result(etcdserverpb::Compare::EQUAL);
   absent->set_create_revision(0);
-  etcdserverpb::PutRequest* put = request.add_success()->mutable_request_put();
-  put->set_key(marker);
-  put->set_value(expected);
+  if (create) {
+    etcdserverpb::PutRequest* put =
+        request.add_success()->mutable_request_put();
+    put->set_key(marker);
+    put->set_value(expected);
+  }
   etcdserverpb::RangeRequest* read =
       request.add_failure()->mutable_request_range();
   read->set_key(marker);
   etcdserverpb::TxnResponse response;
   grpc::Status status = kv_->Txn(etcd_.Context().get(), request, &response);
   if (!status.ok()) return etcd_.Failed("reading the state format", status);
-  if (response.succeeded()) return absl::OkStatus();  // a new namespace
+  if (response.succeeded()) {  // an empty namespace
+    if (create) return absl::OkStatus();
+    return absl::NotFoundError(absl::StrCat("etcd at ", etcd_.endpoints(),
+                                            ": no gradsync state under '",
+                                            options_.prefix, "'"));
+  }
   const etcdserverpb::RangeResponse& found =
       response.responses(0).response_range();
   if (found.kvs_size() == 0) {

@@ -61,6 +61,11 @@ class EtcdStorage final : public Storage {
   // DEADLINE_EXCEEDED when the cluster does not answer within call_timeout.
   static absl::StatusOr<std::unique_ptr<EtcdStorage>> Open(EtcdOptions options);
 
+  // Checks the namespace `options` names without writing (safe while a
+  // coordinator serves from it) and counts what it holds. NOT_FOUND for an
+  // empty namespace; otherwise Open's errors. Ignores `lead`.
+  static absl::StatusOr<StateSummary> Check(EtcdOptions options);
+
   absl::Status Put(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key) const override;
   absl::StatusOr<bool> Delete(absl::string_view key) override;
@@ -80,7 +85,11 @@ class EtcdStorage final : public Storage {
   absl::StatusOr<etcdserverpb::TxnResponse> Commit(
       const char* what, std::vector<etcdserverpb::RequestOp> ops);
   // Checks or writes the format marker (see Open).
-  absl::Status CheckFormat();
+  // With `create`, an empty namespace gets the format marker; without, it
+  // is NOT_FOUND.
+  absl::Status CheckFormat(bool create);
+  // How many keys start with `prefix` (in the data), as of one revision.
+  absl::StatusOr<int64_t> Count(absl::string_view prefix) const;
 
   EtcdOptions options_;  // constant once Open returns
   const std::string data_prefix_;  // PREFIX "d/"

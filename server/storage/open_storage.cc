@@ -19,14 +19,30 @@ absl::Status Naming(const char* flag, const absl::Status& status) {
                       absl::StrCat("cannot use ", flag, ": ", status.message()));
 }
 
-absl::StatusOr<std::unique_ptr<Storage>> OpenEtcd(const StorageSpec& spec) {
 #ifdef GRADSYNC_WITH_ETCD
+// The endpoints and prefix of `spec`.
+absl::StatusOr<EtcdOptions> EtcdNamespace(const StorageSpec& spec) {
   EtcdOptions options;
   absl::StatusOr<std::vector<std::string>> endpoints =
       ParseHostPorts(spec.etcd, "etcd endpoint", "10.0.0.5:2379");
   if (!endpoints.ok()) return Naming("--etcd", endpoints.status());
   options.endpoints = *std::move(endpoints);
   options.prefix = spec.etcd_prefix;
+  return options;
+}
+#endif
+
+absl::Status NoEtcd() {
+  return absl::UnimplementedError(
+      "--etcd: this build of gradsync has no etcd client (etcd's .proto "
+      "files, from golang-etcd-server-dev, were missing at build time)");
+}
+
+absl::StatusOr<std::unique_ptr<Storage>> OpenEtcd(const StorageSpec& spec) {
+#ifdef GRADSYNC_WITH_ETCD
+  absl::StatusOr<EtcdOptions> named = EtcdNamespace(spec);
+  if (!named.ok()) return named.status();
+  EtcdOptions options = *std::move(named);
   options.lead = spec.lead;
   options.leadership.address = spec.advertise;
   options.leadership.on_standing_by = spec.on_standing_by;
@@ -37,9 +53,7 @@ absl::StatusOr<std::unique_ptr<Storage>> OpenEtcd(const StorageSpec& spec) {
                << spec.etcd_prefix << "'";
   return std::unique_ptr<Storage>(*std::move(opened));
 #else
-  return absl::UnimplementedError(
-      "--etcd: this build of gradsync has no etcd client (etcd's .proto "
-      "files, from golang-etcd-server-dev, were missing at build time)");
+  return NoEtcd();
 #endif
 }
 
@@ -56,6 +70,21 @@ absl::StatusOr<std::unique_ptr<Storage>> OpenStorage(const StorageSpec& spec) {
   if (!opened.ok()) return Naming("--state_dir", opened.status());
   GS_LOG(INFO) << "keeping state in " << spec.state_dir;
   return std::unique_ptr<Storage>(*std::move(opened));
+}
+
+absl::StatusOr<StateSummary> CheckState(const StorageSpec& spec) {
+  if (spec.state_dir.empty() == spec.etcd.empty()) {
+    return absl::InvalidArgumentError(
+        "--check_state needs --state_dir=DIR or --etcd=HOST:PORT");
+  }
+  if (!spec.state_dir.empty()) return CheckStateDir(spec.state_dir);
+#ifdef GRADSYNC_WITH_ETCD
+  absl::StatusOr<EtcdOptions> named = EtcdNamespace(spec);
+  if (!named.ok()) return named.status();
+  return EtcdStorage::Check(*std::move(named));
+#else
+  return NoEtcd();
+#endif
 }
 
 }  // namespace gradsync

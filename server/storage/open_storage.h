@@ -35,6 +35,13 @@ struct StorageSpec {
 // and EtcdStorage::Open's errors.
 absl::StatusOr<std::unique_ptr<Storage>> OpenStorage(const StorageSpec& spec);
 
+// Checks the state `spec` names (its state_dir or its etcd namespace; the
+// other fields are ignored) without writing, safe while a coordinator
+// serves from it, and counts what it holds. INVALID_ARGUMENT unless exactly
+// one is set; SqliteStorage's CheckStateDir's and EtcdStorage::Check's
+// errors.
+absl::StatusOr<StateSummary> CheckState(const StorageSpec& spec);
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_SERVER_STORAGE_OPEN_STORAGE_H_

@@ -19,13 +19,6 @@ struct sqlite3;
 namespace gradsync {
 
 
-// What CheckStateDir() found.
-struct StateSummary {
-  int format = 0;
-  int64_t entries = 0;
-  int64_t jobs = 0;     // keys under "jobs/"
-  int64_t kv_keys = 0;  // keys under "kv/"
-};
 
 // Every write is durable when it returns: it is committed in a transaction
 // with synchronous=FULL (the WAL is fsynced). Concurrent writers share

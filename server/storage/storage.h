@@ -70,6 +70,14 @@ inline std::optional<std::string> PrefixEnd(absl::string_view prefix) {
   return end;
 }
 
+// What a state check (gradsync-coordinator --check_state) found.
+struct StateSummary {
+  int format = 0;
+  int64_t entries = 0;
+  int64_t jobs = 0;     // keys under "jobs/"
+  int64_t kv_keys = 0;  // keys under "kv/"
+};
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_SERVER_STORAGE_STORAGE_H_

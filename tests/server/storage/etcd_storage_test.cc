@@ -110,6 +110,44 @@ TEST_F(EtcdNamespaceTest, AnotherFormatIsRefused) {
               HasSubstr(absl::StrCat("has format '", kStateFormat + 1, "'")));
 }
 
+TEST_F(EtcdNamespaceTest, CheckCountsWhatANamespaceHoldsAndWritesNothing) {
+  EtcdOptions options;
+  options.endpoints = {etcd_.endpoint()};
+  options.prefix = "/checked/";
+  absl::StatusOr<StateSummary> empty = EtcdStorage::Check(options);
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(empty.status().message(), HasSubstr("no gradsync state under"));
+  {
+    // The check left no marker: the namespace is still new to Open.
+    grpc::ClientContext context;
+    etcdserverpb::RangeRequest request;
+    request.set_key("/checked/");
+    request.set_range_end("/checked0");
+    request.set_count_only(true);
+    etcdserverpb::RangeResponse response;
+    ASSERT_TRUE(kv_->Range(&context, request, &response).ok());
+    EXPECT_EQ(response.count(), 0);
+  }
+  {
+    absl::StatusOr<std::unique_ptr<EtcdStorage>> opened = Open("/checked/");
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    for (const char* key : {"jobs/a", "jobs/b", "kv/train/1/x", "other"}) {
+      ASSERT_TRUE((*opened)->Put(key, "v").ok());
+    }
+  }
+  absl::StatusOr<StateSummary> summary = EtcdStorage::Check(options);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->format, kStateFormat);
+  EXPECT_EQ(summary->entries, 4);
+  EXPECT_EQ(summary->jobs, 2);
+  EXPECT_EQ(summary->kv_keys, 1);
+  // A foreign namespace is refused as by Open.
+  PutRaw("/foreign/config", "theirs");
+  options.prefix = "/foreign/";
+  EXPECT_EQ(EtcdStorage::Check(options).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 // ---------------------------------------------------------------------------
 // Leadership and fencing
 
