@@ -1,5 +1,11 @@
 #include "common/host_ports.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -20,6 +26,45 @@ bool IsIpv4(absl::string_view host) {
     }
   }
   return true;
+}
+
+// `address` (HOST:PORT) as IPv4 HOST:PORT entries: itself for an IPv4
+// HOST, otherwise every IPv4 address the name resolves to now.
+absl::StatusOr<std::vector<std::string>> ResolveIpv4(
+    const std::string& address, absl::string_view what) {
+  const size_t colon = address.rfind(':');
+  const std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (IsIpv4(host)) return std::vector<std::string>{address};
+  if (host.find_first_not_of("0123456789.") == std::string::npos) {
+    // getaddrinfo would read "10.1" as 10.0.0.1.
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " '", address, "': '", host, "' is not an IPv4 address"));
+  }
+  addrinfo hints = {};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int error = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
+  if (error != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        what, " '", address, "': cannot resolve '", host,
+        "' to an IPv4 address: ", gai_strerror(error)));
+  }
+  std::vector<std::string> resolved;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    char text[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+    if (inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) == nullptr) {
+      continue;
+    }
+    std::string entry = absl::StrCat(text, ":", port);
+    if (std::find(resolved.begin(), resolved.end(), entry) == resolved.end()) {
+      resolved.push_back(std::move(entry));
+    }
+  }
+  freeaddrinfo(found);
+  return resolved;
 }
 
 }  // namespace
@@ -51,15 +96,22 @@ absl::StatusOr<std::string> FailoverTarget(
       !IsIpv4(absl::string_view(first).substr(0, first.rfind(':')))) {
     return first;  // a name, for the DNS resolver
   }
+  std::vector<std::string> ipv4;
   for (const std::string& address : addresses) {
-    if (!IsIpv4(absl::string_view(address).substr(0, address.rfind(':')))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " '", address,
-          "': give several as IPv4 addresses (HOST:PORT with a numeric HOST), "
-          "or one by name"));
+    absl::StatusOr<std::vector<std::string>> resolved =
+        ResolveIpv4(address, what);
+    if (!resolved.ok()) return resolved.status();
+    for (std::string& entry : *resolved) {
+      if (std::find(ipv4.begin(), ipv4.end(), entry) == ipv4.end()) {
+        ipv4.push_back(std::move(entry));
+      }
     }
   }
-  return absl::StrCat("ipv4:", absl::StrJoin(addresses, ","));
+  if (ipv4.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("no IPv4 address for any ", what, " given"));
+  }
+  return absl::StrCat("ipv4:", absl::StrJoin(ipv4, ","));
 }
 
 }  // namespace gradsync

@@ -22,12 +22,14 @@ inline constexpr char kLeaderMetadataKey[] = "gradsync-leader";
 absl::StatusOr<std::vector<std::string>> ParseHostPorts(
     absl::string_view list, absl::string_view what, absl::string_view example);
 
-// The gRPC target that reaches `addresses`: IPv4 addresses as
-// "ipv4:A,B,..." (no DNS resolver, whose minimum time between resolutions
-// would hold a reconnection back for seconds; with several, gRPC's
-// pick_first connects to the first that accepts and moves on when it goes
-// away); one name as it is. Several must be IPv4 addresses:
-// INVALID_ARGUMENT naming the first that is not.
+// The gRPC target that reaches `addresses`: "ipv4:A,B,..." (no DNS
+// resolver, whose minimum time between resolutions would hold a
+// reconnection back for seconds; with several, gRPC's pick_first connects
+// to the first that accepts and moves on when it goes away), or one name
+// alone as it is, for gRPC's DNS resolver. In a list, a name is resolved
+// now (getaddrinfo) into all its IPv4 addresses, in place; it is not
+// resolved again later. UNAVAILABLE for a name that does not resolve to an
+// IPv4 address.
 absl::StatusOr<std::string> FailoverTarget(
     const std::vector<std::string>& addresses, absl::string_view what);
 

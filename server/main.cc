@@ -66,8 +66,8 @@ ABSL_FLAG(bool, check_state, false,
           "serves from it");
 ABSL_FLAG(std::string, etcd, "",
           "HOST:PORT[,HOST:PORT...] of an etcd v3 cluster to keep the durable "
-          "state in, instead of --state_dir (several endpoints: IPv4 "
-          "addresses); empty: no etcd");
+          "state in, instead of --state_dir (names in a list are resolved "
+          "to their IPv4 addresses once, at start); empty: no etcd");
 ABSL_FLAG(std::string, etcd_prefix, "/gradsync/",
           "namespace of this coordinator's keys in etcd; the coordinators "
           "started with the same --etcd and prefix are replicas: one leads "

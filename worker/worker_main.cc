@@ -37,7 +37,8 @@
 // Joining.
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400",
           "the coordinator, HOST:PORT; or its replicas (--etcd), "
-          "HOST:PORT,HOST:PORT,... as IPv4 addresses");
+          "HOST:PORT,HOST:PORT,... (names in a list are resolved to their "
+          "IPv4 addresses once, at start)");
 ABSL_FLAG(std::string, job, "", "job id (created by the first join)");
 ABSL_FLAG(std::string, nnodes, "1", "nodes per round: N or MIN:MAX");
 ABSL_FLAG(int, nproc_per_node, 1, "worker processes per node");

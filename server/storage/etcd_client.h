@@ -19,8 +19,8 @@ namespace gradsync {
 // its own and fails over between several endpoints.
 class EtcdConnection {
  public:
-  // INVALID_ARGUMENT for no endpoint, or several that are not IPv4
-  // addresses (one may be a name).
+  // INVALID_ARGUMENT for no endpoint; FailoverTarget's errors (a name in a
+  // list that does not resolve).
   static absl::StatusOr<EtcdConnection> Create(
       const std::vector<std::string>& endpoints, absl::Duration call_timeout);
 

@@ -25,8 +25,8 @@
 namespace gradsync {
 
 struct EtcdOptions {
-  // The cluster's client endpoints, "HOST:PORT". Several must be IPv4
-  // addresses (the channel fails over between them); one may be a name.
+  // The cluster's client endpoints, "HOST:PORT" (the channel fails over
+  // between them; see FailoverTarget for names).
   std::vector<std::string> endpoints;
   // Prepended to every key; must not be empty.
   std::string prefix = "/gradsync/";

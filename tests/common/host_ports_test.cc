@@ -37,11 +37,17 @@ TEST(FailoverTargetTest, OneAsItIsSeveralAsIpv4List) {
             "ipv4:10.0.0.1:1,10.0.0.2:2");
   for (const std::vector<std::string>& bad :
        std::vector<std::vector<std::string>>{
-           {}, {"10.0.0.1:1", "coord-b:2"}, {"10.0.0.1:1", "10.0.0.256:2"},
-           {"10.0.0.1:1", "10.0.1:2"}}) {
+           {}, {"10.0.0.1:1", "10.0.0.256:2"}, {"10.0.0.1:1", "10.0.1:2"}}) {
     EXPECT_EQ(FailoverTarget(bad, "coordinator address").status().code(),
               absl::StatusCode::kInvalidArgument);
   }
+}
+
+TEST(FailoverTargetTest, NamesInAListAreResolvedToTheirIpv4Addresses) {
+  // localhost is 127.0.0.1 in /etc/hosts; its entry appears once.
+  EXPECT_EQ(FailoverTarget({"10.0.0.1:1", "localhost:2", "127.0.0.1:2"}, "x")
+                .value(),
+            "ipv4:10.0.0.1:1,127.0.0.1:2");
 }
 
 }  // namespace

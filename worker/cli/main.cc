@@ -25,7 +25,8 @@
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400",
           "the coordinator, HOST:PORT; or its replicas (--etcd), "
-          "HOST:PORT,HOST:PORT,... as IPv4 addresses");
+          "HOST:PORT,HOST:PORT,... (names in a list are resolved to their "
+          "IPv4 addresses once, at start)");
 ABSL_FLAG(bool, json, false, "print JSON instead of tables");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5),
           "give up when the coordinator does not answer within this time");

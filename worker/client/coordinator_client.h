@@ -51,8 +51,9 @@ struct RetryPolicy {
 
 struct ClientOptions {
   // The coordinator, "HOST:PORT"; or its replicas (see
-  // gradsync-coordinator --etcd), "HOST:PORT,HOST:PORT,..." as IPv4
-  // addresses: calls go to the first that accepts a connection; a replica
+  // gradsync-coordinator --etcd), "HOST:PORT,HOST:PORT,..." (a name in a
+  // list stands for its IPv4 addresses when the client is created, see
+  // FailoverTarget): calls go to the first that accepts a connection; a replica
   // that stands by answers with the leader's address, and calls move there
   // until it goes away, then try the list again.
   std::string target;
