@@ -15,6 +15,7 @@ packages=(
   golang-etcd-server-dev golang-github-gogo-protobuf-dev
   golang-github-grpc-ecosystem-grpc-gateway-dev etcd-server
   python3-torch procps
+  openssl  # the TLS tests make their certificates with it
   cmake ninja-build  # the CMake build (deploy/cmake_build.sh)
 )
 # CUDA and NCCL are not Debian packages: where /usr/local/cuda (or

@@ -64,7 +64,10 @@ absl::Status Coordinator::Start() {
   interceptors.push_back(rpc_stats_.NewInterceptorFactory());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.AddListeningPort(config_.listen_address,
-                           grpc::InsecureServerCredentials(), &port_);
+                           config_.credentials != nullptr
+                               ? config_.credentials
+                               : grpc::InsecureServerCredentials(),
+                           &port_);
   // Values are up to 1 MiB; leave room for the rest of the message.
   builder.SetMaxReceiveMessageSize(8 << 20);
   // Clients' keepalive pings are welcome, however rarely this server sends

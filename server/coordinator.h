@@ -51,6 +51,9 @@ struct CoordinatorConfig {
   // Where jobs and keys are kept (e.g. a SqliteStorage for --state_dir);
   // nullptr means in memory, lost on exit. Must outlive the coordinator.
   Storage* storage = nullptr;
+  // Transport security of the gRPC port (MakeServerCredentials); nullptr:
+  // plaintext.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
 };
 
 // Lifetime: construct, Start() once, then Shutdown() (or destroy). Start and

@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "server/coordinator.h"
+#include "server/server_credentials.h"
 #include "server/standby_server.h"
 #include "server/storage/open_storage.h"
 
@@ -76,6 +77,13 @@ ABSL_FLAG(std::string, etcd_prefix, "/gradsync/",
 ABSL_FLAG(std::string, advertise, "",
           "with --etcd: the address this coordinator publishes when it leads "
           "(default: --listen)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain to serve gRPC over TLS with (empty: "
+          "plaintext)");
+ABSL_FLAG(std::string, tls_key, "", "the PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "with --tls_cert: require every client to present a certificate "
+          "signed by this PEM CA (mutual TLS)");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write the bound port to this file once serving (for "
           "scripts that start the coordinator on port 0)");
@@ -204,6 +212,15 @@ int main(int argc, char** argv) {
                      ">= 1, --retention >= 0 and --shutdown_grace >= 0";
     return EXIT_FAILURE;
   }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      gradsync::MakeServerCredentials({absl::GetFlag(FLAGS_tls_cert),
+                                       absl::GetFlag(FLAGS_tls_key),
+                                       absl::GetFlag(FLAGS_tls_client_ca)});
+  if (!credentials.ok()) {
+    GS_LOG(ERROR) << credentials.status().message();
+    return EXIT_FAILURE;
+  }
+  config.credentials = *credentials;
   gradsync::StorageSpec spec;
   spec.state_dir = absl::GetFlag(FLAGS_state_dir);
   spec.etcd = absl::GetFlag(FLAGS_etcd);
@@ -217,7 +234,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<gradsync::StandbyServer> standby;
   if (!spec.etcd.empty()) {
     absl::StatusOr<std::unique_ptr<gradsync::StandbyServer>> started =
-        gradsync::StandbyServer::Start(config.listen_address);
+        gradsync::StandbyServer::Start(config.listen_address,
+                                       config.credentials);
     if (!started.ok()) {
       GS_LOG(ERROR) << started.status().message();
       return EXIT_FAILURE;

@@ -19,11 +19,14 @@ struct StandbyCall {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StandbyServer>> StandbyServer::Start(
-    const std::string& listen_address) {
+    const std::string& listen_address,
+    std::shared_ptr<grpc::ServerCredentials> credentials) {
   std::unique_ptr<StandbyServer> standby(new StandbyServer());
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(),
-                           &standby->port_);
+  builder.AddListeningPort(
+      listen_address,
+      credentials != nullptr ? credentials : grpc::InsecureServerCredentials(),
+      &standby->port_);
   builder.RegisterAsyncGenericService(&standby->service_);
   standby->queue_ = builder.AddCompletionQueue();
   standby->server_ = builder.BuildAndStart();

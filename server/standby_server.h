@@ -25,9 +25,11 @@ namespace gradsync {
 // replica leads).
 class StandbyServer {
  public:
-  // Listens on `listen_address` (HOST:PORT). UNAVAILABLE when it cannot.
+  // Listens on `listen_address` (HOST:PORT) with `credentials` (nullptr:
+  // plaintext), as the coordinator will. UNAVAILABLE when it cannot.
   static absl::StatusOr<std::unique_ptr<StandbyServer>> Start(
-      const std::string& listen_address);
+      const std::string& listen_address,
+      std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
   ~StandbyServer();
   StandbyServer(const StandbyServer&) = delete;
   StandbyServer& operator=(const StandbyServer&) = delete;

@@ -27,10 +27,18 @@
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "worker/client/channel_credentials.h"
 #include "worker/client/coordinator_client.h"
 #include "worker/runtime/health_reporter.h"
 #include "worker/runtime/join.h"
 
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that signed the coordinator's TLS certificate (empty: "
+          "plaintext)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "with --tls_ca: this client's PEM certificate, for a coordinator "
+          "that requires one (--tls_client_ca)");
+ABSL_FLAG(std::string, tls_key, "", "the PEM private key of --tls_cert");
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400",
           "the coordinator, HOST:PORT; or its replicas (--etcd), "
           "HOST:PORT,HOST:PORT,... (names in a list are resolved to their "
@@ -213,6 +221,10 @@ absl::Status Run() {
   GS_ASSIGN_OR_RETURN(v1::JoinRequest request, BuildRequestFromFlags());
   ClientOptions options;
   options.target = absl::GetFlag(FLAGS_coordinator);
+  GS_ASSIGN_OR_RETURN(options.credentials,
+                      MakeChannelCredentials({absl::GetFlag(FLAGS_tls_ca),
+                                              absl::GetFlag(FLAGS_tls_cert),
+                                              absl::GetFlag(FLAGS_tls_key)}));
   GS_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Create(options));
   GS_ASSIGN_OR_RETURN(v1::Assignment assignment, client->Join(request));
   GS_RETURN_IF_ERROR(Bootstrap(*client, assignment, request.node()));

@@ -24,6 +24,7 @@
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "worker/client/channel_credentials.h"
 #include "worker/client/coordinator_client.h"
 #include "worker/backend/observed_backend.h"
 #include "worker/runtime/elastic.h"
@@ -35,6 +36,13 @@
 #include "worker/trainer/trainer.h"
 
 // Joining.
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that signed the coordinator's TLS certificate (empty: "
+          "plaintext)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "with --tls_ca: this client's PEM certificate, for a coordinator "
+          "that requires one (--tls_client_ca)");
+ABSL_FLAG(std::string, tls_key, "", "the PEM private key of --tls_cert");
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400",
           "the coordinator, HOST:PORT; or its replicas (--etcd), "
           "HOST:PORT,HOST:PORT,... (names in a list are resolved to their "
@@ -323,6 +331,10 @@ absl::Status Run() {
 
   ClientOptions client_options;
   client_options.target = coordinator;
+  GS_ASSIGN_OR_RETURN(client_options.credentials,
+                      MakeChannelCredentials({absl::GetFlag(FLAGS_tls_ca),
+                                              absl::GetFlag(FLAGS_tls_cert),
+                                              absl::GetFlag(FLAGS_tls_key)}));
   GS_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Create(client_options));
   ElasticOptions elastic;
   elastic.max_recoveries = absl::GetFlag(FLAGS_max_recoveries);

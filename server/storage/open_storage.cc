@@ -32,11 +32,13 @@ absl::StatusOr<EtcdOptions> EtcdNamespace(const StorageSpec& spec) {
 }
 #endif
 
+#ifndef GRADSYNC_WITH_ETCD
 absl::Status NoEtcd() {
   return absl::UnimplementedError(
       "--etcd: this build of gradsync has no etcd client (etcd's .proto "
       "files, from golang-etcd-server-dev, were missing at build time)");
 }
+#endif
 
 absl::StatusOr<std::unique_ptr<Storage>> OpenEtcd(const StorageSpec& spec) {
 #ifdef GRADSYNC_WITH_ETCD

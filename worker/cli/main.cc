@@ -21,8 +21,16 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "worker/cli/job_format.h"
+#include "worker/client/channel_credentials.h"
 #include "worker/client/coordinator_client.h"
 
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that signed the coordinator's TLS certificate (empty: "
+          "plaintext)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "with --tls_ca: this client's PEM certificate, for a coordinator "
+          "that requires one (--tls_client_ca)");
+ABSL_FLAG(std::string, tls_key, "", "the PEM private key of --tls_cert");
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400",
           "the coordinator, HOST:PORT; or its replicas (--etcd), "
           "HOST:PORT,HOST:PORT,... (names in a list are resolved to their "
@@ -62,6 +70,11 @@ int main(int argc, char** argv) {
   options.call_timeout = absl::GetFlag(FLAGS_timeout);
   options.retry.max_attempts = 3;
   options.retry.budget = absl::GetFlag(FLAGS_timeout);
+  auto credentials = gradsync::MakeChannelCredentials(
+      {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
+       absl::GetFlag(FLAGS_tls_key)});
+  if (!credentials.ok()) return Fail(std::string(credentials.status().message()), 2);
+  options.credentials = *credentials;
   auto client = gradsync::CoordinatorClient::Create(options);
   if (!client.ok()) return Fail(std::string(client.status().message()), 2);
   const bool json = absl::GetFlag(FLAGS_json);

@@ -162,12 +162,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
       std::move(options), std::move(args), *std::move(target)));
 }
 
-CoordinatorClient::Route::Route(std::string target_in, bool to_leader_in,
-                                const grpc::ChannelArguments& args)
+CoordinatorClient::Route::Route(
+    std::string target_in, bool to_leader_in,
+    const grpc::ChannelArguments& args,
+    const std::shared_ptr<grpc::ChannelCredentials>& credentials)
     : target(std::move(target_in)),
       to_leader(to_leader_in),
       channel(grpc::CreateCustomChannel(
-          target, grpc::InsecureChannelCredentials(), args)),
+          target,
+          credentials != nullptr ? credentials
+                                 : grpc::InsecureChannelCredentials(),
+          args)),
       rendezvous(v1::Rendezvous::NewStub(channel)),
       kv(v1::KeyValue::NewStub(channel)),
       jobs(v1::Jobs::NewStub(channel)),
@@ -179,7 +184,8 @@ CoordinatorClient::CoordinatorClient(ClientOptions options,
     : options_(std::move(options)),
       args_(std::move(args)),
       replicas_(std::make_shared<const Route>(std::move(target),
-                                              /*to_leader=*/false, args_)),
+                                              /*to_leader=*/false, args_,
+                                              options_.credentials)),
       route_(replicas_) {}
 
 std::shared_ptr<const CoordinatorClient::Route> CoordinatorClient::route()
@@ -212,7 +218,8 @@ bool CoordinatorClient::Reroute(const grpc::ClientContext& context,
                    << "leader it names at " << leader;
       last_leader_ = leader;
     }
-    route_ = std::make_shared<const Route>(*target, /*to_leader=*/true, args_);
+    route_ = std::make_shared<const Route>(*target, /*to_leader=*/true, args_,
+                                           options_.credentials);
     return true;
   }
   if (used.to_leader && !target.ok()) {

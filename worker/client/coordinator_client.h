@@ -59,6 +59,8 @@ struct ClientOptions {
   std::string target;
   // Deadline of each attempt of a call that does not wait by design.
   absl::Duration call_timeout = absl::Seconds(10);
+  // Transport security (MakeChannelCredentials); nullptr: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
   RetryPolicy retry;
 };
 
@@ -137,7 +139,8 @@ class CoordinatorClient {
   // keeps the one it started on.
   struct Route {
     Route(std::string target, bool to_leader,
-          const grpc::ChannelArguments& args);
+          const grpc::ChannelArguments& args,
+          const std::shared_ptr<grpc::ChannelCredentials>& credentials);
     std::string target;  // gRPC's
     bool to_leader;      // a standby named it
     std::shared_ptr<grpc::Channel> channel;
