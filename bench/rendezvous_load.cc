@@ -34,7 +34,9 @@
 #include "proto/gradsync/v1/kv.grpc.pb.h"
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
 #include "server/coordinator.h"
+#include "server/server_credentials.h"
 #include "server/storage/open_storage.h"
+#include "worker/client/channel_credentials.h"
 
 ABSL_FLAG(int, workers, 10000, "simulated workers joining one job");
 ABSL_FLAG(int, channels, 8,
@@ -55,6 +57,11 @@ ABSL_FLAG(std::string, state_dir, "",
 ABSL_FLAG(std::string, etcd, "",
           "with the in-process coordinator: keep its state in the etcd at "
           "HOST:PORT, as gradsync-coordinator --etcd does");
+ABSL_FLAG(std::string, tls_cert, "",
+          "in-process coordinator: serve over TLS with this PEM certificate "
+          "(and --tls_key); the clients then trust --tls_ca");
+ABSL_FLAG(std::string, tls_key, "", "the PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA the clients trust (TLS)");
 ABSL_FLAG(std::string, etcd_prefix, "/gradsync-bench/",
           "namespace of the state in --etcd (use a fresh one per run)");
 
@@ -89,6 +96,13 @@ void PrintRow(const char* what, size_t n, const Percentiles& p) {
               Ms(p.p90).c_str(), Ms(p.p99).c_str(), Ms(p.max).c_str());
 }
 
+// The clients' transport security (--tls_ca), set once in Main().
+std::shared_ptr<grpc::ChannelCredentials>& ClientCredentials() {
+  static auto* credentials = new std::shared_ptr<grpc::ChannelCredentials>(
+      grpc::InsecureChannelCredentials());
+  return *credentials;
+}
+
 std::vector<std::shared_ptr<grpc::Channel>> Connect(const std::string& target,
                                                     int count,
                                                     bool wait_connected) {
@@ -99,8 +113,8 @@ std::vector<std::shared_ptr<grpc::Channel>> Connect(const std::string& target,
     // own TCP connection.
     args.SetInt("gradsync.bench_channel", i);
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    auto channel = grpc::CreateCustomChannel(
-        target, grpc::InsecureChannelCredentials(), args);
+    auto channel =
+        grpc::CreateCustomChannel(target, ClientCredentials(), args);
     if (wait_connected) {
       channel->WaitForConnected(std::chrono::system_clock::now() +
                                 std::chrono::seconds(10));
@@ -331,9 +345,21 @@ int Main() {
   std::string target = absl::GetFlag(FLAGS_coordinator);
   std::unique_ptr<Storage> storage;  // outlives the coordinator
   std::unique_ptr<Coordinator> coordinator;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> client_tls =
+      MakeChannelCredentials({absl::GetFlag(FLAGS_tls_ca), "", ""});
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_tls =
+      MakeServerCredentials(
+          {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), ""});
+  if (!client_tls.ok() || !server_tls.ok()) {
+    std::fprintf(stderr, "%s %s\n", client_tls.status().ToString().c_str(),
+                 server_tls.status().ToString().c_str());
+    return 1;
+  }
+  ClientCredentials() = *client_tls;
   if (target.empty()) {
     CoordinatorConfig config;
     config.listen_address = "127.0.0.1:0";
+    config.credentials = *server_tls;
     StorageSpec spec;
     spec.state_dir = absl::GetFlag(FLAGS_state_dir);
     spec.etcd = absl::GetFlag(FLAGS_etcd);

@@ -4,7 +4,9 @@
 # --etcd (a one-member etcd on loopback that this script starts, when
 # /usr/bin/etcd is there), on the same load: 10,000 simulated workers ranked
 # (goal <= 1 s with state), then key-value Set+Get calls with 64 in flight
-# (goal: durable >= 0.5 of memory).
+# (goal: durable >= 0.5 of memory). A fourth column serves from memory over
+# TLS (a CA and a certificate for 127.0.0.1 made here with openssl): what
+# TLS costs, as a ratio to plaintext.
 #   bench/state_bench.sh [--rounds=3]
 # Rounds alternate the backends so machine noise hits all; prints each round
 # and the median ratios durable / in-memory.
@@ -22,7 +24,9 @@ load=bazel-bin/bench/rendezvous_load
 state=$(mktemp -d)
 etcd_pid=""
 cleanup() {
-  [ -n "$etcd_pid" ] && kill "$etcd_pid" 2>/dev/null && wait "$etcd_pid" 2>/dev/null
+  if [ -n "$etcd_pid" ]; then
+    kill "$etcd_pid" 2>/dev/null && wait "$etcd_pid" 2>/dev/null || true
+  fi
   rm -rf "$state"
 }
 trap cleanup EXIT
@@ -47,6 +51,17 @@ if [ -x /usr/bin/etcd ]; then
   done
 fi
 
+# TLS material for the fourth column.
+ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+openssl req -x509 "${ec[@]}" -keyout "$state/ca.key" -out "$state/ca.pem" \
+  -days 1 -subj /CN=bench-ca 2>/dev/null
+openssl req "${ec[@]}" -keyout "$state/c.key" -out "$state/c.csr" \
+  -subj /CN=127.0.0.1 2>/dev/null
+echo "subjectAltName=IP:127.0.0.1" >"$state/ext"
+openssl x509 -req -in "$state/c.csr" -CA "$state/ca.pem" -CAkey "$state/ca.key" \
+  -CAcreateserial -out "$state/c.pem" -days 1 -extfile "$state/ext" 2>/dev/null
+tls=(--tls_cert="$state/c.pem" --tls_key="$state/c.key" --tls_ca="$state/ca.pem")
+
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p" <<<"$2"; }
 run() {  # prints "ranked_s kv_calls_per_s" of one run, or fails
   local out
@@ -56,9 +71,10 @@ run() {  # prints "ranked_s kv_calls_per_s" of one run, or fails
   echo "$(field ranked_s "$out") $(field kv_calls_per_s "$out")"
 }
 
-printf "%5s %10s %10s %10s %12s %12s %12s\n" round memory_s state_s etcd_s \
-  memory_kv/s state_kv/s etcd_kv/s
+printf "%5s %10s %10s %10s %10s %12s %12s %12s %12s\n" round memory_s state_s \
+  etcd_s tls_s memory_kv/s state_kv/s etcd_kv/s tls_kv/s
 kv_ratios=(); rank_ratios=(); etcd_kv_ratios=(); etcd_rank_ratios=()
+tls_kv_ratios=(); tls_rank_ratios=()
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 for r in $(seq 1 "$rounds"); do
   read -r mr mk < <(run)
@@ -70,7 +86,11 @@ for r in $(seq 1 "$rounds"); do
     etcd_kv_ratios+=("$(ratio "$ek" "$mk")")
     etcd_rank_ratios+=("$(ratio "$er" "$mr")")
   fi
-  printf "%5d %10s %10s %10s %12s %12s %12s\n" "$r" "$mr" "$sr" "$er" "$mk" "$sk" "$ek"
+  read -r tr tk < <(run "${tls[@]}")
+  tls_kv_ratios+=("$(ratio "$tk" "$mk")")
+  tls_rank_ratios+=("$(ratio "$tr" "$mr")")
+  printf "%5d %10s %10s %10s %10s %12s %12s %12s %12s\n" "$r" "$mr" "$sr" "$er" \
+    "$tr" "$mk" "$sk" "$ek" "$tk"
   kv_ratios+=("$(ratio "$sk" "$mk")")
   rank_ratios+=("$(ratio "$sr" "$mr")")
 done
@@ -83,3 +103,5 @@ if [ -n "$etcd_endpoint" ]; then
 else
   echo "--etcd: not measured (no /usr/bin/etcd)"
 fi
+echo "key-value throughput, TLS / plaintext (median): $(median "${tls_kv_ratios[@]}")"
+echo "time to rank 10,000 workers, TLS / plaintext (median): $(median "${tls_rank_ratios[@]}")"
