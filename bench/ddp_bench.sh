@@ -5,7 +5,7 @@
 # gradient sync against a raw all-reduce of the same bytes.
 #   bench/ddp_bench.sh [--hidden=2800] [--batch_size=32] [--steps=60]
 #                      [--world_size=2] [--threads=1] [--rounds=3]
-#                      [--device=cpu|cuda] [--may_grow] [--no_build]
+#                      [--device=cpu|cuda] [--may_grow] [--gloo] [--no_build]
 # Each configuration runs --rounds times, interleaved with its peer's runs so
 # that machine noise hits both; the median of the runs' median step times is
 # reported. Prints:
@@ -17,11 +17,12 @@
 #   - with --may_grow: the step time of a round that may grow (--nnodes=1:2,
 #     one node running: the ranks agree after every step whether to re-form
 #     at the step boundary, a one-element all-reduce) over the fixed round's.
+# --gloo runs gradsync's ranks over Gloo TCP instead of shared memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 hidden=2800 batch=32 steps=60 world=2 threads=1 rounds=3 device=cpu build=1
-may_grow=0
+may_grow=0 shm=true
 for arg in "$@"; do
   case "$arg" in
     --hidden=*) hidden=${arg#*=} ;;
@@ -32,6 +33,7 @@ for arg in "$@"; do
     --rounds=*) rounds=${arg#*=} ;;
     --device=*) device=${arg#*=} ;;
     --may_grow) may_grow=1 ;;
+    --gloo) shm=false ;;
     --no_build) build=0 ;;
     *) echo "ddp_bench: unknown argument $arg" >&2; exit 2 ;;
   esac
@@ -77,7 +79,7 @@ gradsync_ddp() {
   local job=$1 nnodes=${2:-1} pids=()
   for r in $(seq "$world"); do
     "$worker_bin" --coordinator="127.0.0.1:$port" --job="bench-$job" \
-      --nnodes="$nnodes" --last_call_timeout=0s \
+      --nnodes="$nnodes" --last_call_timeout=0s --shared_memory="$shm" \
       --nproc_per_node="$world" "${common[@]}" \
       --summary_json="$work/gs.json" >"$work/gs-$r.log" 2>&1 &
     pids+=($!)
@@ -100,7 +102,8 @@ median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print v[in
 
 params=$("$python" -c "h=$hidden; print(784*h + h + h*h + h + 10*h + 10)")
 echo "== $device, MLP 784-$hidden-$hidden-10 ($params parameters), batch $batch per rank," \
-     "$world ranks, $threads thread(s) per rank, $steps steps (5 warm-up), $rounds rounds"
+     "$world ranks, $threads thread(s) per rank, $steps steps (5 warm-up), $rounds rounds," \
+     "gradsync over $([ "$shm" = true ] && echo "shared memory" || echo "Gloo TCP")"
 gs_ddp=() gs_local=() t_ddp=() t_local=() gs_grow=()
 for round in $(seq "$rounds"); do
   gs_ddp+=("$(gradsync_ddp "$round")")
