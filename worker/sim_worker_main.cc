@@ -27,7 +27,6 @@
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "worker/client/channel_credentials.h"
 #include "worker/client/coordinator_client.h"
 #include "worker/runtime/health_reporter.h"
 #include "worker/runtime/join.h"
@@ -221,10 +220,8 @@ absl::Status Run() {
   GS_ASSIGN_OR_RETURN(v1::JoinRequest request, BuildRequestFromFlags());
   ClientOptions options;
   options.target = absl::GetFlag(FLAGS_coordinator);
-  GS_ASSIGN_OR_RETURN(options.credentials,
-                      MakeChannelCredentials({absl::GetFlag(FLAGS_tls_ca),
-                                              absl::GetFlag(FLAGS_tls_cert),
-                                              absl::GetFlag(FLAGS_tls_key)}));
+  options.tls = {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
+                 absl::GetFlag(FLAGS_tls_key)};
   GS_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Create(options));
   GS_ASSIGN_OR_RETURN(v1::Assignment assignment, client->Join(request));
   GS_RETURN_IF_ERROR(Bootstrap(*client, assignment, request.node()));

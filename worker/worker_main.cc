@@ -24,7 +24,6 @@
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "worker/client/channel_credentials.h"
 #include "worker/client/coordinator_client.h"
 #include "worker/backend/observed_backend.h"
 #include "worker/runtime/elastic.h"
@@ -331,10 +330,9 @@ absl::Status Run() {
 
   ClientOptions client_options;
   client_options.target = coordinator;
-  GS_ASSIGN_OR_RETURN(client_options.credentials,
-                      MakeChannelCredentials({absl::GetFlag(FLAGS_tls_ca),
-                                              absl::GetFlag(FLAGS_tls_cert),
-                                              absl::GetFlag(FLAGS_tls_key)}));
+  client_options.tls = {absl::GetFlag(FLAGS_tls_ca),
+                        absl::GetFlag(FLAGS_tls_cert),
+                        absl::GetFlag(FLAGS_tls_key)};
   GS_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Create(client_options));
   ElasticOptions elastic;
   elastic.max_recoveries = absl::GetFlag(FLAGS_max_recoveries);

@@ -86,10 +86,7 @@ class TlsProcessTest : public ::testing::Test {
     ClientOptions options;
     options.target = coordinator_.address();
     options.retry.budget = absl::Seconds(2);
-    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-        MakeChannelCredentials(tls);
-    if (!credentials.ok()) return credentials.status();
-    options.credentials = *credentials;
+    options.tls = tls;
     absl::StatusOr<std::unique_ptr<CoordinatorClient>> client =
         CoordinatorClient::Create(options);
     if (!client.ok()) return client.status();

@@ -21,7 +21,6 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "worker/cli/job_format.h"
-#include "worker/client/channel_credentials.h"
 #include "worker/client/coordinator_client.h"
 
 ABSL_FLAG(std::string, tls_ca, "",
@@ -70,11 +69,8 @@ int main(int argc, char** argv) {
   options.call_timeout = absl::GetFlag(FLAGS_timeout);
   options.retry.max_attempts = 3;
   options.retry.budget = absl::GetFlag(FLAGS_timeout);
-  auto credentials = gradsync::MakeChannelCredentials(
-      {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
-       absl::GetFlag(FLAGS_tls_key)});
-  if (!credentials.ok()) return Fail(std::string(credentials.status().message()), 2);
-  options.credentials = *credentials;
+  options.tls = {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
+                 absl::GetFlag(FLAGS_tls_key)};
   auto client = gradsync::CoordinatorClient::Create(options);
   if (!client.ok()) return Fail(std::string(client.status().message()), 2);
   const bool json = absl::GetFlag(FLAGS_json);

@@ -158,8 +158,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // long waits too
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
               absl::ToInt64Milliseconds(kConnectTimeout));
-  return std::unique_ptr<CoordinatorClient>(new CoordinatorClient(
-      std::move(options), std::move(args), *std::move(target)));
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
+  return std::unique_ptr<CoordinatorClient>(
+      new CoordinatorClient(std::move(options), std::move(args),
+                            *std::move(credentials), *std::move(target)));
 }
 
 CoordinatorClient::Route::Route(
@@ -178,15 +182,26 @@ CoordinatorClient::Route::Route(
       jobs(v1::Jobs::NewStub(channel)),
       monitor(v1::Monitor::NewStub(channel)) {}
 
-CoordinatorClient::CoordinatorClient(ClientOptions options,
-                                     grpc::ChannelArguments args,
-                                     std::string target)
+CoordinatorClient::CoordinatorClient(
+    ClientOptions options, grpc::ChannelArguments args,
+    std::shared_ptr<grpc::ChannelCredentials> credentials, std::string target)
     : options_(std::move(options)),
       args_(std::move(args)),
+      credentials_(std::move(credentials)),
       replicas_(std::make_shared<const Route>(std::move(target),
                                               /*to_leader=*/false, args_,
-                                              options_.credentials)),
+                                              credentials_)),
       route_(replicas_) {}
+
+std::string CoordinatorClient::UnreachableHint() const {
+  return options_.tls.ca.empty()
+             ? " (is it running, and is the address right? A coordinator "
+               "serving TLS closes plaintext connections: give --tls_ca)"
+             : " (is it running, and is the address right? Over TLS: does "
+               "--tls_ca hold the CA of the coordinator's certificate, and "
+               "does a coordinator with --tls_client_ca get a client "
+               "certificate it trusts, --tls_cert and --tls_key?)";
+}
 
 std::shared_ptr<const CoordinatorClient::Route> CoordinatorClient::route()
     const {
@@ -219,7 +234,7 @@ bool CoordinatorClient::Reroute(const grpc::ClientContext& context,
       last_leader_ = leader;
     }
     route_ = std::make_shared<const Route>(*target, /*to_leader=*/true, args_,
-                                           options_.credentials);
+                                           credentials_);
     return true;
   }
   if (used.to_leader && !target.ok()) {
@@ -264,7 +279,7 @@ absl::Status CoordinatorClient::Call(
           absl::FormatDuration(absl::Trunc(absl::Now() - start,
                                            absl::Milliseconds(1))),
           ": ", status.error_message(),
-          " (is it running, and is the address right?)"));
+          UnreachableHint()));
     }
     absl::SleepFor(pause);
     backoff = std::min(retry.max_backoff, backoff * retry.backoff_multiplier);
@@ -468,7 +483,7 @@ absl::Status CoordinatorClient::WatchJob(
     Reroute(context, status, *route);  // for the next watch
     return absl::UnavailableError(absl::StrCat(
         "watch: cannot reach the coordinator at ", options_.target, ": ",
-        status.error_message(), " (is it running, and is the address right?)"));
+        status.error_message(), UnreachableHint()));
   }
   return FromGrpcStatus(status);
 }

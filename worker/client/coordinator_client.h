@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/gradsync/v1/health.grpc.pb.h"
+#include "worker/client/channel_credentials.h"
 #include "proto/gradsync/v1/jobs.grpc.pb.h"
 #include "proto/gradsync/v1/kv.grpc.pb.h"
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
@@ -59,8 +60,8 @@ struct ClientOptions {
   std::string target;
   // Deadline of each attempt of a call that does not wait by design.
   absl::Duration call_timeout = absl::Seconds(10);
-  // Transport security (MakeChannelCredentials); nullptr: plaintext.
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Transport security: TLS when tls.ca is set (MakeChannelCredentials).
+  ClientTls tls;
   RetryPolicy retry;
 };
 
@@ -76,8 +77,9 @@ inline constexpr absl::Duration kConnectTimeout = absl::Seconds(4);
 // call at once.
 class CoordinatorClient {
  public:
-  // INVALID_ARGUMENT when `options.target` is not HOST:PORT[,...]. Does not
-  // connect yet: the first call does.
+  // INVALID_ARGUMENT when `options.target` is not HOST:PORT[,...];
+  // MakeChannelCredentials' errors for `options.tls`. Does not connect yet:
+  // the first call does.
   static absl::StatusOr<std::unique_ptr<CoordinatorClient>> Create(
       ClientOptions options);
 
@@ -153,9 +155,12 @@ class CoordinatorClient {
       std::function<grpc::Status(grpc::ClientContext*, const Route&)>;
 
   CoordinatorClient(ClientOptions options, grpc::ChannelArguments args,
+                    std::shared_ptr<grpc::ChannelCredentials> credentials,
                     std::string target);
 
   std::shared_ptr<const Route> route() const;
+  // What to check when the coordinator cannot be reached, for errors.
+  std::string UnreachableHint() const;
   // After a call over `used` ended UNAVAILABLE (`status`, with `context`'s
   // trailing metadata): when a standby named the leader, calls go there from now on
   // (true: try again at once); when a leader followed before went away,
@@ -171,6 +176,7 @@ class CoordinatorClient {
 
   const ClientOptions options_;
   const grpc::ChannelArguments args_;
+  const std::shared_ptr<grpc::ChannelCredentials> credentials_;
   const std::shared_ptr<const Route> replicas_;
   mutable absl::Mutex mu_;
   std::shared_ptr<const Route> route_ ABSL_GUARDED_BY(mu_);
