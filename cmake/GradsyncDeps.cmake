@@ -1,5 +1,5 @@
 # The system libraries of //third_party/system as CMake targets
-# "gradsync_system_<name>" (absl, protobuf, grpc, gtest, gtest_main,
+# "gradsync_system_<name>" (absl, protobuf, grpc, gtest,
 # benchmark, gloo, torch), plus protoc and grpc_cpp_plugin for
 # gradsync_cc_grpc_library.
 #
@@ -133,9 +133,6 @@ if(GRADSYNC_BUILD_TESTS)
   add_library(gradsync_system_gtest INTERFACE)
   target_link_libraries(gradsync_system_gtest INTERFACE
     GTest::gmock GTest::gtest Threads::Threads)
-  add_library(gradsync_system_gtest_main INTERFACE)
-  target_link_libraries(gradsync_system_gtest_main INTERFACE
-    GTest::gtest_main gradsync_system_gtest)
 endif()
 
 # --- Google Benchmark (libbenchmark-dev); nothing uses it yet.

@@ -196,6 +196,25 @@ TEST_F(HealthIntegrationTest, HeartbeatsAreAnsweredAndShowInStatus) {
   EXPECT_TRUE(stream->Close(kPromptly).ok());
 }
 
+// Sends racing the coordinator's end of the stream (a member it does not
+// know) never touch the finished call: they are refused once the call ends.
+TEST_F(HealthIntegrationTest, SendsRacingTheEndOfTheStreamAreRefused) {
+  v1::HeartbeatRequest unknown;
+  unknown.mutable_member()->set_job_id("nobody");
+  unknown.mutable_member()->set_round(1);
+  unknown.mutable_member()->set_incarnation_id("inc");
+  for (int i = 0; i < 200; ++i) {
+    Answers answers;
+    auto stream = client_->OpenHeartbeatStream(answers.Callback());
+    const absl::Time deadline = absl::Now() + kPromptly;
+    while (stream->Send(unknown) && absl::Now() < deadline) {
+    }
+    ASSERT_TRUE(Eventually([&] { return stream->ended().has_value(); }));
+    EXPECT_TRUE(absl::IsNotFound(*stream->ended())) << *stream->ended();
+    EXPECT_FALSE(stream->Send(unknown));
+  }
+}
+
 TEST_F(HealthIntegrationTest, SilentMemberIsLostAfterThreeIntervals) {
   std::vector<v1::Assignment> a = JoinAll("silent", 2);
   std::vector<std::unique_ptr<Beater>> beaters = StartBeating(a);

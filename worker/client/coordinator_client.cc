@@ -27,6 +27,13 @@ constexpr absl::Duration kWaitMargin = absl::Seconds(30);
 
 // HeartbeatStream over the callback API: one read always pending (answers),
 // at most one write in flight and one waiting.
+//
+// Send() and Close() start operations from outside gRPC's reactions, which
+// is only allowed while the call cannot complete: gRPC destroys its stream
+// object before OnDone, so a write started in that gap would run on freed
+// memory. The reactor therefore holds the call open (AddHold) until its
+// pending read fails, which happens first whenever the call ends (finished
+// by the coordinator, broken, or cancelled), and starts nothing after that.
 class HeartbeatReactor final
     : public HeartbeatStream,
       public grpc::ClientBidiReactor<v1::HeartbeatRequest,
@@ -41,6 +48,7 @@ class HeartbeatReactor final
           on_done)
       : on_response_(std::move(on_response)), on_done_(std::move(on_done)) {
     stub->async()->Heartbeat(&context_, this);
+    AddHold();
     StartRead(&response_);
     StartCall();
   }
@@ -55,7 +63,7 @@ class HeartbeatReactor final
 
   bool Send(v1::HeartbeatRequest request) override {
     absl::MutexLock lock(&mu_);
-    if (done_.has_value() || closing_) return false;
+    if (ending_ || closing_) return false;
     if (writing_) {
       next_ = std::move(request);
       return true;
@@ -73,7 +81,7 @@ class HeartbeatReactor final
 
   absl::Status Close(absl::Duration timeout) override {
     absl::MutexLock lock(&mu_);
-    if (!closing_ && !done_.has_value()) {
+    if (!closing_ && !ending_) {
       closing_ = true;
       next_.reset();
       if (!writing_) StartWritesDone();
@@ -90,7 +98,16 @@ class HeartbeatReactor final
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) return;  // the stream is ending; OnDone follows
+    if (!ok) {
+      // The call is ending: no operation may start any more; then let it
+      // complete (OnDone follows).
+      {
+        absl::MutexLock lock(&mu_);
+        ending_ = true;
+      }
+      RemoveHold();
+      return;
+    }
     on_response_(response_);
     StartRead(&response_);
   }
@@ -98,7 +115,7 @@ class HeartbeatReactor final
   void OnWriteDone(bool ok) override {
     absl::MutexLock lock(&mu_);
     writing_ = false;
-    if (!ok) return;
+    if (!ok || ending_) return;
     if (next_.has_value()) {
       writing_ = true;
       outgoing_ = std::move(*next_);
@@ -125,6 +142,8 @@ class HeartbeatReactor final
   mutable absl::Mutex mu_;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  // The read failed: the call is ending and starts no more operations.
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;
   v1::HeartbeatRequest outgoing_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::HeartbeatRequest> next_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> done_ ABSL_GUARDED_BY(mu_);

@@ -12,8 +12,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator.h"
+#include "server/storage/in_memory_storage.h"
 #include "tests/testing/eventually.h"
-#include "tests/testing/ports.h"
 #include "worker/client/coordinator_client.h"
 
 namespace gradsync {
@@ -35,8 +35,10 @@ HealthReporterOptions FastOptions() {
 // one worker that joined job "train".
 class HealthReporterTest : public ::testing::Test {
  protected:
-  void StartCoordinator(int port = 0) {
+  // On `port` (0: any free one), keeping its state in `storage` when given.
+  void StartCoordinator(int port = 0, Storage* storage = nullptr) {
     CoordinatorConfig config;
+    config.storage = storage;
     config.listen_address = absl::StrCat("127.0.0.1:", port);
     config.poll_interval = absl::Milliseconds(5);
     config.health.heartbeat_interval = absl::Milliseconds(100);
@@ -71,6 +73,7 @@ class HealthReporterTest : public ::testing::Test {
     return job.ok() ? *job : v1::JobStatus();
   }
 
+  InMemoryStorage storage_;  // for tests that restart the coordinator
   std::unique_ptr<Coordinator> coordinator_;
   int port_ = 0;
 };
@@ -177,14 +180,17 @@ TEST_F(HealthReporterTest, FinishBeforeStartIsRefused) {
 }
 
 TEST_F(HealthReporterTest, DeadCoordinatorNeverBlocksUpdatesAndIsRetried) {
-  // The reporter starts before its coordinator exists.
-  const int port = PickUnusedPort();
+  // The worker joined; then its coordinator went away. Its state is kept
+  // (here in memory) for the coordinator that comes back on the same port,
+  // so the member is known there whenever its first heartbeat arrives.
+  StartCoordinator(/*port=*/0, &storage_);
+  const int port = port_;
+  const v1::Assignment a = JoinOne("inc-late");
+  ASSERT_EQ(a.rank(), 0);
+  coordinator_.reset();
+
   auto client = Client(port);
   HealthReporter reporter(client.get(), FastOptions());
-  v1::Assignment a;
-  a.set_job_id("train");
-  a.set_round(1);
-  a.set_rank(0);
   reporter.Start(a, "inc-late");
   const absl::Time start = absl::Now();
   for (int i = 0; i < 10000; ++i) reporter.Update(Step(i));
@@ -193,9 +199,8 @@ TEST_F(HealthReporterTest, DeadCoordinatorNeverBlocksUpdatesAndIsRetried) {
   ASSERT_TRUE(Eventually([&] { return reporter.stats().failed_streams >= 3; }));
   EXPECT_EQ(reporter.stats().answers, 0);
 
-  // The coordinator comes up and the worker joins: heartbeats flow.
-  StartCoordinator(port);
-  ASSERT_EQ(JoinOne("inc-late").rank(), 0);
+  // The coordinator comes back: heartbeats flow again.
+  StartCoordinator(port, &storage_);
   ASSERT_TRUE(Eventually([&] { return reporter.stats().answers > 0; }));
   ASSERT_TRUE(Eventually([&] { return Job().members(0).metrics().step() == 9999; }));
 }
