@@ -3,6 +3,8 @@
 //   gradsync --coordinator=HOST:PORT jobs [--json]
 //   gradsync --coordinator=HOST:PORT status JOB [--json]
 //   gradsync --coordinator=HOST:PORT watch JOB [--json] [--interval=1s]
+//   gradsync launch [torchrun-style flags] [--] PROGRAM [ARGS...]
+//     (the node agent: worker/launch/node_agent.h; its own flags)
 //
 // Exit codes: 0 success, 1 the coordinator answered with an error (e.g. an
 // unknown job) or could not be reached, 2 bad usage. Errors are one line on
@@ -22,6 +24,7 @@
 #include "common/logging.h"
 #include "worker/cli/job_format.h"
 #include "worker/client/coordinator_client.h"
+#include "worker/launch/launch_command.h"
 
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA that signed the coordinator's TLS certificate (empty: "
@@ -49,7 +52,9 @@ constexpr char kUsage[] =
     "  gradsync --coordinator=HOST:PORT status JOB [--json]\n"
     "  gradsync --coordinator=HOST:PORT watch JOB [--json] [--interval=1s]\n"
     "    (a live per-rank table, refreshed until the job ends; --json prints\n"
-    "    one JSON document per line per update)";
+    "    one JSON document per line per update)\n"
+    "  gradsync launch --coordinator=HOST:PORT --job=ID [FLAGS] PROGRAM ...\n"
+    "    (start this node's processes of a job; gradsync launch --help)";
 
 int Fail(const std::string& message, int code) {
   std::fprintf(stderr, "gradsync: %s\n", message.c_str());
@@ -59,6 +64,10 @@ int Fail(const std::string& message, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "launch") {
+    return gradsync::RunLaunchCommand(
+        std::vector<std::string>(argv + 2, argv + argc));
+  }
   absl::SetProgramUsageMessage(kUsage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) return Fail(std::string("no command\n") + kUsage, 2);

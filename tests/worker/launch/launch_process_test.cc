@@ -1,0 +1,213 @@
+// `gradsync launch` with real processes on loopback: a PyTorch DDP script
+// written for torchrun runs unchanged as 2 nodes x 2 processes and ends with
+// the parameters torchrun's run of it ends with; the coordinator shows every
+// rank while it runs; a failed process restarts the group within
+// --max_restarts and fails the job with its exit code after; SIGTERM stops
+// the processes.
+#include <signal.h>
+
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+#include "worker/client/coordinator_client.h"
+
+namespace gradsync {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Child;
+using testing::CoordinatorProcess;
+using testing::PumpUntil;
+using testing::Runfile;
+using testing::TempPath;
+using testing::WaitAll;
+
+constexpr absl::Duration kBound = absl::Seconds(120);
+constexpr char kPython[] = "/usr/bin/python3";
+
+// Prints its rank and restart count; rank 1 exits 3 until restart `heals`.
+std::string FlakyProgram(int heals) {
+  return absl::StrCat(
+      "echo \"rank=$RANK restart=$TORCHELASTIC_RESTART_COUNT\"; "
+      "if [ \"$RANK\" = 1 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" -lt ", heals,
+      " ]; then exit 3; fi");
+}
+
+std::vector<double> ReadNumbers(const std::string& path) {
+  std::vector<double> numbers;
+  std::ifstream in(path);
+  for (double v; in >> v;) numbers.push_back(v);
+  return numbers;
+}
+
+class LaunchProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(coordinator_.Start(Runfile("server/gradsync-coordinator"),
+                                   "launch"));
+    ClientOptions options;
+    options.target = coordinator_.address();
+    client_ = *CoordinatorClient::Create(options);
+  }
+  void TearDown() override { EXPECT_TRUE(coordinator_.Stop()); }
+
+  // Starts the agent of node `node` of `job` (nnodes nodes of nproc).
+  std::unique_ptr<Child> Agent(const std::string& job, int node, int nnodes,
+                               int nproc, const std::vector<std::string>& flags,
+                               const std::vector<std::string>& program) {
+    std::vector<std::string> argv = {
+        Runfile("worker/cli/gradsync"), "launch",
+        "--coordinator=" + coordinator_.address(), "--rdzv_id=" + job,
+        absl::StrCat("--nnodes=", nnodes),
+        absl::StrCat("--nproc_per_node=", nproc),
+        absl::StrCat("--node_id=node", node), "--python", kPython};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.push_back("--");
+    argv.insert(argv.end(), program.begin(), program.end());
+    auto child = std::make_unique<Child>();
+    EXPECT_TRUE(child->Start(argv, /*capture=*/true));
+    return child;
+  }
+
+  v1::JobStatus Job(const std::string& job) {
+    absl::StatusOr<v1::JobStatus> status = client_->GetJob(job);
+    return status.ok() ? *status : v1::JobStatus();
+  }
+
+  CoordinatorProcess coordinator_;
+  std::unique_ptr<CoordinatorClient> client_;
+};
+
+TEST_F(LaunchProcessTest, ATorchrunScriptEndsAsUnderTorchrun) {
+  const std::string script = Runfile("tests/worker/launch/ddp_script.py");
+  const std::string ours = TempPath("params-launch.txt");
+  const std::string theirs = TempPath("params-torchrun.txt");
+  // A pause per step keeps the script running while status is read.
+  const std::vector<std::string> program = {script, ours, "--pause", "0.2"};
+  std::unique_ptr<Child> a = Agent("torch", 0, 2, 2, {}, program);
+  std::unique_ptr<Child> b = Agent("torch", 1, 2, 2, {}, program);
+
+  // While it runs, the coordinator shows 4 ranks heartbeating.
+  auto all_beating = [&] {
+    v1::JobStatus job = Job("torch");
+    int beating = 0;
+    for (const v1::Member& m : job.members()) {
+      if (m.has_metrics() &&
+          m.metrics().state() == v1::WORKER_STATE_TRAINING) {
+        ++beating;
+      }
+    }
+    return beating == 4;
+  };
+  EXPECT_TRUE(PumpUntil({a.get(), b.get()}, kBound, all_beating))
+      << a->describe() << b->describe();
+  ASSERT_TRUE(WaitAll({a.get(), b.get()}, kBound));
+  ASSERT_EQ(a->exit_code(), 0) << a->describe();
+  ASSERT_EQ(b->exit_code(), 0) << b->describe();
+  // Node ranks follow the order of the joins: either agent may run rank 0.
+  EXPECT_THAT(a->out() + b->out(), HasSubstr("[rank0]: rank 0: wrote"));
+
+  std::string status;
+  Child cli;
+  ASSERT_TRUE(cli.Start({Runfile("worker/cli/gradsync"),
+                         "--coordinator=" + coordinator_.address(), "status",
+                         "torch"},
+                        /*capture=*/true));
+  ASSERT_TRUE(WaitAll({&cli}, kBound));
+  EXPECT_THAT(cli.out(), HasSubstr("succeeded"));
+  EXPECT_THAT(cli.out(), HasSubstr("world size  4 (nodes 2 x 2"));
+
+  // The same script under torchrun, 4 processes.
+  Child torchrun;
+  ASSERT_TRUE(torchrun.Start(
+      {kPython, "-m", "torch.distributed.run", "--standalone",
+       "--nproc_per_node=4", "--redirects=1", "--tee=1",
+       "--log_dir=" + TempPath("torchrun-logs"), script, theirs},
+      /*capture=*/true));
+  ASSERT_TRUE(WaitAll({&torchrun}, kBound));
+  ASSERT_EQ(torchrun.exit_code(), 0) << torchrun.describe();
+
+  const std::vector<double> x = ReadNumbers(ours), y = ReadNumbers(theirs);
+  ASSERT_EQ(x.size(), 610u);
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_NEAR(x[i], y[i], 1e-6) << "parameter " << i;
+  }
+}
+
+TEST_F(LaunchProcessTest, AFailedProcessRestartsTheGroup) {
+  const std::vector<std::string> program = {"/bin/sh", "-c", FlakyProgram(1)};
+  std::unique_ptr<Child> a = Agent("flaky", 0, 2, 2, {"--max_restarts=2"}, program);
+  std::unique_ptr<Child> b = Agent("flaky", 1, 2, 2, {"--max_restarts=2"}, program);
+  ASSERT_TRUE(WaitAll({a.get(), b.get()}, kBound));
+  EXPECT_EQ(a->exit_code(), 0) << a->describe();
+  EXPECT_EQ(b->exit_code(), 0) << b->describe();
+  // Every rank ran again with the next restart count, in round 2, even
+  // those whose first run had succeeded before rank 1 failed.
+  const std::string out = a->out() + b->out();
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("[rank", rank, "]: rank=", rank,
+                                            " restart=1")));
+  }
+  EXPECT_THAT(a->err() + b->err(),
+              HasSubstr("rank 1 exited with code 3; restarting the group "
+                        "(restart 1 of 2)"));
+  const v1::JobStatus job = Job("flaky");
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.DebugString();
+  EXPECT_EQ(job.round(), 2);
+}
+
+TEST_F(LaunchProcessTest, RestartsRunOutAndTheJobFailsWithTheExitCode) {
+  const std::vector<std::string> program = {"/bin/sh", "-c", FlakyProgram(9)};
+  std::unique_ptr<Child> a = Agent("doomed", 0, 2, 2, {"--max_restarts=1"}, program);
+  std::unique_ptr<Child> b = Agent("doomed", 1, 2, 2, {"--max_restarts=1"}, program);
+  ASSERT_TRUE(WaitAll({a.get(), b.get()}, kBound));
+  // Rank 1's agent exits with its code, the other with 1.
+  Child* failed = absl::StrContains(a->out(), "[rank1]:") ? a.get() : b.get();
+  Child* other = failed == a.get() ? b.get() : a.get();
+  EXPECT_EQ(failed->exit_code(), 3) << failed->describe();
+  EXPECT_EQ(other->exit_code(), 1) << other->describe();
+  EXPECT_THAT(failed->err(), HasSubstr("no restarts left (--max_restarts=1)"));
+  EXPECT_THAT(other->err(), HasSubstr("the job failed"));
+  const v1::JobStatus job = Job("doomed");
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED) << job.DebugString();
+  EXPECT_EQ(job.round(), 2);
+  EXPECT_THAT(job.reason(), HasSubstr("exit code 3"));
+}
+
+TEST_F(LaunchProcessTest, SigtermStopsTheProcessesAndFailsTheJob) {
+  const std::string pids = TempPath("pids");
+  // Each process records its pid, then waits (in its shell's group).
+  std::unique_ptr<Child> agent = Agent(
+      "stopped", 0, 1, 2, {"--stop_timeout=20"},
+      {"/bin/sh", "-c", absl::StrCat("echo $$ >> ", pids, "; sleep 60")});
+  auto both_running = [&] {
+    std::ifstream in(pids);
+    int lines = 0;
+    for (std::string line; std::getline(in, line);) ++lines;
+    return lines == 2;
+  };
+  ASSERT_TRUE(PumpUntil({agent.get()}, kBound, both_running))
+      << agent->describe();
+  agent->Signal(SIGTERM);
+  ASSERT_TRUE(WaitAll({agent.get()}, kBound));
+  EXPECT_EQ(agent->exit_code(), 128 + SIGTERM) << agent->describe();
+  std::ifstream in(pids);
+  for (int pid; in >> pid;) {
+    EXPECT_NE(kill(pid, 0), 0) << "process " << pid << " still runs";
+  }
+  const v1::JobStatus job = Job("stopped");
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED) << job.DebugString();
+  EXPECT_THAT(job.reason(), HasSubstr("stopped by signal 15"));
+}
+
+}  // namespace
+}  // namespace gradsync

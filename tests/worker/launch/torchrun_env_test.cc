@@ -1,0 +1,71 @@
+#include "worker/launch/torchrun_env.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace gradsync {
+namespace {
+
+using ::testing::Contains;
+using ::testing::Not;
+
+TEST(TorchrunEnvTest, VariablesFollowTheAssignment) {
+  v1::Assignment a;
+  a.set_job_id("run7");
+  a.set_round(3);
+  a.set_rank(5);
+  a.set_local_rank(1);
+  a.set_world_size(8);
+  a.set_local_world_size(4);
+  a.set_node_rank(1);
+  a.set_num_nodes(2);
+  a.set_backend(v1::BACKEND_GLOO);
+  AgentContext c;
+  c.role = "trainer";
+  c.coordinator = "10.0.0.5:29400";
+  c.master_addr = "10.0.0.7";
+  c.master_port = 41000;
+  c.restart_count = 2;
+  c.max_restarts = 3;
+  const std::map<std::string, std::string> expected = {
+      {"RANK", "5"},
+      {"LOCAL_RANK", "1"},
+      {"WORLD_SIZE", "8"},
+      {"LOCAL_WORLD_SIZE", "4"},
+      {"GROUP_RANK", "1"},
+      {"GROUP_WORLD_SIZE", "2"},
+      {"ROLE_RANK", "5"},
+      {"ROLE_WORLD_SIZE", "8"},
+      {"ROLE_NAME", "trainer"},
+      {"MASTER_ADDR", "10.0.0.7"},
+      {"MASTER_PORT", "41000"},
+      {"TORCHELASTIC_RESTART_COUNT", "2"},
+      {"TORCHELASTIC_MAX_RESTARTS", "3"},
+      {"TORCHELASTIC_RUN_ID", "run7"},
+      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      {"GRADSYNC_COORDINATOR", "10.0.0.5:29400"},
+      {"GRADSYNC_JOB", "run7"},
+      {"GRADSYNC_ROUND", "3"},
+      {"GRADSYNC_BACKEND", "gloo"},
+  };
+  EXPECT_EQ(TorchrunVariables(a, c), expected);
+}
+
+TEST(TorchrunEnvTest, MergeSetsOverTheBaseAndDefaultsOmpThreads) {
+  const std::vector<std::string> merged = MergeEnvironment(
+      {"PATH=/bin", "RANK=99", "MALFORMED"}, {{"RANK", "0"}});
+  EXPECT_THAT(merged, Contains("PATH=/bin"));
+  EXPECT_THAT(merged, Contains("RANK=0"));
+  EXPECT_THAT(merged, Not(Contains("RANK=99")));
+  EXPECT_THAT(merged, Contains("OMP_NUM_THREADS=1"));
+  // A value the user set is kept.
+  EXPECT_THAT(MergeEnvironment({"OMP_NUM_THREADS=8"}, {}),
+              Contains("OMP_NUM_THREADS=8"));
+}
+
+}  // namespace
+}  // namespace gradsync

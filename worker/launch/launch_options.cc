@@ -1,0 +1,247 @@
+#include "worker/launch/launch_options.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <functional>
+#include <map>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+
+namespace gradsync {
+
+const char kLaunchUsage[] =
+    "gradsync launch [FLAGS] [--] PROGRAM [ARGS...]\n"
+    "  Joins the job's rendezvous for this node and starts its processes\n"
+    "  with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
+    "  MASTER_ADDR, MASTER_PORT, ...). PROGRAM.py and -m MODULE run under\n"
+    "  python; other programs run directly.\n"
+    "  --coordinator=HOST:PORT (or --rdzv_endpoint)   required\n"
+    "  --job=ID (or --rdzv_id)                         required\n"
+    "  --nnodes=N|MIN:MAX            nodes of a round (default 1)\n"
+    "  --nproc_per_node=N|cpu|gpu|auto  processes on this node (default 1)\n"
+    "  --node_id=ID                  groups this node's processes (default:\n"
+    "                                the hostname)\n"
+    "  --max_restarts=N              group restarts after a failure (0)\n"
+    "  --monitor_interval=SECONDS    how often processes are sampled (1)\n"
+    "  --log_dir=DIR --redirects=0-3 --tee=0-3   per-rank log files\n"
+    "  --role=NAME                   ROLE_NAME (default)\n"
+    "  --address=HOST                this node's address for MASTER_ADDR\n"
+    "  --backend=auto|gloo|nccl      what the round negotiates (auto)\n"
+    "  --join_timeout=SECONDS        (600)  --stop_timeout=SECONDS (10)\n"
+    "  --tls_ca, --tls_cert, --tls_key   TLS toward the coordinator\n"
+    "  --python=PATH (python3)  --no_python  -m/--module\n"
+    "  Accepted for torchrun compatibility and ignored: --rdzv_backend,\n"
+    "  --rdzv_conf, --master_addr, --master_port, --node_rank, --start_method.";
+
+namespace {
+
+absl::Status Bad(const std::string& flag, const std::string& why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("gradsync launch: --", flag, ": ", why));
+}
+
+// Seconds as torchrun gives them ("5", "0.5"), or an absl duration ("5s").
+absl::StatusOr<absl::Duration> ParseSeconds(const std::string& flag,
+                                            const std::string& value) {
+  double seconds = 0;
+  absl::Duration duration;
+  if (absl::SimpleAtod(value, &seconds) && seconds >= 0) {
+    return absl::Seconds(seconds);
+  }
+  if (absl::ParseDuration(value, &duration) &&
+      duration >= absl::ZeroDuration()) {
+    return duration;
+  }
+  return Bad(flag, absl::StrCat("'", value, "' is not a duration (seconds)"));
+}
+
+absl::StatusOr<int> ParseCount(const std::string& flag,
+                               const std::string& value, int min) {
+  int n = 0;
+  if (!absl::SimpleAtoi(value, &n) || n < min) {
+    return Bad(flag, absl::StrCat("'", value, "' is not an integer >= ", min));
+  }
+  return n;
+}
+
+absl::StatusOr<StdStreams> ParseStreams(const std::string& flag,
+                                        const std::string& value) {
+  int n = -1;
+  if (!absl::SimpleAtoi(value, &n) || n < 0 || n > 3) {
+    return Bad(flag, absl::StrCat("'", value,
+                                  "' is not 0 (none), 1 (stdout), 2 (stderr) "
+                                  "or 3 (both); per-rank maps are not "
+                                  "supported"));
+  }
+  return static_cast<StdStreams>(n);
+}
+
+// NVIDIA GPUs the driver sees, without loading CUDA.
+int CountGpus() {
+  DIR* dir = opendir("/proc/driver/nvidia/gpus");
+  if (dir == nullptr) return 0;
+  int gpus = 0;
+  while (dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] != '.') ++gpus;
+  }
+  closedir(dir);
+  return gpus;
+}
+
+absl::StatusOr<int> ParseNproc(const std::string& value) {
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  if (value == "cpu") return static_cast<int>(std::max(1L, cpus));
+  if (value == "gpu" || value == "auto") {
+    const int gpus = CountGpus();
+    if (gpus > 0) return gpus;
+    if (value == "auto") return static_cast<int>(std::max(1L, cpus));
+    return Bad("nproc_per_node", "'gpu', but no NVIDIA GPU is visible "
+                                 "(/proc/driver/nvidia/gpus)");
+  }
+  return ParseCount("nproc_per_node", value, 1);
+}
+
+using Setter = std::function<absl::Status(LaunchOptions*, const std::string&)>;
+
+template <typename T>
+Setter Assign(T LaunchOptions::*field,
+              std::function<absl::StatusOr<T>(const std::string&)> parse) {
+  return [field, parse](LaunchOptions* o, const std::string& v) {
+    absl::StatusOr<T> parsed = parse(v);
+    if (!parsed.ok()) return parsed.status();
+    o->*field = *std::move(parsed);
+    return absl::OkStatus();
+  };
+}
+
+Setter Text(std::string LaunchOptions::*field) {
+  return Assign<std::string>(
+      field, [](const std::string& v) -> absl::StatusOr<std::string> {
+        return v;
+      });
+}
+
+Setter Seconds(absl::Duration LaunchOptions::*field, const std::string& flag) {
+  return Assign<absl::Duration>(
+      field, [flag](const std::string& v) { return ParseSeconds(flag, v); });
+}
+
+Setter Streams(StdStreams LaunchOptions::*field, const std::string& flag) {
+  return Assign<StdStreams>(
+      field, [flag](const std::string& v) { return ParseStreams(flag, v); });
+}
+
+const std::map<std::string, Setter>& ValueFlags() {
+  static const auto* flags = new std::map<std::string, Setter>{
+      {"coordinator", Text(&LaunchOptions::coordinator)},
+      {"rdzv_endpoint", Text(&LaunchOptions::coordinator)},
+      {"job", Text(&LaunchOptions::job)},
+      {"rdzv_id", Text(&LaunchOptions::job)},
+      {"nnodes", Text(&LaunchOptions::nnodes)},
+      {"nproc_per_node",
+       Assign<int>(&LaunchOptions::nproc_per_node, ParseNproc)},
+      {"node_id", Text(&LaunchOptions::node_id)},
+      {"max_restarts",
+       Assign<int>(&LaunchOptions::max_restarts,
+                   [](const std::string& v) {
+                     return ParseCount("max_restarts", v, 0);
+                   })},
+      {"monitor_interval",
+       Seconds(&LaunchOptions::monitor_interval, "monitor_interval")},
+      {"log_dir", Text(&LaunchOptions::log_dir)},
+      {"redirects", Streams(&LaunchOptions::redirects, "redirects")},
+      {"tee", Streams(&LaunchOptions::tee, "tee")},
+      {"role", Text(&LaunchOptions::role)},
+      {"address", Text(&LaunchOptions::address)},
+      {"backend", Text(&LaunchOptions::backend)},
+      {"join_timeout", Seconds(&LaunchOptions::join_timeout, "join_timeout")},
+      {"stop_timeout", Seconds(&LaunchOptions::stop_timeout, "stop_timeout")},
+      {"tls_ca", Text(&LaunchOptions::tls_ca)},
+      {"tls_cert", Text(&LaunchOptions::tls_cert)},
+      {"tls_key", Text(&LaunchOptions::tls_key)},
+      {"python", Text(&LaunchOptions::python)},
+      // torchrun's own rendezvous: the coordinator does this work.
+      {"rdzv_backend", nullptr},
+      {"rdzv_conf", nullptr},
+      {"master_addr", nullptr},
+      {"master_port", nullptr},
+      {"node_rank", nullptr},
+      {"start_method", nullptr},
+  };
+  return *flags;
+}
+
+}  // namespace
+
+absl::StatusOr<LaunchOptions> ParseLaunchArgs(
+    const std::vector<std::string>& args) {
+  LaunchOptions options;
+  bool no_python = false;
+  bool module = false;
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg == "-m" || arg == "--module") {
+      module = true;
+      continue;
+    }
+    if (!absl::StartsWith(arg, "--")) break;  // the program
+    std::string name = arg.substr(2);
+    std::string value;
+    bool has_value = false;
+    if (const size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    name = absl::StrReplaceAll(name, {{"-", "_"}});
+    if (name == "no_python") {
+      no_python = true;
+      continue;
+    }
+    if (name == "standalone") {
+      return Bad(name, "gradsync always rendezvouses through a coordinator: "
+                       "start gradsync-coordinator and pass --coordinator");
+    }
+    auto flag = ValueFlags().find(name);
+    if (flag == ValueFlags().end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradsync launch: unknown flag '", arg, "'\n", kLaunchUsage));
+    }
+    if (!has_value) {
+      if (i + 1 >= args.size()) return Bad(name, "needs a value");
+      value = args[++i];
+    }
+    if (flag->second) {
+      absl::Status set = flag->second(&options, value);
+      if (!set.ok()) return set;
+    }
+  }
+  if (options.coordinator.empty()) {
+    return Bad("coordinator", "required: the coordinator's HOST:PORT");
+  }
+  if (options.job.empty()) return Bad("job", "required: the job's id");
+  if (i >= args.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradsync launch: no program to run\n", kLaunchUsage));
+  }
+  const std::string& program = args[i];
+  if (module || (!no_python && absl::EndsWith(program, ".py"))) {
+    options.command = {options.python, "-u"};
+    if (module) options.command.push_back("-m");
+  }
+  options.command.insert(options.command.end(), args.begin() + i, args.end());
+  return options;
+}
+
+}  // namespace gradsync

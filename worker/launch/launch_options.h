@@ -1,0 +1,75 @@
+// The settings of `gradsync launch`, the node agent, parsed from a
+// torchrun-style command line.
+//
+//   gradsync launch [FLAGS] [--] PROGRAM [ARGS...]
+//
+// Flags take `--name=value` or `--name value`, and `-` or `_` between words
+// (`--nproc-per-node` is `--nproc_per_node`), as torchrun's do. torchrun's
+// names for the coordinator and the job (`--rdzv_endpoint`, `--rdzv_id`) are
+// accepted, and torchrun flags that only choose its own rendezvous
+// (`--rdzv_backend`, `--rdzv_conf`, `--master_addr`, `--master_port`,
+// `--max_restarts`'s companions) are accepted and ignored where gradsync's
+// coordinator does their work, so a torchrun command line works after the
+// program name is replaced. A PROGRAM ending in ".py" (or `-m MODULE`) runs
+// under Python (`--python`, default python3), as torchrun runs it; anything
+// else is executed directly (`--no_python` forces that).
+#ifndef GRADSYNC_WORKER_LAUNCH_LAUNCH_OPTIONS_H_
+#define GRADSYNC_WORKER_LAUNCH_LAUNCH_OPTIONS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace gradsync {
+
+// Where a local process's stdout and stderr go besides the agent's console:
+// torchrun's --redirects/--tee values (0 none, 1 stdout, 2 stderr, 3 both).
+enum class StdStreams { kNone = 0, kOut = 1, kErr = 2, kAll = 3 };
+
+struct LaunchOptions {
+  std::string coordinator;  // HOST:PORT[,HOST:PORT...]
+  std::string job;
+  std::string nnodes = "1";  // "N" or "MIN:MAX"
+  // Processes on this node (resolved from N, "cpu", "gpu" or "auto").
+  int nproc_per_node = 1;
+  std::string node_id;  // empty: the hostname
+  int max_restarts = 0;
+  // How often the agent samples its processes (RSS) for heartbeats.
+  absl::Duration monitor_interval = absl::Seconds(1);
+  // With log_dir: each process's stdout and stderr are written to
+  // LOG_DIR/attempt_<restart>/<rank>/{stdout,stderr}.log; `redirects` are
+  // the streams that go only there, `tee` those that go there and to the
+  // console.
+  std::string log_dir;
+  StdStreams redirects = StdStreams::kNone;
+  StdStreams tee = StdStreams::kNone;
+  std::string role = "default";
+  // The address other nodes reach this one at (MASTER_ADDR when this node
+  // has rank 0); empty: derived from the coordinator's address.
+  std::string address;
+  // "auto", "gloo" or "nccl": what the round negotiates (Assignment.backend).
+  std::string backend = "auto";
+  absl::Duration join_timeout = absl::Minutes(10);
+  // How long stopped processes get between SIGTERM and SIGKILL.
+  absl::Duration stop_timeout = absl::Seconds(10);
+  // TLS toward the coordinator (see ClientTls).
+  std::string tls_ca, tls_cert, tls_key;
+  std::string python = "python3";
+  // The command each process runs: [python, -u, script or -m module,] args.
+  std::vector<std::string> command;
+};
+
+// Parses `args` (the words after "launch"). INVALID_ARGUMENT naming the
+// flag for an unknown flag, a missing or malformed value, no coordinator or
+// job, or no program.
+absl::StatusOr<LaunchOptions> ParseLaunchArgs(
+    const std::vector<std::string>& args);
+
+// The flags, for --help.
+extern const char kLaunchUsage[];
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_LAUNCH_LAUNCH_OPTIONS_H_

@@ -1,0 +1,52 @@
+#include "worker/launch/torchrun_env.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/job_config.h"
+
+namespace gradsync {
+
+std::map<std::string, std::string> TorchrunVariables(
+    const v1::Assignment& a, const AgentContext& c) {
+  return {
+      {"RANK", absl::StrCat(a.rank())},
+      {"LOCAL_RANK", absl::StrCat(a.local_rank())},
+      {"WORLD_SIZE", absl::StrCat(a.world_size())},
+      {"LOCAL_WORLD_SIZE", absl::StrCat(a.local_world_size())},
+      {"GROUP_RANK", absl::StrCat(a.node_rank())},
+      {"GROUP_WORLD_SIZE", absl::StrCat(a.num_nodes())},
+      {"ROLE_RANK", absl::StrCat(a.rank())},
+      {"ROLE_WORLD_SIZE", absl::StrCat(a.world_size())},
+      {"ROLE_NAME", c.role},
+      {"MASTER_ADDR", c.master_addr},
+      {"MASTER_PORT", absl::StrCat(c.master_port)},
+      {"TORCHELASTIC_RESTART_COUNT", absl::StrCat(c.restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", absl::StrCat(c.max_restarts)},
+      {"TORCHELASTIC_RUN_ID", a.job_id()},
+      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      {"GRADSYNC_COORDINATOR", c.coordinator},
+      {"GRADSYNC_JOB", a.job_id()},
+      {"GRADSYNC_ROUND", absl::StrCat(a.round())},
+      {"GRADSYNC_BACKEND", BackendName(a.backend())},
+  };
+}
+
+std::vector<std::string> MergeEnvironment(
+    const std::vector<std::string>& base,
+    const std::map<std::string, std::string>& variables) {
+  std::map<std::string, std::string> merged;
+  for (const std::string& entry : base) {
+    const size_t eq = entry.find('=');
+    if (eq == std::string::npos) continue;
+    merged[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  merged.emplace("OMP_NUM_THREADS", "1");  // unless set
+  for (const auto& [name, value] : variables) merged[name] = value;
+  std::vector<std::string> out;
+  out.reserve(merged.size());
+  for (const auto& [name, value] : merged) {
+    out.push_back(absl::StrCat(name, "=", value));
+  }
+  return out;
+}
+
+}  // namespace gradsync

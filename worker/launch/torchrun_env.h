@@ -1,0 +1,46 @@
+// The environment `gradsync launch` gives each process: torchrun's
+// variables, so a script written for torchrun (env:// init, LOCAL_RANK, ...)
+// runs unchanged, plus gradsync's own.
+#ifndef GRADSYNC_WORKER_LAUNCH_TORCHRUN_ENV_H_
+#define GRADSYNC_WORKER_LAUNCH_TORCHRUN_ENV_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "proto/gradsync/v1/job.pb.h"
+
+namespace gradsync {
+
+// What the node agent knows beyond a process's assignment.
+struct AgentContext {
+  std::string role = "default";
+  std::string coordinator;
+  // Where rank 0's process serves the c10d TCPStore (env:// init).
+  std::string master_addr;
+  int master_port = 0;
+  int restart_count = 0;
+  int max_restarts = 0;
+};
+
+// The variables for the process of `assignment`: RANK, LOCAL_RANK,
+// WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK,
+// ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT,
+// TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
+// TORCHELASTIC_RUN_ID (the job), TORCHELASTIC_USE_AGENT_STORE=False (rank 0
+// hosts the store: there is no agent store), GRADSYNC_COORDINATOR,
+// GRADSYNC_JOB, GRADSYNC_ROUND, GRADSYNC_BACKEND. Every node runs one role,
+// so role ranks are global ranks.
+std::map<std::string, std::string> TorchrunVariables(
+    const v1::Assignment& assignment, const AgentContext& context);
+
+// `base` ("NAME=VALUE" entries, e.g. the agent's environ) with `variables`
+// set over it, and OMP_NUM_THREADS=1 unless `base` sets it (as torchrun
+// does: several processes share the node's cores).
+std::vector<std::string> MergeEnvironment(
+    const std::vector<std::string>& base,
+    const std::map<std::string, std::string>& variables);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_LAUNCH_TORCHRUN_ENV_H_
