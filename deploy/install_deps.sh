@@ -15,6 +15,8 @@ packages=(
   golang-etcd-server-dev golang-github-gogo-protobuf-dev
   golang-github-grpc-ecosystem-grpc-gateway-dev etcd-server
   python3-torch procps
+  # the Python package (python/) and its tests
+  python3-grpcio python3-protobuf python3-pytest
   openssl  # the TLS tests make their certificates with it
   cmake ninja-build  # the CMake build (deploy/cmake_build.sh)
 )

@@ -78,12 +78,16 @@ def main():
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank,
                                  shuffle=True, seed=1)
     loader = DataLoader(dataset, batch_size=16, sampler=sampler)
+    first = True
     for epoch in range(2):
         sampler.set_epoch(epoch)
         for x, y in loader:
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(ddp(x), y).backward()
             optimizer.step()
+            if first and rank == 0:  # for bench/launch_bench.sh
+                print(f"first step done at {time.time():.6f}", flush=True)
+            first = False
             time.sleep(pause)
     if rank == 0:
         with open(out, "w") as f:

@@ -1,0 +1,142 @@
+"""gradsync.Client: a connection to a gradsync coordinator.
+
+    client = gradsync.Client("127.0.0.1:29400")
+    for job in client.list_jobs():
+        print(job.config.job_id, gradsync.Client.state_name(job.state))
+    status = client.get_job("train")          # a gradsync.v1.JobStatus
+    for status in client.watch("train"):      # every change, until it ends
+        ...
+    kv = client.kv("train", round=status.round)
+    kv.set("key", b"value"); kv.get("key"); kv.add("counter", 1)
+
+Errors are gradsync.Error with the gRPC status code name and the
+coordinator's message. Thread-safe (gRPC channels are).
+"""
+import grpc
+
+from gradsync._proto import jobs_pb2, jobs_pb2_grpc, job_pb2, kv_pb2, kv_pb2_grpc
+
+
+class Error(Exception):
+    """A call the coordinator refused or could not answer."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code}: {message}")
+        self.code = code  # e.g. "NOT_FOUND", "UNAVAILABLE"
+        self.message = message
+
+
+def _call(what, fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except grpc.RpcError as e:
+        raise Error(e.code().name, f"{what}: {e.details()}") from None
+
+
+class KeyValue:
+    """The key-value store of one round of a job (keys vanish with the round;
+    a superseded round's calls fail with ABORTED)."""
+
+    def __init__(self, stub, job_id, round, timeout):
+        self._stub = stub
+        self._scope = kv_pb2.Scope(job_id=job_id, round=round)
+        self._timeout = timeout
+
+    def set(self, key, value):
+        value = value.encode() if isinstance(value, str) else bytes(value)
+        _call("set", self._stub.Set,
+              kv_pb2.SetRequest(scope=self._scope, key=key, value=value),
+              timeout=self._timeout)
+
+    def get(self, key):
+        """The value of `key` (bytes); Error NOT_FOUND when it is absent."""
+        return _call("get", self._stub.Get,
+                     kv_pb2.GetRequest(scope=self._scope, key=key),
+                     timeout=self._timeout).value
+
+    def add(self, key, delta):
+        """Adds `delta` to the integer at `key` (0 when absent); the sum."""
+        return _call("add", self._stub.Add,
+                     kv_pb2.AddRequest(scope=self._scope, key=key, delta=delta),
+                     timeout=self._timeout).value
+
+    def compare_and_set(self, key, expected, desired):
+        """Sets `key` to `desired` if it holds `expected` (None: absent);
+        (swapped, the value now stored or None when absent)."""
+        request = kv_pb2.CompareAndSetRequest(
+            scope=self._scope, key=key, desired=bytes(desired),
+            expected=bytes(expected or b""), expect_absent=expected is None)
+        r = _call("compare_and_set", self._stub.CompareAndSet, request,
+                  timeout=self._timeout)
+        return r.swapped, (r.value if r.exists else None)
+
+    def wait(self, keys, timeout):
+        """Blocks until every key in `keys` exists; Error DEADLINE_EXCEEDED
+        after `timeout` seconds."""
+        request = kv_pb2.WaitRequest(scope=self._scope, keys=list(keys),
+                                     timeout_ms=max(1, int(timeout * 1000)))
+        _call("wait", self._stub.Wait, request, timeout=timeout + 30)
+
+    def delete(self, key):
+        _call("delete", self._stub.Delete,
+              kv_pb2.DeleteRequest(scope=self._scope, key=key),
+              timeout=self._timeout)
+
+
+class Client:
+    """A connection to the coordinator at `target` ("HOST:PORT"). With
+    `tls_ca` (PEM file) the channel uses TLS, with `tls_cert`/`tls_key` it
+    presents a client certificate (for --tls_client_ca coordinators)."""
+
+    def __init__(self, target, timeout=10.0, tls_ca=None, tls_cert=None,
+                 tls_key=None):
+        if tls_ca:
+            def read(path):
+                with open(path, "rb") as f:
+                    return f.read()
+            credentials = grpc.ssl_channel_credentials(
+                read(tls_ca), read(tls_key) if tls_key else None,
+                read(tls_cert) if tls_cert else None)
+            self.channel = grpc.secure_channel(target, credentials)
+        else:
+            self.channel = grpc.insecure_channel(target)
+        self.target = target
+        self.timeout = timeout
+        self._jobs = jobs_pb2_grpc.JobsStub(self.channel)
+        self._kv = kv_pb2_grpc.KeyValueStub(self.channel)
+
+    def close(self):
+        self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def list_jobs(self):
+        return list(_call("list_jobs", self._jobs.ListJobs,
+                          jobs_pb2.ListJobsRequest(),
+                          timeout=self.timeout).jobs)
+
+    def get_job(self, job_id):
+        return _call("get_job", self._jobs.GetJob,
+                     jobs_pb2.GetJobRequest(job_id=job_id),
+                     timeout=self.timeout).job
+
+    def watch(self, job_id):
+        """Yields the job's status on every change until the job ends."""
+        stream = self._jobs.WatchJob(jobs_pb2.WatchJobRequest(job_id=job_id))
+        try:
+            for update in stream:
+                yield update.job
+        except grpc.RpcError as e:
+            raise Error(e.code().name, f"watch: {e.details()}") from None
+
+    def kv(self, job_id, round):
+        return KeyValue(self._kv, job_id, round, self.timeout)
+
+    @staticmethod
+    def state_name(state):
+        """"running", "succeeded", ... for a gradsync.v1.JobState."""
+        return job_pb2.JobState.Name(state).replace("JOB_STATE_", "").lower()

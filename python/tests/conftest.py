@@ -1,0 +1,59 @@
+"""Fixtures: gradsync's binaries and a coordinator on a free loopback port.
+
+The binaries come from $GRADSYNC_BIN (a folder holding
+server/gradsync-coordinator and worker/cli/gradsync), by default the
+repository's bazel-bin.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # the gradsync package
+
+
+def binary(path):
+    root = os.environ.get("GRADSYNC_BIN") or os.path.join(HERE, "..", "..",
+                                                          "bazel-bin")
+    full = os.path.join(root, path)
+    if not os.path.exists(full):
+        pytest.fail(f"{full} is missing: build it (bazel build //...)")
+    return full
+
+
+@pytest.fixture
+def coordinator():
+    """The address ("127.0.0.1:PORT") of a coordinator stopped afterwards."""
+    with tempfile.TemporaryDirectory() as tmp:
+        port_file = os.path.join(tmp, "port")
+        process = subprocess.Popen(
+            [binary("server/gradsync-coordinator"), "--listen=127.0.0.1:0",
+             f"--port_file={port_file}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while not (os.path.exists(port_file) and
+                       os.path.getsize(port_file) > 0):
+                assert time.monotonic() < deadline, "coordinator did not start"
+                assert process.poll() is None, "coordinator exited"
+                time.sleep(0.05)
+            with open(port_file) as f:
+                yield f"127.0.0.1:{f.read().strip()}"
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def launch(coordinator, job, nproc, program, extra=()):
+    """Starts `gradsync launch` of `program` as one node of `nproc`."""
+    return subprocess.Popen(
+        [binary("worker/cli/gradsync"), "launch",
+         f"--coordinator={coordinator}", f"--job={job}",
+         f"--nproc_per_node={nproc}", "--python", sys.executable, *extra,
+         "--", *program],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
