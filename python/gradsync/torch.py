@@ -9,7 +9,9 @@ Under `gradsync launch` the process group bootstraps through the key-value
 store of the process's round (GRADSYNC_JOB, GRADSYNC_ROUND, RANK and
 WORLD_SIZE come from the launcher; rank= and world_size= given to
 init_process_group win). gradsync.torch.Store is the store itself, for
-code that builds process groups by hand.
+code that builds process groups by hand. gradsync.torch.monitor(ddp) reports
+a DDP model's steps and collectives for the coordinator's diagnosis (see
+gradsync/monitor.py).
 """
 import datetime
 import os
@@ -18,6 +20,7 @@ import urllib.parse
 import torch.distributed as dist
 
 from gradsync.client import Client, Error
+from gradsync.monitor import Monitor, monitor  # noqa: F401
 
 # Keys of the process group live under this prefix in the round's store.
 _PREFIX = "torch/"

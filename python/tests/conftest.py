@@ -4,6 +4,7 @@ The binaries come from $GRADSYNC_BIN (a folder holding
 server/gradsync-coordinator and worker/cli/gradsync), by default the
 repository's bazel-bin.
 """
+import contextlib
 import os
 import subprocess
 import sys
@@ -25,14 +26,15 @@ def binary(path):
     return full
 
 
-@pytest.fixture
-def coordinator():
-    """The address ("127.0.0.1:PORT") of a coordinator stopped afterwards."""
+@contextlib.contextmanager
+def running_coordinator(*flags):
+    """The address ("127.0.0.1:PORT") of a coordinator (with `flags`)
+    stopped afterwards."""
     with tempfile.TemporaryDirectory() as tmp:
         port_file = os.path.join(tmp, "port")
         process = subprocess.Popen(
             [binary("server/gradsync-coordinator"), "--listen=127.0.0.1:0",
-             f"--port_file={port_file}"],
+             f"--port_file={port_file}", *flags],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 30
@@ -46,6 +48,12 @@ def coordinator():
         finally:
             process.terminate()
             process.wait(timeout=30)
+
+
+@pytest.fixture
+def coordinator():
+    with running_coordinator() as address:
+        yield address
 
 
 def launch(coordinator, job, nproc, program, extra=()):

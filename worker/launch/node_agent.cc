@@ -81,7 +81,10 @@ NodeAgent::NodeAgent(LaunchOptions options, CoordinatorClient* client,
       client_(client),
       environment_(std::move(environment)) {}
 
-NodeAgent::~NodeAgent() { StopProcesses(); }
+NodeAgent::~NodeAgent() {
+  inbox_.reset();  // its thread calls OnProcessMetrics
+  StopProcesses();
+}
 
 void NodeAgent::RequestStop(int signal) {
   std::vector<std::string> joining;
@@ -147,6 +150,14 @@ int NodeAgent::Run() {
   if (!prepared.ok()) {
     GS_LOG(ERROR) << "gradsync launch: " << prepared.message();
     return 2;
+  }
+  absl::StatusOr<std::unique_ptr<MetricsInbox>> inbox = MetricsInbox::Open(
+      [this](const v1::HeartbeatRequest& m) { OnProcessMetrics(m); });
+  if (inbox.ok()) {
+    inbox_ = *std::move(inbox);
+  } else {
+    GS_LOG(WARNING) << "gradsync launch: " << inbox.status().message()
+                    << "; processes cannot report their own metrics";
   }
   int64_t round = 0;
   for (int restart = 0;; ++restart) {
@@ -310,6 +321,7 @@ absl::StatusOr<AgentContext> NodeAgent::ExchangeMaster(int restart) {
   context.coordinator = options_.coordinator;
   context.restart_count = restart;
   context.max_restarts = options_.max_restarts;
+  if (inbox_ != nullptr) context.agent_socket = inbox_->path();
   if (first.node_rank() == 0) {
     absl::StatusOr<int> port = PickFreePort();
     if (!port.ok()) return port.status();
@@ -367,6 +379,11 @@ absl::Status NodeAgent::StartProcesses(const AgentContext& context) {
     absl::MutexLock lock(&mu_);
     exits_.assign(slots_.size(), std::nullopt);
     round_over_.reset();
+    running_round_ = slots_[0].assignment.round();
+    reported_.clear();
+    for (Slot& slot : slots_) {
+      reported_[slot.assignment.rank()] = Reported{slot.reporter.get(), {}, 0};
+    }
   }
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& slot = slots_[i];
@@ -398,25 +415,46 @@ absl::Status NodeAgent::StartProcesses(const AgentContext& context) {
 }
 
 void NodeAgent::ReportMetrics() {
-  std::vector<std::optional<int>> exits;
-  {
-    absl::MutexLock lock(&mu_);
-    exits = exits_;
-  }
+  absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].process == nullptr) continue;
-    v1::WorkerMetrics metrics;
-    if (exits[i].has_value()) {
+    auto reported = reported_.find(slots_[i].assignment.rank());
+    if (reported == reported_.end()) continue;
+    v1::WorkerMetrics metrics = reported->second.metrics;
+    if (exits_[i].has_value()) {
       metrics.set_state(v1::WORKER_STATE_STOPPING);
-      if (*exits[i] != 0) {
-        metrics.set_last_error(absl::StrCat("exited with code ", *exits[i]));
+      if (*exits_[i] != 0) {
+        metrics.set_last_error(absl::StrCat("exited with code ", *exits_[i]));
       }
     } else {
-      metrics.set_state(v1::WORKER_STATE_TRAINING);
-      metrics.set_rss_bytes(ResidentBytes(slots_[i].process->pid()));
+      reported->second.rss_bytes = ResidentBytes(slots_[i].process->pid());
+      if (metrics.state() == v1::WORKER_STATE_UNSPECIFIED) {
+        metrics.set_state(v1::WORKER_STATE_TRAINING);
+      }
     }
-    slots_[i].reporter->Update(metrics);
+    metrics.set_rss_bytes(reported->second.rss_bytes);
+    // Under mu_, so that no report of an ended attempt reaches the reporter
+    // once it moved to the next round (it takes no lock of ours).
+    reported->second.reporter->Update(metrics);
   }
+}
+
+void NodeAgent::OnProcessMetrics(const v1::HeartbeatRequest& message) {
+  absl::MutexLock lock(&mu_);
+  auto reported = reported_.find(message.member().rank());
+  if (message.member().round() != running_round_ ||
+      reported == reported_.end()) {
+    return;  // a process of an ended attempt, or not one of ours
+  }
+  v1::WorkerMetrics metrics = message.metrics();
+  metrics.set_rss_bytes(reported->second.rss_bytes);
+  if (metrics.state() == v1::WORKER_STATE_UNSPECIFIED) {
+    metrics.set_state(v1::WORKER_STATE_TRAINING);
+  }
+  reported->second.reporter->Update(metrics);
+  metrics.clear_recent_collectives();  // events go out once
+  metrics.clear_first_bucket_ready();
+  reported->second.metrics = std::move(metrics);
 }
 
 NodeAgent::Outcome NodeAgent::Supervise() {
@@ -486,6 +524,11 @@ void NodeAgent::StopProcesses() {
     if (slot.reaper.joinable()) slot.reaper.join();
   }
   output_.Drain(kOutputDrain);
+  {
+    absl::MutexLock lock(&mu_);
+    running_round_ = 0;
+    reported_.clear();
+  }
   for (Slot& slot : slots_) slot.process.reset();
 }
 

@@ -12,11 +12,16 @@
 //     FAILS with that exit code) and the agent exits with it;
 //   - SIGINT/SIGTERM (RequestStop): the processes get SIGTERM, then SIGKILL
 //     after --stop_timeout; the failure is reported; exit 128 + signal.
+// Processes that report their own metrics (gradsync.torch.monitor: steps,
+// bucket timings, collective fingerprints, for hang and desync diagnosis)
+// send them to the agent (GRADSYNC_AGENT_SOCKET, MetricsInbox), which folds
+// them into their members' heartbeats.
 // Node rank 0's agent picks MASTER_PORT and publishes it with its address
 // in the round's key-value store; the others read it there.
 #ifndef GRADSYNC_WORKER_LAUNCH_NODE_AGENT_H_
 #define GRADSYNC_WORKER_LAUNCH_NODE_AGENT_H_
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +36,7 @@
 #include "worker/client/coordinator_client.h"
 #include "worker/launch/launch_options.h"
 #include "worker/launch/local_process.h"
+#include "worker/launch/metrics_inbox.h"
 #include "worker/launch/output_pump.h"
 #include "worker/launch/torchrun_env.h"
 #include "worker/runtime/health_reporter.h"
@@ -104,6 +110,9 @@ class NodeAgent {
   // them and their output.
   void StopProcesses();
   void ReportMetrics();
+  // A process's own metrics (MetricsInbox): kept as its snapshot and passed
+  // on to its member's reporter at once.
+  void OnProcessMetrics(const v1::HeartbeatRequest& message);
   OutputSink SinkFor(int rank, int restart, int stream) const;
   int StopCode() const;
   // What went wrong in `outcome` of round `round`, for logs and reports.
@@ -114,6 +123,7 @@ class NodeAgent {
   const std::vector<std::string> environment_;
   std::vector<Slot> slots_;  // by local rank once joined
   OutputPump output_;
+  std::unique_ptr<MetricsInbox> inbox_;  // null when it could not be opened
 
   mutable absl::Mutex mu_;
   int stop_signal_ ABSL_GUARDED_BY(mu_) = 0;
@@ -122,6 +132,15 @@ class NodeAgent {
   std::vector<std::optional<int>> exits_ ABSL_GUARDED_BY(mu_);
   // Set by a reporter when the coordinator ends this round for a member.
   std::optional<absl::Status> round_over_ ABSL_GUARDED_BY(mu_);
+  // The running attempt's round and its processes by rank, for
+  // OnProcessMetrics (0 and empty between attempts).
+  int64_t running_round_ ABSL_GUARDED_BY(mu_) = 0;
+  struct Reported {
+    HealthReporter* reporter;
+    v1::WorkerMetrics metrics;  // the process's latest (no events)
+    int64_t rss_bytes = 0;      // sampled by the agent
+  };
+  std::map<int, Reported> reported_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradsync

@@ -7,7 +7,7 @@ namespace gradsync {
 
 std::map<std::string, std::string> TorchrunVariables(
     const v1::Assignment& a, const AgentContext& c) {
-  return {
+  std::map<std::string, std::string> variables = {
       {"RANK", absl::StrCat(a.rank())},
       {"LOCAL_RANK", absl::StrCat(a.local_rank())},
       {"WORLD_SIZE", absl::StrCat(a.world_size())},
@@ -28,6 +28,10 @@ std::map<std::string, std::string> TorchrunVariables(
       {"GRADSYNC_ROUND", absl::StrCat(a.round())},
       {"GRADSYNC_BACKEND", BackendName(a.backend())},
   };
+  if (!c.agent_socket.empty()) {
+    variables["GRADSYNC_AGENT_SOCKET"] = c.agent_socket;
+  }
+  return variables;
 }
 
 std::vector<std::string> MergeEnvironment(

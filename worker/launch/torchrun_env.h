@@ -21,6 +21,8 @@ struct AgentContext {
   int master_port = 0;
   int restart_count = 0;
   int max_restarts = 0;
+  // Where processes send their own metrics (MetricsInbox); empty: nowhere.
+  std::string agent_socket;
 };
 
 // The variables for the process of `assignment`: RANK, LOCAL_RANK,
@@ -29,7 +31,8 @@ struct AgentContext {
 // TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
 // TORCHELASTIC_RUN_ID (the job), TORCHELASTIC_USE_AGENT_STORE=False (rank 0
 // hosts the store: there is no agent store), GRADSYNC_COORDINATOR,
-// GRADSYNC_JOB, GRADSYNC_ROUND, GRADSYNC_BACKEND. Every node runs one role,
+// GRADSYNC_JOB, GRADSYNC_ROUND, GRADSYNC_BACKEND, GRADSYNC_AGENT_SOCKET (when
+// set in `context`). Every node runs one role,
 // so role ranks are global ranks.
 std::map<std::string, std::string> TorchrunVariables(
     const v1::Assignment& assignment, const AgentContext& context);

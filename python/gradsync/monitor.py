@@ -1,0 +1,150 @@
+"""gradsync.torch.monitor(): a PyTorch DDP job's own metrics, for the
+coordinator's hang, desync and straggler diagnosis.
+
+    ddp = DistributedDataParallel(model)
+    gradsync.torch.monitor(ddp, batch_size=64)   # under `gradsync launch`
+
+It registers a DDP communication hook that wraps the default all-reduce: it
+numbers every bucket's all-reduce (the collective's sequence number), keeps
+its fingerprint (op, dtype, element count, bucket index), times it, notes
+when each step's first bucket became ready, and counts a step when the last
+bucket of an iteration is reduced. After each collective's start and end a
+sender thread sends the latest state, as one datagram, to the local
+`gradsync launch` agent (GRADSYNC_AGENT_SOCKET), which folds it into the
+heartbeats it sends for this rank; gradsync status then shows the rank's
+step, samples/s, step time, per-bucket all-reduce times, and a rank that
+stops issuing collectives is named in the hang diagnosis. Training never
+waits for the agent: while a datagram is on its way, newer state
+accumulates and goes in the next one.
+"""
+import os
+import socket
+import threading
+import time
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from gradsync._proto import health_pb2, job_pb2
+
+_DTYPES = {
+    torch.float32: "float32", torch.float16: "float16",
+    torch.bfloat16: "bfloat16", torch.float64: "float64",
+}
+
+
+class Monitor:
+    """The hook's state; made by monitor(). Thread-safe (the hook runs on
+    the autograd thread, its completions on the backend's)."""
+
+    def __init__(self, ddp, batch_size=None, process_group=None,
+                 agent_socket=None):
+        self._path = agent_socket or os.environ.get("GRADSYNC_AGENT_SOCKET")
+        if not self._path:
+            raise ValueError("gradsync.torch.monitor needs GRADSYNC_AGENT_SOCKET: "
+                             "run the program under `gradsync launch`")
+        self._member = health_pb2.MemberRef(
+            job_id=os.environ.get("GRADSYNC_JOB", ""),
+            round=int(os.environ.get("GRADSYNC_ROUND", "0")),
+            rank=int(os.environ.get("RANK", "0")))
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._socket.settimeout(5.0)
+        self._group = process_group
+        self._batch_size = batch_size
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._dirty = False      # state not yet sent
+        self._started = 0        # sequence number of the last collective
+        self._finished = 0
+        self._step = 0
+        self._step_seconds = 0.0
+        self._step_end = None    # time.perf_counter() of the last step's end
+        self._first_of_step = True
+        self._events = []        # fingerprints not yet sent
+        self._ready = []         # StepReady not yet sent
+        self._buckets = {}       # index -> BucketStats of the latest step
+        ddp.register_comm_hook(state=None, hook=self._hook)
+        threading.Thread(target=self._send_forever, daemon=True,
+                         name="gradsync-monitor").start()
+
+    @property
+    def step(self):
+        with self._lock:
+            return self._step
+
+    def _hook(self, state, bucket):
+        tensor = bucket.buffer()
+        index, is_last = bucket.index(), bucket.is_last()
+        count, nbytes = tensor.numel(), tensor.numel() * tensor.element_size()
+        with self._lock:
+            self._started += 1
+            sequence = self._started
+            if self._first_of_step:
+                ready = job_pb2.StepReady(step=self._step + 1)
+                ready.time.GetCurrentTime()
+                self._ready.append(ready)
+                self._first_of_step = False
+            self._events.append(job_pb2.CollectiveFingerprint(
+                sequence=sequence, op="allreduce",
+                dtype=_DTYPES.get(tensor.dtype, str(tensor.dtype)),
+                count=count, bucket_index=index))
+            self._mark_locked()
+        start = time.perf_counter()
+        future = default_hooks.allreduce_hook(self._group, bucket)
+
+        def done(f):
+            seconds = time.perf_counter() - start
+            with self._lock:
+                self._finished = max(self._finished, sequence)
+                self._buckets[index] = job_pb2.BucketStats(
+                    index=index, bytes=nbytes, allreduce_seconds=seconds,
+                    algbw_bytes_per_second=nbytes / seconds if seconds > 0 else 0)
+                if is_last:
+                    self._end_step_locked()
+                self._mark_locked()
+            return f.value()
+
+        return future.then(done)
+
+    def _end_step_locked(self):
+        now = time.perf_counter()
+        if self._step_end is not None:
+            self._step_seconds = now - self._step_end
+        self._step_end = now
+        self._step += 1
+        self._first_of_step = True
+
+    def _mark_locked(self):
+        self._dirty = True
+        self._changed.notify()
+
+    def _send_forever(self):
+        while True:
+            with self._lock:
+                self._changed.wait_for(lambda: self._dirty)
+                self._dirty = False
+                request = self._request_locked()
+                self._events, self._ready = [], []
+            try:
+                self._socket.sendto(request.SerializeToString(), self._path)
+            except OSError:
+                pass  # the agent is gone: training goes on
+
+    def _request_locked(self):
+        metrics = job_pb2.WorkerMetrics(
+            state=job_pb2.WORKER_STATE_TRAINING, step=self._step,
+            last_started_collective=self._started,
+            last_finished_collective=self._finished,
+            recent_collectives=self._events, first_bucket_ready=self._ready,
+            buckets=[self._buckets[i] for i in sorted(self._buckets)])
+        if self._step_seconds > 0:
+            metrics.step_timings.step_seconds = self._step_seconds
+            if self._batch_size:
+                metrics.samples_per_second = self._batch_size / self._step_seconds
+        return health_pb2.HeartbeatRequest(member=self._member, metrics=metrics)
+
+
+def monitor(ddp, batch_size=None, process_group=None):
+    """Reports `ddp`'s steps and collectives to the local gradsync launch
+    agent (see the module comment); returns the Monitor."""
+    return Monitor(ddp, batch_size=batch_size, process_group=process_group)

@@ -1,0 +1,64 @@
+"""gradsync.torch.monitor(): a PyTorch job's steps and collectives reach the
+coordinator through `gradsync launch`, and a rank that stops issuing
+collectives is named by the hang diagnosis."""
+import os
+import re
+import time
+
+import gradsync
+from conftest import HERE, launch, running_coordinator
+
+SCRIPT = os.path.join(HERE, "monitor_script.py")
+
+
+def poll(client, job, predicate, seconds=120):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            status = client.get_job(job)
+            if predicate(status):
+                return status
+        except gradsync.Error:
+            pass  # not created yet
+        time.sleep(0.1)
+    raise AssertionError(f"timed out; last status: {status}")
+
+
+def test_steps_and_buckets_show_in_status(coordinator):
+    agent = launch(coordinator, "monitored", 2,
+                   [SCRIPT, "--steps", "30", "--pause", "0.1"])
+    try:
+        client = gradsync.Client(coordinator)
+        status = poll(client, "monitored", lambda s: len(s.members) == 2 and all(
+            m.metrics.step >= 3 for m in s.members))
+        for m in status.members:
+            # One or two buckets a step (DDP rebuilds them after the first).
+            assert m.metrics.last_finished_collective > m.metrics.step
+            assert m.metrics.step_timings.step_seconds > 0
+            assert m.metrics.samples_per_second > 0
+    finally:
+        out, err = agent.communicate(timeout=180)
+    assert agent.returncode == 0, err
+    assert "rank 0: 30 steps monitored" in out, out + err
+
+
+def test_a_rank_that_stops_issuing_collectives_is_named():
+    with running_coordinator("--hang_timeout=2s") as coordinator:
+        agent = launch(coordinator, "hung", 2,
+                       [SCRIPT, "--hang_rank", "1", "--hang_at", "4"])
+        try:
+            client = gradsync.Client(coordinator)
+            status = poll(client, "hung", lambda s: s.diagnosis.hang != "")
+            hang = status.diagnosis.hang
+            # Rank 0 started step 4's all-reduces and waits; rank 1 finished
+            # step 3's last and never started the next.
+            found = re.search(r"rank 0 started collective #(\d+) and has not "
+                              r"finished it; rank 1 finished #(\d+) and has "
+                              r"not started #(\d+)", hang)
+            assert found, hang
+            rank0_at, rank1_done, rank1_next = map(int, found.groups())
+            assert rank1_next == rank1_done + 1 and rank0_at >= rank1_next
+        finally:
+            agent.terminate()
+            agent.communicate(timeout=60)
+        assert agent.returncode == 128 + 15
