@@ -14,7 +14,8 @@
 namespace gradsync {
 namespace {
 
-constexpr absl::string_view kKnown[] = {kFailpointStateTransfer};
+constexpr absl::string_view kKnown[] = {kFailpointStateTransfer,
+                                        kFailpointStep};
 
 // The armed failpoint; `armed` lets a disarmed pass skip the lock.
 struct Armed {
@@ -48,7 +49,7 @@ absl::Status ArmFailpoint(absl::string_view spec) {
   if (!known) {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown failpoint '", name, "' (known: ", kFailpointStateTransfer,
-        ")"));
+        ", ", kFailpointStep, ")"));
   }
   Armed& state = State();
   absl::MutexLock lock(&state.mu);

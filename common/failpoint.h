@@ -21,6 +21,9 @@ namespace gradsync {
 // In the middle of copying a round's training state to its members
 // (BroadcastTrainingState): after the step counters, before the tensors.
 inline constexpr absl::string_view kFailpointStateTransfer = "state_transfer";
+// Right after a training step committed (its optimizer step applied): a
+// worker that dies mid-training, at a step a test chooses.
+inline constexpr absl::string_view kFailpointStep = "step";
 
 // The exit code of a process that hit an armed failpoint.
 inline constexpr int kFailpointExitCode = 86;

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -29,6 +30,7 @@
 #include "worker/runtime/elastic.h"
 #include "worker/runtime/health_reporter.h"
 #include "worker/runtime/join.h"
+#include "worker/runtime/launched_process.h"
 #include "worker/runtime/process_group.h"
 #include "worker/runtime/reform.h"
 #include "worker/runtime/telemetry.h"
@@ -72,7 +74,8 @@ ABSL_FLAG(int, max_recoveries, 3,
           "before it gives up");
 ABSL_FLAG(std::string, failpoint, "",
           "for tests: NAME[:N] makes this process exit with code 86 on the "
-          "N-th pass (default 1) through failpoint NAME (state_transfer: in "
+          "N-th pass (default 1) through failpoint NAME (step: after a step "
+          "committed; state_transfer: in "
           "the middle of copying a round's training state)");
 ABSL_FLAG(std::string, failure_policy, "",
           "what losing a member does to the job (set by its first join): "
@@ -309,7 +312,10 @@ absl::Status Run() {
     return absl::OkStatus();
   }
 
-  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  // Started by gradsync launch: it joined for this process already.
+  GS_ASSIGN_OR_RETURN(std::optional<LaunchedProcess> launched,
+                      LaunchedProcessFromEnvironment());
+  std::string coordinator = absl::GetFlag(FLAGS_coordinator);
   JoinConfig join;
   join.job_id = absl::GetFlag(FLAGS_job);
   join.nnodes = absl::GetFlag(FLAGS_nnodes);
@@ -326,7 +332,16 @@ absl::Status Run() {
     join.device_count = static_cast<int>(torch::cuda::device_count());
     join.nccl_available = NcclUsable();
   }
-  GS_ASSIGN_OR_RETURN(v1::JoinRequest request, BuildJoinRequest(join));
+  v1::JoinRequest request;
+  if (launched.has_value()) {
+    coordinator = launched->coordinator;
+    request = launched->request;
+    if (request.node().addresses_size() > 0) {
+      join.address = request.node().addresses(0);
+    }
+  } else {
+    GS_ASSIGN_OR_RETURN(request, BuildJoinRequest(join));
+  }
 
   ClientOptions client_options;
   client_options.target = coordinator;
@@ -335,6 +350,7 @@ absl::Status Run() {
                         absl::GetFlag(FLAGS_tls_key)};
   GS_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Create(client_options));
   ElasticOptions elastic;
+  if (launched.has_value()) elastic.first_assignment = launched->assignment;
   elastic.max_recoveries = absl::GetFlag(FLAGS_max_recoveries);
   if (elastic.max_recoveries < 0) {
     return absl::InvalidArgumentError("--max_recoveries must be >= 0");

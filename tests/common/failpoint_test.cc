@@ -16,7 +16,7 @@ TEST(FailpointTest, BadSpecsAreRefusedAndArmNothing) {
     EXPECT_EQ(armed.code(), absl::StatusCode::kInvalidArgument) << spec;
   }
   EXPECT_THAT(ArmFailpoint("nope").message(),
-              HasSubstr("unknown failpoint 'nope' (known: state_transfer)"));
+              HasSubstr("unknown failpoint 'nope' (known: state_transfer, step)"));
   Failpoint(kFailpointStateTransfer);  // disarmed: passes
 }
 

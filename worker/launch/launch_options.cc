@@ -36,6 +36,8 @@ const char kLaunchUsage[] =
     "  --join_timeout=SECONDS        (600)  --stop_timeout=SECONDS (10)\n"
     "  --tls_ca, --tls_cert, --tls_key   TLS toward the coordinator\n"
     "  --python=PATH (python3)  --no_python  -m/--module\n"
+    "  --self_managed                the processes heartbeat and heal on\n"
+    "                                their own (implied for gradsync-worker)\n"
     "  Accepted for torchrun compatibility and ignored: --rdzv_backend,\n"
     "  --rdzv_conf, --master_addr, --master_port, --node_rank, --start_method.";
 
@@ -209,6 +211,10 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
       no_python = true;
       continue;
     }
+    if (name == "self_managed") {
+      options.self_managed = true;
+      continue;
+    }
     if (name == "standalone") {
       return Bad(name, "gradsync always rendezvouses through a coordinator: "
                        "start gradsync-coordinator and pass --coordinator");
@@ -241,6 +247,11 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
     if (module) options.command.push_back("-m");
   }
   options.command.insert(options.command.end(), args.begin() + i, args.end());
+  const size_t slash = program.rfind('/');
+  if (program.substr(slash == std::string::npos ? 0 : slash + 1) ==
+      "gradsync-worker") {
+    options.self_managed = true;
+  }
   return options;
 }
 

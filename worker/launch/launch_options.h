@@ -39,7 +39,8 @@ struct LaunchOptions {
   // How often the agent samples its processes (RSS) for heartbeats.
   absl::Duration monitor_interval = absl::Seconds(1);
   // With log_dir: each process's stdout and stderr are written to
-  // LOG_DIR/attempt_<restart>/<rank>/{stdout,stderr}.log; `redirects` are
+  // LOG_DIR/attempt_<restart>/rank<R>/{stdout,stderr}.log (local<i> for
+  // self-managed processes); `redirects` are
   // the streams that go only there, `tee` those that go there and to the
   // console.
   std::string log_dir;
@@ -57,6 +58,10 @@ struct LaunchOptions {
   // TLS toward the coordinator (see ClientTls).
   std::string tls_ca, tls_cert, tls_key;
   std::string python = "python3";
+  // The processes heartbeat and rejoin on their own (gradsync-worker):
+  // see NodeAgent. Set by --self_managed, or when the program's file name is
+  // gradsync-worker.
+  bool self_managed = false;
   // The command each process runs: [python, -u, script or -m module,] args.
   std::vector<std::string> command;
 };

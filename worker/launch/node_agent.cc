@@ -19,6 +19,7 @@
 #include "common/logging.h"
 #include "worker/runtime/coordinator_store.h"
 #include "worker/runtime/join.h"
+#include "worker/runtime/launched_process.h"
 
 namespace gradsync {
 namespace {
@@ -151,6 +152,7 @@ int NodeAgent::Run() {
     GS_LOG(ERROR) << "gradsync launch: " << prepared.message();
     return 2;
   }
+  if (options_.self_managed) return RunSelfManaged();
   absl::StatusOr<std::unique_ptr<MetricsInbox>> inbox = MetricsInbox::Open(
       [this](const v1::HeartbeatRequest& m) { OnProcessMetrics(m); });
   if (inbox.ok()) {
@@ -344,9 +346,10 @@ absl::StatusOr<AgentContext> NodeAgent::ExchangeMaster(int restart) {
   return context;
 }
 
-OutputSink NodeAgent::SinkFor(int rank, int restart, int stream) const {
+OutputSink NodeAgent::SinkFor(const std::string& label, int restart,
+                              int stream) const {
   OutputSink sink;
-  sink.prefix = absl::StrCat("[rank", rank, "]: ");
+  sink.prefix = absl::StrCat("[", label, "]: ");
   const bool to_file = !options_.log_dir.empty() &&
                        (Includes(options_.redirects, stream) ||
                         Includes(options_.tee, stream));
@@ -357,7 +360,7 @@ OutputSink NodeAgent::SinkFor(int rank, int restart, int stream) const {
       console_only_off ? -1 : (stream == 1 ? STDOUT_FILENO : STDERR_FILENO);
   if (to_file) {
     const std::string dir =
-        absl::StrCat(options_.log_dir, "/attempt_", restart, "/", rank);
+        absl::StrCat(options_.log_dir, "/attempt_", restart, "/", label);
     absl::Status made = MakeDirectories(dir);
     const std::string path =
         absl::StrCat(dir, stream == 1 ? "/stdout.log" : "/stderr.log");
@@ -393,25 +396,108 @@ absl::Status NodeAgent::StartProcesses(const AgentContext& context) {
           absl::MutexLock lock(&mu_);
           if (!round_over_.has_value()) round_over_ = why;
         });
-    absl::StatusOr<std::unique_ptr<LocalProcess>> process = LocalProcess::Start(
-        options_.command,
-        MergeEnvironment(environment_,
-                         TorchrunVariables(slot.assignment, context)));
-    if (!process.ok()) return process.status();
-    slot.process = *std::move(process);
-    const int rank = slot.assignment.rank();
-    output_.Add(slot.process->TakeStdout(),
-                SinkFor(rank, context.restart_count, 1));
-    output_.Add(slot.process->TakeStderr(),
-                SinkFor(rank, context.restart_count, 2));
-    slot.reaper = std::thread([this, i, process = slot.process.get()] {
-      const int code = process->Wait();
-      absl::MutexLock lock(&mu_);
-      exits_[i] = code;
-    });
+    absl::Status started = StartProcess(
+        i, TorchrunVariables(slot.assignment, context), context.restart_count);
+    if (!started.ok()) return started;
   }
   ReportMetrics();
   return absl::OkStatus();
+}
+
+absl::Status NodeAgent::StartProcess(
+    size_t i, const std::map<std::string, std::string>& variables,
+    int restart) {
+  Slot& slot = slots_[i];
+  absl::StatusOr<std::unique_ptr<LocalProcess>> process = LocalProcess::Start(
+      options_.command, MergeEnvironment(environment_, variables));
+  if (!process.ok()) return process.status();
+  slot.process = *std::move(process);
+  // Self-managed processes change ranks as they re-form: their output is
+  // labelled by the local slot instead.
+  const std::string label =
+      options_.self_managed ? absl::StrCat("local", i)
+                            : absl::StrCat("rank", slot.assignment.rank());
+  output_.Add(slot.process->TakeStdout(), SinkFor(label, restart, 1));
+  output_.Add(slot.process->TakeStderr(), SinkFor(label, restart, 2));
+  slot.reaper = std::thread([this, i, process = slot.process.get()] {
+    const int code = process->Wait();
+    absl::MutexLock lock(&mu_);
+    exits_[i] = code;
+  });
+  return absl::OkStatus();
+}
+
+int NodeAgent::RunSelfManaged() {
+  absl::Status joined = JoinRound(0);
+  if (StopCode() != 0) return StopCode();
+  if (!joined.ok()) {
+    GS_LOG(ERROR) << "gradsync launch: cannot join job '" << options_.job
+                  << "': " << joined;
+    return 1;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    exits_.assign(slots_.size(), std::nullopt);
+  }
+  AgentContext context;
+  context.role = options_.role;
+  context.coordinator = options_.coordinator;
+  context.max_restarts = options_.max_restarts;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    std::map<std::string, std::string> variables =
+        TorchrunVariables(slots_[i].assignment, context);
+    variables.merge(LaunchedProcessVariables(
+        options_.coordinator, slots_[i].request, &slots_[i].assignment));
+    absl::Status started = StartProcess(i, variables, 0);
+    if (!started.ok()) {
+      GS_LOG(ERROR) << "gradsync launch: " << started.message();
+      StopProcesses();
+      return 1;
+    }
+  }
+  for (int restarts = 0;;) {
+    const Outcome outcome = Supervise();
+    if (outcome.kind == Outcome::kSucceeded) return 0;
+    if (outcome.kind == Outcome::kStopped || restarts == options_.max_restarts) {
+      if (outcome.kind == Outcome::kFailed) {
+        GS_LOG(ERROR) << "gradsync launch: " << Describe(outcome, 0)
+                      << "; no restarts left (--max_restarts="
+                      << options_.max_restarts << ")";
+      }
+      StopProcesses();
+      return outcome.exit_code;
+    }
+    ++restarts;
+    GS_LOG(WARNING) << "gradsync launch: " << Describe(outcome, 0)
+                    << "; restarting that process alone (restart " << restarts
+                    << " of " << options_.max_restarts
+                    << "): it rejoins and the others re-form in place";
+    RestartProcess(outcome.slot, restarts);
+  }
+}
+
+void NodeAgent::RestartProcess(int i, int restart) {
+  Slot& slot = slots_[i];
+  slot.reaper.join();  // it has exited
+  slot.process.reset();
+  {
+    absl::MutexLock lock(&mu_);
+    exits_[i].reset();
+  }
+  // A new incarnation on this node: the coordinator takes it as the lost
+  // process's replacement, which copies the state from the others.
+  slot.request.mutable_node()->set_incarnation_id(NewIncarnationId());
+  std::map<std::string, std::string> variables =
+      LaunchedProcessVariables(options_.coordinator, slot.request, nullptr);
+  variables["TORCHELASTIC_RESTART_COUNT"] = absl::StrCat(restart);
+  variables["GRADSYNC_JOB"] = options_.job;
+  absl::Status started = StartProcess(i, variables, restart);
+  if (!started.ok()) {
+    GS_LOG(ERROR) << "gradsync launch: cannot restart the process of rank "
+                  << slot.assignment.rank() << ": " << started.message();
+    absl::MutexLock lock(&mu_);
+    exits_[i] = 1;
+  }
 }
 
 void NodeAgent::ReportMetrics() {

@@ -16,6 +16,10 @@
 // bucket timings, collective fingerprints, for hang and desync diagnosis)
 // send them to the agent (GRADSYNC_AGENT_SOCKET, MetricsInbox), which folds
 // them into their members' heartbeats.
+// gradsync's own trainer (--self_managed) heartbeats and heals by itself:
+// the agent hands each process its first assignment (launched_process.h)
+// and restarts only a process that fails, which rejoins and takes its
+// place while the others re-form in place.
 // Node rank 0's agent picks MASTER_PORT and publishes it with its address
 // in the round's key-value store; the others read it there.
 #ifndef GRADSYNC_WORKER_LAUNCH_NODE_AGENT_H_
@@ -94,6 +98,17 @@ class NodeAgent {
   // Starts the round's processes and supervises them until an outcome;
   // they are stopped on return.
   Outcome RunProcesses(int restart);
+  // Starts slot `i`'s process with `variables` set; its reaper records its
+  // exit in exits_[i].
+  absl::Status StartProcess(size_t i,
+                            const std::map<std::string, std::string>& variables,
+                            int restart);
+  // For processes that heartbeat and rejoin on their own
+  // (LaunchOptions::self_managed, launched_process.h): starts them with the
+  // agent's first assignment and restarts only a process that fails, as a
+  // new incarnation that joins by itself; the others re-form in place.
+  int RunSelfManaged();
+  void RestartProcess(int i, int restart);
   // Reports the node's success, then waits (like torchrun's exit barrier)
   // until the job succeeds (kSucceeded), fails (kJobFailed), its round is
   // superseded (kRoundOver: a process of another node failed) or the agent
@@ -113,7 +128,9 @@ class NodeAgent {
   // A process's own metrics (MetricsInbox): kept as its snapshot and passed
   // on to its member's reporter at once.
   void OnProcessMetrics(const v1::HeartbeatRequest& message);
-  OutputSink SinkFor(int rank, int restart, int stream) const;
+  // Where stream `stream` (1 stdout, 2 stderr) of the process labelled
+  // `label` ("rank3", "local1") goes in attempt `restart`.
+  OutputSink SinkFor(const std::string& label, int restart, int stream) const;
   int StopCode() const;
   // What went wrong in `outcome` of round `round`, for logs and reports.
   std::string Describe(const Outcome& outcome, int64_t round) const;

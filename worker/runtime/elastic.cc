@@ -92,9 +92,16 @@ absl::Status RunElastic(CoordinatorClient* client, v1::JoinRequest request,
                         HealthReporter* reporter, RoundTrainer* trainer) {
   int64_t previous = 0;
   int recoveries = 0;
+  std::optional<v1::Assignment> given = options.first_assignment;
   for (;;) {
-    GS_ASSIGN_OR_RETURN(v1::Assignment assignment,
-                        JoinRound(client, &request, previous, *trainer));
+    v1::Assignment assignment;
+    if (given.has_value()) {
+      assignment = *std::move(given);
+      given.reset();
+    } else {
+      GS_ASSIGN_OR_RETURN(assignment,
+                          JoinRound(client, &request, previous, *trainer));
+    }
     if (options.on_assignment) options.on_assignment(assignment);
     auto round = std::make_shared<RoundInTraining>();
     reporter->Start(assignment, request.node().incarnation_id(),

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -52,6 +53,10 @@ struct ElasticOptions {
   int max_recoveries = 3;
   // Called after every join with the new assignment (e.g. to print it).
   std::function<void(const v1::Assignment&)> on_assignment;
+  // The first round's assignment when it arrived already (gradsync launch
+  // joined for this process, launched_process.h): used instead of the first
+  // join.
+  std::optional<v1::Assignment> first_assignment;
 };
 
 // Whether a failed round can be fixed by re-forming it: a peer was lost or

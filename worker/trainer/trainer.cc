@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/failpoint.h"
 #include "common/status_macros.h"
 #include "worker/data/datasets.h"
 #include "worker/data/distributed_sampler.h"
@@ -453,6 +454,7 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
   if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
   cursor.step = report.step;
   position_ = cursor;  // committed
+  Failpoint(kFailpointStep);
   window_samples_ += step_samples * context.world_size;
   report.step_time = context.clock->Now() - step_start;
   if (ddp != nullptr) report.ddp = ddp->last_step_timings();

@@ -183,6 +183,34 @@ TEST_F(LaunchProcessTest, RestartsRunOutAndTheJobFailsWithTheExitCode) {
   EXPECT_THAT(job.reason(), HasSubstr("exit code 3"));
 }
 
+// gradsync's own trainer heals in place under the launcher: the agent joins
+// for its processes, restarts only the one that died, which rejoins as a
+// new incarnation and takes the lost rank; the others re-form without
+// restarting and training resumes after the last committed step.
+TEST_F(LaunchProcessTest, GradsyncWorkerRestartsAloneAndTheOthersHealInPlace) {
+  // Local process 1 dies right after committing its 15th step (only in its
+  // first life: a restarted process has no LOCAL_RANK).
+  const std::string worker = Runfile("worker/gradsync-worker");
+  std::unique_ptr<Child> agent = Agent(
+      "healing", 0, 1, 3, {"--max_restarts=1", "--self_managed"},
+      {"/bin/sh", "-c",
+       "if [ \"$LOCAL_RANK\" = 1 ]; then exec \"$0\" --failpoint=step:15 "
+       "\"$@\"; else exec \"$0\" \"$@\"; fi",
+       worker, "--hidden=32", "--synthetic_size=2000", "--batch_size=16",
+       "--steps=40", "--threads=1", "--log_every=0"});
+  ASSERT_TRUE(WaitAll({agent.get()}, kBound));
+  EXPECT_EQ(agent->exit_code(), 0) << agent->describe();
+  const std::string out = agent->out() + agent->err();
+  EXPECT_THAT(out, HasSubstr("[local1]: failpoint step hit"));
+  EXPECT_THAT(out, HasSubstr("restarting that process alone (restart 1 of 1)"));
+  // The survivors re-formed in place (no restart of theirs) and resumed.
+  EXPECT_THAT(out, HasSubstr("round 1 failed on rank 0 after step 15"));
+  EXPECT_THAT(out, HasSubstr("round 2: rank 0 of 3, resuming after step 15"));
+  const v1::JobStatus job = Job("healing");
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.DebugString();
+  EXPECT_EQ(job.round(), 2);
+}
+
 TEST_F(LaunchProcessTest, SigtermStopsTheProcessesAndFailsTheJob) {
   const std::string pids = TempPath("pids");
   // Each process records its pid, then waits (in its shell's group).
