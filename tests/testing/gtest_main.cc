@@ -20,6 +20,9 @@ namespace {
 
 constexpr int kFatalSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL};
 constexpr int kMaxFrames = 64;
+// The handler runs on a stack of its own, so a stack overflow is reported
+// too.
+constexpr size_t kHandlerStack = 256 * 1024;
 
 void Write(const char* text) {
   ssize_t ignored = write(STDERR_FILENO, text, strlen(text));
@@ -48,11 +51,16 @@ void InstallCrashHandler(const char* argv0) {
   absl::InitializeSymbolizer(argv0);
   void* warm[1];
   backtrace(warm, 1);  // loads libgcc_s now, not inside the handler
+  static char handler_stack[kHandlerStack];
+  stack_t stack = {};
+  stack.ss_sp = handler_stack;
+  stack.ss_size = sizeof(handler_stack);
+  sigaltstack(&stack, nullptr);
   for (int signal : kFatalSignals) {
     struct sigaction action;
     memset(&action, 0, sizeof(action));
     action.sa_handler = PrintStackAndDie;
-    action.sa_flags = SA_RESETHAND;
+    action.sa_flags = SA_RESETHAND | SA_ONSTACK;
     sigemptyset(&action.sa_mask);
     sigaction(signal, &action, nullptr);
   }
