@@ -27,6 +27,7 @@ class Error(Exception):
 
 
 def _call(what, fn, *args, **kwargs):
+    """fn(*args, **kwargs), its gRPC errors as Error naming `what`."""
     try:
         return fn(*args, **kwargs)
     except grpc.RpcError as e:

@@ -8,8 +8,13 @@ store, with no MASTER_ADDR and no TCPStore.
 Under `gradsync launch` the process group bootstraps through the key-value
 store of the process's round (GRADSYNC_JOB, GRADSYNC_ROUND, RANK and
 WORLD_SIZE come from the launcher; rank= and world_size= given to
-init_process_group win). gradsync.torch.Store is the store itself, for
-code that builds process groups by hand. gradsync.torch.monitor(ddp) reports
+init_process_group win). Without the launcher the process joins the job
+itself (gradsync.member.Member: it heartbeats and reports its completion at
+exit) and takes the rank the coordinator gives it; the URL's query sets the
+job's shape: gradsync://HOST:PORT/JOB?nnodes=MIN[:MAX]&nproc_per_node=N
+&node_id=ID (default: nnodes = world_size, each process a node of its own).
+gradsync.torch.Store is the store itself, for code that builds process
+groups by hand. gradsync.torch.monitor(ddp) reports
 a DDP model's steps and collectives for the coordinator's diagnosis (see
 gradsync/monitor.py).
 """
@@ -20,16 +25,29 @@ import urllib.parse
 import torch.distributed as dist
 
 from gradsync.client import Client, Error
+from gradsync.member import Member
 from gradsync.monitor import Monitor, monitor  # noqa: F401
 
 # Keys of the process group live under this prefix in the round's store.
 _PREFIX = "torch/"
 
+# The stores handed to torch.distributed. C++ keeps only the pybind
+# trampoline of a Python store, which calls back into the Python object: the
+# object must outlive the process group, so the module holds it.
+_live_stores = []
+
+
+def _keep(store):
+    _live_stores.append(store)
+    return store
+
 
 class Store(dist.Store):
     """A torch.distributed.Store backed by the key-value store of round
     `round` of job `job_id` on `client`'s coordinator. get() and wait()
-    block until the keys exist, up to the store's timeout."""
+    block until the keys exist, up to the store's timeout. Keep a reference
+    to a Store you hand to torch.distributed yourself for as long as its
+    process group lives (torch keeps only a C++ handle to it)."""
 
     def __init__(self, client, job_id, round,
                  timeout=datetime.timedelta(minutes=5)):
@@ -89,19 +107,29 @@ def _rendezvous(url, timeout=datetime.timedelta(minutes=5), **kwargs):
     parsed = urllib.parse.urlparse(url)
     query = urllib.parse.parse_qs(parsed.query)
     job = parsed.path.lstrip("/") or os.environ.get("GRADSYNC_JOB", "")
-    round_ = os.environ.get("GRADSYNC_ROUND")
     if not parsed.netloc or not job:
         raise ValueError(f"gradsync://HOST:PORT/JOB expected, got '{url}'")
-    if round_ is None:
-        raise ValueError("gradsync:// needs GRADSYNC_ROUND: run the program "
-                         "under `gradsync launch`")
+    client = Client(parsed.netloc)
+    round_ = os.environ.get("GRADSYNC_ROUND")
+    if round_ is None:  # no launcher: join as a member of our own
+        def first(name, default=None):
+            return query.get(name, [default])[0]
+        nnodes = first("nnodes", first("world_size"))
+        if nnodes is None:
+            raise ValueError("gradsync:// outside `gradsync launch` needs "
+                             "nnodes= in the URL or world_size=")
+        member = Member(client, job, nnodes=nnodes,
+                        nproc_per_node=int(first("nproc_per_node", 1)),
+                        node_id=first("node_id"))
+        a = member.assignment
+        yield _keep(Store(client, job, a.round, timeout)), a.rank, a.world_size
+        raise RuntimeError("gradsync:// rendezvous runs once per process group")
     if job != os.environ.get("GRADSYNC_JOB", job):
         raise ValueError(f"gradsync://.../{job} names another job than this "
                          f"process's ({os.environ['GRADSYNC_JOB']})")
     rank = _int_setting(query, "rank", "RANK")
     world_size = _int_setting(query, "world_size", "WORLD_SIZE")
-    store = Store(Client(parsed.netloc), job, int(round_), timeout)
-    yield store, rank, world_size
+    yield _keep(Store(client, job, int(round_), timeout)), rank, world_size
     raise RuntimeError("gradsync:// rendezvous runs once per process group")
 
 

@@ -1,5 +1,8 @@
-"""gradsync.torch: init_process_group through gradsync:// (no MASTER_ADDR)."""
+"""gradsync.torch: init_process_group through gradsync:// (no MASTER_ADDR),
+under the launcher and without it."""
 import os
+import subprocess
+import sys
 
 import gradsync
 from conftest import HERE, launch
@@ -16,11 +19,36 @@ def test_init_method_gradsync_needs_no_master_addr(coordinator):
     assert gradsync.Client.state_name(job.state) == "succeeded"
 
 
-def test_init_method_outside_the_launcher_says_what_is_missing(monkeypatch):
-    import pytest
-    import torch.distributed as dist
-    import gradsync.torch  # noqa: F401
-    monkeypatch.delenv("GRADSYNC_ROUND", raising=False)
-    with pytest.raises(ValueError, match="run the program under `gradsync launch`"):
-        dist.init_process_group("gloo", init_method="gradsync://127.0.0.1:1/j",
-                                rank=0, world_size=1)
+def run_standalone(coordinator, *extra):
+    """Two plain processes of standalone_script.py: (returncode, output)s."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+           and not k.startswith("GRADSYNC_")}
+    env["PYTHONPATH"] = os.path.dirname(HERE)
+    processes = [subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "standalone_script.py"),
+         coordinator, *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for _ in range(2)]
+    return [(p.wait(timeout=180), p.stdout.read()) for p in processes]
+
+
+def test_init_method_without_the_launcher_joins_the_job(coordinator):
+    results = run_standalone(coordinator)
+    for code, out in results:
+        assert code == 0, out
+    out = "".join(o for _, o in results)
+    for rank in range(2):
+        assert f"rank {rank} of 2: sum 3" in out, out
+    job = gradsync.Client(coordinator).get_job("standalone")
+    assert gradsync.Client.state_name(job.state) == "succeeded", job
+    assert len(job.members) == 2
+
+
+def test_an_uncaught_exception_fails_the_job(coordinator):
+    results = run_standalone(coordinator, "--job", "failing",
+                             "--fail_rank", "1")
+    assert sorted(code for code, _ in results) == [0, 1], results
+    job = gradsync.Client(coordinator).get_job("failing")
+    assert gradsync.Client.state_name(job.state) == "failed", job
+    assert "RuntimeError: boom: rank gave up" in job.reason, job.reason

@@ -20,8 +20,8 @@ namespace {
 
 constexpr int kFatalSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL};
 constexpr int kMaxFrames = 64;
-// The handler runs on a stack of its own, so a stack overflow is reported
-// too.
+// On the main thread the handler runs on a stack of its own, so a stack
+// overflow there is reported too.
 constexpr size_t kHandlerStack = 256 * 1024;
 
 void Write(const char* text) {

@@ -1,0 +1,98 @@
+"""A Python process that is a member of a job by itself (no launcher): it
+joins the rendezvous, heartbeats from a thread, and reports its completion
+when the interpreter exits. Used by the gradsync:// init method outside
+`gradsync launch`.
+
+Completion: success at a normal exit; failure (exit code 1, with the
+exception) after an uncaught exception. A process that ends with os._exit
+or a signal reports nothing: its heartbeats stop and the coordinator finds
+it lost, as for any dead worker.
+"""
+import atexit
+import os
+import secrets
+import socket
+import sys
+import threading
+
+from gradsync._proto import (health_pb2, health_pb2_grpc, job_pb2,
+                             rendezvous_pb2, rendezvous_pb2_grpc)
+from gradsync.client import _call
+
+_DEFAULT_INTERVAL = 1.0  # until the coordinator answers with the job's own
+
+
+class Member:
+    """Joins `job` on `client`'s coordinator as one process of a node of its
+    own (unless `node_id` groups several) and stays its member until exit.
+    `assignment` is the gradsync.v1.Assignment of the round it joined."""
+
+    def __init__(self, client, job, nnodes="1", nproc_per_node=1,
+                 node_id=None, join_timeout=600.0):
+        minimum, _, maximum = str(nnodes).partition(":")
+        hostname = socket.gethostname()
+        self._incarnation = secrets.token_hex(16)
+        config = job_pb2.JobConfig(job_id=job, min_nodes=int(minimum),
+                                   max_nodes=int(maximum or minimum),
+                                   nproc_per_node=int(nproc_per_node))
+        config.join_timeout.FromSeconds(int(join_timeout))
+        request = rendezvous_pb2.JoinRequest(
+            job_id=job, config=config,
+            node=job_pb2.NodeDescriptor(
+                node_id=node_id or f"{hostname}-{os.getpid()}",
+                hostname=hostname, addresses=["127.0.0.1"], pid=os.getpid(),
+                incarnation_id=self._incarnation,
+                device_type=job_pb2.DEVICE_TYPE_CPU, device_count=1))
+        rendezvous = rendezvous_pb2_grpc.RendezvousStub(client.channel)
+        self.assignment = _call("join", rendezvous.Join, request,
+                                timeout=join_timeout + 30,
+                                wait_for_ready=True).assignment
+        self._ref = health_pb2.MemberRef(
+            job_id=job, round=self.assignment.round,
+            rank=self.assignment.rank, incarnation_id=self._incarnation)
+        self._monitor = health_pb2_grpc.MonitorStub(client.channel)
+        self._stop = threading.Event()
+        self._interval = _DEFAULT_INTERVAL
+        self._failure = None  # (exit code, message) after an uncaught exception
+        self._thread = threading.Thread(target=self._heartbeat, daemon=True,
+                                        name="gradsync-heartbeats")
+        self._thread.start()
+        previous_hook = sys.excepthook
+
+        def hook(kind, value, traceback):
+            self._failure = (1, f"{kind.__name__}: {value}")
+            previous_hook(kind, value, traceback)
+        sys.excepthook = hook
+        atexit.register(self.finish)
+
+    def _requests(self):
+        while not self._stop.is_set():
+            yield health_pb2.HeartbeatRequest(
+                member=self._ref,
+                metrics=job_pb2.WorkerMetrics(
+                    state=job_pb2.WORKER_STATE_TRAINING))
+            self._stop.wait(self._interval)
+
+    def _heartbeat(self):
+        try:
+            for answer in self._monitor.Heartbeat(self._requests()):
+                seconds = answer.heartbeat_interval.ToTimedelta().total_seconds()
+                if seconds > 0:
+                    self._interval = seconds
+        except Exception as e:  # the stream ended: the round is over
+            if not self._stop.is_set():
+                print(f"gradsync: heartbeats of rank {self._ref.rank} "
+                      f"stopped: {e}", file=sys.stderr, flush=True)
+
+    def finish(self):
+        """Stops heartbeating and reports the completion (once)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(timeout=self._interval + 5)
+        code, message = self._failure or (0, "")
+        _call("report_completion", self._monitor.ReportCompletion,
+              health_pb2.ReportCompletionRequest(
+                  member=self._ref, success=code == 0, exit_code=code,
+                  message=message),
+              timeout=10)

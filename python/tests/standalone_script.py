@@ -1,0 +1,25 @@
+"""A plain Python process (no launcher, no RANK, no MASTER_ADDR) that joins
+job "standalone" through init_method="gradsync://...?nnodes=2": run twice
+by test_torch.py. With --fail_rank R, rank R raises after the all-reduce."""
+import argparse
+
+import torch
+import torch.distributed as dist
+
+import gradsync.torch  # noqa: F401  (registers gradsync://)
+
+parser = argparse.ArgumentParser()
+parser.add_argument("coordinator")
+parser.add_argument("--job", default="standalone")
+parser.add_argument("--fail_rank", type=int, default=-1)
+args = parser.parse_args()
+dist.init_process_group(
+    "gloo", init_method=f"gradsync://{args.coordinator}/{args.job}?nnodes=2")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()}: sum {t.item():g}",
+      flush=True)
+dist.barrier()
+if dist.get_rank() == args.fail_rank:
+    raise RuntimeError("boom: rank gave up")
+dist.destroy_process_group()
