@@ -158,6 +158,7 @@ Json MembersJson(
       j["last_started_collective"] = w.last_started_collective();
       j["last_finished_collective"] = w.last_finished_collective();
       j["rss_bytes"] = w.rss_bytes();
+      j["cpu_seconds"] = w.cpu_seconds();
       j["gpu_memory_bytes"] = w.gpu_memory_bytes();
       j["last_error"] = w.last_error();
       Json buckets = Json::array();

@@ -57,6 +57,25 @@ int64_t ResidentBytes(pid_t pid) {
   return resident * sysconf(_SC_PAGESIZE);
 }
 
+// The CPU time (user + system) process `pid` has used, 0 when unknown.
+double CpuSeconds(pid_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(stat, line)) return 0;
+  // Fields after the command (which may hold spaces) in parentheses:
+  // state is field 3, utime 14 and stime 15.
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::vector<std::string> fields =
+      absl::StrSplit(line.substr(close + 2), ' ', absl::SkipEmpty());
+  double utime = 0, stime = 0;
+  if (fields.size() < 13 || !absl::SimpleAtod(fields[11], &utime) ||
+      !absl::SimpleAtod(fields[12], &stime)) {
+    return 0;
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 bool Includes(StdStreams set, int stream) {
   return (static_cast<int>(set) & stream) != 0;
 }
@@ -514,11 +533,13 @@ void NodeAgent::ReportMetrics() {
       }
     } else {
       reported->second.rss_bytes = ResidentBytes(slots_[i].process->pid());
+      reported->second.cpu_seconds = CpuSeconds(slots_[i].process->pid());
       if (metrics.state() == v1::WORKER_STATE_UNSPECIFIED) {
         metrics.set_state(v1::WORKER_STATE_TRAINING);
       }
     }
     metrics.set_rss_bytes(reported->second.rss_bytes);
+    metrics.set_cpu_seconds(reported->second.cpu_seconds);
     // Under mu_, so that no report of an ended attempt reaches the reporter
     // once it moved to the next round (it takes no lock of ours).
     reported->second.reporter->Update(metrics);
@@ -534,6 +555,7 @@ void NodeAgent::OnProcessMetrics(const v1::HeartbeatRequest& message) {
   }
   v1::WorkerMetrics metrics = message.metrics();
   metrics.set_rss_bytes(reported->second.rss_bytes);
+  metrics.set_cpu_seconds(reported->second.cpu_seconds);
   if (metrics.state() == v1::WORKER_STATE_UNSPECIFIED) {
     metrics.set_state(v1::WORKER_STATE_TRAINING);
   }

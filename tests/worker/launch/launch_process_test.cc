@@ -95,13 +95,14 @@ TEST_F(LaunchProcessTest, ATorchrunScriptEndsAsUnderTorchrun) {
   std::unique_ptr<Child> a = Agent("torch", 0, 2, 2, {}, program);
   std::unique_ptr<Child> b = Agent("torch", 1, 2, 2, {}, program);
 
-  // While it runs, the coordinator shows 4 ranks heartbeating.
+  // While it runs, the coordinator shows 4 ranks heartbeating, with the
+  // memory and CPU time the agents sampled.
   auto all_beating = [&] {
     v1::JobStatus job = Job("torch");
     int beating = 0;
     for (const v1::Member& m : job.members()) {
-      if (m.has_metrics() &&
-          m.metrics().state() == v1::WORKER_STATE_TRAINING) {
+      if (m.metrics().state() == v1::WORKER_STATE_TRAINING &&
+          m.metrics().rss_bytes() > 0 && m.metrics().cpu_seconds() > 0) {
         ++beating;
       }
     }
