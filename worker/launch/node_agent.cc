@@ -27,6 +27,9 @@ namespace {
 constexpr char kMasterKey[] = "master";  // "ADDRESS PORT", by node rank 0
 // How long the output of exited processes may take to arrive.
 constexpr absl::Duration kOutputDrain = absl::Seconds(5);
+// How long a self-managed process's permanent failure waits for its peers'
+// new round, to be reported in it.
+constexpr absl::Duration kFailureJoinWait = absl::Seconds(60);
 
 // A TCP port free on this machine now, for rank 0's TCPStore (the same
 // race torchrun accepts: the port is free when picked, not reserved).
@@ -479,9 +482,11 @@ int NodeAgent::RunSelfManaged() {
     if (outcome.kind == Outcome::kSucceeded) return 0;
     if (outcome.kind == Outcome::kStopped || restarts == options_.max_restarts) {
       if (outcome.kind == Outcome::kFailed) {
-        GS_LOG(ERROR) << "gradsync launch: " << Describe(outcome, 0)
+        const std::string what = Describe(outcome, 0);
+        GS_LOG(ERROR) << "gradsync launch: " << what
                       << "; no restarts left (--max_restarts="
                       << options_.max_restarts << ")";
+        ReportPermanentFailure(slots_[outcome.slot], outcome.exit_code, what);
       }
       StopProcesses();
       return outcome.exit_code;
@@ -492,6 +497,37 @@ int NodeAgent::RunSelfManaged() {
                     << " of " << options_.max_restarts
                     << "): it rejoins and the others re-form in place";
     RestartProcess(outcome.slot, restarts);
+  }
+}
+
+void NodeAgent::ReportPermanentFailure(const Slot& slot, int exit_code,
+                                       const std::string& message) {
+  // The coordinator found the process lost and its peers are re-forming,
+  // waiting for a replacement. The agent joins in its place, only to report
+  // that it failed for good: the job fails with its exit code, and the
+  // peers learn it from their heartbeat answers.
+  v1::JoinRequest request = slot.request;
+  request.mutable_node()->set_incarnation_id(NewIncarnationId());
+  absl::StatusOr<v1::Assignment> joined =
+      client_->Join(request, std::min(options_.join_timeout, kFailureJoinWait));
+  if (!joined.ok()) {
+    GS_LOG(WARNING) << "gradsync launch: cannot report the failure "
+                       "(joining to report it: "
+                    << joined.status() << ")";
+    return;
+  }
+  v1::ReportCompletionRequest report;
+  report.mutable_member()->set_job_id(joined->job_id());
+  report.mutable_member()->set_round(joined->round());
+  report.mutable_member()->set_rank(joined->rank());
+  report.mutable_member()->set_incarnation_id(request.node().incarnation_id());
+  report.set_success(false);
+  report.set_exit_code(exit_code);
+  report.set_message(message);
+  absl::StatusOr<v1::JobState> state = client_->ReportCompletion(report);
+  if (!state.ok()) {
+    GS_LOG(WARNING) << "gradsync launch: cannot report the failure: "
+                    << state.status();
   }
 }
 

@@ -109,6 +109,10 @@ class NodeAgent {
   // new incarnation that joins by itself; the others re-form in place.
   int RunSelfManaged();
   void RestartProcess(int i, int restart);
+  // Out of restarts: makes the job fail with `slot`'s exit code (see the
+  // definition for how).
+  void ReportPermanentFailure(const Slot& slot, int exit_code,
+                              const std::string& message);
   // Reports the node's success, then waits (like torchrun's exit barrier)
   // until the job succeeds (kSucceeded), fails (kJobFailed), its round is
   // superseded (kRoundOver: a process of another node failed) or the agent

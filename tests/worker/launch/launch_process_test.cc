@@ -212,6 +212,22 @@ TEST_F(LaunchProcessTest, GradsyncWorkerRestartsAloneAndTheOthersHealInPlace) {
   EXPECT_EQ(job.round(), 2);
 }
 
+TEST_F(LaunchProcessTest, AGradsyncWorkerOutOfRestartsFailsTheJob) {
+  std::unique_ptr<Child> agent = Agent(
+      "unhealed", 0, 1, 2, {"--max_restarts=0", "--self_managed"},
+      {"/bin/sh", "-c",
+       "if [ \"$LOCAL_RANK\" = 1 ]; then exec \"$0\" --failpoint=step:3 "
+       "\"$@\"; else exec \"$0\" \"$@\"; fi",
+       Runfile("worker/gradsync-worker"), "--hidden=8", "--synthetic_size=500",
+       "--batch_size=8", "--steps=200", "--threads=1", "--log_every=0"});
+  ASSERT_TRUE(WaitAll({agent.get()}, kBound));
+  EXPECT_EQ(agent->exit_code(), 86) << agent->describe();  // the failpoint's
+  EXPECT_THAT(agent->err(), HasSubstr("no restarts left (--max_restarts=0)"));
+  const v1::JobStatus job = Job("unhealed");
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED) << job.DebugString();
+  EXPECT_THAT(job.reason(), HasSubstr("exit code 86"));
+}
+
 TEST_F(LaunchProcessTest, SigtermStopsTheProcessesAndFailsTheJob) {
   const std::string pids = TempPath("pids");
   // Each process records its pid, then waits (in its shell's group).
