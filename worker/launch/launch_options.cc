@@ -1,6 +1,5 @@
 #include "worker/launch/launch_options.h"
 
-#include <dirent.h>
 #include <unistd.h>
 
 #include <functional>
@@ -12,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "worker/launch/gpus.h"
 
 namespace gradsync {
 
@@ -82,18 +82,6 @@ absl::StatusOr<StdStreams> ParseStreams(const std::string& flag,
                                   "supported"));
   }
   return static_cast<StdStreams>(n);
-}
-
-// NVIDIA GPUs the driver sees, without loading CUDA.
-int CountGpus() {
-  DIR* dir = opendir("/proc/driver/nvidia/gpus");
-  if (dir == nullptr) return 0;
-  int gpus = 0;
-  while (dirent* entry = readdir(dir)) {
-    if (entry->d_name[0] != '.') ++gpus;
-  }
-  closedir(dir);
-  return gpus;
 }
 
 absl::StatusOr<int> ParseNproc(const std::string& value) {

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
+#include "worker/launch/gpus.h"
 #include "worker/runtime/coordinator_store.h"
 #include "worker/runtime/join.h"
 #include "worker/runtime/launched_process.h"
@@ -102,7 +103,8 @@ NodeAgent::NodeAgent(LaunchOptions options, CoordinatorClient* client,
                      std::vector<std::string> environment)
     : options_(std::move(options)),
       client_(client),
-      environment_(std::move(environment)) {}
+      environment_(std::move(environment)),
+      gpus_(CountGpus()) {}
 
 NodeAgent::~NodeAgent() {
   inbox_.reset();  // its thread calls OnProcessMetrics
@@ -157,6 +159,11 @@ absl::Status NodeAgent::PrepareSlots() {
   config.address = options_.address.empty()
                        ? DefaultWorkerAddress(options_.coordinator)
                        : options_.address;
+  if (gpus_ > 0) {  // what the round's backend negotiation sees
+    config.device_type = v1::DEVICE_TYPE_CUDA;
+    config.device_count = gpus_;
+    config.nccl_available = NcclLoadable();
+  }
   for (int i = 0; i < options_.nproc_per_node; ++i) {
     absl::StatusOr<v1::JoinRequest> request = BuildJoinRequest(config);
     if (!request.ok()) return request.status();
@@ -556,6 +563,8 @@ void NodeAgent::RestartProcess(int i, int restart) {
 }
 
 void NodeAgent::ReportMetrics() {
+  const std::map<pid_t, int64_t> gpu_memory =
+      gpus_ > 0 ? GpuMemoryByPid() : std::map<pid_t, int64_t>();
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].process == nullptr) continue;
@@ -570,12 +579,18 @@ void NodeAgent::ReportMetrics() {
     } else {
       reported->second.rss_bytes = ResidentBytes(slots_[i].process->pid());
       reported->second.cpu_seconds = CpuSeconds(slots_[i].process->pid());
+      auto gpu = gpu_memory.find(slots_[i].process->pid());
+      reported->second.gpu_memory_bytes =
+          gpu == gpu_memory.end() ? 0 : gpu->second;
       if (metrics.state() == v1::WORKER_STATE_UNSPECIFIED) {
         metrics.set_state(v1::WORKER_STATE_TRAINING);
       }
     }
     metrics.set_rss_bytes(reported->second.rss_bytes);
     metrics.set_cpu_seconds(reported->second.cpu_seconds);
+    if (metrics.gpu_memory_bytes() == 0) {  // unless the process said
+      metrics.set_gpu_memory_bytes(reported->second.gpu_memory_bytes);
+    }
     // Under mu_, so that no report of an ended attempt reaches the reporter
     // once it moved to the next round (it takes no lock of ours).
     reported->second.reporter->Update(metrics);

@@ -1,7 +1,7 @@
 // NodeAgent: the heart of `gradsync launch`. It joins the job's rendezvous
 // once per local process (all with this node's node_id, so they form one
 // node), starts the processes with torchrun's environment, heartbeats for
-// each of them (alive, RSS, CPU time, exit code) so the coordinator's status shows
+// each of them (alive, RSS, CPU time, GPU memory, exit code) so the coordinator's status shows
 // every rank, and supervises them with torchrun's contract:
 //   - every process exits 0: the members report success; the agent exits 0;
 //   - a process exits non-zero: the agent stops the others and rejoins,
@@ -142,6 +142,7 @@ class NodeAgent {
   const LaunchOptions options_;
   CoordinatorClient* const client_;
   const std::vector<std::string> environment_;
+  const int gpus_;  // NVIDIA GPUs on this machine (CountGpus)
   std::vector<Slot> slots_;  // by local rank once joined
   OutputPump output_;
   std::unique_ptr<MetricsInbox> inbox_;  // null when it could not be opened
@@ -161,6 +162,7 @@ class NodeAgent {
     v1::WorkerMetrics metrics;  // the process's latest (no events)
     int64_t rss_bytes = 0;      // sampled by the agent
     double cpu_seconds = 0;     // sampled by the agent
+    int64_t gpu_memory_bytes = 0;  // sampled by the agent (nvidia-smi)
   };
   std::map<int, Reported> reported_ ABSL_GUARDED_BY(mu_);
 };
