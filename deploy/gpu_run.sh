@@ -12,7 +12,8 @@
 #            machine's own.
 #   --out    where the logs go (created): env.txt, build.log,
 #            nccl_backend_test.log, ctest.log, worker.log,
-#            worker_summary.json, bench.log, summary.txt (8 files)
+#            worker_summary.json, bench.log, launch.log, launch_params.txt,
+#            summary.txt (10 files)
 #   --build_dir  default build/gpu;  --jobs  default: all cores
 #   --python     the Python with torch (default python3); --torch=auto takes
 #                LibTorch from it (torch.utils.cmake_prefix_path), off builds
@@ -31,7 +32,8 @@
 # everything with deploy/cmake_build.sh; run the NCCL backend test binary
 # (then the whole ctest suite); if built, run gradsync-worker --device=cuda
 # end to end against a local gradsync-coordinator; if present, run
-# bench/ddp_bench.sh --device=cuda on the CMake build (GRADSYNC_BIN). Each
+# bench/ddp_bench.sh --device=cuda on the CMake build (GRADSYNC_BIN); run a
+# PyTorch DDP script and gradsync-worker under gradsync launch. Each
 # missing piece is said plainly in summary.txt. Exits 0 when everything that
 # exists passed.
 set -uo pipefail
@@ -253,34 +255,44 @@ tail -n 15 "$out/ctest.log"
 [ "$status" -eq 0 ] && r=OK || r=FAIL
 record "ctest" "$r" "$(grep -E 'tests passed' "$out/ctest.log" | tail -n 1)"
 
+# A gradsync-coordinator on a free loopback port for steps 6 and 8: sets
+# $coordinator_address (empty when it did not start) and $coordinator_pid.
+start_coordinator() {  # LOG
+  local port_file=$build_dir/coordinator.port
+  rm -f "$port_file"
+  "$build_dir/server/gradsync-coordinator" --listen=127.0.0.1:0 \
+    --port_file="$port_file" > >(sed -u 's/^/[coordinator] /' >>"$1") 2>&1 &
+  coordinator_pid=$!
+  for _ in $(seq 100); do [ -s "$port_file" ] && break; sleep 0.1; done
+  coordinator_address=
+  [ -s "$port_file" ] && coordinator_address="127.0.0.1:$(cat "$port_file")"
+}
+stop_coordinator() {
+  kill "$coordinator_pid" 2>/dev/null
+  wait "$coordinator_pid" 2>/dev/null
+}
+
 # ---- 6. The trainer on the GPU, end to end with a local coordinator.
 worker=$build_dir/worker/gradsync-worker
-coordinator=$build_dir/server/gradsync-coordinator
 if [ ! -x "$worker" ]; then
   why="worker/BUILD.bazel has no gradsync-worker yet, or it was left out (see build.log)"
   echo "MISSING: $worker: $why"
   record "gradsync-worker" MISSING "$why"
 else
   note "gradsync-worker --device=$device, $steps steps (log: $out/worker.log)"
-  port_file=$build_dir/coordinator.port
-  rm -f "$port_file"
-  "$coordinator" --listen=127.0.0.1:0 --port_file="$port_file" \
-    > >(sed -u 's/^/[coordinator] /' >>"$out/worker.log") 2>&1 &
-  coordinator_pid=$!
-  for _ in $(seq 100); do [ -s "$port_file" ] && break; sleep 0.1; done
-  if [ ! -s "$port_file" ]; then
+  start_coordinator "$out/worker.log"
+  if [ -z "$coordinator_address" ]; then
     record "gradsync-worker" FAIL "the coordinator did not start (worker.log)"
   else
     start=$SECONDS
-    timeout 600 "$worker" --coordinator="127.0.0.1:$(cat "$port_file")" --job=gpu-smoke \
+    timeout 600 "$worker" --coordinator="$coordinator_address" --job=gpu-smoke \
       --nnodes=1 --device="$device" --steps="$steps" --summary_json="$out/worker_summary.json" \
       > >(tee -a "$out/worker.log") 2>&1
     status=$?
     [ "$status" -eq 0 ] && r=OK || r=FAIL
     record "gradsync-worker" "$r" "exit $status in $((SECONDS - start))s; summary: worker_summary.json"
   fi
-  kill "$coordinator_pid" 2>/dev/null
-  wait "$coordinator_pid" 2>/dev/null
+  stop_coordinator
 fi
 
 # ---- 7. The DDP benchmark on the GPU, handed the CMake build (no Bazel
@@ -301,6 +313,41 @@ else
   status=$?
   [ "$status" -eq 0 ] && r=OK || r=FAIL
   record "ddp_bench" "$r" "exit $status, $gpus rank(s); results in bench.log"
+fi
+# ---- 8. gradsync launch on the GPU(s): a PyTorch DDP script written for
+# torchrun (NCCL, device_ids=[local_rank]) with --nproc_per_node=gpu, then
+# gradsync-worker --device=$device under the launcher.
+launcher=$build_dir/worker/cli/gradsync
+if [ ! -x "$launcher" ]; then
+  record "launch" MISSING "$launcher was not built (see build.log)"
+else
+  note "gradsync launch (log: $out/launch.log)"
+  start_coordinator "$out/launch.log"
+  if [ -z "$coordinator_address" ]; then
+    record "launch" FAIL "the coordinator did not start (launch.log)"
+  else
+    nproc=gpu backend=nccl
+    [ "$device" = cuda ] || { nproc=1; backend=gloo; }
+    start=$SECONDS
+    timeout 600 "$launcher" launch --coordinator="$coordinator_address" \
+      --job=gpu-launch-torch --nproc_per_node="$nproc" \
+      --python="$(command -v "$python")" tests/worker/launch/ddp_script.py \
+      "$out/launch_params.txt" --backend="$backend" \
+      > >(tee -a "$out/launch.log") 2>&1
+    status=$?
+    [ "$status" -eq 0 ] && r=OK || r=FAIL
+    record "launch-torch" "$r" "exit $status in $((SECONDS - start))s ($backend)"
+    if [ -x "$worker" ]; then
+      start=$SECONDS
+      timeout 600 "$launcher" launch --coordinator="$coordinator_address" \
+        --job=gpu-launch-worker --nproc_per_node="$nproc" -- "$worker" \
+        --device="$device" --steps="$steps" > >(tee -a "$out/launch.log") 2>&1
+      status=$?
+      [ "$status" -eq 0 ] && r=OK || r=FAIL
+      record "launch-worker" "$r" "exit $status in $((SECONDS - start))s"
+    fi
+  fi
+  stop_coordinator
 fi
 cd "$repo"
 finish

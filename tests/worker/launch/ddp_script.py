@@ -7,7 +7,10 @@ and has rank 0 write the final parameters, one number per line, to the path
 given as its first argument. Run under torchrun and under `gradsync launch`,
 the two files must match.
 
-  python3 ddp_script.py OUT [--pause SECONDS]   (a sleep after each step)
+  python3 ddp_script.py OUT [--pause SECONDS] [--backend gloo|nccl]
+
+--pause sleeps after each step; --backend=nccl trains on GPU LOCAL_RANK with
+device_ids=[local_rank], as GPU scripts do (deploy/gpu_run.sh).
 """
 import argparse
 import os
@@ -61,10 +64,15 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--pause", type=float, default=0.0)
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     args = parser.parse_args()
     out, pause = args.out, args.pause
     rank, world = check_environment()
-    dist.init_process_group("gloo", init_method="env://")
+    device = torch.device("cpu")
+    if args.backend == "nccl":
+        device = torch.device("cuda", env_int("LOCAL_RANK"))
+        torch.cuda.set_device(device)
+    dist.init_process_group(args.backend, init_method="env://")
     assert dist.get_rank() == rank and dist.get_world_size() == world
 
     torch.manual_seed(0)  # the same data and initial model on every rank
@@ -73,7 +81,9 @@ def main():
     dataset = TensorDataset(inputs, targets)
     model = torch.nn.Sequential(
         torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
-    ddp = DistributedDataParallel(model)
+    model = model.to(device)
+    ddp = DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank,
                                  shuffle=True, seed=1)
@@ -82,6 +92,7 @@ def main():
     for epoch in range(2):
         sampler.set_epoch(epoch)
         for x, y in loader:
+            x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(ddp(x), y).backward()
             optimizer.step()
@@ -92,7 +103,7 @@ def main():
     if rank == 0:
         with open(out, "w") as f:
             for p in model.parameters():
-                for v in p.detach().flatten().tolist():
+                for v in p.detach().cpu().flatten().tolist():
                     f.write(f"{v:.9g}\n")
         print(f"rank 0: wrote {out}", flush=True)
     dist.destroy_process_group()
