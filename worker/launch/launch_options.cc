@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "worker/launch/gpus.h"
 
 namespace gradsync {
@@ -30,6 +31,7 @@ const char kLaunchUsage[] =
     "  --max_restarts=N              group restarts after a failure (0)\n"
     "  --monitor_interval=SECONDS    how often processes are sampled (1)\n"
     "  --log_dir=DIR --redirects=0-3 --tee=0-3   per-rank log files\n"
+    "                                (or per local rank: --tee=0:3,1:2)\n"
     "  --role=NAME                   ROLE_NAME (default)\n"
     "  --address=HOST                this node's address for MASTER_ADDR\n"
     "  --backend=auto|gloo|nccl      what the round negotiates (auto)\n"
@@ -72,16 +74,40 @@ absl::StatusOr<int> ParseCount(const std::string& flag,
   return n;
 }
 
-absl::StatusOr<StdStreams> ParseStreams(const std::string& flag,
-                                        const std::string& value) {
+absl::StatusOr<StdStreams> ParseStreamsValue(const std::string& flag,
+                                             absl::string_view value) {
   int n = -1;
   if (!absl::SimpleAtoi(value, &n) || n < 0 || n > 3) {
     return Bad(flag, absl::StrCat("'", value,
                                   "' is not 0 (none), 1 (stdout), 2 (stderr) "
-                                  "or 3 (both); per-rank maps are not "
-                                  "supported"));
+                                  "or 3 (both)"));
   }
   return static_cast<StdStreams>(n);
+}
+
+// "N", or "LOCAL_RANK:N,LOCAL_RANK:N,...".
+absl::StatusOr<StdStreamsSetting> ParseStreams(const std::string& flag,
+                                               const std::string& value) {
+  StdStreamsSetting setting;
+  if (value.find(':') == std::string::npos) {
+    absl::StatusOr<StdStreams> all = ParseStreamsValue(flag, value);
+    if (!all.ok()) return all.status();
+    setting.all = *all;
+    return setting;
+  }
+  for (absl::string_view entry : absl::StrSplit(value, ',')) {
+    std::pair<absl::string_view, absl::string_view> parts =
+        absl::StrSplit(entry, absl::MaxSplits(':', 1));
+    int rank = -1;
+    if (!absl::SimpleAtoi(parts.first, &rank) || rank < 0) {
+      return Bad(flag, absl::StrCat("'", entry,
+                                    "' is not LOCAL_RANK:VALUE"));
+    }
+    absl::StatusOr<StdStreams> streams = ParseStreamsValue(flag, parts.second);
+    if (!streams.ok()) return streams.status();
+    setting.by_local_rank[rank] = *streams;
+  }
+  return setting;
 }
 
 absl::StatusOr<int> ParseNproc(const std::string& value) {
@@ -122,8 +148,9 @@ Setter Seconds(absl::Duration LaunchOptions::*field, const std::string& flag) {
       field, [flag](const std::string& v) { return ParseSeconds(flag, v); });
 }
 
-Setter Streams(StdStreams LaunchOptions::*field, const std::string& flag) {
-  return Assign<StdStreams>(
+Setter Streams(StdStreamsSetting LaunchOptions::*field,
+               const std::string& flag) {
+  return Assign<StdStreamsSetting>(
       field, [flag](const std::string& v) { return ParseStreams(flag, v); });
 }
 
@@ -168,6 +195,12 @@ const std::map<std::string, Setter>& ValueFlags() {
 }
 
 }  // namespace
+
+StdStreams StdStreamsSetting::For(int local_rank) const {
+  if (by_local_rank.empty()) return all;
+  auto found = by_local_rank.find(local_rank);
+  return found == by_local_rank.end() ? StdStreams::kNone : found->second;
+}
 
 absl::StatusOr<LaunchOptions> ParseLaunchArgs(
     const std::vector<std::string>& args) {

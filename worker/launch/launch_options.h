@@ -16,6 +16,7 @@
 #ifndef GRADSYNC_WORKER_LAUNCH_LAUNCH_OPTIONS_H_
 #define GRADSYNC_WORKER_LAUNCH_LAUNCH_OPTIONS_H_
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,19 @@ namespace gradsync {
 // Where a local process's stdout and stderr go besides the agent's console:
 // torchrun's --redirects/--tee values (0 none, 1 stdout, 2 stderr, 3 both).
 enum class StdStreams { kNone = 0, kOut = 1, kErr = 2, kAll = 3 };
+
+// A --redirects/--tee setting: one value for every local process ("3"), or
+// one per local rank ("0:1,1:2"; ranks not named get none), as torchrun's.
+struct StdStreamsSetting {
+  StdStreams all = StdStreams::kNone;
+  std::map<int, StdStreams> by_local_rank;  // when given per rank
+
+  StdStreams For(int local_rank) const;
+  // Whether `stream` (1 stdout, 2 stderr) of local rank `local_rank` is in.
+  bool Includes(int local_rank, int stream) const {
+    return (static_cast<int>(For(local_rank)) & stream) != 0;
+  }
+};
 
 struct LaunchOptions {
   std::string coordinator;  // HOST:PORT[,HOST:PORT...]
@@ -44,8 +58,8 @@ struct LaunchOptions {
   // the streams that go only there, `tee` those that go there and to the
   // console.
   std::string log_dir;
-  StdStreams redirects = StdStreams::kNone;
-  StdStreams tee = StdStreams::kNone;
+  StdStreamsSetting redirects;
+  StdStreamsSetting tee;
   std::string role = "default";
   // The address other nodes reach this one at (MASTER_ADDR when this node
   // has rank 0); empty: derived from the coordinator's address.

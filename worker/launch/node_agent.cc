@@ -80,10 +80,6 @@ double CpuSeconds(pid_t pid) {
   return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-bool Includes(StdStreams set, int stream) {
-  return (static_cast<int>(set) & stream) != 0;
-}
-
 absl::Status MakeDirectories(const std::string& path) {
   std::string prefix;
   for (absl::string_view part : absl::StrSplit(path, '/')) {
@@ -375,16 +371,16 @@ absl::StatusOr<AgentContext> NodeAgent::ExchangeMaster(int restart) {
   return context;
 }
 
-OutputSink NodeAgent::SinkFor(const std::string& label, int restart,
-                              int stream) const {
+OutputSink NodeAgent::SinkFor(const std::string& label, int local_rank,
+                              int restart, int stream) const {
   OutputSink sink;
   sink.prefix = absl::StrCat("[", label, "]: ");
   const bool to_file = !options_.log_dir.empty() &&
-                       (Includes(options_.redirects, stream) ||
-                        Includes(options_.tee, stream));
+                       (options_.redirects.Includes(local_rank, stream) ||
+                        options_.tee.Includes(local_rank, stream));
   const bool console_only_off = !options_.log_dir.empty() &&
-                                Includes(options_.redirects, stream) &&
-                                !Includes(options_.tee, stream);
+                                options_.redirects.Includes(local_rank, stream) &&
+                                !options_.tee.Includes(local_rank, stream);
   sink.console_fd =
       console_only_off ? -1 : (stream == 1 ? STDOUT_FILENO : STDERR_FILENO);
   if (to_file) {
@@ -446,8 +442,9 @@ absl::Status NodeAgent::StartProcess(
   const std::string label =
       options_.self_managed ? absl::StrCat("local", i)
                             : absl::StrCat("rank", slot.assignment.rank());
-  output_.Add(slot.process->TakeStdout(), SinkFor(label, restart, 1));
-  output_.Add(slot.process->TakeStderr(), SinkFor(label, restart, 2));
+  const int local_rank = static_cast<int>(i);
+  output_.Add(slot.process->TakeStdout(), SinkFor(label, local_rank, restart, 1));
+  output_.Add(slot.process->TakeStderr(), SinkFor(label, local_rank, restart, 2));
   slot.reaper = std::thread([this, i, process = slot.process.get()] {
     const int code = process->Wait();
     absl::MutexLock lock(&mu_);

@@ -132,9 +132,11 @@ class NodeAgent {
   // A process's own metrics (MetricsInbox): kept as its snapshot and passed
   // on to its member's reporter at once.
   void OnProcessMetrics(const v1::HeartbeatRequest& message);
-  // Where stream `stream` (1 stdout, 2 stderr) of the process labelled
-  // `label` ("rank3", "local1") goes in attempt `restart`.
-  OutputSink SinkFor(const std::string& label, int restart, int stream) const;
+  // Where stream `stream` (1 stdout, 2 stderr) of the process of local rank
+  // `local_rank`, labelled `label` ("rank3", "local1"), goes in attempt
+  // `restart`.
+  OutputSink SinkFor(const std::string& label, int local_rank, int restart,
+                     int stream) const;
   int StopCode() const;
   // What went wrong in `outcome` of round `round`, for logs and reports.
   std::string Describe(const Outcome& outcome, int64_t round) const;

@@ -28,8 +28,9 @@ TEST(LaunchOptionsTest, ATorchrunCommandLineParses) {
   EXPECT_EQ(o->monitor_interval, absl::Milliseconds(500));
   EXPECT_EQ(o->role, "trainer");
   EXPECT_EQ(o->log_dir, "/tmp/logs");
-  EXPECT_EQ(o->redirects, StdStreams::kAll);
-  EXPECT_EQ(o->tee, StdStreams::kOut);
+  EXPECT_EQ(o->redirects.For(0), StdStreams::kAll);
+  EXPECT_EQ(o->redirects.For(5), StdStreams::kAll);
+  EXPECT_EQ(o->tee.For(1), StdStreams::kOut);
   // A script runs under Python, unbuffered, as torchrun runs it; the
   // script's own flags are left alone.
   EXPECT_THAT(o->command,
@@ -55,6 +56,18 @@ TEST(LaunchOptionsTest, ProgramsRunDirectlyOrAsModules) {
   EXPECT_THAT(no_python->command, ElementsAre("tool.py"));
 }
 
+TEST(LaunchOptionsTest, StreamsMayBeSetPerLocalRank) {
+  absl::StatusOr<LaunchOptions> o = ParseLaunchArgs(
+      {"--coordinator=h:1", "--job=j", "--log_dir=/tmp/l", "--tee=0:1,2:3",
+       "x"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->tee.For(0), StdStreams::kOut);
+  EXPECT_EQ(o->tee.For(1), StdStreams::kNone);  // not named
+  EXPECT_EQ(o->tee.For(2), StdStreams::kAll);
+  EXPECT_TRUE(o->tee.Includes(2, 2));
+  EXPECT_FALSE(o->tee.Includes(0, 2));
+}
+
 TEST(LaunchOptionsTest, NprocPerNodeCpuCountsTheCores) {
   absl::StatusOr<LaunchOptions> o = ParseLaunchArgs(
       {"--coordinator=h:1", "--job=j", "--nproc_per_node=cpu", "x"});
@@ -73,8 +86,10 @@ TEST(LaunchOptionsTest, BadCommandLinesNameTheProblem) {
       {{"--coordinator=h:1", "--job=j"}, "no program to run"},
       {{"--coordinator=h:1", "--job=j", "--nproc_per_node=0", "x"},
        "--nproc_per_node: '0' is not an integer >= 1"},
-      {{"--coordinator=h:1", "--job=j", "--tee=0:1,1:2", "x"},
-       "per-rank maps are not supported"},
+      {{"--coordinator=h:1", "--job=j", "--tee=0:1,x:2", "x"},
+       "--tee: 'x:2' is not LOCAL_RANK:VALUE"},
+      {{"--coordinator=h:1", "--job=j", "--redirects=0:4", "x"},
+       "--redirects: '4' is not 0 (none)"},
       {{"--coordinator=h:1", "--job=j", "--max_restarts"}, "needs a value"},
       {{"--coordinator=h:1", "--job=j", "--monitor_interval=soon", "x"},
        "'soon' is not a duration"},

@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@ namespace gradsync {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::Child;
 using testing::CoordinatorProcess;
 using testing::PumpUntil;
@@ -226,6 +228,30 @@ TEST_F(LaunchProcessTest, AGradsyncWorkerOutOfRestartsFailsTheJob) {
   const v1::JobStatus job = Job("unhealed");
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED) << job.DebugString();
   EXPECT_THAT(job.reason(), HasSubstr("exit code 86"));
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// --redirects sends a stream only to the rank's log file, --tee to both;
+// per local rank ("0:2") as torchrun's.
+TEST_F(LaunchProcessTest, LogDirKeepsEachRanksStreams) {
+  const std::string logs = TempPath("logs");
+  std::unique_ptr<Child> agent = Agent(
+      "logged", 0, 1, 2,
+      {"--log_dir=" + logs, "--redirects=1", "--tee=0:2"},
+      {"/bin/sh", "-c", "echo out-$RANK; echo err-$RANK >&2"});
+  ASSERT_TRUE(WaitAll({agent.get()}, kBound));
+  ASSERT_EQ(agent->exit_code(), 0) << agent->describe();
+  EXPECT_EQ(ReadFile(logs + "/attempt_0/rank0/stdout.log"), "out-0\n");
+  EXPECT_EQ(ReadFile(logs + "/attempt_0/rank1/stdout.log"), "out-1\n");
+  EXPECT_THAT(agent->out(), Not(HasSubstr("out-")));  // redirected
+  EXPECT_EQ(ReadFile(logs + "/attempt_0/rank0/stderr.log"), "err-0\n");
+  EXPECT_THAT(agent->err(), HasSubstr("[rank0]: err-0"));  // teed
+  EXPECT_THAT(agent->err(), HasSubstr("[rank1]: err-1"));  // console only
+  EXPECT_EQ(ReadFile(logs + "/attempt_0/rank1/stderr.log"), "");
 }
 
 TEST_F(LaunchProcessTest, SigtermStopsTheProcessesAndFailsTheJob) {
