@@ -19,6 +19,8 @@ packages=(
   python3-grpcio python3-protobuf python3-pytest
   openssl  # the TLS tests make their certificates with it
   cmake ninja-build  # the CMake build (deploy/cmake_build.sh)
+  # the Debian package and its test (deploy/build_deb.sh, //deploy:package_test)
+  fakeroot systemd kubernetes-client
 )
 # CUDA and NCCL are not Debian packages: where /usr/local/cuda (or
 # $CUDA_HOME) has them, the NCCL backend is built too.

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Builds the gradsync Debian package: gradsync-coordinator, the gradsync
+# command (status, watch, launch), the systemd unit with its flags file, a
+# postinst that creates the gradsync system user, and the README.
+#   deploy/build_deb.sh [--out=DIR] [--version=X.Y.Z] [--no_build]
+# The binaries come from $GRADSYNC_BIN (default: bazel-bin, built here with
+# Bazel unless --no_build). Depends: are the Debian packages that own the
+# shared libraries the binaries load (ldd, dpkg -S). gradsync-worker, the
+# LibTorch trainer, is not packaged: it links CUDA and NCCL from outside
+# Debian where they are installed. Prints the package's path.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=. version=0.1.0 build=1
+for arg in "$@"; do
+  case "$arg" in
+    --out=*) out=${arg#*=} ;;
+    --version=*) version=${arg#*=} ;;
+    --no_build) build=0 ;;
+    *) echo "build_deb: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+bin=${GRADSYNC_BIN:-bazel-bin}
+if [ "$build" = 1 ] && [ -z "${GRADSYNC_BIN:-}" ]; then
+  bazel build //server:gradsync-coordinator //worker/cli:gradsync >&2
+fi
+binaries=(server/gradsync-coordinator worker/cli/gradsync)
+for b in "${binaries[@]}"; do
+  [ -x "$bin/$b" ] || { echo "build_deb: $bin/$b is missing" >&2; exit 1; }
+done
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+root=$stage/root
+install -d "$root/DEBIAN" "$root/usr/bin" "$root/lib/systemd/system" \
+  "$root/etc/default" "$root/usr/share/doc/gradsync"
+for b in "${binaries[@]}"; do
+  install -m 755 "$bin/$b" "$root/usr/bin/"
+  strip --strip-debug "$root/usr/bin/$(basename "$b")"
+done
+install -m 644 deploy/debian/gradsync-coordinator.service "$root/lib/systemd/system/"
+install -m 644 deploy/debian/gradsync-coordinator.default \
+  "$root/etc/default/gradsync-coordinator"
+install -m 644 README.md "$root/usr/share/doc/gradsync/README.md"
+install -m 755 deploy/debian/postinst deploy/debian/prerm "$root/DEBIAN/"
+echo /etc/default/gradsync-coordinator >"$root/DEBIAN/conffiles"
+
+# The packages owning the libraries the binaries load (ld.so and glibc's
+# own come with libc6).
+depends=$(for b in "${binaries[@]}"; do ldd "$root/usr/bin/$(basename "$b")"; done |
+  awk '$3 ~ /^\// {print $3}' | sort -u |
+  while read -r lib; do
+    dpkg -S "$(readlink -f "$lib")" 2>/dev/null || dpkg -S "$lib" 2>/dev/null || true
+  done | cut -d: -f1 | sort -u | paste -sd, | sed 's/,/, /g')
+cat >"$root/DEBIAN/control" <<CONTROL
+Package: gradsync
+Version: $version
+Architecture: $(dpkg --print-architecture)
+Maintainer: gradsync developers <gradsync@localhost>
+Depends: adduser, ${depends:-libc6}
+Section: net
+Priority: optional
+Description: coordinator service and tools for data-parallel training jobs
+ gradsync-coordinator runs rendezvous, a key-value store for NCCL/Gloo
+ bootstrap, heartbeats and failure, hang and straggler diagnosis for
+ data-parallel training jobs, as a systemd service with durable state.
+ The gradsync command shows job status and launches a node's processes
+ (gradsync launch, torchrun-compatible).
+CONTROL
+mkdir -p "$out"
+deb="$out/gradsync_${version}_$(dpkg --print-architecture).deb"
+fakeroot dpkg-deb --build --root-owner-group "$root" "$deb" >&2
+echo "$deb"

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# //deploy:package_test: the Debian package builds, installs into a
+# throwaway root and its binaries run from there (a coordinator with durable
+# state answers the gradsync command and stops cleanly on SIGTERM); systemd
+# accepts the unit and rates its hardening; the Kubernetes manifests parse
+# (kubectl kustomize: no cluster here for a server-side dry run).
+set -euo pipefail
+cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
+tmp=${TEST_TMPDIR:-$(mktemp -d)}
+fail() { echo "package_test: FAIL: $*" >&2; exit 1; }
+
+# 1. Build and unpack.
+deb=$(GRADSYNC_BIN=$PWD deploy/build_deb.sh --no_build --out="$tmp/dist")
+root=$tmp/root
+dpkg-deb -x "$deb" "$root"
+control=$(dpkg-deb -f "$deb")
+for field in "Package: gradsync" "Depends: adduser, " "libgrpc++1.51"; do
+  grep -qF "$field" <<<"$control" || fail "control lacks '$field': $control"
+done
+dpkg-deb --ctrl-tarfile "$deb" | tar -t | grep -q conffiles || fail "no conffiles"
+for f in usr/bin/gradsync-coordinator usr/bin/gradsync \
+    lib/systemd/system/gradsync-coordinator.service \
+    etc/default/gradsync-coordinator usr/share/doc/gradsync/README.md; do
+  [ -e "$root/$f" ] || fail "$f is not in the package"
+done
+sh -n deploy/debian/postinst && sh -n deploy/debian/prerm
+
+# 2. The installed binaries run: a coordinator on durable state, asked by
+# the installed gradsync command, stopped by SIGTERM.
+"$root/usr/bin/gradsync-coordinator" --listen=127.0.0.1:0 \
+  --port_file="$tmp/port" --state_dir="$tmp/state" 2>"$tmp/coordinator.log" &
+pid=$!
+for _ in $(seq 300); do [ -s "$tmp/port" ] && break; sleep 0.1; done
+[ -s "$tmp/port" ] || { kill -9 $pid; fail "the coordinator did not start: $(cat "$tmp/coordinator.log")"; }
+"$root/usr/bin/gradsync" --coordinator="127.0.0.1:$(cat "$tmp/port")" jobs \
+  || { kill -9 $pid; fail "gradsync jobs failed"; }
+kill -TERM $pid
+wait $pid || fail "the coordinator exited $? on SIGTERM: $(cat "$tmp/coordinator.log")"
+[ -n "$(ls -A "$tmp/state")" ] || fail "no state written to --state_dir"
+
+# 3. systemd accepts the unit (its ExecStart pointed at the unpacked binary)
+# and its hardening rates OK or better.
+unit=$tmp/gradsync-coordinator.service
+sed "s|/usr/bin/gradsync-coordinator|$root/usr/bin/gradsync-coordinator|" \
+  "$root/lib/systemd/system/gradsync-coordinator.service" >"$unit"
+complaints=$(systemd-analyze verify "$unit" 2>&1) || fail "systemd-analyze verify: $complaints"
+[ -z "$complaints" ] || fail "systemd-analyze verify complains: $complaints"
+exposure=$(systemd-analyze security --offline=yes "$unit" 2>/dev/null |
+  sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
+[ -n "$exposure" ] || fail "systemd-analyze security gave no exposure level"
+awk -v e="$exposure" 'BEGIN {exit !(e <= 2.0)}' || fail "exposure $exposure > 2.0"
+
+# 4. The Kubernetes manifests parse, with what the coordinator needs.
+cp -rL deploy/k8s "$tmp/k8s"  # kustomize takes no symlinked (runfiles) files
+manifests=$(kubectl kustomize "$tmp/k8s") || fail "kubectl kustomize deploy/k8s"
+for want in "kind: StatefulSet" "kind: Service" "kind: Job" "grpc:" \
+    "--state_dir=/var/lib/gradsync" "gradsync launch"; do
+  grep -qF -- "$want" <<<"$manifests" || fail "manifests lack '$want'"
+done
+echo "package_test: OK ($deb; unit exposure $exposure)"
