@@ -20,8 +20,12 @@ packages=(
   openssl  # the TLS tests make their certificates with it
   cmake ninja-build  # the CMake build (deploy/cmake_build.sh)
   # the Debian package and its test (deploy/build_deb.sh, //deploy:package_test)
-  fakeroot systemd kubernetes-client
+  fakeroot systemd
+  chromium  # the status page's browser test
 )
+# kubectl for //deploy:package_test: Debian's, unless one is installed
+# already (e.g. Google Cloud SDK's "kubectl" package, which owns the path).
+command -v kubectl >/dev/null || packages+=(kubernetes-client)
 # CUDA and NCCL are not Debian packages: where /usr/local/cuda (or
 # $CUDA_HOME) has them, the NCCL backend is built too.
 packages+=("$@")

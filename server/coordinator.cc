@@ -1,6 +1,7 @@
 #include "server/coordinator.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <google/protobuf/util/json_util.h>
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +9,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/metrics.h"
+#include "server/status_page.h"
 #include "server/storage/in_memory_storage.h"
 
 namespace gradsync {
@@ -48,7 +50,52 @@ Coordinator::Coordinator(CoordinatorConfig config)
       kv_service_(&kv_),
       jobs_service_(&jobs_, &rendezvous_, &health_, clock_),
       monitor_service_(&health_),
-      metrics_([this] { return RenderMetrics(); }) {}
+      metrics_(HttpRoutes()) {}
+
+std::vector<HttpRoute> Coordinator::HttpRoutes() {
+  google::protobuf::util::JsonPrintOptions json;
+  json.preserve_proto_field_names = true;
+  json.always_print_primitive_fields = true;
+  const auto to_json =
+      [json](const google::protobuf::Message& message) -> absl::StatusOr<std::string> {
+    std::string out;
+    const auto printed =
+        google::protobuf::util::MessageToJsonString(message, &out, json);
+    if (!printed.ok()) {
+      return absl::InternalError(std::string(printed.message()));
+    }
+    return out;
+  };
+  using Params = std::map<std::string, std::string>;
+  return {
+      {"/metrics", "text/plain; version=0.0.4; charset=utf-8",
+       [this](const Params&) -> absl::StatusOr<std::string> {
+         return RenderMetrics();
+       }},
+      {"/", "text/html; charset=utf-8",
+       [](const Params&) -> absl::StatusOr<std::string> {
+         return std::string(kStatusPageHtml);
+       }},
+      {"/api/jobs", "application/json",
+       [this, to_json](const Params&) {
+         v1::ListJobsResponse jobs;
+         for (v1::JobStatus& job : jobs_.List()) {
+           *jobs.add_jobs() = std::move(job);
+         }
+         return to_json(jobs);
+       }},
+      {"/api/job", "application/json",
+       [this, to_json](const Params& params) -> absl::StatusOr<std::string> {
+         auto id = params.find("id");
+         if (id == params.end()) {
+           return absl::InvalidArgumentError("/api/job needs ?id=JOB");
+         }
+         v1::JobStatus job;
+         GS_RETURN_IF_ERROR(jobs_service_.JobStatus(id->second, false, &job));
+         return to_json(job);
+       }},
+  };
+}
 
 Coordinator::~Coordinator() { Shutdown(); }
 

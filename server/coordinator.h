@@ -92,6 +92,9 @@ class Coordinator {
 
  private:
   void PollLoop();
+  // The HTTP port's routes: /metrics, the status page (/) and its JSON
+  // (/api/jobs, /api/job?id=JOB).
+  std::vector<HttpRoute> HttpRoutes();
   // Loads the jobs kept in storage and reopens their key-value rounds.
   absl::Status RestoreFromStorage();
 

@@ -13,8 +13,18 @@
 
 namespace gradsync {
 
-MetricsHttpServer::MetricsHttpServer(std::function<std::string()> render)
-    : render_(std::move(render)) {}
+namespace {
+
+int HttpCode(const absl::Status& status) {
+  if (absl::IsNotFound(status)) return 404;
+  if (absl::IsInvalidArgument(status)) return 400;
+  return 500;
+}
+
+}  // namespace
+
+MetricsHttpServer::MetricsHttpServer(std::vector<HttpRoute> routes)
+    : routes_(std::move(routes)) {}
 
 MetricsHttpServer::~MetricsHttpServer() { Stop(); }
 
@@ -39,11 +49,21 @@ absl::Status MetricsHttpServer::Start(const std::string& address) {
     const int yes = 1;
     setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
-  server_->Get("/metrics",
-               [this](const httplib::Request&, httplib::Response& response) {
-                 response.set_content(render_(),
-                                      "text/plain; version=0.0.4; charset=utf-8");
-               });
+  for (const HttpRoute& route : routes_) {
+    server_->Get(route.path, [&route](const httplib::Request& request,
+                                      httplib::Response& response) {
+      std::map<std::string, std::string> params(request.params.begin(),
+                                                request.params.end());
+      absl::StatusOr<std::string> body = route.render(params);
+      if (body.ok()) {
+        response.set_content(*std::move(body), route.content_type);
+      } else {
+        response.status = HttpCode(body.status());
+        response.set_content(std::string(body.status().message()),
+                             "text/plain; charset=utf-8");
+      }
+    });
+  }
   const bool bound = port == 0 ? (port = server_->bind_to_any_port(host)) > 0
                                : server_->bind_to_port(host, port);
   if (!bound) {

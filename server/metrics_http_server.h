@@ -1,15 +1,19 @@
-// Serves the coordinator's Prometheus metrics over HTTP (GET /metrics),
-// with Debian's cpp-httplib.
+// The coordinator's HTTP port (--metrics_listen), with Debian's
+// cpp-httplib: GET routes such as the Prometheus metrics (/metrics), the
+// status page (/) and its JSON (/api/...).
 #ifndef GRADSYNC_SERVER_METRICS_HTTP_SERVER_H_
 #define GRADSYNC_SERVER_METRICS_HTTP_SERVER_H_
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace httplib {
 class Server;
@@ -17,12 +21,23 @@ class Server;
 
 namespace gradsync {
 
-// Lifetime: construct, Start() once, Stop() (or destroy). `render` runs on
-// the server's threads, one scrape at a time per thread; it must be
-// thread-safe and outlive the server.
+// One GET route: `render` gets the query's parameters and returns the body,
+// or an error: NOT_FOUND is answered 404, INVALID_ARGUMENT 400, others 500,
+// with the message as a plain-text body.
+struct HttpRoute {
+  std::string path;
+  std::string content_type;
+  std::function<absl::StatusOr<std::string>(
+      const std::map<std::string, std::string>& params)>
+      render;
+};
+
+// Lifetime: construct, Start() once, Stop() (or destroy). The routes'
+// `render` run on the server's threads, one request at a time per thread;
+// they must be thread-safe and outlive the server.
 class MetricsHttpServer {
  public:
-  explicit MetricsHttpServer(std::function<std::string()> render);
+  explicit MetricsHttpServer(std::vector<HttpRoute> routes);
   ~MetricsHttpServer();
   MetricsHttpServer(const MetricsHttpServer&) = delete;
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
@@ -40,7 +55,7 @@ class MetricsHttpServer {
   void Stop();
 
  private:
-  std::function<std::string()> render_;
+  const std::vector<HttpRoute> routes_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   std::atomic<bool> listening_ended_{false};  // set by thread_ on its way out

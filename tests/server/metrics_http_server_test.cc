@@ -1,10 +1,12 @@
-// MetricsHttpServer: serves the rendered text, rejects bad addresses, and
-// stops however soon Stop() follows Start().
+// MetricsHttpServer: serves its routes (errors as HTTP codes), rejects bad
+// addresses, and stops however soon Stop() follows Start().
 #include "server/metrics_http_server.h"
 
 #include <httplib.h>
 
+#include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
@@ -12,19 +14,49 @@
 namespace gradsync {
 namespace {
 
-TEST(MetricsHttpServerTest, ServesTheRenderedText) {
-  MetricsHttpServer server([] { return std::string("gradsync_up 1\n"); });
+using Params = std::map<std::string, std::string>;
+
+// A server with no routes.
+std::vector<HttpRoute> NoRoutes() { return {}; }
+
+TEST(MetricsHttpServerTest, ServesItsRoutesWithTheirParameters) {
+  MetricsHttpServer server({
+      {"/metrics", "text/plain",
+       [](const Params&) -> absl::StatusOr<std::string> {
+         return std::string("gradsync_up 1\n");
+       }},
+      {"/echo", "text/plain",
+       [](const Params& params) -> absl::StatusOr<std::string> {
+         auto id = params.find("id");
+         if (id == params.end()) return absl::InvalidArgumentError("no id");
+         if (id->second == "nope") return absl::NotFoundError("no job nope");
+         return "id=" + id->second;
+       }},
+  });
   ASSERT_TRUE(server.Start("127.0.0.1:0").ok());
   httplib::Client client("127.0.0.1", server.port());
   httplib::Result result = client.Get("/metrics");
   ASSERT_TRUE(result) << httplib::to_string(result.error());
   EXPECT_EQ(result->status, 200);
   EXPECT_EQ(result->body, "gradsync_up 1\n");
+  result = client.Get("/echo?id=train");
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->body, "id=train");
+  result = client.Get("/echo?id=nope");
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->status, 404);
+  EXPECT_EQ(result->body, "no job nope");
+  result = client.Get("/echo");
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->status, 400);
+  result = client.Get("/elsewhere");
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->status, 404);
   server.Stop();
 }
 
 TEST(MetricsHttpServerTest, MalformedAddressIsInvalidArgument) {
-  MetricsHttpServer server([] { return std::string(); });
+  MetricsHttpServer server(NoRoutes());
   EXPECT_EQ(server.Start("127.0.0.1").code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(server.Start("127.0.0.1:65536").code(),
@@ -32,9 +64,9 @@ TEST(MetricsHttpServerTest, MalformedAddressIsInvalidArgument) {
 }
 
 TEST(MetricsHttpServerTest, PortInUseIsUnavailable) {
-  MetricsHttpServer first([] { return std::string(); });
+  MetricsHttpServer first(NoRoutes());
   ASSERT_TRUE(first.Start("127.0.0.1:0").ok());
-  MetricsHttpServer second([] { return std::string(); });
+  MetricsHttpServer second(NoRoutes());
   EXPECT_EQ(second.Start("127.0.0.1:" + std::to_string(first.port())).code(),
             absl::StatusCode::kUnavailable);
 }
@@ -43,7 +75,7 @@ TEST(MetricsHttpServerTest, PortInUseIsUnavailable) {
 // once hung the coordinator's shutdown about once in 170 starts.
 TEST(MetricsHttpServerTest, StopRightAfterStartAlwaysStops) {
   for (int i = 0; i < 300; ++i) {
-    MetricsHttpServer server([] { return std::string(); });
+    MetricsHttpServer server(NoRoutes());
     ASSERT_TRUE(server.Start("127.0.0.1:0").ok());
     server.Stop();  // a hang here is ended by the test's timeout
   }
