@@ -22,7 +22,7 @@ Coordinator::Coordinator(CoordinatorConfig config)
                          : std::make_unique<InMemoryStorage>()),
       storage_(config_.storage != nullptr ? config_.storage
                                           : owned_storage_.get()),
-      jobs_(storage_, clock_),
+      jobs_(storage_, clock_, config_.job_limits),
       kv_(storage_, clock_, &jobs_, config_.kv_limits),
       // A superseded round's members are turned away at once; a round
       // asked to re-form is told so with the heartbeat answers.

@@ -37,6 +37,7 @@ struct CoordinatorConfig {
   // How long Shutdown() lets in-flight calls finish before cancelling them.
   absl::Duration shutdown_grace = absl::Seconds(2);
   KvLimits kv_limits;
+  JobLimits job_limits;
   // Failure detection defaults (jobs may override them in their config).
   HealthConfig health;
   // How long a job that SUCCEEDED or FAILED stays queryable.

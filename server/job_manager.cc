@@ -32,8 +32,8 @@ bool IsTerminal(v1::JobState state) {
   return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED;
 }
 
-JobManager::JobManager(Storage* storage, Clock* clock)
-    : storage_(storage), clock_(clock) {}
+JobManager::JobManager(Storage* storage, Clock* clock, JobLimits limits)
+    : storage_(storage), clock_(clock), limits_(limits) {}
 
 absl::Status JobManager::LoadFromStorage() {
   GS_ASSIGN_OR_RETURN(std::vector<Storage::Entry> entries,
@@ -334,6 +334,20 @@ absl::StatusOr<v1::JobStatus*> JobManager::FindLocked(
 
 absl::StatusOr<v1::JobStatus> JobManager::CreateLocked(
     const v1::JobConfig& normalized) {
+  if (static_cast<int64_t>(jobs_.size()) >= limits_.max_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the coordinator holds ", jobs_.size(), " jobs, its limit (--max_jobs=",
+        limits_.max_jobs, "): ended jobs are forgotten after --retention"));
+  }
+  const int64_t world = int64_t{normalized.max_nodes()} *
+                        normalized.nproc_per_node();
+  if (world > limits_.max_world_size) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job '", normalized.job_id(), "' may have ", world, " processes (",
+        normalized.max_nodes(), " nodes x ", normalized.nproc_per_node(),
+        "), over the limit of ", limits_.max_world_size,
+        " (--max_world_size)"));
+  }
   v1::JobStatus record;
   *record.mutable_config() = normalized;
   record.set_state(v1::JOB_STATE_WAITING);

@@ -82,20 +82,30 @@ struct JobCensus {
 // Whether `state` is final (SUCCEEDED or FAILED).
 bool IsTerminal(v1::JobState state);
 
+// What JobManager refuses to hold: past them, creating a job is
+// RESOURCE_EXHAUSTED naming the limit and its coordinator flag.
+struct JobLimits {
+  // Jobs held, ended ones included until forgotten (--retention).
+  int64_t max_jobs = 10000;  // --max_jobs
+  // Processes a job may have: max_nodes x nproc_per_node.
+  int64_t max_world_size = 1000000;  // --max_world_size
+};
+
 // Owns the record (v1::JobStatus) of every job and writes each change through
 // to Storage under "jobs/<job_id>". Thread-safe. Never calls into another
 // manager, so any manager may call it while holding its own lock. `storage`
 // and `clock` must outlive it.
 class JobManager {
  public:
-  JobManager(Storage* storage, Clock* clock);
+  JobManager(Storage* storage, Clock* clock, JobLimits limits = JobLimits());
 
   // Loads the records already in storage (for a durable backend); call once
   // before serving.
   absl::Status LoadFromStorage();
 
   // Creates a job in state WAITING. INVALID_ARGUMENT for a bad config,
-  // ALREADY_EXISTS when the id is taken.
+  // ALREADY_EXISTS when the id is taken, RESOURCE_EXHAUSTED past a limit
+  // (JobLimits).
   absl::StatusOr<v1::JobStatus> Create(const v1::JobConfig& config);
 
   // Returns the normalized config of `job_id`. When the job does not exist
@@ -166,6 +176,7 @@ class JobManager {
 
   Storage* const storage_;
   Clock* const clock_;
+  const JobLimits limits_;
 
   mutable absl::Mutex mu_;
   // job id -> record; every record is also in storage_.

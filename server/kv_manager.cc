@@ -436,12 +436,15 @@ absl::StatusOr<uint64_t> KvManager::WriteLocked(const KvScope& scope,
       static_cast<int64_t>(job->entries.size()) >= limits_.max_keys_per_round) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "round ", scope.round, " of job '", scope.job_id, "' holds ",
-        job->entries.size(), " keys, the limit: delete keys it no longer needs"));
+        job->entries.size(), " keys, the limit (--max_kv_keys_per_job): "
+        "delete keys it no longer needs"));
   }
   if (job->bytes + byte_delta > limits_.max_bytes_per_round) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "round ", scope.round, " of job '", scope.job_id, "' would hold over ",
-        limits_.max_bytes_per_round, " bytes: delete keys it no longer needs"));
+        limits_.max_bytes_per_round,
+        " bytes, the limit (--max_kv_bytes_per_job): delete keys it no longer "
+        "needs"));
   }
   const uint64_t seq = QueueLocked(
       scope.job_id,

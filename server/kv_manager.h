@@ -36,6 +36,8 @@ struct KvScope {
 struct KvLimits {
   int64_t max_key_bytes = 1024;
   int64_t max_value_bytes = 1 << 20;
+  // A job has one live round: these are per job (--max_kv_keys_per_job,
+  // --max_kv_bytes_per_job).
   int64_t max_keys_per_round = 1000000;
   int64_t max_bytes_per_round = int64_t{1} << 30;
   absl::Duration max_wait = absl::Hours(1);

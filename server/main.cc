@@ -84,6 +84,15 @@ ABSL_FLAG(std::string, tls_key, "", "the PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "with --tls_cert: require every client to present a certificate "
           "signed by this PEM CA (mutual TLS)");
+ABSL_FLAG(int64_t, max_jobs, 10000,
+          "jobs the coordinator holds, ended ones included until forgotten "
+          "(--retention); creating one more is RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_world_size, 1000000,
+          "processes a job may have (max nodes x nproc_per_node)");
+ABSL_FLAG(int64_t, max_kv_keys_per_job, 1000000,
+          "keys in a job's key-value store");
+ABSL_FLAG(int64_t, max_kv_bytes_per_job, int64_t{1} << 30,
+          "bytes (keys and values) in a job's key-value store");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write the bound port to this file once serving (for "
           "scripts that start the coordinator on port 0)");
@@ -203,6 +212,11 @@ int main(int argc, char** argv) {
   config.health.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
   config.health.straggler_threshold = absl::GetFlag(FLAGS_straggler_threshold);
   config.health.hang_timeout = absl::GetFlag(FLAGS_hang_timeout);
+  config.job_limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  config.job_limits.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+  config.kv_limits.max_keys_per_round = absl::GetFlag(FLAGS_max_kv_keys_per_job);
+  config.kv_limits.max_bytes_per_round =
+      absl::GetFlag(FLAGS_max_kv_bytes_per_job);
   config.retention = absl::GetFlag(FLAGS_retention);
   config.heartbeat_queues = absl::GetFlag(FLAGS_heartbeat_queues);
   if (config.health.heartbeat_interval <= absl::ZeroDuration() ||
@@ -210,6 +224,13 @@ int main(int argc, char** argv) {
       config.shutdown_grace < absl::ZeroDuration()) {
     GS_LOG(ERROR) << "--heartbeat_interval must be > 0, --missed_heartbeats "
                      ">= 1, --retention >= 0 and --shutdown_grace >= 0";
+    return EXIT_FAILURE;
+  }
+  if (config.job_limits.max_jobs < 1 || config.job_limits.max_world_size < 1 ||
+      config.kv_limits.max_keys_per_round < 1 ||
+      config.kv_limits.max_bytes_per_round < 1) {
+    GS_LOG(ERROR) << "--max_jobs, --max_world_size, --max_kv_keys_per_job and "
+                     "--max_kv_bytes_per_job must be >= 1";
     return EXIT_FAILURE;
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =

@@ -89,6 +89,29 @@ TEST_F(JobManagerTest, CreateWithBadConfigIsInvalidArgumentAndCreatesNothing) {
 // ---------------------------------------------------------------------------
 // Get / Exists
 
+TEST(JobManagerLimitsTest, PastALimitCreateIsResourceExhaustedNamingItsFlag) {
+  InMemoryStorage storage;
+  FakeClock clock;
+  JobLimits limits;
+  limits.max_jobs = 2;
+  limits.max_world_size = 8;
+  JobManager jobs(&storage, &clock, limits);
+  v1::JobConfig big = Config("big", 2, 3);
+  big.set_nproc_per_node(3);  // up to 9 processes
+  absl::StatusOr<v1::JobStatus> refused = jobs.Create(big);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("may have 9 processes (3 nodes x 3), over the limit "
+                        "of 8 (--max_world_size)"));
+  ASSERT_TRUE(jobs.Create(Config("a", 1, 1)).ok());
+  ASSERT_TRUE(jobs.Create(Config("b", 1, 1)).ok());
+  refused = jobs.Create(Config("c", 1, 1));
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("holds 2 jobs, its limit (--max_jobs=2)"));
+  EXPECT_EQ(jobs.List().size(), 2u) << "a refused job changes nothing";
+}
+
 TEST_F(JobManagerTest, GetOfUnknownJobIsNotFound) {
   absl::StatusOr<v1::JobStatus> job = jobs_.Get("nope");
   EXPECT_EQ(job.status().code(), absl::StatusCode::kNotFound);

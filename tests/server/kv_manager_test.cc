@@ -416,7 +416,8 @@ TEST_F(KvManagerTest, KeyCountLimitPerRoundIsResourceExhausted) {
   Set("b", "2");
   absl::Status status = kv_->Set(scope_, "c", "3");
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(status.message(), HasSubstr("holds 2 keys"));
+  EXPECT_THAT(status.message(),
+              HasSubstr("holds 2 keys, the limit (--max_kv_keys_per_job)"));
   EXPECT_EQ(kv_->Add(scope_, "c", 1).status().code(),
             absl::StatusCode::kResourceExhausted);
   // Overwriting an existing key needs no new slot.
@@ -438,7 +439,8 @@ TEST_F(KvManagerTest, ByteLimitPerRoundCountsKeysAndValues) {
   Set("ab", "cdef");                                    // 6 bytes
   absl::Status status = kv_->Set(scope_, "gh", "ijk");  // would be 11
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(status.message(), HasSubstr("over 10 bytes"));
+  EXPECT_THAT(status.message(),
+              HasSubstr("over 10 bytes, the limit (--max_kv_bytes_per_job)"));
   Set("gh", "ij");  // exactly 10
   // Shrinking a value frees bytes.
   Set("ab", "");    // 6 bytes in all

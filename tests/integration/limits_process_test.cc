@@ -1,0 +1,80 @@
+// The coordinator's limits with the real binary: past --max_world_size,
+// --max_jobs and --max_kv_keys_per_job a call is RESOURCE_EXHAUSTED naming
+// the flag, changes nothing, and the coordinator goes on serving.
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+#include "worker/client/coordinator_client.h"
+
+namespace gradsync {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::CoordinatorProcess;
+using testing::Runfile;
+
+class LimitsProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(coordinator_.Start(
+        Runfile("server/gradsync-coordinator"), "limits",
+        {"--max_jobs=2", "--max_world_size=4", "--max_kv_keys_per_job=3",
+         "--missed_heartbeats=100"}));
+    ClientOptions options;
+    options.target = coordinator_.address();
+    client_ = *CoordinatorClient::Create(options);
+  }
+  void TearDown() override { EXPECT_TRUE(coordinator_.Stop()); }
+
+  // One process joining job `job` of `nodes` nodes (a round of one node
+  // closes at once).
+  absl::StatusOr<v1::Assignment> Join(const std::string& job, int nodes) {
+    v1::JoinRequest request;
+    request.set_job_id(job);
+    request.mutable_config()->set_job_id(job);
+    request.mutable_config()->set_min_nodes(1);
+    request.mutable_config()->set_max_nodes(nodes);
+    request.mutable_config()->mutable_last_call_timeout()->set_seconds(0);
+    *request.mutable_node() = LocalNodeDescriptor();
+    return client_->Join(request);
+  }
+
+  CoordinatorProcess coordinator_;
+  std::unique_ptr<CoordinatorClient> client_;
+};
+
+TEST_F(LimitsProcessTest, PastALimitCallsAreRefusedNamingTheFlag) {
+  absl::StatusOr<v1::Assignment> big = Join("big", 5);
+  EXPECT_TRUE(absl::IsResourceExhausted(big.status())) << big.status();
+  EXPECT_THAT(big.status().message(), HasSubstr("(--max_world_size)"));
+
+  absl::StatusOr<v1::Assignment> a = Join("a", 1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  v1::Scope scope;
+  scope.set_job_id("a");
+  scope.set_round(a->round());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(client_->Set(scope, absl::StrCat("k", i), "v").ok());
+  }
+  absl::Status full = client_->Set(scope, "k3", "v");
+  EXPECT_TRUE(absl::IsResourceExhausted(full)) << full;
+  EXPECT_THAT(full.message(), HasSubstr("(--max_kv_keys_per_job)"));
+  EXPECT_TRUE(absl::IsNotFound(client_->Get(scope, "k3").status()));
+
+  ASSERT_TRUE(Join("b", 1).ok());
+  absl::StatusOr<v1::Assignment> c = Join("c", 1);
+  EXPECT_TRUE(absl::IsResourceExhausted(c.status())) << c.status();
+  EXPECT_THAT(c.status().message(), HasSubstr("(--max_jobs=2)"));
+
+  // Still serving, with only what was allowed.
+  absl::StatusOr<std::vector<v1::JobStatus>> jobs = client_->ListJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_EQ(jobs->size(), 2u);
+  EXPECT_TRUE(client_->Get(scope, "k0").ok());
+}
+
+}  // namespace
+}  // namespace gradsync
