@@ -183,6 +183,10 @@ if(NOT HTTPLIB_INCLUDE_DIR)
   message(FATAL_ERROR "gradsync: httplib.h not found: install libcpp-httplib-dev "
     "or set HTTPLIB_INCLUDE_DIR.")
 endif()
+# --- OpenSSL's libcrypto (libssl-dev), for the coordinator's tokens.
+add_library(gradsync_system_crypto INTERFACE)
+_gradsync_link_by_name(gradsync_system_crypto "libcrypto" crypto)
+
 add_library(gradsync_system_httplib INTERFACE)
 target_include_directories(gradsync_system_httplib SYSTEM INTERFACE "${HTTPLIB_INCLUDE_DIR}")
 target_compile_definitions(gradsync_system_httplib INTERFACE

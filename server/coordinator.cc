@@ -22,6 +22,7 @@ Coordinator::Coordinator(CoordinatorConfig config)
                          : std::make_unique<InMemoryStorage>()),
       storage_(config_.storage != nullptr ? config_.storage
                                           : owned_storage_.get()),
+      auth_(storage_, config_.admin_token),
       jobs_(storage_, clock_, config_.job_limits),
       kv_(storage_, clock_, &jobs_, config_.kv_limits),
       // A superseded round's members are turned away at once; a round
@@ -46,10 +47,10 @@ Coordinator::Coordinator(CoordinatorConfig config)
                      const std::string& reason) {
                 rendezvous_.JobEnded(job_id, state, reason);
               }),
-      rendezvous_service_(&rendezvous_),
-      kv_service_(&kv_),
-      jobs_service_(&jobs_, &rendezvous_, &health_, clock_),
-      monitor_service_(&health_),
+      rendezvous_service_(&rendezvous_, &auth_),
+      kv_service_(&kv_, &auth_),
+      jobs_service_(&jobs_, &rendezvous_, &health_, clock_, &auth_),
+      monitor_service_(&health_, &auth_),
       metrics_(HttpRoutes()) {}
 
 std::vector<HttpRoute> Coordinator::HttpRoutes() {
@@ -173,6 +174,7 @@ void Coordinator::Shutdown() {
 }
 
 absl::Status Coordinator::RestoreFromStorage() {
+  GS_RETURN_IF_ERROR(auth_.LoadFromStorage());
   GS_RETURN_IF_ERROR(jobs_.LoadFromStorage());
   for (const v1::JobStatus& job : jobs_.List()) {
     if (job.round() < 1) continue;

@@ -14,6 +14,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "server/authenticator.h"
 #include "server/health_manager.h"
 #include "server/job_manager.h"
 #include "server/jobs_service.h"
@@ -38,6 +39,9 @@ struct CoordinatorConfig {
   absl::Duration shutdown_grace = absl::Seconds(2);
   KvLimits kv_limits;
   JobLimits job_limits;
+  // With a token: --auth=token, this the admin's (Authenticator); empty:
+  // every caller may do anything.
+  std::string admin_token;
   // Failure detection defaults (jobs may override them in their config).
   HealthConfig health;
   // How long a job that SUCCEEDED or FAILED stays queryable.
@@ -105,6 +109,7 @@ class Coordinator {
   Clock* const clock_;
   std::unique_ptr<Storage> owned_storage_;  // when config.storage is null
   Storage* const storage_;
+  Authenticator auth_;
   JobManager jobs_;
   KvManager kv_;
   RendezvousManager rendezvous_;

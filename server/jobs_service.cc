@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "common/job_config.h"
 
 namespace gradsync {
@@ -24,12 +25,15 @@ constexpr absl::Duration kMinWatchInterval = absl::Milliseconds(100);
 class JobsService::Watch final
     : public grpc::ServerWriteReactor<v1::WatchJobResponse> {
  public:
+  // `refused`: not OK when the caller may not watch the job; the watch then
+  // ends at once with it.
   Watch(const JobsService* service, std::string job_id,
-        absl::Duration min_interval, bool with_buckets)
+        absl::Duration min_interval, bool with_buckets, absl::Status refused)
       : service_(service),
         job_id_(std::move(job_id)),
         min_interval_(min_interval),
-        with_buckets_(with_buckets) {}
+        with_buckets_(with_buckets),
+        refused_(std::move(refused)) {}
 
   bool released() const { return released_.load(); }
 
@@ -37,7 +41,9 @@ class JobsService::Watch final
     absl::MutexLock lock(&mu_);
     if (finishing_ || writing_ || now < next_send_) return;
     v1::JobStatus status;
-    absl::Status read = service_->JobStatus(job_id_, with_buckets_, &status);
+    absl::Status read =
+        refused_.ok() ? service_->JobStatus(job_id_, with_buckets_, &status)
+                      : refused_;
     if (!read.ok()) {
       finishing_ = true;
       Finish(ToGrpcStatus(read));
@@ -78,6 +84,7 @@ class JobsService::Watch final
   const std::string job_id_;
   const absl::Duration min_interval_;
   const bool with_buckets_;
+  const absl::Status refused_;
   std::atomic<bool> released_{false};
 
   absl::Mutex mu_;
@@ -109,8 +116,13 @@ JobsService::ArenaAllocator::AllocateMessages() {
 }
 
 JobsService::JobsService(JobManager* jobs, const RendezvousManager* rendezvous,
-                         const HealthManager* health, Clock* clock)
-    : jobs_(jobs), rendezvous_(rendezvous), health_(health), clock_(clock) {
+                         const HealthManager* health, Clock* clock,
+                         Authenticator* auth)
+    : jobs_(jobs),
+      rendezvous_(rendezvous),
+      health_(health),
+      clock_(clock),
+      auth_(auth) {
   SetMessageAllocatorFor_GetJob(&get_job_allocator_);
 }
 
@@ -135,16 +147,35 @@ absl::Status JobsService::JobStatus(const std::string& job_id,
 grpc::ServerUnaryReactor* JobsService::CreateJob(
     grpc::CallbackServerContext* context, const v1::CreateJobRequest* request,
     v1::CreateJobResponse* response) {
-  absl::StatusOr<v1::JobStatus> job = jobs_->Create(request->config());
-  if (job.ok()) *response->mutable_job() = *std::move(job);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(job.status()));
+  reactor->Finish(ToGrpcStatus(Create(*context, *request, response)));
   return reactor;
+}
+
+absl::Status JobsService::Create(const grpc::ServerContextBase& context,
+                                 const v1::CreateJobRequest& request,
+                                 v1::CreateJobResponse* response) {
+  GS_ASSIGN_OR_RETURN(Caller caller, auth_->Identify(context));
+  if (!caller.admin) {
+    return absl::PermissionDeniedError(
+        "only the admin creates jobs (its token, --admin_token_file)");
+  }
+  GS_ASSIGN_OR_RETURN(v1::JobStatus job, jobs_->Create(request.config()));
+  if (auth_->enabled()) {
+    GS_ASSIGN_OR_RETURN(std::string token,
+                        auth_->IssueToken(job.config().job_id()));
+    response->set_token(std::move(token));
+  }
+  *response->mutable_job() = std::move(job);
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* JobsService::GetJob(
     grpc::CallbackServerContext* context, const v1::GetJobRequest* request,
     v1::GetJobResponse* response) {
+  if (auto* refused = auth_->Refuse(context, request->job_id())) {
+    return refused;
+  }
   absl::Status status = JobStatus(request->job_id(), request->with_buckets(),
                                   response->mutable_job());
   if (!status.ok()) response->clear_job();
@@ -156,11 +187,18 @@ grpc::ServerUnaryReactor* JobsService::GetJob(
 grpc::ServerUnaryReactor* JobsService::ListJobs(
     grpc::CallbackServerContext* context, const v1::ListJobsRequest* request,
     v1::ListJobsResponse* response) {
-  for (v1::JobStatus& job : jobs_->List()) {
-    *response->add_jobs() = std::move(job);
+  absl::StatusOr<Caller> caller = auth_->Identify(*context);
+  if (caller.ok()) {
+    for (v1::JobStatus& job : jobs_->List()) {
+      // A job's token sees only its job.
+      if (!Authenticator::Authorize(*caller, job.config().job_id()).ok()) {
+        continue;
+      }
+      *response->add_jobs() = std::move(job);
+    }
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  reactor->Finish(ToGrpcStatus(caller.status()));
   return reactor;
 }
 
@@ -169,7 +207,8 @@ grpc::ServerWriteReactor<v1::WatchJobResponse>* JobsService::WatchJob(
   const absl::Duration interval = std::max(
       kMinWatchInterval, absl::Milliseconds(request->min_interval_ms()));
   auto* watch =
-      new Watch(this, request->job_id(), interval, request->with_buckets());
+      new Watch(this, request->job_id(), interval, request->with_buckets(),
+                auth_->Check(*context, request->job_id()));
   {
     absl::MutexLock lock(&mu_);
     watches_.insert(watch);

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "proto/gradsync/v1/jobs.grpc.pb.h"
+#include "server/authenticator.h"
 #include "server/health_manager.h"
 #include "server/job_manager.h"
 #include "server/rendezvous_manager.h"
@@ -24,8 +25,9 @@ namespace gradsync {
 // and it must outlive the server it is registered with.
 class JobsService final : public v1::Jobs::CallbackService {
  public:
+  // `auth` decides who may call about which job, and issues job tokens.
   JobsService(JobManager* jobs, const RendezvousManager* rendezvous,
-              const HealthManager* health, Clock* clock);
+              const HealthManager* health, Clock* clock, Authenticator* auth);
   ~JobsService() override;
 
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* context,
@@ -61,10 +63,16 @@ class JobsService final : public v1::Jobs::CallbackService {
     AllocateMessages() override;
   };
 
+  // CreateJob: the admin's only; issues the job's token when tokens are on.
+  absl::Status Create(const grpc::ServerContextBase& context,
+                      const v1::CreateJobRequest& request,
+                      v1::CreateJobResponse* response);
+
   JobManager* const jobs_;
   const RendezvousManager* const rendezvous_;
   const HealthManager* const health_;
   Clock* const clock_;
+  Authenticator* const auth_;
   ArenaAllocator get_job_allocator_;
 
   absl::Mutex mu_;

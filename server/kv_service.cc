@@ -23,6 +23,9 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context,
 grpc::ServerUnaryReactor* KvService::Set(grpc::CallbackServerContext* context,
                                          const v1::SetRequest* request,
                                          v1::SetResponse* response) {
+  if (auto* refused = auth_->Refuse(context, request->scope().job_id())) {
+    return refused;
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   kv_->SetAsync(ToScope(request->scope()), request->key(), request->value(),
                 [reactor](absl::Status status) {
@@ -34,6 +37,9 @@ grpc::ServerUnaryReactor* KvService::Set(grpc::CallbackServerContext* context,
 grpc::ServerUnaryReactor* KvService::Get(grpc::CallbackServerContext* context,
                                          const v1::GetRequest* request,
                                          v1::GetResponse* response) {
+  if (auto* refused = auth_->Refuse(context, request->scope().job_id())) {
+    return refused;
+  }
   absl::StatusOr<std::string> value =
       kv_->Get(ToScope(request->scope()), request->key());
   if (value.ok()) response->set_value(*std::move(value));
@@ -43,6 +49,9 @@ grpc::ServerUnaryReactor* KvService::Get(grpc::CallbackServerContext* context,
 grpc::ServerUnaryReactor* KvService::Add(grpc::CallbackServerContext* context,
                                          const v1::AddRequest* request,
                                          v1::AddResponse* response) {
+  if (auto* refused = auth_->Refuse(context, request->scope().job_id())) {
+    return refused;
+  }
   absl::StatusOr<int64_t> value =
       kv_->Add(ToScope(request->scope()), request->key(), request->delta());
   if (value.ok()) response->set_value(*value);
@@ -53,6 +62,9 @@ grpc::ServerUnaryReactor* KvService::CompareAndSet(
     grpc::CallbackServerContext* context,
     const v1::CompareAndSetRequest* request,
     v1::CompareAndSetResponse* response) {
+  if (auto* refused = auth_->Refuse(context, request->scope().job_id())) {
+    return refused;
+  }
   absl::StatusOr<CasResult> result = kv_->CompareAndSet(
       ToScope(request->scope()), request->key(), request->expected(),
       request->expect_absent(), request->desired());
@@ -67,6 +79,9 @@ grpc::ServerUnaryReactor* KvService::CompareAndSet(
 grpc::ServerUnaryReactor* KvService::Wait(grpc::CallbackServerContext* context,
                                           const v1::WaitRequest* request,
                                           v1::WaitResponse* response) {
+  if (auto* refused = auth_->Refuse(context, request->scope().job_id())) {
+    return refused;
+  }
   auto* reactor = new CancellableReactor();
   uint64_t ticket = kv_->Wait(
       ToScope(request->scope()),
@@ -83,6 +98,9 @@ grpc::ServerUnaryReactor* KvService::Wait(grpc::CallbackServerContext* context,
 grpc::ServerUnaryReactor* KvService::Delete(
     grpc::CallbackServerContext* context, const v1::DeleteRequest* request,
     v1::DeleteResponse* response) {
+  if (auto* refused = auth_->Refuse(context, request->scope().job_id())) {
+    return refused;
+  }
   absl::StatusOr<bool> existed =
       kv_->Delete(ToScope(request->scope()), request->key());
   if (existed.ok()) response->set_existed(*existed);
@@ -92,6 +110,9 @@ grpc::ServerUnaryReactor* KvService::Delete(
 grpc::ServerUnaryReactor* KvService::List(grpc::CallbackServerContext* context,
                                           const v1::ListRequest* request,
                                           v1::ListResponse* response) {
+  if (auto* refused = auth_->Refuse(context, request->scope().job_id())) {
+    return refused;
+  }
   absl::StatusOr<std::vector<Storage::Entry>> entries = kv_->List(
       ToScope(request->scope()), request->prefix(), request->keys_only());
   if (entries.ok()) {

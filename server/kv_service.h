@@ -2,6 +2,7 @@
 #define GRADSYNC_SERVER_KV_SERVICE_H_
 
 #include "proto/gradsync/v1/kv.grpc.pb.h"
+#include "server/authenticator.h"
 #include "server/kv_manager.h"
 
 namespace gradsync {
@@ -10,7 +11,8 @@ namespace gradsync {
 // hold no thread. Thread-safe; `kv` must outlive it.
 class KvService final : public v1::KeyValue::CallbackService {
  public:
-  explicit KvService(KvManager* kv) : kv_(kv) {}
+  // `auth` decides who may call about which job.
+  KvService(KvManager* kv, const Authenticator* auth) : kv_(kv), auth_(auth) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context,
                                 const v1::SetRequest* request,
@@ -37,6 +39,7 @@ class KvService final : public v1::KeyValue::CallbackService {
 
  private:
   KvManager* const kv_;
+  const Authenticator* const auth_;
 };
 
 }  // namespace gradsync

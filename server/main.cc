@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
+#include "server/authenticator.h"
 #include "server/coordinator.h"
 #include "server/server_credentials.h"
 #include "server/standby_server.h"
@@ -84,6 +85,13 @@ ABSL_FLAG(std::string, tls_key, "", "the PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "with --tls_cert: require every client to present a certificate "
           "signed by this PEM CA (mutual TLS)");
+ABSL_FLAG(std::string, auth, "none",
+          "none: any client may do anything; token: every call carries a "
+          "token (authorization: Bearer ...): the admin's (--admin_token_file) "
+          "may do anything, a job's (issued by `gradsync create`) only acts "
+          "in its job");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "with --auth=token: a file holding the admin's token");
 ABSL_FLAG(int64_t, max_jobs, 10000,
           "jobs the coordinator holds, ended ones included until forgotten "
           "(--retention); creating one more is RESOURCE_EXHAUSTED");
@@ -226,6 +234,13 @@ int main(int argc, char** argv) {
                      ">= 1, --retention >= 0 and --shutdown_grace >= 0";
     return EXIT_FAILURE;
   }
+  absl::StatusOr<std::string> admin_token = gradsync::AdminToken(
+      absl::GetFlag(FLAGS_auth), absl::GetFlag(FLAGS_admin_token_file));
+  if (!admin_token.ok()) {
+    GS_LOG(ERROR) << admin_token.status().message();
+    return EXIT_FAILURE;
+  }
+  config.admin_token = *std::move(admin_token);
   if (config.job_limits.max_jobs < 1 || config.job_limits.max_world_size < 1 ||
       config.kv_limits.max_keys_per_round < 1 ||
       config.kv_limits.max_bytes_per_round < 1) {

@@ -53,6 +53,7 @@ class MonitorService::HeartbeatCall {
           return;
         }
         service_->Accept(queue_);  // the next stream
+        caller_ = service_->auth_->Identify(context_);
         Read();
         return;
       case Event::kRead:
@@ -96,6 +97,14 @@ class MonitorService::HeartbeatCall {
   }
 
   void OnHeartbeat() {
+    absl::Status allowed =
+        caller_.ok() ? Authenticator::Authorize(*caller_,
+                                                request_.member().job_id())
+                     : caller_.status();
+    if (!allowed.ok()) {
+      FinishWith(ToGrpcStatus(allowed));
+      return;
+    }
     v1::HeartbeatResponse response;
     absl::StatusOr<bool> answer =
         service_->health_->Heartbeat(session_.get(), &request_, &response);
@@ -141,6 +150,8 @@ class MonitorService::HeartbeatCall {
   grpc::ServerAsyncReaderWriter<v1::HeartbeatResponse, v1::HeartbeatRequest>
       stream_;
   const std::unique_ptr<HealthManager::Session> session_;
+  // Who opened the stream (from its metadata, when it was accepted).
+  absl::StatusOr<Caller> caller_ = absl::UnauthenticatedError("not accepted");
   v1::HeartbeatRequest request_;
   v1::HeartbeatResponse outgoing_;
   std::optional<v1::HeartbeatResponse> next_;
@@ -219,6 +230,9 @@ grpc::ServerUnaryReactor* MonitorService::ReportCompletion(
     grpc::CallbackServerContext* context,
     const v1::ReportCompletionRequest* request,
     v1::ReportCompletionResponse* response) {
+  if (auto* refused = auth_->Refuse(context, request->member().job_id())) {
+    return refused;
+  }
   absl::StatusOr<v1::JobState> state = health_->ReportCompletion(*request);
   if (state.ok()) response->set_job_state(*state);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();

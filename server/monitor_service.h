@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/gradsync/v1/health.grpc.pb.h"
+#include "server/authenticator.h"
 #include "server/health_manager.h"
 
 namespace gradsync {
@@ -43,7 +44,9 @@ class MonitorService final
           v1::Monitor::WithCallbackMethod_ReportCompletion<
               v1::Monitor::Service>> {
  public:
-  explicit MonitorService(HealthManager* health) : health_(health) {}
+  // `auth` decides who may report for which job.
+  MonitorService(HealthManager* health, const Authenticator* auth)
+      : health_(health), auth_(auth) {}
   ~MonitorService() override;
 
   // Adds `queues` (>= 1) completion queues for heartbeat streams.
@@ -80,6 +83,7 @@ class MonitorService final
   static void Drain(Queue* queue);
 
   HealthManager* const health_;
+  const Authenticator* const auth_;
   std::vector<std::unique_ptr<Queue>> queues_;
   std::vector<std::thread> threads_;
 };

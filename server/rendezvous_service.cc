@@ -8,6 +8,9 @@ namespace gradsync {
 grpc::ServerUnaryReactor* RendezvousService::Join(
     grpc::CallbackServerContext* context, const v1::JoinRequest* request,
     v1::JoinResponse* response) {
+  if (auto* refused = auth_->Refuse(context, request->job_id())) {
+    return refused;
+  }
   auto* reactor = new CancellableReactor();
   uint64_t ticket = rendezvous_->Join(
       *request,
@@ -28,6 +31,9 @@ grpc::ServerUnaryReactor* RendezvousService::Join(
 grpc::ServerUnaryReactor* RendezvousService::Leave(
     grpc::CallbackServerContext* context, const v1::LeaveRequest* request,
     v1::LeaveResponse* response) {
+  if (auto* refused = auth_->Refuse(context, request->job_id())) {
+    return refused;
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(
       rendezvous_->Leave(request->job_id(), request->incarnation_id())));

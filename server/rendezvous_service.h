@@ -2,6 +2,7 @@
 #define GRADSYNC_SERVER_RENDEZVOUS_SERVICE_H_
 
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
+#include "server/authenticator.h"
 #include "server/rendezvous_manager.h"
 
 namespace gradsync {
@@ -11,8 +12,9 @@ namespace gradsync {
 // `rendezvous` must outlive it.
 class RendezvousService final : public v1::Rendezvous::CallbackService {
  public:
-  explicit RendezvousService(RendezvousManager* rendezvous)
-      : rendezvous_(rendezvous) {}
+  // `auth` decides who may call about which job.
+  RendezvousService(RendezvousManager* rendezvous, const Authenticator* auth)
+      : rendezvous_(rendezvous), auth_(auth) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
@@ -23,6 +25,7 @@ class RendezvousService final : public v1::Rendezvous::CallbackService {
 
  private:
   RendezvousManager* const rendezvous_;
+  const Authenticator* const auth_;
 };
 
 }  // namespace gradsync

@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "common/job_config.h"
 #include "common/logging.h"
+#include "common/token_file.h"
 #include "common/status_macros.h"
 #include "worker/client/coordinator_client.h"
 #include "worker/runtime/health_reporter.h"
@@ -38,6 +39,9 @@ ABSL_FLAG(std::string, tls_cert, "",
           "with --tls_ca: this client's PEM certificate, for a coordinator "
           "that requires one (--tls_client_ca)");
 ABSL_FLAG(std::string, tls_key, "", "the PEM private key of --tls_cert");
+ABSL_FLAG(std::string, token_file, "",
+          "a file holding this job's token, for a coordinator with "
+          "--auth=token (default: $GRADSYNC_TOKEN)");
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400",
           "the coordinator, HOST:PORT; or its replicas (--etcd), "
           "HOST:PORT,HOST:PORT,... (names in a list are resolved to their "
@@ -222,6 +226,8 @@ absl::Status Run() {
   options.target = absl::GetFlag(FLAGS_coordinator);
   options.tls = {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
                  absl::GetFlag(FLAGS_tls_key)};
+  GS_ASSIGN_OR_RETURN(options.token,
+                      ClientToken(absl::GetFlag(FLAGS_token_file)));
   GS_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Create(options));
   GS_ASSIGN_OR_RETURN(v1::Assignment assignment, client->Join(request));
   GS_RETURN_IF_ERROR(Bootstrap(*client, assignment, request.node()));

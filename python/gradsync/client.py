@@ -12,6 +12,8 @@
 Errors are gradsync.Error with the gRPC status code name and the
 coordinator's message. Thread-safe (gRPC channels are).
 """
+import os
+
 import grpc
 
 from gradsync._proto import jobs_pb2, jobs_pb2_grpc, job_pb2, kv_pb2, kv_pb2_grpc
@@ -38,28 +40,29 @@ class KeyValue:
     """The key-value store of one round of a job (keys vanish with the round;
     a superseded round's calls fail with ABORTED)."""
 
-    def __init__(self, stub, job_id, round, timeout):
+    def __init__(self, stub, job_id, round, timeout, metadata=()):
         self._stub = stub
         self._scope = kv_pb2.Scope(job_id=job_id, round=round)
         self._timeout = timeout
+        self._metadata = metadata
 
     def set(self, key, value):
         value = value.encode() if isinstance(value, str) else bytes(value)
         _call("set", self._stub.Set,
               kv_pb2.SetRequest(scope=self._scope, key=key, value=value),
-              timeout=self._timeout)
+              timeout=self._timeout, metadata=self._metadata)
 
     def get(self, key):
         """The value of `key` (bytes); Error NOT_FOUND when it is absent."""
         return _call("get", self._stub.Get,
                      kv_pb2.GetRequest(scope=self._scope, key=key),
-                     timeout=self._timeout).value
+                     timeout=self._timeout, metadata=self._metadata).value
 
     def add(self, key, delta):
         """Adds `delta` to the integer at `key` (0 when absent); the sum."""
         return _call("add", self._stub.Add,
                      kv_pb2.AddRequest(scope=self._scope, key=key, delta=delta),
-                     timeout=self._timeout).value
+                     timeout=self._timeout, metadata=self._metadata).value
 
     def compare_and_set(self, key, expected, desired):
         """Sets `key` to `desired` if it holds `expected` (None: absent);
@@ -68,7 +71,7 @@ class KeyValue:
             scope=self._scope, key=key, desired=bytes(desired),
             expected=bytes(expected or b""), expect_absent=expected is None)
         r = _call("compare_and_set", self._stub.CompareAndSet, request,
-                  timeout=self._timeout)
+                  timeout=self._timeout, metadata=self._metadata)
         return r.swapped, (r.value if r.exists else None)
 
     def wait(self, keys, timeout):
@@ -76,21 +79,26 @@ class KeyValue:
         after `timeout` seconds."""
         request = kv_pb2.WaitRequest(scope=self._scope, keys=list(keys),
                                      timeout_ms=max(1, int(timeout * 1000)))
-        _call("wait", self._stub.Wait, request, timeout=timeout + 30)
+        _call("wait", self._stub.Wait, request, timeout=timeout + 30,
+              metadata=self._metadata)
 
     def delete(self, key):
         _call("delete", self._stub.Delete,
               kv_pb2.DeleteRequest(scope=self._scope, key=key),
-              timeout=self._timeout)
+              timeout=self._timeout, metadata=self._metadata)
 
 
 class Client:
     """A connection to the coordinator at `target` ("HOST:PORT"). With
     `tls_ca` (PEM file) the channel uses TLS, with `tls_cert`/`tls_key` it
-    presents a client certificate (for --tls_client_ca coordinators)."""
+    presents a client certificate (for --tls_client_ca coordinators). For a
+    coordinator with --auth=token every call carries `token` (default:
+    $GRADSYNC_TOKEN)."""
 
     def __init__(self, target, timeout=10.0, tls_ca=None, tls_cert=None,
-                 tls_key=None):
+                 tls_key=None, token=None):
+        token = token if token is not None else os.environ.get("GRADSYNC_TOKEN")
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         if tls_ca:
             def read(path):
                 with open(path, "rb") as f:
@@ -118,16 +126,17 @@ class Client:
     def list_jobs(self):
         return list(_call("list_jobs", self._jobs.ListJobs,
                           jobs_pb2.ListJobsRequest(),
-                          timeout=self.timeout).jobs)
+                          timeout=self.timeout, metadata=self.metadata).jobs)
 
     def get_job(self, job_id):
         return _call("get_job", self._jobs.GetJob,
                      jobs_pb2.GetJobRequest(job_id=job_id),
-                     timeout=self.timeout).job
+                     timeout=self.timeout, metadata=self.metadata).job
 
     def watch(self, job_id):
         """Yields the job's status on every change until the job ends."""
-        stream = self._jobs.WatchJob(jobs_pb2.WatchJobRequest(job_id=job_id))
+        stream = self._jobs.WatchJob(jobs_pb2.WatchJobRequest(job_id=job_id),
+                                     metadata=self.metadata)
         try:
             for update in stream:
                 yield update.job
@@ -135,7 +144,7 @@ class Client:
             raise Error(e.code().name, f"watch: {e.details()}") from None
 
     def kv(self, job_id, round):
-        return KeyValue(self._kv, job_id, round, self.timeout)
+        return KeyValue(self._kv, job_id, round, self.timeout, self.metadata)
 
     @staticmethod
     def state_name(state):

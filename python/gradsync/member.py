@@ -44,9 +44,11 @@ class Member:
                 incarnation_id=self._incarnation,
                 device_type=job_pb2.DEVICE_TYPE_CPU, device_count=1))
         rendezvous = rendezvous_pb2_grpc.RendezvousStub(client.channel)
+        self._metadata = client.metadata
         self.assignment = _call("join", rendezvous.Join, request,
                                 timeout=join_timeout + 30,
-                                wait_for_ready=True).assignment
+                                wait_for_ready=True,
+                                metadata=self._metadata).assignment
         self._ref = health_pb2.MemberRef(
             job_id=job, round=self.assignment.round,
             rank=self.assignment.rank, incarnation_id=self._incarnation)
@@ -75,7 +77,8 @@ class Member:
 
     def _heartbeat(self):
         try:
-            for answer in self._monitor.Heartbeat(self._requests()):
+            for answer in self._monitor.Heartbeat(self._requests(),
+                                                  metadata=self._metadata):
                 seconds = answer.heartbeat_interval.ToTimedelta().total_seconds()
                 if seconds > 0:
                     self._interval = seconds
@@ -95,4 +98,4 @@ class Member:
               health_pb2.ReportCompletionRequest(
                   member=self._ref, success=code == 0, exit_code=code,
                   message=message),
-              timeout=10)
+              timeout=10, metadata=self._metadata)

@@ -53,3 +53,30 @@ def test_errors_name_the_code_and_the_call(coordinator):
         client.get_job("nope")
     assert error.value.code == "NOT_FOUND"
     assert "get_job" in str(error.value) and "nope" in str(error.value)
+
+
+def test_a_token_goes_with_every_call(tmp_path):
+    import json
+    import subprocess
+    from conftest import binary, running_coordinator
+    admin = tmp_path / "admin"
+    admin.write_text("admin-secret\n")
+    with running_coordinator("--auth=token",
+                             f"--admin_token_file={admin}") as coordinator:
+        def create(job):
+            out = subprocess.run(
+                [binary("worker/cli/gradsync"), f"--coordinator={coordinator}",
+                 f"--token_file={admin}", "create", job, "--json"],
+                check=True, capture_output=True, text=True).stdout
+            return json.loads(out)["token"]
+        token_a = create("a")
+        create("b")
+        with pytest.raises(gradsync.Error) as anonymous:
+            gradsync.Client(coordinator, token="").list_jobs()
+        assert anonymous.value.code == "UNAUTHENTICATED"
+        as_a = gradsync.Client(coordinator, token=token_a)
+        assert [j.config.job_id for j in as_a.list_jobs()] == ["a"]
+        with pytest.raises(gradsync.Error) as other:
+            as_a.get_job("b")
+        assert other.value.code == "PERMISSION_DENIED"
+        assert len(gradsync.Client(coordinator, token="admin-secret").list_jobs()) == 2

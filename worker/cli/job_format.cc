@@ -322,6 +322,22 @@ std::string FormatJobStatus(const v1::JobStatus& job, absl::Time now) {
   return out;
 }
 
+std::string FormatCreatedJob(const v1::CreateJobResponse& created) {
+  const std::string& id = created.job().config().job_id();
+  if (created.token().empty()) {
+    return absl::StrCat("job '", id,
+                        "' created (the coordinator has no tokens)\n");
+  }
+  return absl::StrCat("job '", id, "' created; its workers' token:\n",
+                      created.token(), "\n");
+}
+
+std::string CreatedJobToJson(const v1::CreateJobResponse& created) {
+  Json out = SummaryJson(created.job());
+  out["token"] = created.token();
+  return out.dump(2) + "\n";
+}
+
 std::string JobsToJson(const std::vector<v1::JobStatus>& jobs) {
   Json list = Json::array();
   for (const v1::JobStatus& job : jobs) list.push_back(SummaryJson(job));

@@ -8,6 +8,7 @@
 
 #include "absl/time/time.h"
 #include "proto/gradsync/v1/job.pb.h"
+#include "proto/gradsync/v1/jobs.pb.h"
 
 namespace gradsync {
 
@@ -34,6 +35,13 @@ std::string JobStatusToJson(const v1::JobStatus& job);
 
 // The same JSON on one line (for `watch --json`: one document per update).
 std::string JobStatusToJsonLine(const v1::JobStatus& job);
+
+// What `create` prints: the job and its token (for the workers'
+// --token_file or GRADSYNC_TOKEN), or that the coordinator has no tokens.
+std::string FormatCreatedJob(const v1::CreateJobResponse& created);
+// JSON for `create --json`: the summary fields plus "token" ("" when the
+// coordinator has no tokens).
+std::string CreatedJobToJson(const v1::CreateJobResponse& created);
 
 }  // namespace gradsync
 

@@ -3,6 +3,8 @@
 //   gradsync --coordinator=HOST:PORT jobs [--json]
 //   gradsync --coordinator=HOST:PORT status JOB [--json]
 //   gradsync --coordinator=HOST:PORT watch JOB [--json] [--interval=1s]
+//   gradsync --coordinator=HOST:PORT create JOB --nnodes=N[:M]
+//       [--nproc_per_node=P] [--json]   (prints the job's token)
 //   gradsync launch [torchrun-style flags] [--] PROGRAM [ARGS...]
 //     (the node agent: worker/launch/node_agent.h; its own flags)
 //
@@ -21,7 +23,9 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/clock.h"
+#include "common/job_config.h"
 #include "common/logging.h"
+#include "common/token_file.h"
 #include "worker/cli/job_format.h"
 #include "worker/client/coordinator_client.h"
 #include "worker/launch/launch_command.h"
@@ -33,6 +37,11 @@ ABSL_FLAG(std::string, tls_cert, "",
           "with --tls_ca: this client's PEM certificate, for a coordinator "
           "that requires one (--tls_client_ca)");
 ABSL_FLAG(std::string, tls_key, "", "the PEM private key of --tls_cert");
+ABSL_FLAG(std::string, token_file, "",
+          "a file holding the token for a coordinator with --auth=token "
+          "(default: $GRADSYNC_TOKEN); `create` needs the admin's");
+ABSL_FLAG(std::string, nnodes, "1", "create: nodes per round, N or MIN:MAX");
+ABSL_FLAG(int, nproc_per_node, 1, "create: processes per node");
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400",
           "the coordinator, HOST:PORT; or its replicas (--etcd), "
           "HOST:PORT,HOST:PORT,... (names in a list are resolved to their "
@@ -51,6 +60,9 @@ constexpr char kUsage[] =
     "  gradsync --coordinator=HOST:PORT jobs [--json]\n"
     "  gradsync --coordinator=HOST:PORT status JOB [--json]\n"
     "  gradsync --coordinator=HOST:PORT watch JOB [--json] [--interval=1s]\n"
+    "  gradsync --coordinator=HOST:PORT create JOB --nnodes=N[:M]\n"
+    "      [--nproc_per_node=P] [--json]\n"
+    "    (with the admin's token; prints the job's token for its workers)\n"
     "    (a live per-rank table, refreshed until the job ends; --json prints\n"
     "    one JSON document per line per update)\n"
     "  gradsync launch --coordinator=HOST:PORT --job=ID [FLAGS] PROGRAM ...\n"
@@ -80,6 +92,10 @@ int main(int argc, char** argv) {
   options.retry.budget = absl::GetFlag(FLAGS_timeout);
   options.tls = {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
                  absl::GetFlag(FLAGS_tls_key)};
+  absl::StatusOr<std::string> token =
+      gradsync::ClientToken(absl::GetFlag(FLAGS_token_file));
+  if (!token.ok()) return Fail(std::string(token.status().message()), 2);
+  options.token = *std::move(token);
   auto client = gradsync::CoordinatorClient::Create(options);
   if (!client.ok()) return Fail(std::string(client.status().message()), 2);
   const bool json = absl::GetFlag(FLAGS_json);
@@ -89,6 +105,20 @@ int main(int argc, char** argv) {
     if (!jobs.ok()) return Fail(std::string(jobs.status().message()), 1);
     std::cout << (json ? gradsync::JobsToJson(*jobs)
                        : gradsync::FormatJobsTable(*jobs, absl::Now()));
+    return 0;
+  }
+  if (command == "create" && args.size() == 3) {
+    auto range = gradsync::ParseNodeRange(absl::GetFlag(FLAGS_nnodes));
+    if (!range.ok()) return Fail(std::string(range.status().message()), 2);
+    gradsync::v1::JobConfig config;
+    config.set_job_id(args[2]);
+    config.set_min_nodes(range->first);
+    config.set_max_nodes(range->second);
+    config.set_nproc_per_node(absl::GetFlag(FLAGS_nproc_per_node));
+    auto created = (*client)->CreateJob(config);
+    if (!created.ok()) return Fail(std::string(created.status().message()), 1);
+    std::cout << (json ? gradsync::CreatedJobToJson(*created)
+                       : gradsync::FormatCreatedJob(*created));
     return 0;
   }
   if (command == "status" && args.size() == 3) {

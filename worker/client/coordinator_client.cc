@@ -42,11 +42,14 @@ class HeartbeatReactor final
   // `on_done` sees the final status and the context (trailing metadata)
   // before the stream counts as ended.
   HeartbeatReactor(
-      v1::Monitor::Stub* stub,
+      v1::Monitor::Stub* stub, const std::string& authorization,
       std::function<void(const v1::HeartbeatResponse&)> on_response,
       std::function<void(const grpc::ClientContext&, const grpc::Status&)>
           on_done)
       : on_response_(std::move(on_response)), on_done_(std::move(on_done)) {
+    if (!authorization.empty()) {
+      context_.AddMetadata("authorization", authorization);
+    }
     stub->async()->Heartbeat(&context_, this);
     AddHold();
     StartRead(&response_);
@@ -205,12 +208,21 @@ CoordinatorClient::CoordinatorClient(
     ClientOptions options, grpc::ChannelArguments args,
     std::shared_ptr<grpc::ChannelCredentials> credentials, std::string target)
     : options_(std::move(options)),
+      authorization_(options_.token.empty()
+                         ? ""
+                         : absl::StrCat("Bearer ", options_.token)),
       args_(std::move(args)),
       credentials_(std::move(credentials)),
       replicas_(std::make_shared<const Route>(std::move(target),
                                               /*to_leader=*/false, args_,
                                               credentials_)),
       route_(replicas_) {}
+
+void CoordinatorClient::Authorize(grpc::ClientContext* context) const {
+  if (!authorization_.empty()) {
+    context->AddMetadata("authorization", authorization_);
+  }
+}
 
 std::string CoordinatorClient::UnreachableHint() const {
   return options_.tls.ca.empty()
@@ -278,6 +290,7 @@ absl::Status CoordinatorClient::Call(
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          absl::ToChronoMilliseconds(timeout));
+    Authorize(&context);
     const std::shared_ptr<const Route> route = this->route();
     grpc::Status status = attempt(&context, *route);
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE) {
@@ -439,7 +452,7 @@ CoordinatorClient::List(const v1::Scope& scope, const std::string& prefix,
   return entries;
 }
 
-absl::StatusOr<v1::JobStatus> CoordinatorClient::CreateJob(
+absl::StatusOr<v1::CreateJobResponse> CoordinatorClient::CreateJob(
     const v1::JobConfig& config) {
   v1::CreateJobRequest request;
   *request.mutable_config() = config;
@@ -449,7 +462,7 @@ absl::StatusOr<v1::JobStatus> CoordinatorClient::CreateJob(
         return r.jobs->CreateJob(c, request, &response);
       });
   if (!status.ok()) return status;
-  return response.job();
+  return response;
 }
 
 absl::StatusOr<v1::JobStatus> CoordinatorClient::GetJob(
@@ -486,6 +499,7 @@ absl::Status CoordinatorClient::WatchJob(
   request.set_with_buckets(with_buckets);
   request.set_min_interval_ms(absl::ToInt64Milliseconds(min_interval));
   grpc::ClientContext context;
+  Authorize(&context);
   const std::shared_ptr<const Route> route = this->route();
   std::unique_ptr<grpc::ClientReader<v1::WatchJobResponse>> reader =
       route->jobs->WatchJob(&context, request);
@@ -513,7 +527,7 @@ std::unique_ptr<HeartbeatStream> CoordinatorClient::OpenHeartbeatStream(
   std::shared_ptr<const Route> route = this->route();
   v1::Monitor::Stub* stub = route->monitor.get();
   return std::make_unique<HeartbeatReactor>(
-      stub, std::move(on_response),
+      stub, authorization_, std::move(on_response),
       [this, route = std::move(route)](const grpc::ClientContext& context,
                                        const grpc::Status& status) {
         if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {

@@ -62,6 +62,9 @@ struct ClientOptions {
   absl::Duration call_timeout = absl::Seconds(10);
   // Transport security: TLS when tls.ca is set (MakeChannelCredentials).
   ClientTls tls;
+  // Sent with every call as `authorization: Bearer TOKEN` when not empty
+  // (a coordinator with --auth=token; see ClientToken()).
+  std::string token;
   RetryPolicy retry;
 };
 
@@ -109,7 +112,9 @@ class CoordinatorClient {
       const v1::Scope& scope, const std::string& prefix, bool keys_only);
 
   // Jobs.
-  absl::StatusOr<v1::JobStatus> CreateJob(const v1::JobConfig& config);
+  // The created job and, from a coordinator with --auth=token (the admin's
+  // token only), the job's token.
+  absl::StatusOr<v1::CreateJobResponse> CreateJob(const v1::JobConfig& config);
   // With `with_buckets`, members' metrics include their per-bucket stats.
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id,
                                        bool with_buckets = false);
@@ -174,7 +179,12 @@ class CoordinatorClient {
   absl::Status Call(const char* what, absl::Duration timeout,
                     const Attempt& attempt);
 
+  // Adds the token's metadata to `context` (when there is a token).
+  void Authorize(grpc::ClientContext* context) const;
+
   const ClientOptions options_;
+  // "Bearer TOKEN", or empty without a token.
+  const std::string authorization_;
   const grpc::ChannelArguments args_;
   const std::shared_ptr<grpc::ChannelCredentials> credentials_;
   const std::shared_ptr<const Route> replicas_;

@@ -9,6 +9,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "common/logging.h"
+#include "common/token_file.h"
 #include "worker/client/coordinator_client.h"
 #include "worker/launch/launch_options.h"
 #include "worker/launch/node_agent.h"
@@ -39,6 +40,13 @@ int RunLaunchCommand(const std::vector<std::string>& args) {
   ClientOptions client_options;
   client_options.target = options->coordinator;
   client_options.tls = {options->tls_ca, options->tls_cert, options->tls_key};
+  absl::StatusOr<std::string> token = ClientToken(options->token_file);
+  if (!token.ok()) {
+    std::fprintf(stderr, "gradsync launch: %s\n",
+                 std::string(token.status().message()).c_str());
+    return 2;
+  }
+  client_options.token = *token;
   absl::StatusOr<std::unique_ptr<CoordinatorClient>> client =
       CoordinatorClient::Create(client_options);
   if (!client.ok()) {
@@ -50,6 +58,8 @@ int RunLaunchCommand(const std::vector<std::string>& args) {
   for (char** entry = environ; *entry != nullptr; ++entry) {
     environment.emplace_back(*entry);
   }
+  // The processes talk to the coordinator with the same token.
+  if (!token->empty()) environment.push_back("GRADSYNC_TOKEN=" + *token);
   NodeAgent agent(*std::move(options), client->get(), std::move(environment));
   // The signal thread ends on a stop signal, or on SIGUSR1 from here once
   // the agent is done.

@@ -37,6 +37,8 @@ const char kLaunchUsage[] =
     "  --backend=auto|gloo|nccl      what the round negotiates (auto)\n"
     "  --join_timeout=SECONDS        (600)  --stop_timeout=SECONDS (10)\n"
     "  --tls_ca, --tls_cert, --tls_key   TLS toward the coordinator\n"
+    "  --token_file=FILE             the job's token (default:\n"
+    "                                $GRADSYNC_TOKEN), passed to the processes\n"
     "  --python=PATH (python3)  --no_python  -m/--module\n"
     "  --self_managed                the processes heartbeat and heal on\n"
     "                                their own (implied for gradsync-worker)\n"
@@ -182,6 +184,7 @@ const std::map<std::string, Setter>& ValueFlags() {
       {"tls_ca", Text(&LaunchOptions::tls_ca)},
       {"tls_cert", Text(&LaunchOptions::tls_cert)},
       {"tls_key", Text(&LaunchOptions::tls_key)},
+      {"token_file", Text(&LaunchOptions::token_file)},
       {"python", Text(&LaunchOptions::python)},
       // torchrun's own rendezvous: the coordinator does this work.
       {"rdzv_backend", nullptr},

@@ -71,6 +71,9 @@ struct LaunchOptions {
   absl::Duration stop_timeout = absl::Seconds(10);
   // TLS toward the coordinator (see ClientTls).
   std::string tls_ca, tls_cert, tls_key;
+  // The job's token file for a coordinator with --auth=token (default:
+  // $GRADSYNC_TOKEN); the processes get the token as GRADSYNC_TOKEN.
+  std::string token_file;
   std::string python = "python3";
   // The processes heartbeat and rejoin on their own (gradsync-worker):
   // see NodeAgent. Set by --self_managed, or when the program's file name is

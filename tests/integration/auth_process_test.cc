@@ -1,0 +1,150 @@
+// Per-job tokens with the real binaries (--auth=token): the admin creates
+// jobs with `gradsync create` and gets their tokens; a call without a token
+// or with an unknown one is UNAUTHENTICATED; job A's token cannot join B,
+// read, write or wait on B's keys, read B's status or create jobs
+// (PERMISSION_DENIED, B unchanged) and lists only A; a worker with A's
+// token trains A to SUCCEEDED; tokens outlive a restart on the same state.
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+#include "worker/client/coordinator_client.h"
+
+namespace gradsync {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Child;
+using testing::CoordinatorProcess;
+using testing::Runfile;
+using testing::TempPath;
+using testing::WaitAll;
+
+constexpr absl::Duration kBound = absl::Seconds(60);
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  const std::string path = TempPath(name);
+  std::ofstream(path) << text << "\n";
+  return path;
+}
+
+class AuthProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    admin_file_ = WriteFile("admin-token", "admin-secret-0123");
+    state_dir_ = TempPath("state");
+    StartCoordinator("auth");
+  }
+  void TearDown() override { EXPECT_TRUE(coordinator_->Stop()); }
+
+  // A coordinator (`name` makes its port file unique) on the test's state.
+  void StartCoordinator(const std::string& name) {
+    coordinator_ = std::make_unique<CoordinatorProcess>();
+    ASSERT_TRUE(coordinator_->Start(
+        Runfile("server/gradsync-coordinator"), name,
+        {"--auth=token", "--admin_token_file=" + admin_file_,
+         "--state_dir=" + state_dir_}));
+  }
+
+  std::unique_ptr<CoordinatorClient> Client(const std::string& token) {
+    ClientOptions options;
+    options.target = coordinator_->address();
+    options.token = token;
+    options.retry.budget = absl::Seconds(5);
+    return *CoordinatorClient::Create(options);
+  }
+
+  // `gradsync create JOB --nnodes=N --json` as the admin: the job's token.
+  std::string Create(const std::string& job, int nodes) {
+    Child cli;
+    EXPECT_TRUE(cli.Start({Runfile("worker/cli/gradsync"),
+                           "--coordinator=" + coordinator_->address(),
+                           "--token_file=" + admin_file_, "create", job,
+                           absl::StrCat("--nnodes=", nodes), "--json"},
+                          /*capture=*/true));
+    EXPECT_TRUE(WaitAll({&cli}, kBound));
+    EXPECT_EQ(cli.exit_code(), 0) << cli.describe();
+    std::smatch token;
+    const std::string& out = cli.out();
+    EXPECT_TRUE(std::regex_search(out, token,
+                                  std::regex("\"token\": \"([0-9a-f]{64})\"")))
+        << out;
+    return token.size() > 1 ? token[1].str() : "";
+  }
+
+  std::string admin_file_, state_dir_;
+  std::unique_ptr<CoordinatorProcess> coordinator_;
+};
+
+TEST_F(AuthProcessTest, AJobsTokenActsOnlyInItsJob) {
+  const std::string a = Create("a", 1);
+  const std::string b = Create("b", 2);
+  ASSERT_FALSE(a.empty());
+  ASSERT_NE(a, b);
+
+  // No token, an unknown one.
+  EXPECT_TRUE(absl::IsUnauthenticated(Client("")->ListJobs().status()));
+  EXPECT_TRUE(absl::IsUnauthenticated(Client("f00")->GetJob("a").status()));
+
+  auto as_a = Client(a);
+  EXPECT_TRUE(absl::IsPermissionDenied(as_a->GetJob("b").status()));
+  v1::JoinRequest join_b;
+  join_b.set_job_id("b");
+  *join_b.mutable_node() = LocalNodeDescriptor();
+  EXPECT_TRUE(absl::IsPermissionDenied(as_a->Join(join_b).status()));
+  v1::Scope scope_b;
+  scope_b.set_job_id("b");
+  scope_b.set_round(1);
+  EXPECT_TRUE(absl::IsPermissionDenied(as_a->Set(scope_b, "k", "v")));
+  EXPECT_TRUE(absl::IsPermissionDenied(as_a->Get(scope_b, "k").status()));
+  EXPECT_TRUE(
+      absl::IsPermissionDenied(as_a->Wait(scope_b, {"k"}, absl::Seconds(1))));
+  absl::Status watched = as_a->WatchJob(
+      "b", absl::Seconds(1), false, [](const v1::JobStatus&) { return true; });
+  EXPECT_TRUE(absl::IsPermissionDenied(watched)) << watched;
+  v1::JobConfig c;
+  c.set_job_id("c");
+  EXPECT_TRUE(absl::IsPermissionDenied(as_a->CreateJob(c).status()));
+  absl::StatusOr<std::vector<v1::JobStatus>> listed = as_a->ListJobs();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].config().job_id(), "a");
+
+  // B is as it was; the admin sees everything.
+  auto admin = Client("admin-secret-0123");
+  absl::StatusOr<v1::JobStatus> job_b = admin->GetJob("b");
+  ASSERT_TRUE(job_b.ok()) << job_b.status();
+  EXPECT_EQ(job_b->state(), v1::JOB_STATE_WAITING);
+  EXPECT_EQ(job_b->round(), 0);
+  EXPECT_EQ(job_b->waiting_size(), 0);
+  EXPECT_EQ(admin->ListJobs()->size(), 2u);
+
+  // A worker with A's token trains A to the end.
+  Child worker;
+  ASSERT_TRUE(worker.Start(
+      {Runfile("worker/gradsync-sim-worker"),
+       "--coordinator=" + coordinator_->address(), "--job=a", "--nnodes=1",
+       "--token_file=" + WriteFile("a-token", a), "--train_steps=5",
+       "--step_time=10ms"},
+      /*capture=*/true));
+  ASSERT_TRUE(WaitAll({&worker}, kBound));
+  EXPECT_EQ(worker.exit_code(), 0) << worker.describe();
+  EXPECT_EQ(as_a->GetJob("a")->state(), v1::JOB_STATE_SUCCEEDED);
+
+  // Tokens are kept (as hashes) with the durable state.
+  ASSERT_TRUE(coordinator_->Stop());
+  StartCoordinator("auth-again");
+  absl::StatusOr<v1::JobStatus> after = Client(a)->GetJob("a");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(absl::IsPermissionDenied(Client(a)->GetJob("b").status()));
+}
+
+}  // namespace
+}  // namespace gradsync
