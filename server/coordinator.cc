@@ -67,30 +67,40 @@ std::vector<HttpRoute> Coordinator::HttpRoutes() {
     }
     return out;
   };
-  using Params = std::map<std::string, std::string>;
   return {
+      // Prometheus scrapes: the admin's (a scraper sends the admin token
+      // when the coordinator has tokens).
       {"/metrics", "text/plain; version=0.0.4; charset=utf-8",
-       [this](const Params&) -> absl::StatusOr<std::string> {
+       [this](const HttpRequest& request) -> absl::StatusOr<std::string> {
+         GS_ASSIGN_OR_RETURN(Caller caller, auth_.Identify(request.authorization));
+         GS_RETURN_IF_ERROR(Authenticator::Authorize(caller, ""));
          return RenderMetrics();
        }},
+      // The page holds no data: it asks the API below, with the token the
+      // person gave it.
       {"/", "text/html; charset=utf-8",
-       [](const Params&) -> absl::StatusOr<std::string> {
+       [](const HttpRequest&) -> absl::StatusOr<std::string> {
          return std::string(kStatusPageHtml);
        }},
       {"/api/jobs", "application/json",
-       [this, to_json](const Params&) {
+       [this, to_json](const HttpRequest& request) -> absl::StatusOr<std::string> {
+         GS_ASSIGN_OR_RETURN(Caller caller, auth_.Identify(request.authorization));
          v1::ListJobsResponse jobs;
          for (v1::JobStatus& job : jobs_.List()) {
-           *jobs.add_jobs() = std::move(job);
+           if (Authenticator::Authorize(caller, job.config().job_id()).ok()) {
+             *jobs.add_jobs() = std::move(job);
+           }
          }
          return to_json(jobs);
        }},
       {"/api/job", "application/json",
-       [this, to_json](const Params& params) -> absl::StatusOr<std::string> {
-         auto id = params.find("id");
-         if (id == params.end()) {
+       [this, to_json](const HttpRequest& request) -> absl::StatusOr<std::string> {
+         auto id = request.params.find("id");
+         if (id == request.params.end()) {
            return absl::InvalidArgumentError("/api/job needs ?id=JOB");
          }
+         GS_ASSIGN_OR_RETURN(Caller caller, auth_.Identify(request.authorization));
+         GS_RETURN_IF_ERROR(Authenticator::Authorize(caller, id->second));
          v1::JobStatus job;
          GS_RETURN_IF_ERROR(jobs_service_.JobStatus(id->second, false, &job));
          return to_json(job);

@@ -16,6 +16,8 @@ namespace gradsync {
 namespace {
 
 int HttpCode(const absl::Status& status) {
+  if (absl::IsUnauthenticated(status)) return 401;
+  if (absl::IsPermissionDenied(status)) return 403;
   if (absl::IsNotFound(status)) return 404;
   if (absl::IsInvalidArgument(status)) return 400;
   return 500;
@@ -52,9 +54,14 @@ absl::Status MetricsHttpServer::Start(const std::string& address) {
   for (const HttpRoute& route : routes_) {
     server_->Get(route.path, [&route](const httplib::Request& request,
                                       httplib::Response& response) {
-      std::map<std::string, std::string> params(request.params.begin(),
-                                                request.params.end());
-      absl::StatusOr<std::string> body = route.render(params);
+      HttpRequest seen;
+      seen.params.insert(request.params.begin(), request.params.end());
+      std::string authorization;
+      if (request.has_header("Authorization")) {
+        authorization = request.get_header_value("Authorization");
+        seen.authorization = &authorization;
+      }
+      absl::StatusOr<std::string> body = route.render(seen);
       if (body.ok()) {
         response.set_content(*std::move(body), route.content_type);
       } else {

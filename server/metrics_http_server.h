@@ -21,15 +21,20 @@ class Server;
 
 namespace gradsync {
 
-// One GET route: `render` gets the query's parameters and returns the body,
-// or an error: NOT_FOUND is answered 404, INVALID_ARGUMENT 400, others 500,
-// with the message as a plain-text body.
+// What a route sees of a GET request.
+struct HttpRequest {
+  std::map<std::string, std::string> params;  // the query's
+  // The Authorization header's value; nullptr when absent.
+  const std::string* authorization = nullptr;
+};
+
+// One GET route: `render` returns the body, or an error: UNAUTHENTICATED is
+// answered 401, PERMISSION_DENIED 403, NOT_FOUND 404, INVALID_ARGUMENT 400,
+// others 500, with the message as a plain-text body.
 struct HttpRoute {
   std::string path;
   std::string content_type;
-  std::function<absl::StatusOr<std::string>(
-      const std::map<std::string, std::string>& params)>
-      render;
+  std::function<absl::StatusOr<std::string>(const HttpRequest& request)> render;
 };
 
 // Lifetime: construct, Start() once, Stop() (or destroy). The routes'

@@ -39,6 +39,11 @@ const char kStatusPageHtml[] = R"html(<!doctype html>
 <script>
 "use strict";
 const job = new URLSearchParams(location.search).get("job");
+// A coordinator with --auth=token answers the API only with a token: give
+// it in the address's fragment (/#token=TOKEN), which is never sent to the
+// server or kept in its logs; the page sends it as a bearer token.
+const token = new URLSearchParams(location.hash.slice(1)).get("token");
+const headers = token ? {Authorization: "Bearer " + token} : {};
 const WINDOW_S = 300;
 const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                 "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
@@ -71,7 +76,8 @@ function renderJobs(jobs) {
   const head = "<tr><th>job</th><th>state</th><th>round</th><th>world size</th><th>updated</th></tr>";
   document.getElementById("table").innerHTML = head + jobs.map(j => {
     const id = j.config.job_id, state = name(j.state, "JOB_STATE_");
-    return row(['<a href="?job=' + encodeURIComponent(id) + '">' + esc(id) + "</a>",
+    return row(['<a href="?job=' + encodeURIComponent(id) + esc(location.hash) + '">' +
+                esc(id) + "</a>",
                 esc(state), num(j.round), num(j.world_size), ago(j.update_time)],
                "job-" + id, [null, "state-" + state]);
   }).join("");
@@ -86,7 +92,7 @@ function renderJob(j) {
       "<span>world size " + num(j.world_size) + "</span>" +
       "<span>recoveries " + num(j.recovery_count) + "</span>" +
       (j.reason ? "<span>" + esc(j.reason) + "</span>" : "") +
-      ' <a href="/">all jobs</a>';
+      ' <a href="/' + esc(location.hash) + '">all jobs</a>';
   const d = j.diagnosis || {};
   const notes = [];
   if (d.hang) notes.push("hang: " + d.hang);
@@ -149,7 +155,12 @@ function plot(now) {
 
 async function refresh() {
   try {
-    const response = await fetch(job ? "/api/job?id=" + encodeURIComponent(job) : "/api/jobs");
+    const response = await fetch(
+        job ? "/api/job?id=" + encodeURIComponent(job) : "/api/jobs", {headers});
+    if (response.status === 401 || response.status === 403) {
+      throw new Error((await response.text()) +
+                      " (open the page as /#token=TOKEN)");
+    }
     if (!response.ok) throw new Error(await response.text());
     const body = await response.json();
     if (job) renderJob(body); else renderJobs(body.jobs || []);

@@ -4,7 +4,8 @@
 // minutes. One self-contained HTML document (no external scripts or
 // styles); it polls /api/jobs and /api/job?id=ID (the JobStatus messages in
 // protobuf's JSON, field names as in the .proto) every second and keeps the
-// plot's history itself.
+// plot's history itself. With --auth=token the token goes in the address's
+// fragment (/#token=TOKEN) and is sent as a bearer token.
 #ifndef GRADSYNC_SERVER_STATUS_PAGE_H_
 #define GRADSYNC_SERVER_STATUS_PAGE_H_
 

@@ -4,6 +4,8 @@
 // read, write or wait on B's keys, read B's status or create jobs
 // (PERMISSION_DENIED, B unchanged) and lists only A; a worker with A's
 // token trains A to SUCCEEDED; tokens outlive a restart on the same state.
+#include <httplib.h>
+
 #include <fstream>
 #include <memory>
 #include <regex>
@@ -49,7 +51,9 @@ class AuthProcessTest : public ::testing::Test {
     ASSERT_TRUE(coordinator_->Start(
         Runfile("server/gradsync-coordinator"), name,
         {"--auth=token", "--admin_token_file=" + admin_file_,
-         "--state_dir=" + state_dir_}));
+         "--state_dir=" + state_dir_, "--metrics_listen=127.0.0.1:0",
+         "--metrics_port_file=" + TempPath("metrics-port-" + name)}));
+    std::ifstream(TempPath("metrics-port-" + name)) >> http_port_;
   }
 
   std::unique_ptr<CoordinatorClient> Client(const std::string& token) {
@@ -78,7 +82,17 @@ class AuthProcessTest : public ::testing::Test {
     return token.size() > 1 ? token[1].str() : "";
   }
 
+  // GET `path` on the HTTP port with `token` (none when empty): its status.
+  int HttpGet(const std::string& path, const std::string& token) {
+    httplib::Client http("127.0.0.1", http_port_);
+    httplib::Headers headers;
+    if (!token.empty()) headers.emplace("Authorization", "Bearer " + token);
+    httplib::Result result = http.Get(path, headers);
+    return result ? result->status : -1;
+  }
+
   std::string admin_file_, state_dir_;
+  int http_port_ = 0;
   std::unique_ptr<CoordinatorProcess> coordinator_;
 };
 
@@ -124,6 +138,14 @@ TEST_F(AuthProcessTest, AJobsTokenActsOnlyInItsJob) {
   EXPECT_EQ(job_b->round(), 0);
   EXPECT_EQ(job_b->waiting_size(), 0);
   EXPECT_EQ(admin->ListJobs()->size(), 2u);
+
+  // The HTTP port answers the same way.
+  EXPECT_EQ(HttpGet("/api/job?id=a", a), 200);
+  EXPECT_EQ(HttpGet("/api/job?id=b", a), 403);
+  EXPECT_EQ(HttpGet("/api/job?id=a", ""), 401);
+  EXPECT_EQ(HttpGet("/metrics", a), 403);  // the admin's
+  EXPECT_EQ(HttpGet("/metrics", "admin-secret-0123"), 200);
+  EXPECT_EQ(HttpGet("/", ""), 200);  // the page itself holds no data
 
   // A worker with A's token trains A to the end.
   Child worker;

@@ -14,7 +14,6 @@
 namespace gradsync {
 namespace {
 
-using Params = std::map<std::string, std::string>;
 
 // A server with no routes.
 std::vector<HttpRoute> NoRoutes() { return {}; }
@@ -22,15 +21,20 @@ std::vector<HttpRoute> NoRoutes() { return {}; }
 TEST(MetricsHttpServerTest, ServesItsRoutesWithTheirParameters) {
   MetricsHttpServer server({
       {"/metrics", "text/plain",
-       [](const Params&) -> absl::StatusOr<std::string> {
+       [](const HttpRequest&) -> absl::StatusOr<std::string> {
          return std::string("gradsync_up 1\n");
        }},
       {"/echo", "text/plain",
-       [](const Params& params) -> absl::StatusOr<std::string> {
-         auto id = params.find("id");
-         if (id == params.end()) return absl::InvalidArgumentError("no id");
+       [](const HttpRequest& request) -> absl::StatusOr<std::string> {
+         auto id = request.params.find("id");
+         if (id == request.params.end()) {
+           return absl::InvalidArgumentError("no id");
+         }
          if (id->second == "nope") return absl::NotFoundError("no job nope");
-         return "id=" + id->second;
+         if (request.authorization == nullptr) {
+           return absl::UnauthenticatedError("who are you?");
+         }
+         return "id=" + id->second + " by " + *request.authorization;
        }},
   });
   ASSERT_TRUE(server.Start("127.0.0.1:0").ok());
@@ -41,7 +45,10 @@ TEST(MetricsHttpServerTest, ServesItsRoutesWithTheirParameters) {
   EXPECT_EQ(result->body, "gradsync_up 1\n");
   result = client.Get("/echo?id=train");
   ASSERT_TRUE(result);
-  EXPECT_EQ(result->body, "id=train");
+  EXPECT_EQ(result->status, 401);
+  result = client.Get("/echo?id=train", {{"Authorization", "Bearer x"}});
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->body, "id=train by Bearer x");
   result = client.Get("/echo?id=nope");
   ASSERT_TRUE(result);
   EXPECT_EQ(result->status, 404);
