@@ -146,7 +146,9 @@ absl::Status Coordinator::Start() {
         "': the address is in use or not local (use HOST:PORT)"));
   }
   if (!config_.metrics_listen_address.empty()) {
-    absl::Status metrics = metrics_.Start(config_.metrics_listen_address);
+    absl::Status metrics =
+        metrics_.Start(config_.metrics_listen_address, config_.http_tls_cert,
+                       config_.http_tls_key);
     if (!metrics.ok()) {
       server_->Shutdown();
       monitor_service_.Shutdown();

@@ -59,6 +59,9 @@ struct CoordinatorConfig {
   // Transport security of the gRPC port (MakeServerCredentials); nullptr:
   // plaintext.
   std::shared_ptr<grpc::ServerCredentials> credentials;
+  // PEM files for HTTPS on the metrics port (the gRPC port's --tls_cert and
+  // --tls_key); empty: plain HTTP.
+  std::string http_tls_cert, http_tls_key;
 };
 
 // Lifetime: construct, Start() once, then Shutdown() (or destroy). Start and

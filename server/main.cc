@@ -79,8 +79,8 @@ ABSL_FLAG(std::string, advertise, "",
           "with --etcd: the address this coordinator publishes when it leads "
           "(default: --listen)");
 ABSL_FLAG(std::string, tls_cert, "",
-          "PEM certificate chain to serve gRPC over TLS with (empty: "
-          "plaintext)");
+          "PEM certificate chain to serve gRPC over TLS with, and the "
+          "--metrics_listen port over HTTPS (empty: plaintext)");
 ABSL_FLAG(std::string, tls_key, "", "the PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "with --tls_cert: require every client to present a certificate "
@@ -257,6 +257,8 @@ int main(int argc, char** argv) {
     return EXIT_FAILURE;
   }
   config.credentials = *credentials;
+  config.http_tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  config.http_tls_key = absl::GetFlag(FLAGS_tls_key);
   gradsync::StorageSpec spec;
   spec.state_dir = absl::GetFlag(FLAGS_state_dir);
   spec.etcd = absl::GetFlag(FLAGS_etcd);

@@ -30,7 +30,9 @@ MetricsHttpServer::MetricsHttpServer(std::vector<HttpRoute> routes)
 
 MetricsHttpServer::~MetricsHttpServer() { Stop(); }
 
-absl::Status MetricsHttpServer::Start(const std::string& address) {
+absl::Status MetricsHttpServer::Start(const std::string& address,
+                                      const std::string& tls_cert,
+                                      const std::string& tls_key) {
   const size_t colon = address.rfind(':');
   int port = -1;
   if (colon == std::string::npos ||
@@ -41,7 +43,18 @@ absl::Status MetricsHttpServer::Start(const std::string& address) {
   }
   std::string host = address.substr(0, colon);
   if (host.empty()) host = "0.0.0.0";
-  server_ = std::make_unique<httplib::Server>();
+  if (tls_cert.empty()) {
+    server_ = std::make_unique<httplib::Server>();
+  } else {
+    auto https = std::make_unique<httplib::SSLServer>(tls_cert.c_str(),
+                                                      tls_key.c_str());
+    if (!https->is_valid()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot serve HTTPS with the certificate '", tls_cert,
+          "' and key '", tls_key, "'"));
+    }
+    server_ = std::move(https);
+  }
   // Scrapes are rare: two threads are plenty and leave the cores to gRPC.
   server_->new_task_queue = [] { return new httplib::ThreadPool(2); };
   // cpp-httplib's default sets SO_REUSEPORT, which lets a second process

@@ -47,11 +47,14 @@ class MetricsHttpServer {
   MetricsHttpServer(const MetricsHttpServer&) = delete;
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
 
-  // Listens on `address` ("HOST:PORT"; port 0 picks a free one); returns
-  // once the listen loop runs, so Stop() may follow at once.
-  // INVALID_ARGUMENT for a malformed address, UNAVAILABLE when it cannot be
-  // bound.
-  absl::Status Start(const std::string& address);
+  // Listens on `address` ("HOST:PORT"; port 0 picks a free one), over TLS
+  // with the PEM certificate chain and key in the files `tls_cert` and
+  // `tls_key` when given (HTTPS); returns once the listen loop runs, so
+  // Stop() may follow at once. INVALID_ARGUMENT for a malformed address or a
+  // certificate or key that cannot be loaded, UNAVAILABLE when the address
+  // cannot be bound.
+  absl::Status Start(const std::string& address, const std::string& tls_cert = "",
+                     const std::string& tls_key = "");
 
   // The bound port (valid after Start()).
   int port() const { return port_; }

@@ -3,6 +3,8 @@
 // and the CLI that present a certificate of the right CA are served (the
 // job trains to SUCCEEDED); a client without a certificate, one whose
 // certificate another CA signed, and a plaintext client are refused.
+#include <httplib.h>
+
 #include <fstream>
 #include <memory>
 #include <string>
@@ -77,7 +79,9 @@ class TlsProcessTest : public ::testing::Test {
     ASSERT_TRUE(coordinator_.Start(
         Runfile("server/gradsync-coordinator"), "tls",
         {"--tls_cert=" + server_.first, "--tls_key=" + server_.second,
-         "--tls_client_ca=" + ca_.ca}));
+         "--tls_client_ca=" + ca_.ca, "--metrics_listen=127.0.0.1:0",
+         "--metrics_port_file=" + TempPath("metrics-port")}));
+    std::ifstream(TempPath("metrics-port")) >> http_port_;
   }
   void TearDown() override { EXPECT_TRUE(coordinator_.Stop()); }
 
@@ -96,7 +100,25 @@ class TlsProcessTest : public ::testing::Test {
   Pki ca_;
   std::pair<std::string, std::string> server_, client_;
   CoordinatorProcess coordinator_;
+  int http_port_ = 0;
 };
+
+// The metrics port serves HTTPS with the same certificate: a client that
+// trusts the CA gets the metrics; plain HTTP gets nothing.
+TEST_F(TlsProcessTest, TheMetricsPortServesHttps) {
+  httplib::SSLClient https("127.0.0.1", http_port_);
+  https.set_ca_cert_path(ca_.ca.c_str());
+  https.enable_server_certificate_verification(true);
+  httplib::Result result = https.Get("/metrics");
+  ASSERT_TRUE(result) << httplib::to_string(result.error());
+  EXPECT_EQ(result->status, 200);
+  EXPECT_THAT(result->body, HasSubstr("gradsync_"));
+  httplib::Client plain("127.0.0.1", http_port_);
+  plain.set_connection_timeout(2);
+  plain.set_read_timeout(2);
+  httplib::Result refused = plain.Get("/metrics");
+  EXPECT_TRUE(!refused || refused->status != 200);
+}
 
 TEST_F(TlsProcessTest, AWorkerWithACertificateTrainsAndOthersAreRefused) {
   const std::vector<std::string> tls = {"--tls_ca=" + ca_.ca,
