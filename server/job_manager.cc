@@ -82,6 +82,12 @@ absl::StatusOr<v1::JobConfig> JobManager::GetOrCreate(
           "job '", job_id,
           "' does not exist: create it first or join with its config"));
     }
+    if (!limits_.create_on_join) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", job_id,
+          "' does not exist, and this coordinator makes jobs only with "
+          "`gradsync create` (--create_jobs_on_join=false)"));
+    }
     GS_ASSIGN_OR_RETURN(v1::JobStatus created, CreateLocked(normalized));
     return created.config();
   }

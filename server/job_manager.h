@@ -89,6 +89,9 @@ struct JobLimits {
   int64_t max_jobs = 10000;  // --max_jobs
   // Processes a job may have: max_nodes x nproc_per_node.
   int64_t max_world_size = 1000000;  // --max_world_size
+  // Whether a join may create its job (GetOrCreate); otherwise jobs are
+  // made only by Create (`gradsync create`). --create_jobs_on_join.
+  bool create_on_join = true;
 };
 
 // Owns the record (v1::JobStatus) of every job and writes each change through

@@ -92,6 +92,10 @@ ABSL_FLAG(std::string, auth, "none",
           "in its job");
 ABSL_FLAG(std::string, admin_token_file, "",
           "with --auth=token: a file holding the admin's token");
+ABSL_FLAG(std::string, create_jobs_on_join, "auto",
+          "whether a worker's first join may create its job: true, false, "
+          "or auto (false with --auth=token: the admin creates jobs with "
+          "`gradsync create`)");
 ABSL_FLAG(int64_t, max_jobs, 10000,
           "jobs the coordinator holds, ended ones included until forgotten "
           "(--retention); creating one more is RESOURCE_EXHAUSTED");
@@ -241,6 +245,15 @@ int main(int argc, char** argv) {
     return EXIT_FAILURE;
   }
   config.admin_token = *std::move(admin_token);
+  const std::string create_on_join = absl::GetFlag(FLAGS_create_jobs_on_join);
+  if (create_on_join != "auto" && create_on_join != "true" &&
+      create_on_join != "false") {
+    GS_LOG(ERROR) << "--create_jobs_on_join must be auto, true or false";
+    return EXIT_FAILURE;
+  }
+  config.job_limits.create_on_join =
+      create_on_join == "auto" ? config.admin_token.empty()
+                               : create_on_join == "true";
   if (config.job_limits.max_jobs < 1 || config.job_limits.max_world_size < 1 ||
       config.kv_limits.max_keys_per_round < 1 ||
       config.kv_limits.max_bytes_per_round < 1) {

@@ -130,8 +130,17 @@ TEST_F(AuthProcessTest, AJobsTokenActsOnlyInItsJob) {
   ASSERT_EQ(listed->size(), 1u);
   EXPECT_EQ((*listed)[0].config().job_id(), "a");
 
-  // B is as it was; the admin sees everything.
+  // B is as it was; the admin sees everything. Jobs come only from
+  // `gradsync create` here: not even the admin's join makes one.
   auto admin = Client("admin-secret-0123");
+  v1::JoinRequest join_new;
+  join_new.set_job_id("new");
+  join_new.mutable_config()->set_job_id("new");
+  join_new.mutable_config()->set_min_nodes(1);
+  *join_new.mutable_node() = LocalNodeDescriptor();
+  absl::StatusOr<v1::Assignment> made = admin->Join(join_new);
+  EXPECT_TRUE(absl::IsFailedPrecondition(made.status())) << made.status();
+  EXPECT_THAT(made.status().message(), HasSubstr("--create_jobs_on_join"));
   absl::StatusOr<v1::JobStatus> job_b = admin->GetJob("b");
   ASSERT_TRUE(job_b.ok()) << job_b.status();
   EXPECT_EQ(job_b->state(), v1::JOB_STATE_WAITING);

@@ -112,6 +112,22 @@ TEST(JobManagerLimitsTest, PastALimitCreateIsResourceExhaustedNamingItsFlag) {
   EXPECT_EQ(jobs.List().size(), 2u) << "a refused job changes nothing";
 }
 
+TEST(JobManagerLimitsTest, WithoutCreateOnJoinOnlyCreateMakesJobs) {
+  InMemoryStorage storage;
+  FakeClock clock;
+  JobLimits limits;
+  limits.create_on_join = false;
+  JobManager jobs(&storage, &clock, limits);
+  const v1::JobConfig config = Config("train", 1, 1);
+  absl::StatusOr<v1::JobConfig> joined = jobs.GetOrCreate("train", &config);
+  EXPECT_TRUE(absl::IsFailedPrecondition(joined.status())) << joined.status();
+  EXPECT_THAT(std::string(joined.status().message()),
+              HasSubstr("--create_jobs_on_join=false"));
+  EXPECT_TRUE(jobs.List().empty());
+  ASSERT_TRUE(jobs.Create(config).ok());
+  EXPECT_TRUE(jobs.GetOrCreate("train", &config).ok());
+}
+
 TEST_F(JobManagerTest, GetOfUnknownJobIsNotFound) {
   absl::StatusOr<v1::JobStatus> job = jobs_.Get("nope");
   EXPECT_EQ(job.status().code(), absl::StatusCode::kNotFound);
