@@ -7,8 +7,9 @@
 // caller is the admin (today's open coordinator).
 //
 // Tokens are 256-bit random strings; only their SHA-256 is kept, in
-// Storage under "auth/<job_id>", and compared in constant time. Tokens are
-// never logged.
+// Storage under "auth/<job_id>". A presented token is hashed and looked up
+// by its hash (the admin's compared in constant time), so timing reveals
+// nothing of the token. Tokens are never logged.
 //
 // Thread-safe. `storage` must outlive it.
 #ifndef GRADSYNC_SERVER_AUTHENTICATOR_H_
