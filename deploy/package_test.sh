@@ -17,7 +17,10 @@ control=$(dpkg-deb -f "$deb")
 for field in "Package: gradsync" "Depends: adduser, " "libgrpc++1.51"; do
   grep -qF "$field" <<<"$control" || fail "control lacks '$field': $control"
 done
-dpkg-deb --ctrl-tarfile "$deb" | tar -t | grep -q conffiles || fail "no conffiles"
+# (listed first: `grep -q` quitting early would SIGPIPE tar and, with
+# pipefail, fail the pipeline)
+control_files=$(dpkg-deb --ctrl-tarfile "$deb" | tar -t)
+grep -q conffiles <<<"$control_files" || fail "no conffiles"
 for f in usr/bin/gradsync-coordinator usr/bin/gradsync \
     lib/systemd/system/gradsync-coordinator.service \
     etc/default/gradsync-coordinator usr/share/doc/gradsync/README.md; do
