@@ -50,7 +50,7 @@ ABSL_FLAG(double, rate, 1.0, "heartbeats per second per member");
 ABSL_FLAG(absl::Duration, duration, absl::Seconds(10),
           "how long each level is measured (after a warm-up of 2 intervals)");
 ABSL_FLAG(int, channels, 8, "client connections the streams share");
-ABSL_FLAG(int, heartbeat_queues, 32, "the coordinator's --heartbeat_queues");
+ABSL_FLAG(int, completion_queues, 32, "the coordinator's --completion_queues");
 ABSL_FLAG(int, client_queues, 8,
           "completion queues (each with a thread) of the simulated workers");
 ABSL_FLAG(int, pacers, 2, "client threads that pace the heartbeats");
@@ -511,7 +511,7 @@ int Main() {
   }
   CoordinatorConfig config;
   config.listen_address = "127.0.0.1:0";
-  config.heartbeat_queues = absl::GetFlag(FLAGS_heartbeat_queues);
+  config.completion_queues = absl::GetFlag(FLAGS_completion_queues);
   config.health.heartbeat_interval =
       absl::Seconds(1) / absl::GetFlag(FLAGS_rate);
   Coordinator coordinator(config);
@@ -525,7 +525,7 @@ int Main() {
   std::printf("heartbeat ingest: in-process coordinator on %s (%d heartbeat "
               "queues), %g Hz per member, %d connections, jobs of %d members, "
               "%s per level\n\n",
-              target.c_str(), config.heartbeat_queues, absl::GetFlag(FLAGS_rate),
+              target.c_str(), config.completion_queues, absl::GetFlag(FLAGS_rate),
               absl::GetFlag(FLAGS_channels), absl::GetFlag(FLAGS_job_size),
               absl::FormatDuration(absl::GetFlag(FLAGS_duration)).c_str());
   std::printf("%9s %10s %10s %10s %8s %8s %6s %7s %8s  %s\n", "members",

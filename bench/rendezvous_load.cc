@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cinttypes>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -22,7 +23,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -38,7 +38,12 @@
 #include "server/storage/open_storage.h"
 #include "worker/client/channel_credentials.h"
 
-ABSL_FLAG(int, workers, 10000, "simulated workers joining one job");
+ABSL_FLAG(int, workers, 10000, "simulated workers (ranks) joining one job");
+ABSL_FLAG(int, nproc_per_node, 1,
+          "ranks per node: above 1, each node joins all its ranks in one "
+          "Rendezvous.JoinNode call, as gradsync launch does");
+ABSL_FLAG(int, coordinator_pid, 0,
+          "with --coordinator: its process id, to report its memory");
 ABSL_FLAG(int, channels, 8,
           "client connections the workers share; 0 gives every worker its "
           "own connection, opened inside the timed region (as real workers, "
@@ -124,18 +129,50 @@ std::vector<std::shared_ptr<grpc::Channel>> Connect(const std::string& target,
   return channels;
 }
 
-// One simulated worker's join.
+// One simulated node's join: of one process (Join), or of all the
+// processes of a node (JoinNode).
 struct JoinCall {
   grpc::ClientContext context;
   v1::JoinRequest request;
   v1::JoinResponse response;
+  v1::JoinNodeRequest node_request;
+  v1::JoinNodeResponse node_response;
   absl::Time sent;
   absl::Time received;
   grpc::Status status;
 };
 
+// The resident memory of process `pid` (0: this one), in bytes; 0 when
+// unknown.
+int64_t ResidentBytes(int pid) {
+  const std::string path =
+      pid > 0 ? absl::StrCat("/proc/", pid, "/status") : "/proc/self/status";
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  int64_t kib = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "VmRSS: %" SCNd64 " kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib * 1024;
+}
+
+v1::NodeDescriptor SimulatedProcess(int node, int local) {
+  v1::NodeDescriptor d;
+  d.set_node_id(absl::StrCat("sim-node-", node));
+  d.set_hostname(absl::StrCat("sim-host-", node));
+  d.set_pid(100000 + local);
+  d.set_incarnation_id(absl::StrCat("sim-", node, "-", local));
+  d.set_device_type(v1::DEVICE_TYPE_CPU);
+  d.set_device_count(1);
+  d.add_addresses("127.0.0.1");
+  return d;
+}
+
 struct JoinResult {
   absl::Duration all_ranked;
+  int calls = 0;  // join calls: one per node
   std::vector<absl::Duration> latencies;
   int wrong = 0;
   int failed = 0;
@@ -144,53 +181,66 @@ struct JoinResult {
 
 // With `shared_channels` empty, each worker opens its own connection inside
 // the timed region.
+//
+// The joins carry no gRPC deadline, as gradsync-worker's do not (its client
+// keeps the deadline and cancels): the coordinator keeps no timer per
+// waiting join. The run as a whole is bounded by `timeout`.
 bool RunJoins(const std::string& target,
               const std::vector<std::shared_ptr<grpc::Channel>>& shared_channels,
-              int workers, absl::Duration timeout, JoinResult* result) {
+              int workers, int nproc, absl::Duration timeout,
+              JoinResult* result) {
+  const int nodes = workers / nproc;
   v1::JobConfig config;
   config.set_job_id(absl::GetFlag(FLAGS_job));
-  config.set_min_nodes(workers);
-  config.set_max_nodes(workers);
+  config.set_min_nodes(nodes);
+  config.set_max_nodes(nodes);
+  config.set_nproc_per_node(nproc);
   *config.mutable_join_timeout() = ToProtoDuration(timeout);
 
-  std::vector<std::unique_ptr<JoinCall>> calls(workers);
-  for (int i = 0; i < workers; ++i) {
+  std::vector<std::unique_ptr<JoinCall>> calls(nodes);
+  for (int i = 0; i < nodes; ++i) {
     auto call = std::make_unique<JoinCall>();
-    call->request.set_job_id(config.job_id());
-    *call->request.mutable_config() = config;
-    v1::NodeDescriptor* node = call->request.mutable_node();
-    node->set_node_id(absl::StrCat("sim-node-", i));
-    node->set_hostname(absl::StrCat("sim-host-", i));
-    node->set_pid(100000 + i);
-    node->set_incarnation_id(absl::StrCat("sim-", i));
-    node->set_device_type(v1::DEVICE_TYPE_CPU);
-    node->set_device_count(1);
-    node->add_addresses("127.0.0.1");
-    call->context.set_deadline(std::chrono::system_clock::now() +
-                               absl::ToChronoMilliseconds(timeout));
+    if (nproc == 1) {
+      call->request.set_job_id(config.job_id());
+      *call->request.mutable_config() = config;
+      *call->request.mutable_node() = SimulatedProcess(i, 0);
+    } else {
+      call->node_request.set_job_id(config.job_id());
+      *call->node_request.mutable_config() = config;
+      for (int local = 0; local < nproc; ++local) {
+        *call->node_request.add_processes()->mutable_node() =
+            SimulatedProcess(i, local);
+      }
+    }
     calls[i] = std::move(call);
   }
 
-  std::atomic<int> outstanding{workers};
+  std::atomic<int> outstanding{nodes};
   absl::Notification all_done;
   const absl::Time start = absl::Now();
   std::vector<std::shared_ptr<grpc::Channel>> channels =
-      shared_channels.empty() ? Connect(target, workers, false)
+      shared_channels.empty() ? Connect(target, nodes, false)
                               : shared_channels;
   std::vector<std::unique_ptr<v1::Rendezvous::Stub>> stubs;
   for (const auto& channel : channels) {
     stubs.push_back(v1::Rendezvous::NewStub(channel));
   }
-  for (int i = 0; i < workers; ++i) {
+  for (int i = 0; i < nodes; ++i) {
     JoinCall* call = calls[i].get();
+    auto done = [call, &outstanding, &all_done](grpc::Status status) {
+      call->received = absl::Now();
+      call->status = std::move(status);
+      if (outstanding.fetch_sub(1) == 1) all_done.Notify();
+    };
     call->sent = absl::Now();
-    stubs[i % stubs.size()]->async()->Join(
-        &call->context, &call->request, &call->response,
-        [call, &outstanding, &all_done](grpc::Status status) {
-          call->received = absl::Now();
-          call->status = std::move(status);
-          if (outstanding.fetch_sub(1) == 1) all_done.Notify();
-        });
+    v1::Rendezvous::Stub* stub = stubs[i % stubs.size()].get();
+    if (nproc == 1) {
+      stub->async()->Join(&call->context, &call->request, &call->response,
+                          std::move(done));
+    } else {
+      stub->async()->JoinNode(&call->context, &call->node_request,
+                              &call->node_response, std::move(done));
+    }
   }
   if (!all_done.WaitForNotificationWithTimeout(timeout + absl::Seconds(5))) {
     for (auto& call : calls) call->context.TryCancel();
@@ -199,6 +249,12 @@ bool RunJoins(const std::string& target,
   }
   absl::Time last = start;
   std::vector<int> rank_seen(workers, 0);
+  auto check = [&](const v1::Assignment& a) {
+    if (a.rank() < 0 || a.rank() >= workers || a.world_size() != workers ||
+        rank_seen[a.rank()]++ > 0) {
+      ++result->wrong;
+    }
+  };
   for (const auto& call : calls) {
     if (!call->status.ok()) {
       if (result->failed++ == 0) result->first_error = call->status.error_message();
@@ -206,12 +262,15 @@ bool RunJoins(const std::string& target,
     }
     last = std::max(last, call->received);
     result->latencies.push_back(call->received - call->sent);
-    const v1::Assignment& a = call->response.assignment();
-    if (a.rank() < 0 || a.rank() >= workers || a.world_size() != workers ||
-        rank_seen[a.rank()]++ > 0) {
+    if (nproc == 1) {
+      check(call->response.assignment());
+    } else if (call->node_response.assignments_size() != nproc) {
       ++result->wrong;
+    } else {
+      for (const v1::Assignment& a : call->node_response.assignments()) check(a);
     }
   }
+  result->calls = nodes;
   result->all_ranked = last - start;
   return true;
 }
@@ -384,13 +443,25 @@ int Main() {
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   if (channel_count > 0) channels = Connect(target, channel_count, true);
 
+  const int nproc = std::max(1, absl::GetFlag(FLAGS_nproc_per_node));
+  if (workers % nproc != 0) {
+    std::fprintf(stderr, "--workers must be a multiple of --nproc_per_node\n");
+    return 1;
+  }
+  const int rss_pid = absl::GetFlag(FLAGS_coordinator_pid);
+  const int64_t rss_before = ResidentBytes(rss_pid);
   JoinResult joins;
-  if (!RunJoins(target, channels, workers, timeout, &joins)) {
+  if (!RunJoins(target, channels, workers, nproc, timeout, &joins)) {
     std::printf("RESULT workers=%d ranked=timeout\n", workers);
     return 1;
   }
   if (channels.empty()) channels = Connect(target, 8, true);  // for the KV load
-  std::printf("gradsync rendezvous: %d workers, %s, to %s\n", workers,
+  const int64_t rss_after = ResidentBytes(rss_pid);
+  std::printf("gradsync rendezvous: %d workers%s, %s, to %s\n", workers,
+              nproc > 1 ? absl::StrCat(" as ", joins.calls, " nodes of ",
+                                       nproc, " (JoinNode)")
+                              .c_str()
+                        : "",
               channel_count > 0
                   ? absl::StrCat("sharing ", channel_count, " connections")
                         .c_str()
@@ -401,6 +472,15 @@ int Main() {
               absl::ToDoubleSeconds(joins.all_ranked), joins.wrong,
               joins.failed, joins.failed > 0 ? ": " : "",
               joins.first_error.c_str());
+  const double per_join_us =
+      absl::ToDoubleMicroseconds(joins.all_ranked) / joins.calls;
+  const double bytes_per_rank =
+      static_cast<double>(rss_after - rss_before) / workers;
+  std::printf("time per join call: %.1f us; memory growth %.0f bytes per "
+              "rank (%s)\n",
+              per_join_us, bytes_per_rank,
+              rss_pid > 0 ? "the coordinator's"
+                          : "this process: coordinator and clients together");
 
   v1::Scope scope;
   scope.set_job_id(absl::GetFlag(FLAGS_job));
@@ -419,10 +499,11 @@ int Main() {
   std::printf("key-value: %.0f calls/s with %d in flight (#wrong %d, "
               "#failed %d)\n",
               kv_rate, absl::GetFlag(FLAGS_kv_in_flight), kv.wrong, kv.failed);
-  std::printf("RESULT workers=%d ranked_s=%.4f wrong=%d failed=%d "
-              "kv_calls_per_s=%.0f\n",
-              workers, absl::ToDoubleSeconds(joins.all_ranked), joins.wrong,
-              joins.failed, kv_rate);
+  std::printf("RESULT workers=%d nproc_per_node=%d ranked_s=%.4f "
+              "per_join_us=%.1f wrong=%d failed=%d kv_calls_per_s=%.0f "
+              "rss_bytes_per_rank=%.0f\n",
+              workers, nproc, absl::ToDoubleSeconds(joins.all_ranked),
+              per_join_us, joins.wrong, joins.failed, kv_rate, bytes_per_rank);
   return (joins.wrong + joins.failed + kv.wrong + kv.failed) == 0 ? 0 : 1;
 }
 

@@ -137,7 +137,7 @@ absl::Status Coordinator::Start() {
   builder.RegisterService(&kv_service_);
   builder.RegisterService(&jobs_service_);
   builder.RegisterService(&monitor_service_);
-  monitor_service_.AddCompletionQueues(&builder, config_.heartbeat_queues);
+  queues_.AddTo(&builder, config_.completion_queues);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     server_.reset();
@@ -151,7 +151,7 @@ absl::Status Coordinator::Start() {
                        config_.http_tls_key);
     if (!metrics.ok()) {
       server_->Shutdown();
-      monitor_service_.Shutdown();
+      queues_.Shutdown();
       server_.reset();
       return metrics;
     }
@@ -163,7 +163,9 @@ absl::Status Coordinator::Start() {
   // Members of rounds restored from storage get one detection window from
   // now, as the server serves, to heartbeat again.
   health_.MonitorRunningRounds();
-  monitor_service_.Start();
+  monitor_service_.Start(&queues_);
+  rendezvous_service_.Start(queues_);
+  queues_.Start();
   poller_ = std::thread([this] { PollLoop(); });
   GS_LOG(INFO) << "gradsync coordinator serving gradsync.v1 on "
                << config_.listen_address << " (port " << port_ << ")";
@@ -179,7 +181,7 @@ void Coordinator::Shutdown() {
   metrics_.Stop();
   server_->Shutdown(std::chrono::system_clock::now() +
                     absl::ToChronoMilliseconds(config_.shutdown_grace));
-  monitor_service_.Shutdown();
+  queues_.Shutdown();
   stop_polling_.Notify();
   if (poller_.joinable()) poller_.join();
   shut_down_.Notify();

@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "server/authenticator.h"
+#include "server/completion_queues.h"
 #include "server/health_manager.h"
 #include "server/job_manager.h"
 #include "server/jobs_service.h"
@@ -48,9 +49,9 @@ struct CoordinatorConfig {
   absl::Duration retention = absl::Hours(1);
   // "HOST:PORT" to serve Prometheus metrics on (GET /metrics); empty: none.
   std::string metrics_listen_address;
-  // Completion queues (and threads) for heartbeat streams; see
-  // MonitorService for why more than one.
-  int heartbeat_queues = 32;
+  // Completion queues (and threads) for heartbeat streams and joins; see
+  // CompletionQueues for why more than one.
+  int completion_queues = 32;
   // Time source; nullptr means the real clock. Must outlive the coordinator.
   Clock* clock = nullptr;
   // Where jobs and keys are kept (e.g. a SqliteStorage for --state_dir);
@@ -122,6 +123,7 @@ class Coordinator {
   KvService kv_service_;
   JobsService jobs_service_;
   MonitorService monitor_service_;
+  CompletionQueues queues_;  // shut down before the services go
   MetricsHttpServer metrics_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -52,9 +52,9 @@ ABSL_FLAG(absl::Duration, straggler_threshold, absl::Milliseconds(100),
 ABSL_FLAG(absl::Duration, hang_timeout, absl::Seconds(30),
           "how long collectives may stop advancing, with ranks disagreeing, "
           "before status reports a hang");
-ABSL_FLAG(int, heartbeat_queues, 32,
-          "completion queues (each with a thread) serving heartbeat streams; "
-          "more keep ingest fast with many workers");
+ABSL_FLAG(int, completion_queues, 32,
+          "completion queues (each with a thread) serving heartbeat streams "
+          "and joins; more keep them fast with many workers");
 ABSL_FLAG(absl::Duration, retention, absl::Hours(1),
           "how long jobs that succeeded or failed stay queryable");
 ABSL_FLAG(std::string, state_dir, "",
@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
   config.kv_limits.max_bytes_per_round =
       absl::GetFlag(FLAGS_max_kv_bytes_per_job);
   config.retention = absl::GetFlag(FLAGS_retention);
-  config.heartbeat_queues = absl::GetFlag(FLAGS_heartbeat_queues);
+  config.completion_queues = absl::GetFlag(FLAGS_completion_queues);
   if (config.health.heartbeat_interval <= absl::ZeroDuration() ||
       config.health.missed_heartbeats < 1 || config.retention < absl::ZeroDuration() ||
       config.shutdown_grace < absl::ZeroDuration()) {

@@ -1,7 +1,5 @@
 #include "server/monitor_service.h"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -22,12 +20,14 @@ class MonitorService::HeartbeatCall {
  public:
   // An event of this call on its queue.
   enum class Event { kAccepted, kRead, kWritten, kFinished, kDone };
-  struct Tag {
-    HeartbeatCall* call;
-    Event event;
+  struct Tag final : CompletionQueues::Tag {
+    Tag(HeartbeatCall* call, Event event) : call(call), event(event) {}
+    void Run(bool ok) override { call->On(event, ok); }
+    HeartbeatCall* const call;
+    const Event event;
   };
 
-  HeartbeatCall(MonitorService* service, Queue* queue)
+  HeartbeatCall(MonitorService* service, CompletionQueues::Queue* queue)
       : service_(service),
         queue_(queue),
         stream_(&context_),
@@ -38,7 +38,7 @@ class MonitorService::HeartbeatCall {
   // Asks gRPC for the next stream on this call's queue; false when the
   // queue is closed (then the caller deletes the call: gRPC never saw it).
   bool Request() {
-    grpc::ServerCompletionQueue* cq = queue_->cq.get();
+    grpc::ServerCompletionQueue* cq = queue_->cq();
     return queue_->StartOp([&] {
       service_->RequestHeartbeat(&context_, &stream_, cq, cq, &accepted_tag_);
     });
@@ -89,7 +89,7 @@ class MonitorService::HeartbeatCall {
 
  private:
   // Each operation starts only while the queue is open (see the class
-  // comment of MonitorService); one refused is simply not pending.
+  // comment of CompletionQueues); one refused is simply not pending.
   void Read() {
     if (queue_->StartOp([&] { stream_.Read(&request_, &read_tag_); })) {
       ++pending_;
@@ -145,7 +145,7 @@ class MonitorService::HeartbeatCall {
   }
 
   MonitorService* const service_;
-  Queue* const queue_;
+  CompletionQueues::Queue* const queue_;
   grpc::ServerContext context_;
   grpc::ServerAsyncReaderWriter<v1::HeartbeatResponse, v1::HeartbeatRequest>
       stream_;
@@ -167,63 +167,13 @@ class MonitorService::HeartbeatCall {
   Tag done_tag_{this, Event::kDone};
 };
 
-MonitorService::~MonitorService() { Shutdown(); }
-
-bool MonitorService::Queue::StartOp(const std::function<void()>& start) {
-  absl::MutexLock lock(&mu);
-  if (!open) return false;
-  start();
-  return true;
+void MonitorService::Start(CompletionQueues* queues) {
+  for (const auto& queue : queues->queues()) Accept(queue.get());
 }
 
-void MonitorService::Queue::Close() {
-  absl::MutexLock lock(&mu);
-  if (!open) return;
-  open = false;
-  cq->Shutdown();
-}
-
-void MonitorService::AddCompletionQueues(grpc::ServerBuilder* builder,
-                                         int queues) {
-  for (int i = 0; i < std::max(1, queues); ++i) {
-    auto queue = std::make_unique<Queue>();
-    queue->cq = builder->AddCompletionQueue();
-    queues_.push_back(std::move(queue));
-  }
-}
-
-void MonitorService::Start() {
-  for (auto& queue : queues_) {
-    Accept(queue.get());
-    threads_.emplace_back([queue = queue.get()] { Drain(queue); });
-  }
-}
-
-void MonitorService::Accept(Queue* queue) {
+void MonitorService::Accept(CompletionQueues::Queue* queue) {
   auto call = std::make_unique<HeartbeatCall>(this, queue);
   if (call->Request()) call.release();  // it deletes itself when done
-}
-
-void MonitorService::Drain(Queue* queue) {
-  pthread_setname_np(pthread_self(), "gs-heartbeats");  // for top and perf
-  void* tag = nullptr;
-  bool ok = false;
-  while (queue->cq->Next(&tag, &ok)) {
-    auto* t = static_cast<HeartbeatCall::Tag*>(tag);
-    t->call->On(t->event, ok);
-  }
-}
-
-void MonitorService::Shutdown() {
-  for (auto& queue : queues_) queue->Close();
-  for (std::thread& t : threads_) t.join();
-  if (threads_.empty()) {
-    // Never started (the server failed to start): drain here, as a queue
-    // must be before it is destroyed.
-    for (auto& queue : queues_) Drain(queue.get());
-  }
-  threads_.clear();
-  queues_.clear();
 }
 
 grpc::ServerUnaryReactor* MonitorService::ReportCompletion(

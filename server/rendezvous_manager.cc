@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 
 namespace gradsync {
 namespace {
@@ -14,6 +15,11 @@ constexpr size_t kMaxIdBytes = 253;
 constexpr size_t kMaxIncarnationBytes = 128;
 constexpr int kMaxAddresses = 64;
 constexpr int kMaxDeviceCount = 1024;
+
+// The node a process belongs to: its node_id, or its hostname by default.
+const std::string& NodeIdOf(const v1::NodeDescriptor& node) {
+  return node.node_id().empty() ? node.hostname() : node.node_id();
+}
 
 std::string DescribeProcess(const v1::NodeDescriptor& node) {
   return absl::StrCat("node '", node.node_id(), "' (host ", node.hostname(),
@@ -259,46 +265,109 @@ absl::Status RendezvousManager::RestoreLocked(const v1::JobStatus& record,
   return absl::OkStatus();
 }
 
-uint64_t RendezvousManager::Join(const v1::JoinRequest& request,
-                                 JoinCallback done) {
-  absl::Status status = ValidateJobId(request.job_id());
-  if (status.ok()) status = ValidateNodeDescriptor(request.node());
-  if (status.ok() && request.committed_step() < 0) {
-    status = absl::InvalidArgumentError(absl::StrCat(
+namespace {
+
+absl::Status CheckProcessJoin(const v1::JoinRequest& request) {
+  GS_RETURN_IF_ERROR(ValidateNodeDescriptor(request.node()));
+  if (request.committed_step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
         "committed_step must be >= 0, got ", request.committed_step()));
   }
   // Refuse a node that cannot run NCCL a job forced to NCCL by this very
   // request before GetOrCreate can create the job: a refused join must not
   // leave a job behind, or its retry with another backend would meet a config
   // mismatch. (Invalid settings are left to GetOrCreate to report.)
-  if (status.ok() && HasJobSettings(request) && !CanUseNccl(request.node())) {
+  if (HasJobSettings(request) && !CanUseNccl(request.node())) {
     v1::JobConfig settings = request.config();
     if (settings.job_id().empty()) settings.set_job_id(request.job_id());
     absl::StatusOr<v1::JobConfig> normalized = NormalizeJobConfig(settings);
     if (settings.job_id() == request.job_id() && normalized.ok() &&
         normalized->backend() == v1::BACKEND_NCCL) {
-      status = NcclRefusal(request);
+      return NcclRefusal(request);
     }
   }
-  // A StatusOr must not be built from an OK status (abseil aborts).
-  absl::StatusOr<v1::JobConfig> config =
-      status.ok() ? jobs_->GetOrCreate(request.job_id(),
-                                       HasJobSettings(request) ? &request.config()
-                                                            : nullptr)
-                  : absl::StatusOr<v1::JobConfig>(status);
-  if (config.ok() && config->backend() == v1::BACKEND_NCCL &&
-      !CanUseNccl(request.node())) {
-    config = NcclRefusal(request);
+  return absl::OkStatus();
+}
+
+absl::Status CheckNodeSize(const std::vector<v1::JoinRequest>& processes,
+                           const v1::JobConfig& config) {
+  if (static_cast<int>(processes.size()) <= config.nproc_per_node()) {
+    return absl::OkStatus();
   }
-  if (config.ok()) {
-    absl::StatusOr<JobPhase> phase = jobs_->GetPhase(request.job_id());
-    if (phase.ok() && IsTerminal(phase->state)) {
-      config = absl::FailedPreconditionError(absl::StrCat(
-          "job '", request.job_id(), "' has ended (",
-          JobStateName(phase->state), ": ", phase->reason,
-          "); a new run needs a new job id"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "a node join lists ", processes.size(), " processes; job '",
+      config.job_id(), "' runs ", config.nproc_per_node(),
+      " per node (nproc_per_node)"));
+}
+
+absl::StatusOr<std::vector<v1::JoinRequest>> SplitNodeJoin(
+    const v1::JoinNodeRequest& request) {
+  if (request.processes().empty()) {
+    return absl::InvalidArgumentError("a node join lists no processes");
+  }
+  std::vector<v1::JoinRequest> processes;
+  absl::flat_hash_set<std::string> incarnations;
+  for (const v1::ProcessJoin& process : request.processes()) {
+    v1::JoinRequest& join = processes.emplace_back();
+    join.set_job_id(request.job_id());
+    if (request.has_config()) *join.mutable_config() = request.config();
+    *join.mutable_node() = process.node();
+    join.set_last_round(process.last_round());
+    join.set_has_state(process.has_state());
+    join.set_committed_step(process.committed_step());
+    if (!incarnations.insert(process.node().incarnation_id()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a node join lists incarnation '", process.node().incarnation_id(),
+          "' twice: every process needs its own"));
+    }
+    if (NodeIdOf(process.node()) != NodeIdOf(request.processes(0).node())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a node join mixes nodes '", NodeIdOf(request.processes(0).node()),
+          "' and '", NodeIdOf(process.node()),
+          "': it carries the processes of one node"));
     }
   }
+  return processes;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobConfig> RendezvousManager::AdmitJoin(
+    const std::vector<v1::JoinRequest>& processes) {
+  const v1::JoinRequest& first = processes.front();
+  GS_RETURN_IF_ERROR(ValidateJobId(first.job_id()));
+  for (const v1::JoinRequest& process : processes) {
+    GS_RETURN_IF_ERROR(CheckProcessJoin(process));
+  }
+  // Settings that create the job are checked before they do.
+  if (HasJobSettings(first) && processes.size() > 1) {
+    v1::JobConfig settings = first.config();
+    if (settings.job_id().empty()) settings.set_job_id(first.job_id());
+    absl::StatusOr<v1::JobConfig> normalized = NormalizeJobConfig(settings);
+    if (normalized.ok()) GS_RETURN_IF_ERROR(CheckNodeSize(processes, *normalized));
+  }
+  GS_ASSIGN_OR_RETURN(
+      v1::JobConfig config,
+      jobs_->GetOrCreate(first.job_id(),
+                         HasJobSettings(first) ? &first.config() : nullptr));
+  for (const v1::JoinRequest& process : processes) {
+    if (config.backend() == v1::BACKEND_NCCL && !CanUseNccl(process.node())) {
+      return NcclRefusal(process);
+    }
+  }
+  GS_RETURN_IF_ERROR(CheckNodeSize(processes, config));
+  absl::StatusOr<JobPhase> phase = jobs_->GetPhase(first.job_id());
+  if (phase.ok() && IsTerminal(phase->state)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", first.job_id(), "' has ended (", JobStateName(phase->state),
+        ": ", phase->reason, "); a new run needs a new job id"));
+  }
+  return config;
+}
+
+uint64_t RendezvousManager::Join(const v1::JoinRequest& request,
+                                 JoinCallback done) {
+  absl::StatusOr<v1::JobConfig> config = AdmitJoin({request});
   if (!config.ok()) {
     done(config.status());
     return 0;
@@ -307,16 +376,111 @@ uint64_t RendezvousManager::Join(const v1::JoinRequest& request,
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
-    std::unique_ptr<JobRendezvous>& job = rendezvous_[request.job_id()];
-    if (job == nullptr) {
-      job = std::make_unique<JobRendezvous>();
-      job->config = *config;
-    }
-    JoinLocked(job.get(), request, std::move(done), &ticket, &completions);
+    JoinLocked(JobFor(*config), request, std::move(done), &ticket,
+               &completions);
   }
   Run(std::move(completions));
   ReportRoundEvents();
   return ticket;
+}
+
+// Collects the assignments of a node join's processes and answers once:
+// with all of them, or with the first error (then withdraws the others).
+class RendezvousManager::NodeJoin {
+ public:
+  NodeJoin(RendezvousManager* manager, size_t processes, NodeJoinCallback done)
+      : manager_(manager),
+        assignments_(processes),
+        tickets_(processes, 0),
+        remaining_(processes),
+        done_(std::move(done)) {}
+
+  void SetTicket(size_t i, uint64_t ticket) {
+    absl::MutexLock lock(&mu_);
+    tickets_[i] = ticket;
+  }
+
+  std::vector<uint64_t> Tickets() const {
+    absl::MutexLock lock(&mu_);
+    return tickets_;
+  }
+
+  void Joined(size_t i, absl::StatusOr<v1::Assignment> assignment) {
+    NodeJoinCallback done;
+    absl::StatusOr<std::vector<v1::Assignment>> answer;
+    std::vector<uint64_t> withdraw;
+    {
+      absl::MutexLock lock(&mu_);
+      tickets_[i] = 0;
+      --remaining_;
+      if (done_ == nullptr) return;  // answered already
+      if (!assignment.ok()) {
+        answer = assignment.status();
+        withdraw = tickets_;
+      } else {
+        assignments_[i] = *std::move(assignment);
+        if (remaining_ > 0) return;
+        answer = std::move(assignments_);
+      }
+      done = std::move(done_);
+      done_ = nullptr;
+    }
+    done(std::move(answer));
+    for (uint64_t ticket : withdraw) {
+      if (ticket != 0) manager_->CancelJoin(ticket);
+    }
+  }
+
+ private:
+  RendezvousManager* const manager_;
+  mutable absl::Mutex mu_;
+  std::vector<v1::Assignment> assignments_ ABSL_GUARDED_BY(mu_);
+  // Of the processes still waiting; 0 once answered.
+  std::vector<uint64_t> tickets_ ABSL_GUARDED_BY(mu_);
+  size_t remaining_ ABSL_GUARDED_BY(mu_);
+  NodeJoinCallback done_ ABSL_GUARDED_BY(mu_);
+};
+
+std::vector<uint64_t> RendezvousManager::JoinNode(
+    const v1::JoinNodeRequest& request, NodeJoinCallback done) {
+  absl::StatusOr<std::vector<v1::JoinRequest>> processes =
+      SplitNodeJoin(request);
+  absl::StatusOr<v1::JobConfig> config =
+      processes.ok() ? AdmitJoin(*processes)
+                     : absl::StatusOr<v1::JobConfig>(processes.status());
+  if (!config.ok()) {
+    done(config.status());
+    return {};
+  }
+  auto node = std::make_shared<NodeJoin>(this, processes->size(),
+                                         std::move(done));
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    JobRendezvous* job = JobFor(*config);
+    for (size_t i = 0; i < processes->size(); ++i) {
+      uint64_t ticket = 0;
+      JoinLocked(job, (*processes)[i],
+                 [node, i](absl::StatusOr<v1::Assignment> assignment) {
+                   node->Joined(i, std::move(assignment));
+                 },
+                 &ticket, &completions);
+      node->SetTicket(i, ticket);
+    }
+  }
+  Run(std::move(completions));
+  ReportRoundEvents();
+  return node->Tickets();
+}
+
+RendezvousManager::JobRendezvous* RendezvousManager::JobFor(
+    const v1::JobConfig& config) {
+  std::unique_ptr<JobRendezvous>& job = rendezvous_[config.job_id()];
+  if (job == nullptr) {
+    job = std::make_unique<JobRendezvous>();
+    job->config = config;
+  }
+  return job.get();
 }
 
 void RendezvousManager::JoinLocked(JobRendezvous* job,
@@ -324,7 +488,7 @@ void RendezvousManager::JoinLocked(JobRendezvous* job,
                                    JoinCallback done, uint64_t* ticket,
                                    std::vector<Completion>* completions) {
   v1::NodeDescriptor node = request.node();
-  if (node.node_id().empty()) node.set_node_id(node.hostname());
+  node.set_node_id(NodeIdOf(node));
   const std::string& incarnation = node.incarnation_id();
   const int nproc = job->config.nproc_per_node();
 

@@ -88,6 +88,17 @@ class RendezvousManager {
   // CancelJoin (0 when `done` already ran).
   uint64_t Join(const v1::JoinRequest& request, JoinCallback done);
 
+  // Called exactly once with the outcome of a JoinNode: every process's
+  // assignment, in the order of the request, or the first error.
+  using NodeJoinCallback =
+      std::function<void(absl::StatusOr<std::vector<v1::Assignment>>)>;
+  // Joins every process of one node (see rendezvous.proto): each joins as
+  // with Join; `done` runs once all are placed, or with the first error (the
+  // others are then withdrawn). Returns the processes' tickets for
+  // CancelJoin (empty when `done` already ran with an error).
+  std::vector<uint64_t> JoinNode(const v1::JoinNodeRequest& request,
+                                 NodeJoinCallback done);
+
   // Withdraws a pending join (the caller went away); a no-op when it already
   // finished.
   void CancelJoin(uint64_t ticket);
@@ -185,6 +196,15 @@ class RendezvousManager {
     absl::flat_hash_map<std::string, int> remembered_node_rank;
   };
   using Completion = std::pair<JoinCallback, absl::StatusOr<v1::Assignment>>;
+  class NodeJoin;
+
+  // Checks the joins of `processes` (one, or one node's) and finds or
+  // creates their job: its config, or the error to answer with.
+  absl::StatusOr<v1::JobConfig> AdmitJoin(
+      const std::vector<v1::JoinRequest>& processes) ABSL_LOCKS_EXCLUDED(mu_);
+  // The rendezvous of the job `config` describes, made on first use.
+  JobRendezvous* JobFor(const v1::JobConfig& config)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Rebuilds `job` from its `record` (see Restore).
   absl::Status RestoreLocked(const v1::JobStatus& record, JobRendezvous* job)

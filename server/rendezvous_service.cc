@@ -1,31 +1,68 @@
 #include "server/rendezvous_service.h"
 
+#include <utility>
+#include <vector>
+
 #include "common/grpc_status.h"
-#include "server/cancellable_reactor.h"
 
 namespace gradsync {
 
-grpc::ServerUnaryReactor* RendezvousService::Join(
-    grpc::CallbackServerContext* context, const v1::JoinRequest* request,
-    v1::JoinResponse* response) {
-  if (auto* refused = auth_->Refuse(context, request->job_id())) {
-    return refused;
+RendezvousService::RendezvousService(RendezvousManager* rendezvous,
+                                     const Authenticator* auth)
+    : rendezvous_(rendezvous),
+      auth_(auth),
+      join_requester_([this](auto... args) { RequestJoin(args...); }),
+      join_handler_([this](JoinCall* call) { ServeJoin(call); }),
+      join_node_requester_([this](auto... args) { RequestJoinNode(args...); }),
+      join_node_handler_([this](JoinNodeCall* call) { ServeJoinNode(call); }) {}
+
+void RendezvousService::Start(const CompletionQueues& queues) {
+  JoinCall::Serve(queues, &join_requester_, &join_handler_);
+  JoinNodeCall::Serve(queues, &join_node_requester_, &join_node_handler_);
+}
+
+void RendezvousService::ServeJoin(JoinCall* call) {
+  absl::Status allowed = auth_->Check(call->context(), call->request().job_id());
+  if (!allowed.ok()) {
+    call->Finish({}, ToGrpcStatus(allowed));
+    return;
   }
-  auto* reactor = new CancellableReactor();
   uint64_t ticket = rendezvous_->Join(
-      *request,
-      [reactor, response](absl::StatusOr<v1::Assignment> assignment) {
+      call->request(), [call](absl::StatusOr<v1::Assignment> assignment) {
+        v1::JoinResponse response;
         if (assignment.ok()) {
-          *response->mutable_assignment() = *std::move(assignment);
+          *response.mutable_assignment() = *std::move(assignment);
         }
-        reactor->Finish(ToGrpcStatus(assignment.status()));
+        call->Finish(response, ToGrpcStatus(assignment.status()));
       });
   if (ticket != 0) {
-    reactor->SetCancelHandler(
+    call->SetCancelHandler(
         [rendezvous = rendezvous_, ticket] { rendezvous->CancelJoin(ticket); });
   }
-  reactor->Release();
-  return reactor;
+}
+
+void RendezvousService::ServeJoinNode(JoinNodeCall* call) {
+  absl::Status allowed = auth_->Check(call->context(), call->request().job_id());
+  if (!allowed.ok()) {
+    call->Finish({}, ToGrpcStatus(allowed));
+    return;
+  }
+  std::vector<uint64_t> tickets = rendezvous_->JoinNode(
+      call->request(),
+      [call](absl::StatusOr<std::vector<v1::Assignment>> assignments) {
+        v1::JoinNodeResponse response;
+        if (assignments.ok()) {
+          for (v1::Assignment& a : *assignments) {
+            *response.add_assignments() = std::move(a);
+          }
+        }
+        call->Finish(response, ToGrpcStatus(assignments.status()));
+      });
+  if (!tickets.empty()) {
+    call->SetCancelHandler([rendezvous = rendezvous_, tickets] {
+      for (uint64_t ticket : tickets) rendezvous->CancelJoin(ticket);
+    });
+  }
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Leave(

@@ -97,6 +97,18 @@ v1::JoinRequest JoinRequestFor(const v1::JobConfig& config,
   return request;
 }
 
+// A node join of `nproc` processes on node `node_id` (fresh incarnations).
+v1::JoinNodeRequest JoinNodeRequestFor(const v1::JobConfig& config,
+                                       const std::string& node_id, int nproc) {
+  v1::JoinNodeRequest request;
+  request.set_job_id(config.job_id());
+  *request.mutable_config() = config;
+  for (int i = 0; i < nproc; ++i) {
+    *request.add_processes()->mutable_node() = Node(node_id);
+  }
+  return request;
+}
+
 v1::Scope ScopeOf(const std::string& job_id, int64_t round) {
   v1::Scope scope;
   scope.set_job_id(job_id);
@@ -1138,6 +1150,70 @@ TEST_F(CoordinatorTest, JoinCancelledByTheClientIsWithdrawn) {
   ASSERT_TRUE(join.Wait());
   EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_TRUE(Eventually([&] { return WaitingCount("cancelled") == 0; }));
+}
+
+TEST_F(CoordinatorTest, NodeJoinsFormARoundWithOneCallPerNode) {
+  v1::JobConfig config = Config("nodes", 2, 2);
+  config.set_nproc_per_node(3);
+  absl::StatusOr<std::vector<v1::Assignment>> a, b;
+  {
+    Background ja([&] {
+      a = client_->JoinNode(JoinNodeRequestFor(config, "node-a", 3));
+    });
+    Background jb([&] {
+      b = client_->JoinNode(JoinNodeRequestFor(config, "node-b", 3));
+    });
+    ASSERT_TRUE(ja.Wait(absl::Seconds(30)));
+    ASSERT_TRUE(jb.Wait(absl::Seconds(30)));
+  }
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::set<int> ranks;
+  for (const auto* node : {&*a, &*b}) {
+    ASSERT_EQ(node->size(), 3u);
+    for (int local = 0; local < 3; ++local) {
+      EXPECT_EQ((*node)[local].local_rank(), local);
+      EXPECT_EQ((*node)[local].world_size(), 6);
+      ranks.insert((*node)[local].rank());
+    }
+  }
+  EXPECT_EQ(ranks.size(), 6u);
+  auto job = GetJob("nodes");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->members_size(), 6);
+}
+
+TEST_F(CoordinatorTest, NodeJoinCancelledByTheClientWithdrawsEveryProcess) {
+  v1::JobConfig config = Config("node-cancelled", 2, 2);
+  config.set_nproc_per_node(2);
+  grpc::ClientContext context;
+  grpc::Status status;
+  Background join([&] {
+    v1::JoinNodeResponse response;
+    status = rendezvous_->JoinNode(
+        &context, JoinNodeRequestFor(config, "node-a", 2), &response);
+  });
+  ASSERT_TRUE(Eventually([&] {
+    auto job = GetJob("node-cancelled");
+    return job.ok() && job->waiting_size() == 2;
+  }));
+  context.TryCancel();
+  ASSERT_TRUE(join.Wait());
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(Eventually([&] { return WaitingCount("node-cancelled") == 0; }));
+}
+
+TEST_F(CoordinatorTest, BadNodeJoinIsInvalidArgument) {
+  v1::JobConfig config = Config("node-bad", 1, 1);
+  config.set_nproc_per_node(2);
+  v1::JoinNodeRequest request = JoinNodeRequestFor(config, "node-a", 3);
+  v1::JoinNodeResponse response;
+  grpc::Status status = RawCall(rendezvous_.get(),
+                                &v1::Rendezvous::Stub::JoinNode, request,
+                                &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("runs 2 per node"));
+  EXPECT_EQ(GetJob("node-bad").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(CoordinatorTest, KvWaitWhoseClientDeadlineExpiresIsWithdrawn) {

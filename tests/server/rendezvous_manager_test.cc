@@ -1596,6 +1596,183 @@ TEST_F(RendezvousManagerTest, ConcurrentJoinsGroupProcessesIntoNodes) {
   EXPECT_EQ(node_ranks.size(), static_cast<size_t>(kNodes));
 }
 
+// ---------------------------------------------------------------------------
+// Node joins: every process of a node in one call
+
+class NodeJoinOutcome
+    : public Outcome<absl::StatusOr<std::vector<v1::Assignment>>> {
+ public:
+  absl::Status status() const { return result().status(); }
+  // The assignments; none (and a test failure) when there are none.
+  std::vector<v1::Assignment> assignments() const {
+    auto r = result();
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : std::vector<v1::Assignment>();
+  }
+};
+
+class NodeJoinTest : public RendezvousManagerTest {
+ protected:
+  // A node join of `host` with processes named `host`-0 .. `host`-(n-1).
+  v1::JoinNodeRequest NodeRequest(const std::string& host, int n,
+                                  int64_t last_round = 0) const {
+    v1::JoinNodeRequest request;
+    request.set_job_id(kJob);
+    *request.mutable_config() = config_;
+    for (int i = 0; i < n; ++i) {
+      v1::ProcessJoin* process = request.add_processes();
+      *process->mutable_node() = Node(host, absl::StrCat(host, "-", i));
+      process->set_last_round(last_round);
+    }
+    return request;
+  }
+
+  std::vector<uint64_t> JoinNode(const v1::JoinNodeRequest& request,
+                                 NodeJoinOutcome* outcome) {
+    return rdzv_.JoinNode(request, outcome->Callback());
+  }
+};
+
+TEST_F(NodeJoinTest, OneAnswerCarriesEveryProcessAssignmentInRequestOrder) {
+  UseConfig(ConfigSpec().Min(2).Max(2).Nproc(4));
+  NodeJoinOutcome a, b;
+  EXPECT_EQ(JoinNode(NodeRequest("host-a", 4), &a).size(), 4u);
+  EXPECT_FALSE(a.done());
+  JoinNode(NodeRequest("host-b", 4), &b);
+  ASSERT_TRUE(a.done());
+  ASSERT_TRUE(b.done());
+  EXPECT_EQ(a.calls(), 1);
+  std::set<int> ranks;
+  for (const NodeJoinOutcome* node : {&a, &b}) {
+    std::vector<v1::Assignment> assignments = node->assignments();
+    ASSERT_EQ(assignments.size(), 4u);
+    for (int local = 0; local < 4; ++local) {
+      const v1::Assignment& assignment = assignments[local];
+      EXPECT_EQ(assignment.local_rank(), local);
+      EXPECT_EQ(assignment.world_size(), 8);
+      EXPECT_EQ(assignment.rank(), assignment.node_rank() * 4 + local);
+      ranks.insert(assignment.rank());
+    }
+  }
+  EXPECT_EQ(ranks.size(), 8u);
+  EXPECT_EQ(Status().members_size(), 8);
+}
+
+TEST_F(NodeJoinTest, NodeJoinsAndSingleJoinsFormOneRound) {
+  UseConfig(ConfigSpec().Min(2).Max(2).Nproc(2));
+  NodeJoinOutcome a;
+  JoinOutcome b0, b1;
+  JoinNode(NodeRequest("host-a", 2), &a);
+  Join(Node("host-b", "b-0"), &b0);
+  EXPECT_FALSE(a.done());
+  Join(Node("host-b", "b-1"), &b1);
+  ASSERT_TRUE(a.done());
+  EXPECT_EQ(a.assignments().size(), 2u);
+  EXPECT_EQ(b0.assignment().round(), 1);
+  EXPECT_EQ(b1.assignment().world_size(), 4);
+}
+
+TEST_F(NodeJoinTest, PartOfANodeWaitsForTheRestOfIt) {
+  UseConfig(ConfigSpec().Min(1).Max(1).Nproc(3));
+  NodeJoinOutcome first_two;
+  JoinOutcome third;
+  JoinNode(NodeRequest("host-a", 2), &first_two);
+  EXPECT_FALSE(first_two.done());
+  Join(Node("host-a", "host-a-2"), &third);
+  ASSERT_TRUE(first_two.done());
+  EXPECT_EQ(first_two.assignments()[1].local_rank(), 1);
+  EXPECT_EQ(third.assignment().local_rank(), 2);
+}
+
+TEST_F(NodeJoinTest, BadNodeJoinsAreRefusedAndCreateNoJob) {
+  UseConfig(ConfigSpec().Min(1).Max(1).Nproc(2));
+  v1::JoinNodeRequest empty = NodeRequest("host-a", 0);
+  v1::JoinNodeRequest mixed = NodeRequest("host-a", 2);
+  *mixed.mutable_processes(1)->mutable_node() = Node("host-b", "b-0");
+  v1::JoinNodeRequest twice = NodeRequest("host-a", 2);
+  *twice.mutable_processes(1)->mutable_node() = Node("host-a", "host-a-0");
+  v1::JoinNodeRequest too_many = NodeRequest("host-a", 3);
+  const std::vector<std::pair<v1::JoinNodeRequest, std::string>> cases = {
+      {empty, "lists no processes"},
+      {mixed, "mixes nodes 'host-a' and 'host-b'"},
+      {twice, "incarnation 'host-a-0' twice"},
+      {too_many, "lists 3 processes; job 'train' runs 2 per node"},
+  };
+  for (const auto& [request, why] : cases) {
+    NodeJoinOutcome outcome;
+    EXPECT_THAT(JoinNode(request, &outcome), IsEmpty());
+    ASSERT_TRUE(outcome.done()) << why;
+    EXPECT_EQ(outcome.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(outcome.status().message(), HasSubstr(why));
+    EXPECT_EQ(jobs_.Get(kJob).status().code(), absl::StatusCode::kNotFound)
+        << why;
+  }
+}
+
+TEST_F(NodeJoinTest, TooManyProcessesForAnExistingJobAreRefused) {
+  UseConfig(ConfigSpec().Min(2).Max(2).Nproc(2));
+  JoinOutcome other;
+  Join(Node("host-b", "b-0"), &other);
+  v1::JoinNodeRequest request = NodeRequest("host-a", 3);
+  request.clear_config();  // the job's config applies
+  NodeJoinOutcome outcome;
+  JoinNode(request, &outcome);
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Status().waiting_size(), 1);
+}
+
+TEST_F(NodeJoinTest, AFailedProcessFailsTheNodeJoinAndWithdrawsTheRest) {
+  UseConfig(ConfigSpec().Min(2).Max(2).Nproc(2).JoinTimeout(absl::Seconds(10)));
+  NodeJoinOutcome a;
+  JoinNode(NodeRequest("host-a", 2), &a);
+  ASSERT_EQ(Status().waiting_size(), 2);
+  AdvanceAndPoll(absl::Seconds(11));
+  ASSERT_TRUE(a.done());
+  EXPECT_EQ(a.calls(), 1);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(Status().waiting_size(), 0);
+}
+
+TEST_F(NodeJoinTest, CancellingTheTicketsWithdrawsEveryProcess) {
+  UseConfig(ConfigSpec().Min(2).Max(2).Nproc(3));
+  NodeJoinOutcome a;
+  std::vector<uint64_t> tickets = JoinNode(NodeRequest("host-a", 3), &a);
+  ASSERT_EQ(tickets.size(), 3u);
+  for (uint64_t ticket : tickets) rdzv_.CancelJoin(ticket);
+  ASSERT_TRUE(a.done());
+  EXPECT_EQ(a.calls(), 1);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(Status().waiting_size(), 0);
+}
+
+TEST_F(NodeJoinTest, ARetriedNodeJoinGetsTheSameAssignmentsAgain) {
+  UseConfig(ConfigSpec().Min(1).Max(1).Nproc(2));
+  NodeJoinOutcome first, retry;
+  JoinNode(NodeRequest("host-a", 2), &first);
+  ASSERT_TRUE(first.done());
+  JoinNode(NodeRequest("host-a", 2), &retry);  // the answer was lost
+  ASSERT_TRUE(retry.done());
+  std::vector<v1::Assignment> again = retry.assignments();
+  std::vector<v1::Assignment> original = first.assignments();
+  ASSERT_EQ(again.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(again[i].rank(), original[i].rank());
+    EXPECT_EQ(again[i].round(), 1);
+  }
+  EXPECT_EQ(jobs_.Get(kJob)->round(), 1);  // not superseded
+}
+
+TEST_F(NodeJoinTest, ANodeRejoiningAfterItsRoundStartsTheNext) {
+  UseConfig(ConfigSpec().Min(1).Max(1).Nproc(2));
+  NodeJoinOutcome first, rejoin;
+  JoinNode(NodeRequest("host-a", 2), &first);
+  ASSERT_TRUE(first.done());
+  JoinNode(NodeRequest("host-a", 2, /*last_round=*/1), &rejoin);
+  ASSERT_TRUE(rejoin.done());
+  EXPECT_EQ(rejoin.assignments()[0].round(), 2);
+  EXPECT_EQ(rejoin.assignments()[1].round(), 2);
+}
+
 TEST_F(RendezvousManagerTest, ConcurrentJoinsAndPollsCloseExactlyOneRound) {
   // Joins race with Poll; every joiner gets exactly one answer and exactly
   // one round closes.

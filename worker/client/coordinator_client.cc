@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/random/random.h"
@@ -11,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/host_ports.h"
@@ -24,6 +27,43 @@ namespace {
 // Extra time a blocking call's deadline allows beyond the server-side wait,
 // so the coordinator's precise timeout error arrives before the deadline.
 constexpr absl::Duration kWaitMargin = absl::Seconds(30);
+
+// Cancels a call when its local deadline passes (Deadline::kLocal), from a
+// thread of its own that Stop() ends.
+class LocalDeadline {
+ public:
+  LocalDeadline(grpc::ClientContext* context, absl::Time deadline)
+      : thread_([this, context, deadline] {
+          if (!stop_.WaitForNotificationWithDeadline(deadline)) {
+            passed_ = true;
+            context->TryCancel();
+          }
+        }) {}
+  ~LocalDeadline() { Stop(); }
+
+  // Ends the thread; returns whether the deadline passed (and the call was
+  // cancelled).
+  bool Stop() {
+    if (!stop_.HasBeenNotified()) stop_.Notify();
+    if (thread_.joinable()) thread_.join();
+    return passed_;
+  }
+
+ private:
+  absl::Notification stop_;
+  bool passed_ = false;  // written by thread_ before it ends
+  std::thread thread_;
+};
+
+// The wait a join allows: `max_wait`, or the job's join timeout (the
+// default one when unset) plus kWaitMargin.
+absl::Duration JoinWait(const v1::JobConfig& config, absl::Duration max_wait) {
+  if (max_wait > absl::ZeroDuration()) return max_wait;
+  const absl::Duration join_timeout = FromProtoDuration(config.join_timeout());
+  return (join_timeout > absl::ZeroDuration() ? join_timeout
+                                              : kDefaultJoinTimeout) +
+         kWaitMargin;
+}
 
 // HeartbeatStream over the callback API: one read always pending (answers),
 // at most one write in flight and one waiting.
@@ -280,19 +320,30 @@ bool CoordinatorClient::Reroute(const grpc::ClientContext& context,
   return false;
 }
 
-absl::Status CoordinatorClient::Call(
-    const char* what, absl::Duration timeout, const Attempt& attempt) {
+absl::Status CoordinatorClient::Call(const char* what, absl::Duration timeout,
+                                     const Attempt& attempt,
+                                     Deadline deadline) {
   const RetryPolicy& retry = options_.retry;
   const absl::Time start = absl::Now();
   absl::Duration backoff = retry.initial_backoff;
   absl::BitGen random;
   for (int attempt_number = 1;; ++attempt_number) {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         absl::ToChronoMilliseconds(timeout));
+    std::optional<LocalDeadline> local;
+    if (deadline == Deadline::kSent) {
+      context.set_deadline(std::chrono::system_clock::now() +
+                           absl::ToChronoMilliseconds(timeout));
+    } else {
+      local.emplace(&context, absl::Now() + timeout);
+    }
     Authorize(&context);
     const std::shared_ptr<const Route> route = this->route();
     grpc::Status status = attempt(&context, *route);
+    if (local.has_value() && local->Stop()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          what, ": no answer from the coordinator at ", options_.target,
+          " within ", absl::FormatDuration(timeout)));
+    }
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE) {
       return FromGrpcStatus(status);
     }
@@ -320,23 +371,38 @@ absl::Status CoordinatorClient::Call(
 
 absl::StatusOr<v1::Assignment> CoordinatorClient::Join(
     const v1::JoinRequest& request, absl::Duration max_wait) {
-  if (max_wait <= absl::ZeroDuration()) {
-    absl::Duration join_timeout =
-        FromProtoDuration(request.config().join_timeout());
-    max_wait = (join_timeout > absl::ZeroDuration() ? join_timeout
-                                                    : kDefaultJoinTimeout) +
-               kWaitMargin;
-  }
   v1::JoinResponse response;
-  absl::Status status =
-      Call("join", max_wait, [&](grpc::ClientContext* context, const Route& r) {
+  absl::Status status = Call(
+      "join", JoinWait(request.config(), max_wait),
+      [&](grpc::ClientContext* context, const Route& r) {
         // Wait for the connection rather than failing fast while the
         // coordinator starts.
         context->set_wait_for_ready(true);
         return r.rendezvous->Join(context, request, &response);
-      });
+      },
+      Deadline::kLocal);
   if (!status.ok()) return status;
   return response.assignment();
+}
+
+absl::StatusOr<std::vector<v1::Assignment>> CoordinatorClient::JoinNode(
+    const v1::JoinNodeRequest& request, absl::Duration max_wait) {
+  v1::JoinNodeResponse response;
+  absl::Status status = Call(
+      "join", JoinWait(request.config(), max_wait),
+      [&](grpc::ClientContext* context, const Route& r) {
+        context->set_wait_for_ready(true);
+        return r.rendezvous->JoinNode(context, request, &response);
+      },
+      Deadline::kLocal);
+  if (!status.ok()) return status;
+  if (response.assignments_size() != request.processes_size()) {
+    return absl::InternalError(absl::StrCat(
+        "join: the coordinator answered ", response.assignments_size(),
+        " assignments for ", request.processes_size(), " processes"));
+  }
+  return std::vector<v1::Assignment>(response.assignments().begin(),
+                                     response.assignments().end());
 }
 
 absl::Status CoordinatorClient::Leave(const std::string& job_id,

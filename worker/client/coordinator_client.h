@@ -92,6 +92,11 @@ class CoordinatorClient {
   absl::StatusOr<v1::Assignment> Join(
       const v1::JoinRequest& request,
       absl::Duration max_wait = absl::ZeroDuration());
+  // Joins every process of one node in one call (see rendezvous.proto);
+  // their assignments in the order of the request. `max_wait` as for Join.
+  absl::StatusOr<std::vector<v1::Assignment>> JoinNode(
+      const v1::JoinNodeRequest& request,
+      absl::Duration max_wait = absl::ZeroDuration());
   absl::Status Leave(const std::string& job_id,
                      const std::string& incarnation_id);
 
@@ -173,11 +178,21 @@ class CoordinatorClient {
   bool Reroute(const grpc::ClientContext& context, const grpc::Status& status,
                const Route& used);
 
+  // Where a call's deadline is kept.
+  enum class Deadline {
+    // Sent with the call (gRPC's deadline): the coordinator ends it too.
+    kSent,
+    // Kept here: the call is cancelled when it passes. For calls that wait
+    // long on the coordinator (joins), which then keeps no timer per waiting
+    // call (Debian's gRPC checks each timer against every other in the
+    // process; 100,000 waiting joins cost seconds).
+    kLocal,
+  };
   // Runs `attempt` with a fresh context whose deadline is `timeout` away,
   // retrying UNAVAILABLE per the retry policy. `what` names the call in
   // errors.
   absl::Status Call(const char* what, absl::Duration timeout,
-                    const Attempt& attempt);
+                    const Attempt& attempt, Deadline deadline = Deadline::kSent);
 
   // Adds the token's metadata to `context` (when there is a token).
   void Authorize(grpc::ClientContext* context) const;

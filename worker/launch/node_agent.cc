@@ -305,24 +305,24 @@ absl::Status NodeAgent::JoinRound(int64_t last_round) {
     if (stop_signal_ != 0) return absl::CancelledError("stopped");
     joining_ = true;
   }
-  std::vector<absl::StatusOr<v1::Assignment>> results(
-      slots_.size(), absl::UnknownError("not joined"));
-  std::vector<std::thread> joins;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    joins.emplace_back([this, i, last_round, &results] {
-      v1::JoinRequest request = slots_[i].request;
-      request.set_last_round(last_round);
-      results[i] = client_->Join(request);
-    });
+  // One call for the node's processes (Rendezvous.JoinNode).
+  v1::JoinNodeRequest request;
+  request.set_job_id(slots_[0].request.job_id());
+  *request.mutable_config() = slots_[0].request.config();
+  for (const Slot& slot : slots_) {
+    v1::ProcessJoin* process = request.add_processes();
+    *process->mutable_node() = slot.request.node();
+    process->set_last_round(last_round);
   }
-  for (std::thread& t : joins) t.join();
+  absl::StatusOr<std::vector<v1::Assignment>> assignments =
+      client_->JoinNode(request);
   {
     absl::MutexLock lock(&mu_);
     joining_ = false;
   }
+  if (!assignments.ok()) return assignments.status();
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!results[i].ok()) return results[i].status();
-    slots_[i].assignment = *std::move(results[i]);
+    slots_[i].assignment = std::move((*assignments)[i]);
   }
   // Slot order is local-rank order from here on.
   std::sort(slots_.begin(), slots_.end(), [](const Slot& a, const Slot& b) {
