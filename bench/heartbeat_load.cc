@@ -1,6 +1,8 @@
 // Heartbeat ingest load: N simulated workers, each with its own
-// Monitor.Heartbeat stream, send one heartbeat per second (--rate) to an
-// in-process coordinator; the load is raised level by level (--members).
+// Monitor.Heartbeat stream (or, with --nproc_per_node, nodes of workers
+// sharing a Monitor.NodeHeartbeat stream), send one heartbeat per second
+// (--rate) to an in-process coordinator; the load is raised level by level
+// (--members).
 //
 // For every level it reports the heartbeats the coordinator accepted per
 // second against the offered rate, writes skipped because the previous one
@@ -58,6 +60,10 @@ ABSL_FLAG(int, status_members, 10000,
           "time GetJob of a job of this many members at the level of exactly "
           "this many members (0: never)");
 ABSL_FLAG(int, status_queries, 300, "GetJob calls to time");
+ABSL_FLAG(int, nproc_per_node, 1,
+          "members per stream: above 1, the members of each simulated node "
+          "share one Monitor.NodeHeartbeat stream and send their heartbeats "
+          "as one message per interval, as gradsync launch does");
 
 namespace gradsync {
 namespace {
@@ -157,10 +163,90 @@ std::vector<v1::MemberRef> JoinJob(
   return members;
 }
 
-// One simulated worker's heartbeat stream, on the asynchronous API: a
-// stream has no operation outstanding between heartbeats (its answers are
-// read only when it closes), so client queues stay short (see MonitorService
-// on why that matters with Debian's gRPC).
+// The heartbeats a simulated member sends: realistic ones, with a step's
+// timings, two buckets, two collectives and a first-bucket-ready time.
+v1::HeartbeatRequest FirstHeartbeat(v1::MemberRef member) {
+  v1::HeartbeatRequest request;
+  *request.mutable_member() = std::move(member);
+  v1::WorkerMetrics* m = request.mutable_metrics();
+  m->set_state(v1::WORKER_STATE_TRAINING);
+  m->set_samples_per_second(512);
+  v1::StepTimings* t = m->mutable_step_timings();
+  t->set_step_seconds(0.25);
+  t->set_forward_seconds(0.08);
+  t->set_backward_seconds(0.12);
+  t->set_communication_seconds(0.03);
+  t->set_hidden_communication_seconds(0.02);
+  for (int b = 0; b < 2; ++b) {
+    v1::BucketStats* bucket = m->add_buckets();
+    bucket->set_index(b);
+    bucket->set_bytes(int64_t{25} << 20);
+    bucket->set_allreduce_seconds(0.01);
+    bucket->set_algbw_bytes_per_second(2.5e9);
+  }
+  m->set_rss_bytes(int64_t{6} << 30);
+  return request;
+}
+
+void NextStep(v1::HeartbeatRequest* request, int64_t step, absl::Time now) {
+  v1::WorkerMetrics* m = request->mutable_metrics();
+  m->set_step(step);
+  m->set_last_started_collective(2 * step);
+  m->set_last_finished_collective(2 * step);
+  m->clear_recent_collectives();
+  for (int b = 0; b < 2; ++b) {
+    v1::CollectiveFingerprint* f = m->add_recent_collectives();
+    f->set_sequence(2 * step - 1 + b);
+    f->set_op("allreduce");
+    f->set_dtype("float32");
+    f->set_count(int64_t{25} << 18);
+    f->set_bucket_index(b);
+  }
+  m->clear_first_bucket_ready();
+  v1::StepReady* ready = m->add_first_bucket_ready();
+  ready->set_step(step);
+  *ready->mutable_time() = ToProtoTime(now);
+}
+
+// One stream's heartbeats: a member's (Monitor.Heartbeat), or a node's
+// members' batched in one message (Monitor.NodeHeartbeat).
+struct MemberStream {
+  using Request = v1::HeartbeatRequest;
+  using Response = v1::HeartbeatResponse;
+  static Request Make(std::vector<v1::MemberRef> members) {
+    return FirstHeartbeat(std::move(members.front()));
+  }
+  static void Step(Request* r, int64_t step, absl::Time now) {
+    NextStep(r, step, now);
+  }
+  static auto Prepare(v1::Monitor::Stub* stub, grpc::ClientContext* context,
+                      grpc::CompletionQueue* cq) {
+    return stub->PrepareAsyncHeartbeat(context, cq);
+  }
+};
+struct NodeStream {
+  using Request = v1::NodeHeartbeatRequest;
+  using Response = v1::NodeHeartbeatResponse;
+  static Request Make(std::vector<v1::MemberRef> members) {
+    Request request;
+    for (v1::MemberRef& m : members) {
+      *request.add_heartbeats() = FirstHeartbeat(std::move(m));
+    }
+    return request;
+  }
+  static void Step(Request* r, int64_t step, absl::Time now) {
+    for (v1::HeartbeatRequest& h : *r->mutable_heartbeats()) {
+      NextStep(&h, step, now);
+    }
+  }
+  static auto Prepare(v1::Monitor::Stub* stub, grpc::ClientContext* context,
+                      grpc::CompletionQueue* cq) {
+    return stub->PrepareAsyncNodeHeartbeat(context, cq);
+  }
+};
+
+// A simulated worker's (or node's) heartbeat stream, driven by the events
+// of a client queue.
 class Beater {
  public:
   enum class Event { kStarted, kWritten, kWritesDone, kRead, kFinished };
@@ -168,65 +254,42 @@ class Beater {
     Beater* beater;
     Event event;
   };
+  virtual ~Beater() = default;
+  // Sends the next heartbeat(s) unless the previous ones are still in
+  // flight (then returns false: back-pressure).
+  virtual bool Beat(absl::Time now) = 0;
+  virtual void On(Event event, bool ok) = 0;
+  // Half-closes once no write is in flight; Done() is true at the end.
+  virtual void Close() = 0;
+  virtual bool Done() const = 0;
+  virtual bool failed() const = 0;
+};
 
-  Beater(v1::Monitor::Stub* stub, grpc::CompletionQueue* cq,
-         v1::MemberRef member) {
-    // A realistic heartbeat: a step's timings, two buckets, two collectives
-    // and a first-bucket-ready time.
-    *request_.mutable_member() = std::move(member);
-    v1::WorkerMetrics* m = request_.mutable_metrics();
-    m->set_state(v1::WORKER_STATE_TRAINING);
-    m->set_samples_per_second(512);
-    v1::StepTimings* t = m->mutable_step_timings();
-    t->set_step_seconds(0.25);
-    t->set_forward_seconds(0.08);
-    t->set_backward_seconds(0.12);
-    t->set_communication_seconds(0.03);
-    t->set_hidden_communication_seconds(0.02);
-    for (int b = 0; b < 2; ++b) {
-      v1::BucketStats* bucket = m->add_buckets();
-      bucket->set_index(b);
-      bucket->set_bytes(int64_t{25} << 20);
-      bucket->set_allreduce_seconds(0.01);
-      bucket->set_algbw_bytes_per_second(2.5e9);
-    }
-    m->set_rss_bytes(int64_t{6} << 30);
+// On the asynchronous API: a stream has no operation outstanding between
+// heartbeats (its answers are read only when it closes), so client queues
+// stay short (see CompletionQueues on why that matters with Debian's gRPC).
+template <typename Kind>
+class StreamBeater final : public Beater {
+ public:
+  StreamBeater(v1::Monitor::Stub* stub, grpc::CompletionQueue* cq,
+               std::vector<v1::MemberRef> members) {
     absl::MutexLock lock(&mu_);
+    request_ = Kind::Make(std::move(members));
     busy_ = true;  // until the call has started
-    stream_ = stub->PrepareAsyncHeartbeat(&context_, cq);
+    stream_ = Kind::Prepare(stub, &context_, cq);
     stream_->StartCall(&started_tag_);
   }
 
-  // Sends the next heartbeat unless the previous one is still in flight
-  // (then returns false: back-pressure).
-  bool Beat(absl::Time now) {
+  bool Beat(absl::Time now) override {
     absl::MutexLock lock(&mu_);
     if (busy_ || closing_) return false;
     busy_ = true;
-    ++step_;
-    v1::WorkerMetrics* m = request_.mutable_metrics();
-    m->set_step(step_);
-    m->set_last_started_collective(2 * step_);
-    m->set_last_finished_collective(2 * step_);
-    m->clear_recent_collectives();
-    for (int b = 0; b < 2; ++b) {
-      v1::CollectiveFingerprint* f = m->add_recent_collectives();
-      f->set_sequence(2 * step_ - 1 + b);
-      f->set_op("allreduce");
-      f->set_dtype("float32");
-      f->set_count(int64_t{25} << 18);
-      f->set_bucket_index(b);
-    }
-    m->clear_first_bucket_ready();
-    v1::StepReady* ready = m->add_first_bucket_ready();
-    ready->set_step(step_);
-    *ready->mutable_time() = ToProtoTime(now);
+    Kind::Step(&request_, ++step_, now);
     stream_->Write(request_, &written_tag_);
     return true;
   }
 
-  // Handles an event of its queue.
-  void On(Event event, bool ok) {
+  void On(Event event, bool ok) override {
     absl::MutexLock lock(&mu_);
     switch (event) {
       case Event::kStarted:
@@ -251,17 +314,16 @@ class Beater {
     }
   }
 
-  // Half-closes once no write is in flight; Done() is true at the end.
-  void Close() {
+  void Close() override {
     absl::MutexLock lock(&mu_);
     closing_ = true;
     if (!busy_) CloseLocked();
   }
-  bool Done() const {
+  bool Done() const override {
     absl::MutexLock lock(&mu_);
     return done_;
   }
-  bool failed() const {
+  bool failed() const override {
     absl::MutexLock lock(&mu_);
     return failed_;
   }
@@ -273,8 +335,8 @@ class Beater {
   }
 
   grpc::ClientContext context_;
-  std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::HeartbeatRequest,
-                                                v1::HeartbeatResponse>>
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<typename Kind::Request,
+                                                typename Kind::Response>>
       stream_;
   Tag started_tag_{this, Event::kStarted};
   Tag written_tag_{this, Event::kWritten};
@@ -282,8 +344,8 @@ class Beater {
   Tag read_tag_{this, Event::kRead};
   Tag finished_tag_{this, Event::kFinished};
   mutable absl::Mutex mu_;
-  v1::HeartbeatRequest request_ ABSL_GUARDED_BY(mu_);
-  v1::HeartbeatResponse response_ ABSL_GUARDED_BY(mu_);
+  typename Kind::Request request_ ABSL_GUARDED_BY(mu_);
+  typename Kind::Response response_ ABSL_GUARDED_BY(mu_);
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
   int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a start or write in flight
@@ -303,7 +365,7 @@ class ClientQueues {
         void* tag = nullptr;
         bool ok = false;
         while (cq->Next(&tag, &ok)) {
-          auto* t = static_cast<Beater::Tag*>(tag);
+          auto* t = static_cast<Beater::Tag*>(tag);  // every tag is one
           t->beater->On(t->event, ok);
         }
       });
@@ -360,7 +422,9 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
   std::vector<std::unique_ptr<v1::Monitor::Stub>> stubs;
   for (const auto& c : channels) stubs.push_back(v1::Monitor::NewStub(c));
 
-  // Rendezvous, then one stream per member.
+  // Rendezvous, then one stream per member, or per node of --nproc_per_node
+  // members.
+  const int nproc = std::max(1, absl::GetFlag(FLAGS_nproc_per_node));
   ClientQueues queues(absl::GetFlag(FLAGS_client_queues));
   std::vector<std::string> jobs;
   std::vector<std::unique_ptr<Beater>> beaters;
@@ -370,10 +434,19 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
         JoinJob(channels, job, std::min(job_size, members - start));
     if (refs.empty()) return result;
     jobs.push_back(job);
-    for (v1::MemberRef& ref : refs) {
-      beaters.push_back(std::make_unique<Beater>(
-          stubs[beaters.size() % stubs.size()].get(),
-          queues.at(beaters.size()), std::move(ref)));
+    for (size_t first = 0; first < refs.size(); first += nproc) {
+      std::vector<v1::MemberRef> node(
+          refs.begin() + first,
+          refs.begin() + std::min(refs.size(), first + nproc));
+      v1::Monitor::Stub* stub = stubs[beaters.size() % stubs.size()].get();
+      grpc::CompletionQueue* cq = queues.at(beaters.size());
+      if (nproc == 1) {
+        beaters.push_back(std::make_unique<StreamBeater<MemberStream>>(
+            stub, cq, std::move(node)));
+      } else {
+        beaters.push_back(std::make_unique<StreamBeater<NodeStream>>(
+            stub, cq, std::move(node)));
+      }
     }
   }
 
@@ -405,9 +478,9 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
         const absl::Time now = absl::Now();
         for (; next < until; ++next) {
           if (mine[next]->Beat(now)) {
-            sent.fetch_add(1, std::memory_order_relaxed);
+            sent.fetch_add(nproc, std::memory_order_relaxed);
           } else {
-            skipped.fetch_add(1, std::memory_order_relaxed);
+            skipped.fetch_add(nproc, std::memory_order_relaxed);
           }
         }
         if (until == mine.size()) next = 0;

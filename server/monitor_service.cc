@@ -1,46 +1,170 @@
 #include "server/monitor_service.h"
 
-#include <algorithm>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 
 namespace gradsync {
+namespace {
 
-// One worker's heartbeat stream: a state machine driven by the events of its
-// completion queue, all on that queue's one thread (so it needs no lock).
-// Reads one heartbeat at a time into the same message (its capacity is
-// reused); answers only when HealthManager says so, one write at a time. A
-// stream that ends by cancellation (the worker died or its connection broke)
-// reports its member's stream broken. Deletes itself once every operation it
-// started has completed and gRPC reported the call done.
-class MonitorService::HeartbeatCall {
+// What a heartbeat stream does with its messages; the stream's state
+// machine (StreamCall) is the same for both protocols.
+//
+// A protocol: OnMessage() handles one request and may fill an answer;
+// a non-OK status ends the stream with it. Merge() folds a newer answer
+// into one waiting behind a write in flight. OnBroken() runs when the
+// stream ended by cancellation (the worker died or its connection broke).
+
+// Monitor.Heartbeat: one member per stream.
+class MemberProtocol {
  public:
+  using Request = v1::HeartbeatRequest;
+  using Response = v1::HeartbeatResponse;
+
+  explicit MemberProtocol(HealthManager* health)
+      : health_(health), session_(HealthManager::NewSession()) {}
+
+  absl::Status OnMessage(const Caller& caller, Request* request,
+                         std::optional<Response>* answer) {
+    GS_RETURN_IF_ERROR(
+        Authenticator::Authorize(caller, request->member().job_id()));
+    Response response;
+    GS_ASSIGN_OR_RETURN(bool tell,
+                        health_->Heartbeat(session_.get(), request, &response));
+    if (tell) *answer = std::move(response);
+    return absl::OkStatus();
+  }
+  // Only the latest state matters.
+  static void Merge(Response* waiting, Response newer) {
+    *waiting = std::move(newer);
+  }
+  void OnBroken() { health_->StreamBroken(session_.get()); }
+
+ private:
+  HealthManager* const health_;
+  const std::unique_ptr<HealthManager::Session> session_;
+};
+
+// Monitor.NodeHeartbeat: the members of one node, each with the session
+// its own stream would have, keyed by job and rank.
+class NodeProtocol {
+ public:
+  using Request = v1::NodeHeartbeatRequest;
+  using Response = v1::NodeHeartbeatResponse;
+
+  explicit NodeProtocol(HealthManager* health) : health_(health) {}
+
+  absl::Status OnMessage(const Caller& caller, Request* request,
+                         std::optional<Response>* answer) {
+    for (const v1::MemberRef& member : request->closed()) {
+      sessions_.erase(Key(member));
+    }
+    Response response;
+    for (v1::HeartbeatRequest& heartbeat : *request->mutable_heartbeats()) {
+      OnHeartbeat(caller, &heartbeat, &response);
+    }
+    if (response.answers_size() > 0) *answer = std::move(response);
+    return absl::OkStatus();
+  }
+  // Every member's answer counts: the newer ones are appended.
+  static void Merge(Response* waiting, Response newer) {
+    for (v1::MemberHeartbeatResponse& a : *newer.mutable_answers()) {
+      *waiting->add_answers() = std::move(a);
+    }
+  }
+  void OnBroken() {
+    for (auto& [key, session] : sessions_) health_->StreamBroken(session.get());
+  }
+
+ private:
+  using SessionKey = std::pair<std::string, int>;  // job id, rank
+  static SessionKey Key(const v1::MemberRef& m) {
+    return {m.job_id(), m.rank()};
+  }
+
+  void OnHeartbeat(const Caller& caller, v1::HeartbeatRequest* heartbeat,
+                   Response* response) {
+    const v1::MemberRef member = heartbeat->member();
+    absl::Status allowed = Authenticator::Authorize(caller, member.job_id());
+    std::unique_ptr<HealthManager::Session>& session = sessions_[Key(member)];
+    if (session == nullptr) session = HealthManager::NewSession();
+    v1::HeartbeatResponse answer;
+    absl::StatusOr<bool> tell =
+        allowed.ok() ? health_->Heartbeat(session.get(), heartbeat, &answer)
+                     : absl::StatusOr<bool>(allowed);
+    if (tell.ok() && !*tell) return;
+    v1::MemberHeartbeatResponse* out = response->add_answers();
+    *out->mutable_member() = member;
+    if (tell.ok()) {
+      *out->mutable_response() = std::move(answer);
+      return;
+    }
+    // The member's own stream would end here: its place on this one does.
+    out->set_error_code(static_cast<int>(tell.status().code()));
+    out->set_error_message(std::string(tell.status().message()));
+    sessions_.erase(Key(member));
+  }
+
+  HealthManager* const health_;
+  absl::flat_hash_map<SessionKey, std::unique_ptr<HealthManager::Session>>
+      sessions_;
+};
+
+}  // namespace
+
+// One heartbeat stream: a state machine driven by the events of its
+// completion queue, all on that queue's one thread (so it needs no lock).
+// Reads one message at a time into the same request (its capacity is
+// reused); answers only when the protocol says so, one write at a time. A
+// stream that ends by cancellation tells the protocol. Deletes itself once
+// every operation it started has completed and gRPC reported the call done.
+template <typename Protocol>
+class MonitorService::StreamCall {
+ public:
+  using Request = typename Protocol::Request;
+  using Response = typename Protocol::Response;
+  using Requester = void (MonitorService::*)(
+      grpc::ServerContext*,
+      grpc::ServerAsyncReaderWriter<Response, Request>*,
+      grpc::CompletionQueue*, grpc::ServerCompletionQueue*, void*);
+
   // An event of this call on its queue.
   enum class Event { kAccepted, kRead, kWritten, kFinished, kDone };
   struct Tag final : CompletionQueues::Tag {
-    Tag(HeartbeatCall* call, Event event) : call(call), event(event) {}
+    Tag(StreamCall* call, Event event) : call(call), event(event) {}
     void Run(bool ok) override { call->On(event, ok); }
-    HeartbeatCall* const call;
+    StreamCall* const call;
     const Event event;
   };
 
-  HeartbeatCall(MonitorService* service, CompletionQueues::Queue* queue)
+  StreamCall(MonitorService* service, Requester requester,
+             CompletionQueues::Queue* queue)
       : service_(service),
+        requester_(requester),
         queue_(queue),
         stream_(&context_),
-        session_(HealthManager::NewSession()) {
+        protocol_(service->health_) {
     context_.AsyncNotifyWhenDone(&done_tag_);
+  }
+
+  // Keeps a stream waiting for a client on `queue`.
+  static void Accept(MonitorService* service, Requester requester,
+                     CompletionQueues::Queue* queue) {
+    auto call = std::make_unique<StreamCall>(service, requester, queue);
+    if (call->Listen()) call.release();  // it deletes itself when done
   }
 
   // Asks gRPC for the next stream on this call's queue; false when the
   // queue is closed (then the caller deletes the call: gRPC never saw it).
-  bool Request() {
+  bool Listen() {
     grpc::ServerCompletionQueue* cq = queue_->cq();
     return queue_->StartOp([&] {
-      service_->RequestHeartbeat(&context_, &stream_, cq, cq, &accepted_tag_);
+      (service_->*requester_)(&context_, &stream_, cq, cq, &accepted_tag_);
     });
   }
 
@@ -52,14 +176,14 @@ class MonitorService::HeartbeatCall {
           delete this;
           return;
         }
-        service_->Accept(queue_);  // the next stream
+        Accept(service_, requester_, queue_);  // the next stream
         caller_ = service_->auth_->Identify(context_);
         Read();
         return;
       case Event::kRead:
         --pending_;
         if (ok) {
-          OnHeartbeat();
+          OnMessage();
         } else {  // the worker closed its side, or the stream broke
           FinishWith(grpc::Status::OK);
         }
@@ -79,9 +203,7 @@ class MonitorService::HeartbeatCall {
         break;
       case Event::kDone:
         done_ = true;
-        if (context_.IsCancelled()) {
-          service_->health_->StreamBroken(session_.get());
-        }
+        if (context_.IsCancelled()) protocol_.OnBroken();
         break;
     }
     if (done_ && pending_ == 0) delete this;
@@ -96,33 +218,28 @@ class MonitorService::HeartbeatCall {
     }
   }
 
-  void OnHeartbeat() {
-    absl::Status allowed =
-        caller_.ok() ? Authenticator::Authorize(*caller_,
-                                                request_.member().job_id())
+  void OnMessage() {
+    std::optional<Response> answer;
+    absl::Status handled =
+        caller_.ok() ? protocol_.OnMessage(*caller_, &request_, &answer)
                      : caller_.status();
-    if (!allowed.ok()) {
-      FinishWith(ToGrpcStatus(allowed));
+    if (!handled.ok()) {
+      FinishWith(ToGrpcStatus(handled));
       return;
     }
-    v1::HeartbeatResponse response;
-    absl::StatusOr<bool> answer =
-        service_->health_->Heartbeat(session_.get(), &request_, &response);
-    if (!answer.ok()) {
-      FinishWith(ToGrpcStatus(answer.status()));
-      return;
-    }
-    if (*answer) {
-      if (writing_) {
-        next_ = std::move(response);  // only the latest state matters
+    if (answer.has_value()) {
+      if (!writing_) {
+        Write(*std::move(answer));
+      } else if (next_.has_value()) {
+        Protocol::Merge(&*next_, *std::move(answer));
       } else {
-        Write(std::move(response));
+        next_ = std::move(answer);
       }
     }
     Read();
   }
 
-  void Write(v1::HeartbeatResponse response) {
+  void Write(Response response) {
     outgoing_ = std::move(response);
     if (queue_->StartOp([&] { stream_.Write(outgoing_, &written_tag_); })) {
       writing_ = true;
@@ -145,16 +262,16 @@ class MonitorService::HeartbeatCall {
   }
 
   MonitorService* const service_;
+  const Requester requester_;
   CompletionQueues::Queue* const queue_;
   grpc::ServerContext context_;
-  grpc::ServerAsyncReaderWriter<v1::HeartbeatResponse, v1::HeartbeatRequest>
-      stream_;
-  const std::unique_ptr<HealthManager::Session> session_;
+  grpc::ServerAsyncReaderWriter<Response, Request> stream_;
+  Protocol protocol_;
   // Who opened the stream (from its metadata, when it was accepted).
   absl::StatusOr<Caller> caller_ = absl::UnauthenticatedError("not accepted");
-  v1::HeartbeatRequest request_;
-  v1::HeartbeatResponse outgoing_;
-  std::optional<v1::HeartbeatResponse> next_;
+  Request request_;
+  Response outgoing_;
+  std::optional<Response> next_;
   std::optional<grpc::Status> finish_;
   bool writing_ = false;
   bool finishing_ = false;
@@ -168,12 +285,12 @@ class MonitorService::HeartbeatCall {
 };
 
 void MonitorService::Start(CompletionQueues* queues) {
-  for (const auto& queue : queues->queues()) Accept(queue.get());
-}
-
-void MonitorService::Accept(CompletionQueues::Queue* queue) {
-  auto call = std::make_unique<HeartbeatCall>(this, queue);
-  if (call->Request()) call.release();  // it deletes itself when done
+  for (const auto& queue : queues->queues()) {
+    StreamCall<MemberProtocol>::Accept(
+        this, &MonitorService::RequestHeartbeat, queue.get());
+    StreamCall<NodeProtocol>::Accept(
+        this, &MonitorService::RequestNodeHeartbeat, queue.get());
+  }
 }
 
 grpc::ServerUnaryReactor* MonitorService::ReportCompletion(

@@ -12,8 +12,9 @@ namespace gradsync {
 
 // gRPC handlers of gradsync.v1.Monitor; all logic is in HealthManager.
 //
-// Heartbeat streams use the asynchronous API on the coordinator's
-// CompletionQueues (see there why); ReportCompletion uses the callback API.
+// Heartbeat streams (one member's, or a node's members' together) use the
+// asynchronous API on the coordinator's CompletionQueues (see there why);
+// ReportCompletion uses the callback API.
 //
 // Lifetime: construct; Start() once the server is built (it requests the
 // first streams on every queue) and before the queues start; the queues'
@@ -21,13 +22,15 @@ namespace gradsync {
 // it. Thread-safe.
 class MonitorService final
     : public v1::Monitor::WithAsyncMethod_Heartbeat<
-          v1::Monitor::WithCallbackMethod_ReportCompletion<
-              v1::Monitor::Service>> {
+          v1::Monitor::WithAsyncMethod_NodeHeartbeat<
+              v1::Monitor::WithCallbackMethod_ReportCompletion<
+                  v1::Monitor::Service>>> {
  public:
   // `auth` decides who may report for which job.
   MonitorService(HealthManager* health, const Authenticator* auth)
       : health_(health), auth_(auth) {}
-  // Starts accepting heartbeat streams on every queue of `queues`.
+  // Starts accepting heartbeat streams (both kinds) on every queue of
+  // `queues`.
   void Start(CompletionQueues* queues);
 
   grpc::ServerUnaryReactor* ReportCompletion(
@@ -36,10 +39,8 @@ class MonitorService final
       v1::ReportCompletionResponse* response) override;
 
  private:
-  class HeartbeatCall;
-
-  // Accepts a new stream on `queue` (one is always waiting per open queue).
-  void Accept(CompletionQueues::Queue* queue);
+  template <typename Protocol>
+  class StreamCall;
 
   HealthManager* const health_;
   const Authenticator* const auth_;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -266,6 +267,116 @@ TEST_F(HealthIntegrationTest, BrokenStreamIsLostAtOnceAndClosedStreamIsNot) {
   EXPECT_EQ(job.members(0).state(), v1::MEMBER_STATE_ACTIVE);
   EXPECT_EQ(job.state(), v1::JOB_STATE_WAITING) << "re-forming without rank 1";
   EXPECT_THAT(job.reason(), HasSubstr("lost: heartbeat stream broke"));
+}
+
+// The answers one node heartbeat stream received. Thread-safe.
+class NodeAnswers {
+ public:
+  std::function<void(const v1::NodeHeartbeatResponse&)> Callback() {
+    return [this](const v1::NodeHeartbeatResponse& r) {
+      absl::MutexLock lock(&mu_);
+      for (const v1::MemberHeartbeatResponse& a : r.answers()) {
+        by_rank_[a.member().rank()].push_back(a);
+      }
+    };
+  }
+  // Waits (bounded) for `count` answers for `rank`; the last one.
+  std::optional<v1::MemberHeartbeatResponse> WaitFor(int rank, int count = 1) {
+    absl::MutexLock lock(&mu_);
+    auto seen = [&]() {
+      mu_.AssertReaderHeld();
+      return static_cast<int>(by_rank_[rank].size()) >= count;
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&seen), kPromptly)) {
+      return std::nullopt;
+    }
+    return by_rank_[rank].back();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<int, std::vector<v1::MemberHeartbeatResponse>> by_rank_
+      ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(HealthIntegrationTest, NodeStreamAnswersEachMemberAndAnErrorEndsOnlyItsPlace) {
+  std::vector<v1::Assignment> a = JoinAll("node", 3);
+  NodeAnswers answers;
+  auto stream = client_->OpenNodeHeartbeatStream(answers.Callback());
+  v1::NodeHeartbeatRequest batch;
+  v1::WorkerMetrics m;
+  m.set_step(5);
+  *batch.add_heartbeats() = Heartbeat(a[0], m);
+  *batch.add_heartbeats() = Heartbeat(a[1], m);
+  v1::HeartbeatRequest impostor = Heartbeat(a[2]);
+  impostor.mutable_member()->set_incarnation_id("not-rank-2");
+  *batch.add_heartbeats() = impostor;
+  ASSERT_TRUE(stream->Send(batch));
+  for (int rank : {0, 1}) {
+    std::optional<v1::MemberHeartbeatResponse> answer = answers.WaitFor(rank);
+    ASSERT_TRUE(answer.has_value()) << "rank " << rank;
+    EXPECT_EQ(answer->error_code(), 0);
+    EXPECT_EQ(answer->response().job_state(), v1::JOB_STATE_RUNNING);
+  }
+  std::optional<v1::MemberHeartbeatResponse> refused = answers.WaitFor(2);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->error_code(),
+            static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_FALSE(refused->error_message().empty());
+  // The stream goes on: rank 2 itself gets a place, and its first answer.
+  v1::NodeHeartbeatRequest next;
+  *next.add_heartbeats() = Heartbeat(a[2], m);
+  ASSERT_TRUE(stream->Send(next));
+  std::optional<v1::MemberHeartbeatResponse> answer = answers.WaitFor(2, 2);
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(answer->error_code(), 0);
+  v1::JobStatus job = Job("node");
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(job.members(rank).metrics().step(), 5) << "rank " << rank;
+  }
+  EXPECT_FALSE(stream->ended().has_value());
+  EXPECT_TRUE(stream->Close(kPromptly).ok());
+}
+
+TEST_F(HealthIntegrationTest, BrokenNodeStreamLosesItsMembersButNotClosedOnes) {
+  std::vector<v1::Assignment> a = JoinAll("node-broken", 2);
+  // Rank 0 leaves its node stream cleanly; then that stream breaks (its
+  // process was killed): rank 0 is not LOST.
+  {
+    NodeAnswers answers;
+    auto stream = client_->OpenNodeHeartbeatStream(answers.Callback());
+    v1::NodeHeartbeatRequest batch;
+    *batch.add_heartbeats() = Heartbeat(a[0]);
+    ASSERT_TRUE(stream->Send(batch));
+    ASSERT_TRUE(answers.WaitFor(0));
+    v1::NodeHeartbeatRequest leave;
+    *leave.add_closed() = Heartbeat(a[0]).member();
+    ASSERT_TRUE(stream->Send(leave));
+    // A leave has no answer: the heartbeat of rank 1 behind it, answered,
+    // shows that the leave was handled.
+    v1::NodeHeartbeatRequest probe;
+    *probe.add_heartbeats() = Heartbeat(a[1]);
+    ASSERT_TRUE(stream->Send(probe));
+    ASSERT_TRUE(answers.WaitFor(1));
+    v1::NodeHeartbeatRequest leave_too;
+    *leave_too.add_closed() = Heartbeat(a[1]).member();
+    ASSERT_TRUE(stream->Send(leave_too));
+  }  // cancelled
+  // Rank 1 on another node stream that breaks: LOST.
+  NodeAnswers answers;
+  auto stream = client_->OpenNodeHeartbeatStream(answers.Callback());
+  v1::NodeHeartbeatRequest batch;
+  *batch.add_heartbeats() = Heartbeat(a[1]);
+  ASSERT_TRUE(stream->Send(batch));
+  ASSERT_TRUE(answers.WaitFor(1));
+  EXPECT_EQ(Job("node-broken").state(), v1::JOB_STATE_RUNNING);
+  stream.reset();  // cancels it
+  ASSERT_TRUE(Eventually(
+      [&] { return Job("node-broken").state() == v1::JOB_STATE_WAITING; }));
+  v1::JobStatus job = Job("node-broken");
+  EXPECT_EQ(job.members(0).state(), v1::MEMBER_STATE_ACTIVE);
+  EXPECT_EQ(job.members(1).state(), v1::MEMBER_STATE_LOST);
+  EXPECT_THAT(job.members(1).state_reason(), HasSubstr("stream broke"));
 }
 
 TEST_F(HealthIntegrationTest, CompletionEndsTheJobAndItsWatch) {

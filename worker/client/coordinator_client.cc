@@ -65,8 +65,37 @@ absl::Duration JoinWait(const v1::JobConfig& config, absl::Duration max_wait) {
          kWaitMargin;
 }
 
-// HeartbeatStream over the callback API: one read always pending (answers),
-// at most one write in flight and one waiting.
+// A member's heartbeat waiting behind one in flight: only the newest counts.
+void Merge(v1::HeartbeatRequest* waiting, v1::HeartbeatRequest newer) {
+  *waiting = std::move(newer);
+}
+
+// A node's batch waiting behind one in flight: a member's newer heartbeat
+// replaces its older one; other members' heartbeats and closed members are
+// kept.
+void Merge(v1::NodeHeartbeatRequest* waiting, v1::NodeHeartbeatRequest newer) {
+  for (v1::HeartbeatRequest& heartbeat : *newer.mutable_heartbeats()) {
+    auto same = std::find_if(
+        waiting->mutable_heartbeats()->begin(),
+        waiting->mutable_heartbeats()->end(),
+        [&](const v1::HeartbeatRequest& old) {
+          return old.member().job_id() == heartbeat.member().job_id() &&
+                 old.member().rank() == heartbeat.member().rank();
+        });
+    if (same != waiting->mutable_heartbeats()->end()) {
+      *same = std::move(heartbeat);
+    } else {
+      *waiting->add_heartbeats() = std::move(heartbeat);
+    }
+  }
+  for (v1::MemberRef& closed : *newer.mutable_closed()) {
+    *waiting->add_closed() = std::move(closed);
+  }
+}
+
+// A heartbeat stream (OutgoingStream) over the callback API: one read always
+// pending (answers), at most one write in flight and one waiting, which a
+// newer message is merged into (Merge()).
 //
 // Send() and Close() start operations from outside gRPC's reactions, which
 // is only allowed while the call cannot complete: gRPC destroys its stream
@@ -74,29 +103,32 @@ absl::Duration JoinWait(const v1::JobConfig& config, absl::Duration max_wait) {
 // memory. The reactor therefore holds the call open (AddHold) until its
 // pending read fails, which happens first whenever the call ends (finished
 // by the coordinator, broken, or cancelled), and starts nothing after that.
-class HeartbeatReactor final
-    : public HeartbeatStream,
-      public grpc::ClientBidiReactor<v1::HeartbeatRequest,
-                                     v1::HeartbeatResponse> {
+template <typename Request, typename Response>
+class StreamReactor final : public OutgoingStream<Request>,
+                            public grpc::ClientBidiReactor<Request, Response> {
  public:
+  using Reactor = grpc::ClientBidiReactor<Request, Response>;
+  // Starts the call on `context` with the reactor (stub->async()->Method).
+  using Starter = std::function<void(grpc::ClientContext*, Reactor*)>;
+
   // `on_done` sees the final status and the context (trailing metadata)
   // before the stream counts as ended.
-  HeartbeatReactor(
-      v1::Monitor::Stub* stub, const std::string& authorization,
-      std::function<void(const v1::HeartbeatResponse&)> on_response,
+  StreamReactor(
+      const Starter& start, const std::string& authorization,
+      std::function<void(const Response&)> on_response,
       std::function<void(const grpc::ClientContext&, const grpc::Status&)>
           on_done)
       : on_response_(std::move(on_response)), on_done_(std::move(on_done)) {
     if (!authorization.empty()) {
       context_.AddMetadata("authorization", authorization);
     }
-    stub->async()->Heartbeat(&context_, this);
-    AddHold();
-    StartRead(&response_);
-    StartCall();
+    start(&context_, this);
+    Reactor::AddHold();
+    Reactor::StartRead(&response_);
+    Reactor::StartCall();
   }
 
-  ~HeartbeatReactor() override {
+  ~StreamReactor() override {
     absl::MutexLock lock(&mu_);
     if (!done_.has_value()) context_.TryCancel();
     mu_.Await(absl::Condition(
@@ -104,16 +136,20 @@ class HeartbeatReactor final
         &done_));
   }
 
-  bool Send(v1::HeartbeatRequest request) override {
+  bool Send(Request request) override {
     absl::MutexLock lock(&mu_);
     if (ending_ || closing_) return false;
     if (writing_) {
-      next_ = std::move(request);
+      if (next_.has_value()) {
+        Merge(&*next_, std::move(request));
+      } else {
+        next_ = std::move(request);
+      }
       return true;
     }
     writing_ = true;
     outgoing_ = std::move(request);
-    StartWrite(&outgoing_);
+    Reactor::StartWrite(&outgoing_);
     return true;
   }
 
@@ -127,7 +163,7 @@ class HeartbeatReactor final
     if (!closing_ && !ending_) {
       closing_ = true;
       next_.reset();
-      if (!writing_) StartWritesDone();
+      if (!writing_) Reactor::StartWritesDone();
     }
     auto finished = [](std::optional<absl::Status>* done) {
       return done->has_value();
@@ -148,11 +184,11 @@ class HeartbeatReactor final
         absl::MutexLock lock(&mu_);
         ending_ = true;
       }
-      RemoveHold();
+      Reactor::RemoveHold();
       return;
     }
     on_response_(response_);
-    StartRead(&response_);
+    Reactor::StartRead(&response_);
   }
 
   void OnWriteDone(bool ok) override {
@@ -163,9 +199,9 @@ class HeartbeatReactor final
       writing_ = true;
       outgoing_ = std::move(*next_);
       next_.reset();
-      StartWrite(&outgoing_);
+      Reactor::StartWrite(&outgoing_);
     } else if (closing_) {
-      StartWritesDone();
+      Reactor::StartWritesDone();
     }
   }
 
@@ -176,19 +212,19 @@ class HeartbeatReactor final
   }
 
  private:
-  const std::function<void(const v1::HeartbeatResponse&)> on_response_;
+  const std::function<void(const Response&)> on_response_;
   const std::function<void(const grpc::ClientContext&, const grpc::Status&)>
       on_done_;
   grpc::ClientContext context_;
-  v1::HeartbeatResponse response_;  // used by OnReadDone only
+  Response response_;  // used by OnReadDone only
 
   mutable absl::Mutex mu_;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   // The read failed: the call is ending and starts no more operations.
   bool ending_ ABSL_GUARDED_BY(mu_) = false;
-  v1::HeartbeatRequest outgoing_ ABSL_GUARDED_BY(mu_);
-  std::optional<v1::HeartbeatRequest> next_ ABSL_GUARDED_BY(mu_);
+  Request outgoing_ ABSL_GUARDED_BY(mu_);
+  std::optional<Request> next_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> done_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -587,19 +623,38 @@ absl::Status CoordinatorClient::WatchJob(
   return FromGrpcStatus(status);
 }
 
-std::unique_ptr<HeartbeatStream> CoordinatorClient::OpenHeartbeatStream(
-    std::function<void(const v1::HeartbeatResponse&)> on_response) {
+template <typename Request, typename Response>
+std::unique_ptr<OutgoingStream<Request>> CoordinatorClient::OpenStream(
+    void (v1::Monitor::Stub::async::*method)(
+        grpc::ClientContext*, grpc::ClientBidiReactor<Request, Response>*),
+    std::function<void(const Response&)> on_response) {
   // The reactor keeps the route (its stub) alive until the stream ends.
   std::shared_ptr<const Route> route = this->route();
-  v1::Monitor::Stub* stub = route->monitor.get();
-  return std::make_unique<HeartbeatReactor>(
-      stub, authorization_, std::move(on_response),
+  auto* calls = route->monitor->async();
+  return std::make_unique<StreamReactor<Request, Response>>(
+      [calls, method](grpc::ClientContext* context,
+                      grpc::ClientBidiReactor<Request, Response>* reactor) {
+        (calls->*method)(context, reactor);
+      },
+      authorization_, std::move(on_response),
       [this, route = std::move(route)](const grpc::ClientContext& context,
                                        const grpc::Status& status) {
         if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
           Reroute(context, status, *route);
         }
       });
+}
+
+std::unique_ptr<HeartbeatStream> CoordinatorClient::OpenHeartbeatStream(
+    std::function<void(const v1::HeartbeatResponse&)> on_response) {
+  return OpenStream(&v1::Monitor::Stub::async::Heartbeat,
+                    std::move(on_response));
+}
+
+std::unique_ptr<NodeHeartbeatStream> CoordinatorClient::OpenNodeHeartbeatStream(
+    std::function<void(const v1::NodeHeartbeatResponse&)> on_response) {
+  return OpenStream(&v1::Monitor::Stub::async::NodeHeartbeat,
+                    std::move(on_response));
 }
 
 absl::StatusOr<v1::JobState> CoordinatorClient::ReportCompletion(

@@ -68,7 +68,11 @@ struct ClientOptions {
   RetryPolicy retry;
 };
 
-class HeartbeatStream;
+template <typename Request>
+class OutgoingStream;
+// One member's heartbeats (Monitor.Heartbeat), or a node's (NodeHeartbeat).
+using HeartbeatStream = OutgoingStream<v1::HeartbeatRequest>;
+using NodeHeartbeatStream = OutgoingStream<v1::NodeHeartbeatRequest>;
 
 // A connection to a coordinator that does not complete within this moves
 // on to the next replica. With keepalive (common/keepalive.h) a client so
@@ -138,6 +142,10 @@ class CoordinatorClient {
   // `on_response` runs on a gRPC thread for every answer.
   std::unique_ptr<HeartbeatStream> OpenHeartbeatStream(
       std::function<void(const v1::HeartbeatResponse&)> on_response);
+  // The same for a node's members together (Monitor.NodeHeartbeat; see
+  // NodeHeartbeats in worker/runtime/node_heartbeats.h).
+  std::unique_ptr<NodeHeartbeatStream> OpenNodeHeartbeatStream(
+      std::function<void(const v1::NodeHeartbeatResponse&)> on_response);
   // Reports a member's completion (idempotent, so retried); returns the
   // job's state after it.
   absl::StatusOr<v1::JobState> ReportCompletion(
@@ -194,6 +202,13 @@ class CoordinatorClient {
   absl::Status Call(const char* what, absl::Duration timeout,
                     const Attempt& attempt, Deadline deadline = Deadline::kSent);
 
+  // Opens a heartbeat stream of Monitor's `method`.
+  template <typename Request, typename Response>
+  std::unique_ptr<OutgoingStream<Request>> OpenStream(
+      void (v1::Monitor::Stub::async::*method)(
+          grpc::ClientContext*, grpc::ClientBidiReactor<Request, Response>*),
+      std::function<void(const Response&)> on_response);
+
   // Adds the token's metadata to `context` (when there is a token).
   void Authorize(grpc::ClientContext* context) const;
 
@@ -211,15 +226,16 @@ class CoordinatorClient {
   std::string last_unreachable_ ABSL_GUARDED_BY(mu_);
 };
 
-// One Monitor.Heartbeat stream. Send() never blocks: a heartbeat waiting
-// behind one in flight is replaced by the newer one. Thread-safe. The
-// destructor cancels a stream that was not closed and waits for gRPC to let
-// go of it.
-class HeartbeatStream {
+// One heartbeat stream, of a member or of a node. Send() never blocks: a
+// message waiting behind one in flight takes in the newer one (a member's
+// newer heartbeat replaces its older one). Thread-safe. The destructor
+// cancels a stream that was not closed and waits for gRPC to let go of it.
+template <typename Request>
+class OutgoingStream {
  public:
-  virtual ~HeartbeatStream() = default;
+  virtual ~OutgoingStream() = default;
   // Queues `request`; false once the stream has ended.
-  virtual bool Send(v1::HeartbeatRequest request) = 0;
+  virtual bool Send(Request request) = 0;
   // The final status once the stream has ended; nullopt while it is open.
   virtual std::optional<absl::Status> ended() const = 0;
   // Half-closes the stream after the heartbeat in flight and waits up to

@@ -100,7 +100,8 @@ NodeAgent::NodeAgent(LaunchOptions options, CoordinatorClient* client,
     : options_(std::move(options)),
       client_(client),
       environment_(std::move(environment)),
-      gpus_(CountGpus()) {}
+      gpus_(CountGpus()),
+      heartbeats_(client) {}
 
 NodeAgent::~NodeAgent() {
   inbox_.reset();  // its thread calls OnProcessMetrics
@@ -165,7 +166,9 @@ absl::Status NodeAgent::PrepareSlots() {
     if (!request.ok()) return request.status();
     Slot slot;
     slot.request = *std::move(request);
-    slot.reporter = std::make_unique<HealthReporter>(client_);
+    HealthReporterOptions reporting;
+    reporting.open_stream = heartbeats_.opener();
+    slot.reporter = std::make_unique<HealthReporter>(client_, reporting);
     slots_.push_back(std::move(slot));
   }
   return absl::OkStatus();

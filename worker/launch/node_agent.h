@@ -44,6 +44,7 @@
 #include "worker/launch/output_pump.h"
 #include "worker/launch/torchrun_env.h"
 #include "worker/runtime/health_reporter.h"
+#include "worker/runtime/node_heartbeats.h"
 
 namespace gradsync {
 
@@ -145,6 +146,8 @@ class NodeAgent {
   CoordinatorClient* const client_;
   const std::vector<std::string> environment_;
   const int gpus_;  // NVIDIA GPUs on this machine (CountGpus)
+  // The node's one heartbeat stream, which its ranks' reporters share.
+  NodeHeartbeats heartbeats_;
   std::vector<Slot> slots_;  // by local rank once joined
   OutputPump output_;
   std::unique_ptr<MetricsInbox> inbox_;  // null when it could not be opened

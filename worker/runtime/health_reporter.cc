@@ -195,8 +195,10 @@ void HealthReporter::Run() {
       stream_generation = member_generation_;
       answers_at_open = stats_.answers;
       mu_.Unlock();
-      stream = client_->OpenHeartbeatStream(
-          [this](const v1::HeartbeatResponse& r) { OnAnswer(r); });
+      auto on_answer = [this](const v1::HeartbeatResponse& r) { OnAnswer(r); };
+      stream = options_.open_stream
+                   ? options_.open_stream(std::move(on_answer))
+                   : client_->OpenHeartbeatStream(std::move(on_answer));
       mu_.Lock();
     }
     if (warned && stats_.answers > answers_at_open) {

@@ -68,6 +68,12 @@ struct HealthReporterOptions {
   double jitter = 0.2;
   // How long Finish() and Stop() wait for the stream to close.
   absl::Duration close_timeout = absl::Seconds(5);
+  // Opens the heartbeat stream; by default the client's own stream per
+  // member (CoordinatorClient::OpenHeartbeatStream). A node agent points it
+  // at NodeHeartbeats::opener() to share one stream among its ranks.
+  std::function<std::unique_ptr<HeartbeatStream>(
+      std::function<void(const v1::HeartbeatResponse&)>)>
+      open_stream;
 };
 
 // Thread-safe: Update() and verdict() may be called from any thread while
