@@ -59,7 +59,11 @@ ABSL_FLAG(int, pacers, 2, "client threads that pace the heartbeats");
 ABSL_FLAG(int, status_members, 10000,
           "time GetJob of a job of this many members at the level of exactly "
           "this many members (0: never)");
-ABSL_FLAG(int, status_queries, 300, "GetJob calls to time");
+ABSL_FLAG(int, status_queries, 300,
+          "GetJob calls to time, shared among --status_kinds");
+ABSL_FLAG(std::string, status_kinds, "full,summary,page",
+          "GetJob answers to time: full (every member), summary (no "
+          "member), page (the unhealthy members, 50 at most)");
 ABSL_FLAG(int, nproc_per_node, 1,
           "members per stream: above 1, the members of each simulated node "
           "share one Monitor.NodeHeartbeat stream and send their heartbeats "
@@ -216,8 +220,8 @@ struct MemberStream {
   static Request Make(std::vector<v1::MemberRef> members) {
     return FirstHeartbeat(std::move(members.front()));
   }
-  static void Step(Request* r, int64_t step, absl::Time now) {
-    NextStep(r, step, now);
+  static void Step(Request* r, int64_t step, absl::Time ready) {
+    NextStep(r, step, ready);
   }
   static auto Prepare(v1::Monitor::Stub* stub, grpc::ClientContext* context,
                       grpc::CompletionQueue* cq) {
@@ -234,9 +238,9 @@ struct NodeStream {
     }
     return request;
   }
-  static void Step(Request* r, int64_t step, absl::Time now) {
+  static void Step(Request* r, int64_t step, absl::Time ready) {
     for (v1::HeartbeatRequest& h : *r->mutable_heartbeats()) {
-      NextStep(&h, step, now);
+      NextStep(&h, step, ready);
     }
   }
   static auto Prepare(v1::Monitor::Stub* stub, grpc::ClientContext* context,
@@ -255,9 +259,10 @@ class Beater {
     Event event;
   };
   virtual ~Beater() = default;
-  // Sends the next heartbeat(s) unless the previous ones are still in
-  // flight (then returns false: back-pressure).
-  virtual bool Beat(absl::Time now) = 0;
+  // Sends the heartbeat(s) of step `step`, whose first bucket was ready at
+  // `ready` on every rank (no straggler), unless the previous ones are still
+  // in flight (then returns false: back-pressure).
+  virtual bool Beat(int64_t step, absl::Time ready) = 0;
   virtual void On(Event event, bool ok) = 0;
   // Half-closes once no write is in flight; Done() is true at the end.
   virtual void Close() = 0;
@@ -280,11 +285,11 @@ class StreamBeater final : public Beater {
     stream_->StartCall(&started_tag_);
   }
 
-  bool Beat(absl::Time now) override {
+  bool Beat(int64_t step, absl::Time ready) override {
     absl::MutexLock lock(&mu_);
     if (busy_ || closing_) return false;
     busy_ = true;
-    Kind::Step(&request_, ++step_, now);
+    Kind::Step(&request_, step, ready);
     stream_->Write(request_, &written_tag_);
     return true;
   }
@@ -347,7 +352,6 @@ class StreamBeater final : public Beater {
   typename Kind::Request request_ ABSL_GUARDED_BY(mu_);
   typename Kind::Response response_ ABSL_GUARDED_BY(mu_);
   grpc::Status status_ ABSL_GUARDED_BY(mu_);
-  int64_t step_ ABSL_GUARDED_BY(mu_) = 0;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a start or write in flight
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
@@ -400,9 +404,14 @@ struct LevelResult {
   int lost = 0;
   int stale = 0;
   int failed_streams = 0;
-  Percentiles status;
-  int status_queries = 0;
-  size_t status_bytes = 0;
+  // By kind of GetJob answer (--status_kinds), in flag order.
+  struct StatusTiming {
+    std::string kind;
+    Percentiles latency;
+    int queries = 0;
+    size_t bytes = 0;
+  };
+  std::vector<StatusTiming> status;
   double rss_gib = 0;
 };
 
@@ -475,9 +484,10 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
         const absl::Duration wait = due - absl::Now();
         if (wait > absl::ZeroDuration()) absl::SleepFor(wait);
         const size_t until = mine.size() * ((tick % ticks) + 1) / ticks;
-        const absl::Time now = absl::Now();
+        const int64_t cycle = tick / ticks;
+        const absl::Time ready = begin + cycle * interval;
         for (; next < until; ++next) {
-          if (mine[next]->Beat(now)) {
+          if (mine[next]->Beat(cycle + 1, ready)) {
             sent.fetch_add(nproc, std::memory_order_relaxed);
           } else {
             skipped.fetch_add(nproc, std::memory_order_relaxed);
@@ -497,15 +507,24 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
   const absl::Time measure_start = absl::Now();
 
   // Time status queries of a job of --status_members members meanwhile.
-  std::vector<absl::Duration> latencies;
   if (absl::GetFlag(FLAGS_status_members) == members) {
     auto jobs_stub = v1::Jobs::NewStub(channels[0]);
+    std::vector<std::string> kinds =
+        absl::StrSplit(absl::GetFlag(FLAGS_status_kinds), ',', absl::SkipEmpty());
+    std::vector<std::vector<absl::Duration>> latencies(kinds.size());
+    result.status.resize(kinds.size());
     const int queries = absl::GetFlag(FLAGS_status_queries);
     const absl::Duration spacing = measured / (queries + 1);
-    for (int q = 0; q < queries; ++q) {
+    for (int q = 0; q < queries && !kinds.empty(); ++q) {
       absl::SleepFor(spacing);
+      const size_t k = q % kinds.size();
       v1::GetJobRequest request;
       request.set_job_id(jobs[q % jobs.size()]);
+      if (kinds[k] == "summary") request.mutable_members()->set_none(true);
+      if (kinds[k] == "page") {
+        request.mutable_members()->set_unhealthy_only(true);
+        request.mutable_members()->set_page_size(50);
+      }
       // Parsed on an arena, as a client reading large statuses should.
       google::protobuf::Arena arena;
       auto* response =
@@ -515,12 +534,20 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
                            std::chrono::seconds(10));
       const absl::Time sent = absl::Now();
       grpc::Status status = jobs_stub->GetJob(&context, request, response);
-      latencies.push_back(absl::Now() - sent);
-      if (status.ok() && response->job().members_size() == job_size) {
-        result.status_bytes = response->ByteSizeLong();
+      latencies[k].push_back(absl::Now() - sent);
+      // Every member, none, or the unhealthy: none, all ACTIVE and in step.
+      const int expected = kinds[k] == "full" ? job_size : 0;
+      if (status.ok() && response->job().members_size() == expected &&
+          response->job().summary().active() == job_size) {
+        result.status[k].bytes = response->ByteSizeLong();
       } else {
         ++result.failed_streams;  // counted as a failure of the level
       }
+    }
+    for (size_t k = 0; k < kinds.size(); ++k) {
+      result.status[k].kind = kinds[k];
+      result.status[k].queries = static_cast<int>(latencies[k].size());
+      result.status[k].latency = Summarize(std::move(latencies[k]));
     }
   }
   const absl::Duration left = measure_start + measured - absl::Now();
@@ -532,8 +559,6 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
   result.sent = (sent.load() - sent_before) / absl::ToDoubleSeconds(elapsed);
   result.offered = members * rate;
   result.accepted = accepted / absl::ToDoubleSeconds(elapsed);
-  result.status = Summarize(latencies);
-  result.status_queries = static_cast<int>(latencies.size());
   result.rss_gib = RssGiB();
 
   // Correctness while the load still runs: every member ACTIVE and heard
@@ -561,6 +586,14 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
     }
     if (!b->Done() || b->failed()) ++result.failed_streams;
   }
+  for (auto& b : beaters) {
+    if (!b->Done()) {
+      // Its operations still refer to it: keep it (leaked) rather than
+      // destroy it under them.
+      std::fprintf(stderr, "a stream did not close within 60 s\n");
+      b.release();
+    }
+  }
   beaters.clear();
   return result;
 }
@@ -571,6 +604,7 @@ std::string Ms(absl::Duration d) {
 
 int Main() {
   SetMinLogSeverity(LogSeverity::kError);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each result as it comes
   std::vector<int> levels;
   for (absl::string_view text :
        absl::StrSplit(absl::GetFlag(FLAGS_members), ',', absl::SkipEmpty())) {
@@ -601,10 +635,9 @@ int Main() {
               target.c_str(), config.completion_queues, absl::GetFlag(FLAGS_rate),
               absl::GetFlag(FLAGS_channels), absl::GetFlag(FLAGS_job_size),
               absl::FormatDuration(absl::GetFlag(FLAGS_duration)).c_str());
-  std::printf("%9s %10s %10s %10s %8s %8s %6s %7s %8s  %s\n", "members",
+  std::printf("%9s %10s %10s %10s %8s %8s %6s %7s %8s\n", "members",
               "offered/s", "sent/s", "accepted/s", "ratio", "skipped",
-              "#lost", "#stale", "#failed",
-              "GetJob p50/p99/max ms (n, bytes)");
+              "#lost", "#stale", "#failed");
   int failures = 0;
   int sustained = 0;
   for (size_t i = 0; i < levels.size(); ++i) {
@@ -615,24 +648,29 @@ int Main() {
     // accepted; the simulated workers share the 2 cores and may fall short.
     if (ok && ratio >= 0.95) sustained = std::max(sustained, r.members);
     failures += ok ? 0 : 1;
-    std::printf("%9d %10.0f %10.0f %10.0f %8.3f %8lld %6d %7d %8d  %s\n",
+    std::printf("%9d %10.0f %10.0f %10.0f %8.3f %8lld %6d %7d %8d\n",
                 r.members, r.offered, r.sent, r.accepted, ratio,
                 static_cast<long long>(r.skipped), r.lost, r.stale,
-                r.failed_streams,
-                r.status_queries > 0
-                    ? absl::StrCat(Ms(r.status.p50), " / ", Ms(r.status.p99),
-                                   " / ", Ms(r.status.max), " (",
-                                   r.status_queries, ", ", r.status_bytes, ")")
-                          .c_str()
-                    : "-");
-    std::printf("RESULT members=%d offered=%.0f accepted=%.0f lost=%d "
-                "stale=%d failed=%d status_p99_ms=%s cpu_cores=%.2f "
-                "cpu_us_per_heartbeat=%.1f max_rss_gib=%.2f\n",
-                r.members, r.offered, r.accepted, r.lost, r.stale,
-                r.failed_streams,
-                r.status_queries > 0 ? Ms(r.status.p99).c_str() : "-",
-                r.cpu_cores, r.accepted > 0 ? 1e6 * r.cpu_cores / r.accepted : 0,
-                r.rss_gib);
+                r.failed_streams);
+    for (const LevelResult::StatusTiming& t : r.status) {
+      std::printf("  GetJob %-8s p50 %s ms, p99 %s ms, max %s ms (%d queries, "
+                  "%zu bytes)\n",
+                  t.kind.c_str(), Ms(t.latency.p50).c_str(),
+                  Ms(t.latency.p99).c_str(), Ms(t.latency.max).c_str(),
+                  t.queries, t.bytes);
+    }
+    std::string status_p99;
+    for (const LevelResult::StatusTiming& t : r.status) {
+      absl::StrAppend(&status_p99, " status_", t.kind, "_p99_ms=",
+                      Ms(t.latency.p99));
+    }
+    std::printf("RESULT members=%d nproc_per_node=%d offered=%.0f "
+                "accepted=%.0f lost=%d stale=%d failed=%d cpu_cores=%.2f "
+                "cpu_us_per_heartbeat=%.1f max_rss_gib=%.2f%s\n",
+                r.members, absl::GetFlag(FLAGS_nproc_per_node), r.offered,
+                r.accepted, r.lost, r.stale, r.failed_streams, r.cpu_cores,
+                r.accepted > 0 ? 1e6 * r.cpu_cores / r.accepted : 0, r.rss_gib,
+                status_p99.c_str());
     std::fflush(stdout);
   }
   std::printf("\nhighest sustained (every member live, >= 95%% of the offered "

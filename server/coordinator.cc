@@ -4,6 +4,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/keepalive.h"
 #include "common/logging.h"
@@ -101,11 +102,60 @@ std::vector<HttpRoute> Coordinator::HttpRoutes() {
          }
          GS_ASSIGN_OR_RETURN(Caller caller, auth_.Identify(request.authorization));
          GS_RETURN_IF_ERROR(Authenticator::Authorize(caller, id->second));
+         GS_ASSIGN_OR_RETURN(v1::MemberQuery query,
+                             StatusPageQuery(id->second, request.params));
          v1::JobStatus job;
-         GS_RETURN_IF_ERROR(jobs_service_.JobStatus(id->second, false, &job));
+         GS_RETURN_IF_ERROR(
+             jobs_service_.JobStatus(id->second, false, &job, query));
          return to_json(job);
        }},
   };
+}
+
+absl::StatusOr<v1::MemberQuery> Coordinator::StatusPageQuery(
+    const std::string& job_id,
+    const std::map<std::string, std::string>& params) const {
+  auto param = [&](const char* name) {
+    auto it = params.find(name);
+    return it == params.end() ? std::string() : it->second;
+  };
+  const std::string members = param("members");
+  v1::MemberQuery query;
+  if (members == "none") {
+    query.set_none(true);
+    return query;
+  }
+  if (members == "unhealthy") {
+    query.set_unhealthy_only(true);
+  } else if (members.empty() || members == "auto") {
+    v1::MemberQuery none;
+    none.set_none(true);
+    v1::JobStatus summary;
+    GS_RETURN_IF_ERROR(jobs_service_.JobStatus(job_id, false, &summary, none));
+    query.set_unhealthy_only(summary.world_size() > kStatusPageAllUpTo);
+  } else if (members != "all") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "members='", members, "': use all, unhealthy, none or auto"));
+  }
+  // Optional counts: from, to (the rank range) and limit (the page size).
+  auto count = [&](const char* name, auto set) -> absl::Status {
+    const std::string text = param(name);
+    int value = 0;
+    if (text.empty()) return absl::OkStatus();
+    if (!absl::SimpleAtoi(text, &value) || value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, "='", text, "' is not a count"));
+    }
+    (query.*set)(value);
+    return absl::OkStatus();
+  };
+  GS_RETURN_IF_ERROR(count("from", &v1::MemberQuery::set_rank_from));
+  GS_RETURN_IF_ERROR(count("to", &v1::MemberQuery::set_rank_to));
+  GS_RETURN_IF_ERROR(count("limit", &v1::MemberQuery::set_page_size));
+  if (query.unhealthy_only() && query.page_size() == 0) {
+    query.set_page_size(kStatusPageListed);
+  }
+  return query;
 }
 
 Coordinator::~Coordinator() { Shutdown(); }

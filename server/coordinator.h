@@ -6,6 +6,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -104,6 +105,15 @@ class Coordinator {
   // The HTTP port's routes: /metrics, the status page (/) and its JSON
   // (/api/jobs, /api/job?id=JOB).
   std::vector<HttpRoute> HttpRoutes();
+  // The members /api/job lists, from its query parameters: members=all,
+  // unhealthy, none or auto (the default: all up to kStatusPageAllUpTo
+  // ranks, else the unhealthy), from=RANK, to=RANK (exclusive) and
+  // limit=N (kStatusPageListed for the unhealthy by default).
+  absl::StatusOr<v1::MemberQuery> StatusPageQuery(
+      const std::string& job_id,
+      const std::map<std::string, std::string>& params) const;
+  static constexpr int kStatusPageAllUpTo = 64;
+  static constexpr int kStatusPageListed = 200;
   // Loads the jobs kept in storage and reopens their key-value rounds.
   absl::Status RestoreFromStorage();
 

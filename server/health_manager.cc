@@ -740,10 +740,11 @@ void HealthManager::Describe(v1::JobStatus* status, bool with_buckets) const {
   }
   if (job->round != status->round()) return;
   absl::MutexLock lock(&job->mu);
-  const int n = std::min<int>(status->members_size(), job->members.size());
-  for (int r = 0; r < n; ++r) {
+  for (v1::Member& member : *status->mutable_members()) {
+    const int r = member.rank();
+    if (r < 0 || r >= static_cast<int>(job->members.size())) continue;
     const MemberHealth& m = job->members[r];
-    v1::Member* out = status->mutable_members(r);
+    v1::Member* out = &member;
     if (m.heard) {
       *out->mutable_last_seen() = ToProtoTime(m.last_seen);
       out->mutable_metrics()->CopyFrom(m.metrics);
@@ -754,6 +755,69 @@ void HealthManager::Describe(v1::JobStatus* status, bool with_buckets) const {
     }
   }
   *status->mutable_diagnosis() = job->diagnosis;
+}
+
+std::shared_ptr<HealthManager::JobHealth> HealthManager::Monitored(
+    const std::string& job_id, int64_t round) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = jobs_health_.find(job_id);
+  if (it == jobs_health_.end() || it->second->round != round) return nullptr;
+  return it->second;
+}
+
+void HealthManager::Summarize(v1::JobStatus* status) const {
+  std::shared_ptr<JobHealth> job =
+      Monitored(status->config().job_id(), status->round());
+  if (job == nullptr) return;
+  constexpr size_t kSlowest = 5;
+  v1::JobSummary* summary = status->mutable_summary();
+  std::vector<std::pair<absl::Duration, int>> slowest;  // min-heap by lag
+  auto later = [](const auto& a, const auto& b) { return a > b; };
+  absl::MutexLock lock(&job->mu);
+  bool any = false;
+  for (size_t r = 0; r < job->members.size(); ++r) {
+    const MemberHealth& m = job->members[r];
+    if (!m.heard) continue;
+    summary->set_heard(summary->heard() + 1);
+    const int64_t step = m.metrics.step();
+    summary->set_min_step(any ? std::min(summary->min_step(), step) : step);
+    summary->set_max_step(any ? std::max(summary->max_step(), step) : step);
+    any = true;
+    if (m.lag <= absl::ZeroDuration()) continue;
+    if (slowest.size() < kSlowest || m.lag > slowest.front().first) {
+      slowest.emplace_back(m.lag, static_cast<int>(r));
+      std::push_heap(slowest.begin(), slowest.end(), later);
+      if (slowest.size() > kSlowest) {
+        std::pop_heap(slowest.begin(), slowest.end(), later);
+        slowest.pop_back();
+      }
+    }
+  }
+  std::sort(slowest.begin(), slowest.end(), later);
+  for (const auto& [lag, rank] : slowest) {
+    v1::SlowRank* slow = summary->add_slowest();
+    slow->set_rank(rank);
+    *slow->mutable_lag() = ToProtoDuration(lag);
+    slow->set_step(job->members[rank].metrics.step());
+  }
+  summary->set_stragglers(job->diagnosis.stragglers_size());
+}
+
+std::pair<int64_t, std::vector<int>> HealthManager::StragglerRanks(
+    const std::string& job_id) const {
+  std::shared_ptr<JobHealth> job;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = jobs_health_.find(job_id);
+    if (it == jobs_health_.end()) return {0, {}};
+    job = it->second;
+  }
+  absl::MutexLock lock(&job->mu);
+  std::vector<int> ranks;
+  for (const v1::Straggler& s : job->diagnosis.stragglers()) {
+    ranks.push_back(s.rank());
+  }
+  return {job->round, std::move(ranks)};
 }
 
 void HealthManager::ForEachMember(

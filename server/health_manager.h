@@ -152,6 +152,15 @@ class HealthManager {
   // heartbeat and lag, and the job's diagnosis. A no-op when the status's
   // round is not monitored.
   void Describe(v1::JobStatus* status, bool with_buckets = false) const;
+  // Fills status->summary with what monitoring knows of every member of the
+  // status's round, whichever members `status` lists: members heard from,
+  // least and most steps, stragglers and the slowest ranks. A no-op when
+  // the round is not monitored.
+  void Summarize(v1::JobStatus* status) const;
+  // The ranks flagged as stragglers in the monitored round of `job_id`, and
+  // that round (0 and none when the job is not monitored).
+  std::pair<int64_t, std::vector<int>> StragglerRanks(
+      const std::string& job_id) const;
 
   // Calls `fn` for every member of every monitored round, under that job's
   // lock (fn must not call back into the manager).
@@ -261,6 +270,10 @@ class HealthManager {
       absl::string_view started_by = "monitoring began",
       int grace_windows = 0);
   std::vector<std::shared_ptr<JobHealth>> Snapshot() const;
+  // The monitoring of round `round` of `job_id`; null when that round is
+  // not monitored.
+  std::shared_ptr<JobHealth> Monitored(const std::string& job_id,
+                                       int64_t round) const;
 
   // Ingest helpers.
   void RecordCollectives(JobHealth* job, int rank,

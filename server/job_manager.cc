@@ -1,5 +1,8 @@
 #include "server/job_manager.h"
 
+#include <google/protobuf/field_mask.pb.h>
+#include <google/protobuf/util/field_mask_util.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -122,6 +125,62 @@ absl::Status JobManager::CopyTo(absl::string_view job_id,
   }
   out->CopyFrom(it->second);
   return absl::OkStatus();
+}
+
+namespace {
+
+// The fields of a job record but its members, for selective copies.
+const google::protobuf::FieldMask& AllButMembers() {
+  static const auto* mask = [] {
+    auto* m = new google::protobuf::FieldMask();
+    const google::protobuf::Descriptor* d = v1::JobStatus::descriptor();
+    for (int i = 0; i < d->field_count(); ++i) {
+      if (d->field(i)->number() != v1::JobStatus::kMembersFieldNumber) {
+        m->add_paths(d->field(i)->name());
+      }
+    }
+    return m;
+  }();
+  return *mask;
+}
+
+}  // namespace
+
+absl::StatusOr<JobManager::SelectionCounts> JobManager::CopySelected(
+    absl::string_view job_id, const MemberSelection& selection,
+    v1::JobStatus* out) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+  }
+  const v1::JobStatus& record = it->second;
+  google::protobuf::util::FieldMaskUtil::MergeOptions options;
+  options.set_replace_repeated_fields(true);
+  google::protobuf::util::FieldMaskUtil::MergeMessageTo(record, AllButMembers(),
+                                                        options, out);
+  SelectionCounts counts;
+  const int size = record.members_size();
+  const int to = selection.rank_to > 0 ? std::min(selection.rank_to, size) : size;
+  for (int r = 0; r < size; ++r) {
+    const v1::Member& m = record.members(r);
+    switch (m.state()) {
+      case v1::MEMBER_STATE_ACTIVE: ++counts.active; break;
+      case v1::MEMBER_STATE_LOST: ++counts.lost; break;
+      case v1::MEMBER_STATE_EXITED: ++counts.exited; break;
+      default: break;
+    }
+    if (r < selection.rank_from || r >= to) continue;
+    if (selection.keep && !selection.keep(m)) continue;
+    ++counts.matching;
+    if (r < selection.page_start) continue;
+    if (selection.limit > 0 && out->members_size() == selection.limit) {
+      if (counts.next_rank < 0) counts.next_rank = r;
+      continue;
+    }
+    *out->add_members() = m;
+  }
+  return counts;
 }
 
 bool JobManager::Exists(absl::string_view job_id) const {

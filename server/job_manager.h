@@ -5,6 +5,7 @@
 #define GRADSYNC_SERVER_JOB_MANAGER_H_
 
 #include <array>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -122,6 +123,27 @@ class JobManager {
   absl::StatusOr<v1::JobStatus> Get(absl::string_view job_id) const;
   // The same, copied into `out` (which may live on an arena).
   absl::Status CopyTo(absl::string_view job_id, v1::JobStatus* out) const;
+  // The same with only some of the members: those of ranks in
+  // [rank_from, rank_to) that `keep` accepts, in rank order, at most `limit`
+  // of them. Returns what the selection found over every member. `keep`
+  // runs under this manager's lock, after everything but the members was
+  // copied into `out`.
+  struct MemberSelection {
+    int rank_from = 0;
+    int rank_to = 0;  // exclusive; 0: through the last
+    std::function<bool(const v1::Member&)> keep;  // null: every member
+    int limit = 0;                                // 0: no limit
+    // Members before this rank are counted but not copied (a later page).
+    int page_start = 0;
+  };
+  struct SelectionCounts {
+    int active = 0, lost = 0, exited = 0;  // over every member
+    int matching = 0;  // selected, over all pages
+    int next_rank = -1;  // where the next page starts; -1 after the last
+  };
+  absl::StatusOr<SelectionCounts> CopySelected(
+      absl::string_view job_id, const MemberSelection& selection,
+      v1::JobStatus* out) const;
 
   // Whether `job_id` exists.
   bool Exists(absl::string_view job_id) const;

@@ -8,6 +8,10 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "common/job_config.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 
 namespace gradsync {
 namespace {
@@ -15,10 +19,42 @@ namespace {
 // The shortest interval between two statuses of one watch.
 constexpr absl::Duration kMinWatchInterval = absl::Milliseconds(100);
 
+// The members a query selects, but for its health filter (see JobStatus).
+absl::StatusOr<JobManager::MemberSelection> SelectionFor(
+    const v1::MemberQuery& query) {
+  if (query.rank_from() < 0 || query.rank_to() < 0 ||
+      (query.rank_to() > 0 && query.rank_to() <= query.rank_from())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "members: rank range [", query.rank_from(), ", ", query.rank_to(),
+        ") is empty or negative (rank_to 0 means through the last rank)"));
+  }
+  if (query.page_size() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "members: page_size must be >= 0, got ", query.page_size()));
+  }
+  JobManager::MemberSelection selection;
+  selection.rank_from = query.rank_from();
+  selection.rank_to = query.rank_to();
+  selection.limit = query.page_size();
+  if (!query.page_token().empty()) {
+    int next = 0;
+    if (!absl::SimpleAtoi(query.page_token(), &next) ||
+        next < query.rank_from() ||
+        (query.rank_to() > 0 && next >= query.rank_to())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "members: page_token '", query.page_token(),
+          "' does not continue this query (pass next_page_token unchanged, "
+          "with the same query)"));
+    }
+    selection.page_start = next;
+  }
+  return selection;
+}
+
 }  // namespace
 
 // One WatchJob stream. MaybeSend() writes the job's status when it changed
-// (one write at a time); the stream finishes after a terminal status, when
+// (one write at a time): whole at first, then as deltas; the stream finishes after a terminal status, when
 // the job is gone, or when the client cancels. Lifetime: owned by the
 // service's watch set; deleted by PollWatches (or the service's destructor)
 // once gRPC called OnDone.
@@ -28,11 +64,13 @@ class JobsService::Watch final
   // `refused`: not OK when the caller may not watch the job; the watch then
   // ends at once with it.
   Watch(const JobsService* service, std::string job_id,
-        absl::Duration min_interval, bool with_buckets, absl::Status refused)
+        absl::Duration min_interval, bool with_buckets, v1::MemberQuery query,
+        absl::Status refused)
       : service_(service),
         job_id_(std::move(job_id)),
         min_interval_(min_interval),
         with_buckets_(with_buckets),
+        query_(std::move(query)),
         refused_(std::move(refused)) {}
 
   bool released() const { return released_.load(); }
@@ -42,18 +80,16 @@ class JobsService::Watch final
     if (finishing_ || writing_ || now < next_send_) return;
     v1::JobStatus status;
     absl::Status read =
-        refused_.ok() ? service_->JobStatus(job_id_, with_buckets_, &status)
-                      : refused_;
+        refused_.ok()
+            ? service_->JobStatus(job_id_, with_buckets_, &status, query_)
+            : refused_;
     if (!read.ok()) {
       finishing_ = true;
       Finish(ToGrpcStatus(read));
       return;
     }
-    std::string bytes = status.SerializeAsString();
-    if (bytes == last_sent_) return;
-    last_sent_ = std::move(bytes);
-    final_ = IsTerminal(status.state());
-    response_.mutable_job()->Swap(&status);
+    if (!NextResponseLocked(&status)) return;  // nothing changed
+    final_ = IsTerminal(response_.job().state());
     writing_ = true;
     next_send_ = now + min_interval_;
     StartWrite(&response_);
@@ -70,6 +106,48 @@ class JobsService::Watch final
     }
   }
 
+  // Fills response_ with what the client needs to know of `status` after
+  // what it was sent: the whole status first and after a round change, then
+  // deltas (the members that changed by rank, the ranks that left the
+  // selection). False when nothing changed.
+  bool NextResponseLocked(v1::JobStatus* status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    google::protobuf::RepeatedPtrField<v1::Member> members;
+    members.Swap(status->mutable_members());
+    std::string header = status->SerializeAsString();
+    absl::flat_hash_map<int, std::string> by_rank;
+    response_.Clear();
+    const bool whole = !sent_any_ || status->round() != last_round_;
+    for (v1::Member& m : members) {
+      const int rank = m.rank();
+      std::string bytes = m.SerializeAsString();
+      auto last = last_members_.find(rank);
+      if (whole || last == last_members_.end() || last->second != bytes) {
+        *response_.mutable_job()->add_members() = std::move(m);
+      }
+      by_rank[rank] = std::move(bytes);
+    }
+    if (!whole) {
+      for (const auto& [rank, bytes] : last_members_) {
+        if (!by_rank.contains(rank)) response_.add_removed_ranks(rank);
+      }
+      if (header == last_header_ && response_.job().members_size() == 0 &&
+          response_.removed_ranks_size() == 0) {
+        return false;
+      }
+    }
+    google::protobuf::RepeatedPtrField<v1::Member> changed;
+    changed.Swap(response_.mutable_job()->mutable_members());
+    response_.mutable_job()->Swap(status);
+    response_.mutable_job()->mutable_members()->Swap(&changed);
+    response_.set_delta(!whole);
+    sent_any_ = true;
+    last_round_ = response_.job().round();
+    last_header_ = std::move(header);
+    last_members_ = std::move(by_rank);
+    return true;
+  }
+
   void OnCancel() override {
     absl::MutexLock lock(&mu_);
     if (finishing_ || writing_) return;  // a write in flight fails and finishes
@@ -84,6 +162,7 @@ class JobsService::Watch final
   const std::string job_id_;
   const absl::Duration min_interval_;
   const bool with_buckets_;
+  const v1::MemberQuery query_;
   const absl::Status refused_;
   std::atomic<bool> released_{false};
 
@@ -92,7 +171,12 @@ class JobsService::Watch final
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   bool final_ ABSL_GUARDED_BY(mu_) = false;  // the status in flight is terminal
   absl::Time next_send_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  std::string last_sent_ ABSL_GUARDED_BY(mu_);
+  // What the client was sent: the status but its members, the round, and
+  // each member serialized, by rank.
+  bool sent_any_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t last_round_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_header_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, std::string> last_members_ ABSL_GUARDED_BY(mu_);
   v1::WatchJobResponse response_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -133,15 +217,39 @@ JobsService::~JobsService() {
 }
 
 absl::Status JobsService::JobStatus(const std::string& job_id,
-                                    bool with_buckets,
-                                    v1::JobStatus* out) const {
-  absl::Status status = ValidateJobId(job_id);
-  if (status.ok()) status = jobs_->CopyTo(job_id, out);
-  if (status.ok()) {
-    rendezvous_->DescribeWaiting(job_id, out);
-    health_->Describe(out, with_buckets);
+                                    bool with_buckets, v1::JobStatus* out,
+                                    const v1::MemberQuery& query,
+                                    std::string* next_page_token) const {
+  GS_RETURN_IF_ERROR(ValidateJobId(job_id));
+  GS_ASSIGN_OR_RETURN(JobManager::MemberSelection selection,
+                      SelectionFor(query));
+  absl::flat_hash_set<int> stragglers;
+  int64_t stragglers_round = 0;
+  if (query.unhealthy_only()) {
+    auto [round, ranks] = health_->StragglerRanks(job_id);
+    stragglers_round = round;
+    stragglers.insert(ranks.begin(), ranks.end());
+    selection.keep = [&](const v1::Member& m) {
+      return m.state() != v1::MEMBER_STATE_ACTIVE ||
+             (out->round() == stragglers_round && stragglers.contains(m.rank()));
+    };
   }
-  return status;
+  if (query.none()) selection.keep = [](const v1::Member&) { return false; };
+  GS_ASSIGN_OR_RETURN(JobManager::SelectionCounts counts,
+                      jobs_->CopySelected(job_id, selection, out));
+  rendezvous_->DescribeWaiting(job_id, out);
+  health_->Describe(out, with_buckets);
+  health_->Summarize(out);
+  v1::JobSummary* summary = out->mutable_summary();
+  summary->set_active(counts.active);
+  summary->set_lost(counts.lost);
+  summary->set_exited(counts.exited);
+  summary->set_matching(counts.matching);
+  if (next_page_token != nullptr) {
+    *next_page_token =
+        counts.next_rank >= 0 ? absl::StrCat(counts.next_rank) : "";
+  }
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* JobsService::CreateJob(
@@ -176,8 +284,9 @@ grpc::ServerUnaryReactor* JobsService::GetJob(
   if (auto* refused = auth_->Refuse(context, request->job_id())) {
     return refused;
   }
-  absl::Status status = JobStatus(request->job_id(), request->with_buckets(),
-                                  response->mutable_job());
+  absl::Status status = JobStatus(
+      request->job_id(), request->with_buckets(), response->mutable_job(),
+      request->members(), response->mutable_next_page_token());
   if (!status.ok()) response->clear_job();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
@@ -202,13 +311,24 @@ grpc::ServerUnaryReactor* JobsService::ListJobs(
   return reactor;
 }
 
+absl::Status JobsService::WatchAllowed(const grpc::ServerContextBase& context,
+                                       const v1::WatchJobRequest& request) {
+  if (request.members().page_size() != 0 ||
+      !request.members().page_token().empty()) {
+    return absl::InvalidArgumentError(
+        "a watch does not page its members: leave page_size and page_token "
+        "unset");
+  }
+  return auth_->Check(context, request.job_id());
+}
+
 grpc::ServerWriteReactor<v1::WatchJobResponse>* JobsService::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
   const absl::Duration interval = std::max(
       kMinWatchInterval, absl::Milliseconds(request->min_interval_ms()));
   auto* watch =
       new Watch(this, request->job_id(), interval, request->with_buckets(),
-                auth_->Check(*context, request->job_id()));
+                request->members(), WatchAllowed(*context, *request));
   {
     absl::MutexLock lock(&mu_);
     watches_.insert(watch);

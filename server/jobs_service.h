@@ -47,9 +47,14 @@ class JobsService final : public v1::Jobs::CallbackService {
   // changed, and releases finished watches. Called every poll interval.
   void PollWatches();
 
-  // One job's full status, as GetJob answers it, written into `out`.
+  // One job's status, as GetJob answers it, written into `out`: with the
+  // members `query` selects (all by default) and the summary.
+  // `next_page_token` (may be null) gets where the next page starts.
+  // INVALID_ARGUMENT for a bad query.
   absl::Status JobStatus(const std::string& job_id, bool with_buckets,
-                         v1::JobStatus* out) const;
+                         v1::JobStatus* out,
+                         const v1::MemberQuery& query = v1::MemberQuery(),
+                         std::string* next_page_token = nullptr) const;
 
  private:
   class Watch;
@@ -62,6 +67,11 @@ class JobsService final : public v1::Jobs::CallbackService {
     grpc::MessageHolder<v1::GetJobRequest, v1::GetJobResponse>*
     AllocateMessages() override;
   };
+
+  // Whether `request` may start: the caller may watch the job and the
+  // query does not page.
+  absl::Status WatchAllowed(const grpc::ServerContextBase& context,
+                            const v1::WatchJobRequest& request);
 
   // CreateJob: the admin's only; issues the job's token when tokens are on.
   absl::Status Create(const grpc::ServerContextBase& context,

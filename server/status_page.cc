@@ -83,6 +83,21 @@ function renderJobs(jobs) {
   }).join("");
 }
 
+// What the members are doing (the summary), and which of them the table
+// lists: a job of more than 64 ranks lists only its unhealthy ones.
+function membersNote(j) {
+  const s = j.summary || {}, listed = (j.members || []).length;
+  const world = num(j.world_size);
+  if (!world) return "";
+  let note = "<span id=\"members-note\">members: " + num(s.active) + " active, " +
+      num(s.lost) + " lost, " + num(s.exited) + " exited";
+  if (s.heard) note += "; steps " + num(s.min_step) + "-" + num(s.max_step);
+  if (listed < world) {
+    note += "; listing " + listed + " of " + num(s.matching) + " needing a look";
+  }
+  return note + "</span>";
+}
+
 function renderJob(j) {
   const state = name(j.state, "JOB_STATE_");
   document.getElementById("title").textContent = "gradsync: job " + j.config.job_id;
@@ -91,6 +106,7 @@ function renderJob(j) {
       "<span>round " + num(j.round) + "</span>" +
       "<span>world size " + num(j.world_size) + "</span>" +
       "<span>recoveries " + num(j.recovery_count) + "</span>" +
+      membersNote(j) +
       (j.reason ? "<span>" + esc(j.reason) + "</span>" : "") +
       ' <a href="/' + esc(location.hash) + '">all jobs</a>';
   const d = j.diagnosis || {};

@@ -88,6 +88,23 @@ class KeyValue:
               timeout=self._timeout, metadata=self._metadata)
 
 
+def apply_watch_response(update, job):
+    """The job's whole status after WatchJobResponse `update`, given the
+    status built from the messages before it (None before the first)."""
+    if not update.delta or job is None:
+        return update.job
+    members = {m.rank: m for m in job.members}
+    for m in update.job.members:
+        members[m.rank] = m
+    for rank in update.removed_ranks:
+        members.pop(rank, None)
+    whole = job_pb2.JobStatus()
+    whole.CopyFrom(update.job)
+    del whole.members[:]
+    whole.members.extend(members[r] for r in sorted(members))
+    return whole
+
+
 class Client:
     """A connection to the coordinator at `target` ("HOST:PORT"). With
     `tls_ca` (PEM file) the channel uses TLS, with `tls_cert`/`tls_key` it
@@ -134,12 +151,18 @@ class Client:
                      timeout=self.timeout, metadata=self.metadata).job
 
     def watch(self, job_id):
-        """Yields the job's status on every change until the job ends."""
+        """Yields the job's whole status on every change until the job ends.
+
+        The coordinator sends deltas after its first message (see
+        WatchJobResponse); they are applied here.
+        """
         stream = self._jobs.WatchJob(jobs_pb2.WatchJobRequest(job_id=job_id),
                                      metadata=self.metadata)
+        job = None
         try:
             for update in stream:
-                yield update.job
+                job = apply_watch_response(update, job)
+                yield job
         except grpc.RpcError as e:
             raise Error(e.code().name, f"watch: {e.details()}") from None
 

@@ -1216,6 +1216,102 @@ TEST_F(CoordinatorTest, BadNodeJoinIsInvalidArgument) {
   EXPECT_EQ(GetJob("node-bad").status().code(), absl::StatusCode::kNotFound);
 }
 
+// A one-node job of `n` processes, joined with one call.
+std::vector<v1::Assignment> JoinOneNodeJob(CoordinatorClient* client,
+                                           const std::string& job_id, int n) {
+  v1::JobConfig config = Config(job_id, 1, 1);
+  config.set_nproc_per_node(n);
+  absl::StatusOr<std::vector<v1::Assignment>> a =
+      client->JoinNode(JoinNodeRequestFor(config, job_id + "-node", n));
+  EXPECT_TRUE(a.ok()) << a.status();
+  return a.ok() ? *a : std::vector<v1::Assignment>();
+}
+
+std::vector<int> Ranks(const v1::JobStatus& job) {
+  std::vector<int> ranks;
+  for (const v1::Member& m : job.members()) ranks.push_back(m.rank());
+  return ranks;
+}
+
+TEST_F(CoordinatorTest, GetJobAnswersASummaryARangeOrPages) {
+  ASSERT_EQ(JoinOneNodeJob(client_.get(), "paged", 5).size(), 5u);
+  v1::GetJobRequest request;
+  request.set_job_id("paged");
+  request.mutable_members()->set_none(true);
+  absl::StatusOr<v1::GetJobResponse> summary = client_->QueryJob(request);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->job().members_size(), 0);
+  EXPECT_EQ(summary->job().world_size(), 5);
+  EXPECT_EQ(summary->job().summary().active(), 5);
+  EXPECT_EQ(summary->job().summary().lost(), 0);
+
+  request.clear_members();
+  request.mutable_members()->set_rank_from(1);
+  request.mutable_members()->set_rank_to(4);
+  absl::StatusOr<v1::GetJobResponse> range = client_->QueryJob(request);
+  ASSERT_TRUE(range.ok()) << range.status();
+  EXPECT_THAT(Ranks(range->job()), ::testing::ElementsAre(1, 2, 3));
+  EXPECT_EQ(range->job().summary().matching(), 3);
+  EXPECT_EQ(range->next_page_token(), "");
+
+  request.clear_members();
+  request.mutable_members()->set_page_size(2);
+  std::vector<std::vector<int>> pages;
+  for (int i = 0; i < 5; ++i) {
+    absl::StatusOr<v1::GetJobResponse> page = client_->QueryJob(request);
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_EQ(page->job().summary().matching(), 5);
+    pages.push_back(Ranks(page->job()));
+    if (page->next_page_token().empty()) break;
+    request.mutable_members()->set_page_token(page->next_page_token());
+  }
+  EXPECT_THAT(pages, ::testing::ElementsAre(::testing::ElementsAre(0, 1),
+                                            ::testing::ElementsAre(2, 3),
+                                            ::testing::ElementsAre(4)));
+  // The default is every member, as before queries existed.
+  absl::StatusOr<v1::JobStatus> all = client_->GetJob("paged");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->members_size(), 5);
+}
+
+TEST_F(CoordinatorTest, BadMemberQueriesAreInvalidArgument) {
+  ASSERT_EQ(JoinOneNodeJob(client_.get(), "bad-query", 2).size(), 2u);
+  struct Case {
+    std::function<void(v1::MemberQuery*)> set;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::MemberQuery* q) { q->set_rank_from(-1); }, "rank range"},
+      {[](v1::MemberQuery* q) {
+         q->set_rank_from(3);
+         q->set_rank_to(3);
+       },
+       "rank range [3, 3)"},
+      {[](v1::MemberQuery* q) { q->set_page_size(-2); }, "page_size"},
+      {[](v1::MemberQuery* q) { q->set_page_token("next"); }, "page_token"},
+      {[](v1::MemberQuery* q) {
+         q->set_rank_to(2);
+         q->set_page_token("7");
+       },
+       "does not continue this query"},
+  };
+  for (const Case& c : cases) {
+    v1::GetJobRequest request;
+    request.set_job_id("bad-query");
+    c.set(request.mutable_members());
+    absl::StatusOr<v1::GetJobResponse> answer = client_->QueryJob(request);
+    EXPECT_EQ(answer.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.message;
+    EXPECT_THAT(answer.status().message(), HasSubstr(c.message));
+  }
+  v1::MemberQuery paged;
+  paged.set_page_size(1);
+  absl::Status watched = client_->WatchJob(
+      "bad-query", absl::Milliseconds(100), false,
+      [](const v1::JobStatus&) { return true; }, paged);
+  EXPECT_EQ(watched.code(), absl::StatusCode::kInvalidArgument) << watched;
+}
+
 TEST_F(CoordinatorTest, KvWaitWhoseClientDeadlineExpiresIsWithdrawn) {
   const v1::Assignment a = RunSingleNodeJob("kv-deadline");
   v1::WaitRequest request;

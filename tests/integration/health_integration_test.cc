@@ -267,6 +267,15 @@ TEST_F(HealthIntegrationTest, BrokenStreamIsLostAtOnceAndClosedStreamIsNot) {
   EXPECT_EQ(job.members(0).state(), v1::MEMBER_STATE_ACTIVE);
   EXPECT_EQ(job.state(), v1::JOB_STATE_WAITING) << "re-forming without rank 1";
   EXPECT_THAT(job.reason(), HasSubstr("lost: heartbeat stream broke"));
+  EXPECT_EQ(job.summary().active(), 1);
+  EXPECT_EQ(job.summary().lost(), 1);
+  v1::GetJobRequest request;
+  request.set_job_id("broken");
+  request.mutable_members()->set_unhealthy_only(true);
+  absl::StatusOr<v1::GetJobResponse> unhealthy = client_->QueryJob(request);
+  ASSERT_TRUE(unhealthy.ok()) << unhealthy.status();
+  ASSERT_EQ(unhealthy->job().members_size(), 1);
+  EXPECT_EQ(unhealthy->job().members(0).rank(), 1);
 }
 
 // The answers one node heartbeat stream received. Thread-safe.
@@ -352,15 +361,20 @@ TEST_F(HealthIntegrationTest, BrokenNodeStreamLosesItsMembersButNotClosedOnes) {
     v1::NodeHeartbeatRequest leave;
     *leave.add_closed() = Heartbeat(a[0]).member();
     ASSERT_TRUE(stream->Send(leave));
-    // A leave has no answer: the heartbeat of rank 1 behind it, answered,
-    // shows that the leave was handled.
+    // A leave has no answer: the answer to a heartbeat behind it (of a
+    // member of no job, refused, so it takes no place) shows that the leave
+    // was handled.
     v1::NodeHeartbeatRequest probe;
-    *probe.add_heartbeats() = Heartbeat(a[1]);
+    v1::HeartbeatRequest* nobody = probe.add_heartbeats();
+    nobody->mutable_member()->set_job_id("nobody");
+    nobody->mutable_member()->set_round(1);
+    nobody->mutable_member()->set_rank(99);
+    nobody->mutable_member()->set_incarnation_id("inc");
     ASSERT_TRUE(stream->Send(probe));
-    ASSERT_TRUE(answers.WaitFor(1));
-    v1::NodeHeartbeatRequest leave_too;
-    *leave_too.add_closed() = Heartbeat(a[1]).member();
-    ASSERT_TRUE(stream->Send(leave_too));
+    std::optional<v1::MemberHeartbeatResponse> refused = answers.WaitFor(99);
+    ASSERT_TRUE(refused.has_value());
+    EXPECT_EQ(refused->error_code(),
+              static_cast<int>(absl::StatusCode::kNotFound));
   }  // cancelled
   // Rank 1 on another node stream that breaks: LOST.
   NodeAnswers answers;
@@ -377,6 +391,48 @@ TEST_F(HealthIntegrationTest, BrokenNodeStreamLosesItsMembersButNotClosedOnes) {
   EXPECT_EQ(job.members(0).state(), v1::MEMBER_STATE_ACTIVE);
   EXPECT_EQ(job.members(1).state(), v1::MEMBER_STATE_LOST);
   EXPECT_THAT(job.members(1).state_reason(), HasSubstr("stream broke"));
+}
+
+TEST_F(HealthIntegrationTest, WatchSendsTheWholeStatusThenOnlyWhatChanged) {
+  std::vector<v1::Assignment> a = JoinAll("delta", 3);
+  std::vector<std::unique_ptr<Beater>> beaters = StartBeating(a);
+  auto channel = grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", coordinator_->port()),
+      grpc::InsecureChannelCredentials());
+  auto jobs = v1::Jobs::NewStub(channel);
+  grpc::ClientContext context;
+  v1::WatchJobRequest request;
+  request.set_job_id("delta");
+  auto reader = jobs->WatchJob(&context, request);
+  v1::WatchJobResponse first, second;
+  ASSERT_TRUE(reader->Read(&first));
+  EXPECT_FALSE(first.delta());
+  EXPECT_EQ(first.job().members_size(), 3);
+  // Rank 1 reports a new step; the next message carries rank 1 alone.
+  v1::WorkerMetrics m;
+  m.set_step(9);
+  ASSERT_TRUE(beaters[1]->stream->Send(Heartbeat(a[1], m)));
+  ASSERT_TRUE(
+      Eventually([&] { return Job("delta").members(1).metrics().step() == 9; }));
+  clock_.Advance(absl::Milliseconds(100));  // the watch's minimum interval
+  ASSERT_TRUE(reader->Read(&second));
+  EXPECT_TRUE(second.delta());
+  ASSERT_EQ(second.job().members_size(), 1);
+  EXPECT_EQ(second.job().members(0).rank(), 1);
+  EXPECT_EQ(second.job().members(0).metrics().step(), 9);
+  // Applied in order, the messages give the status GetJob gives.
+  v1::JobStatus built;
+  ApplyWatchResponse(first, &built);
+  ApplyWatchResponse(second, &built);
+  v1::JobStatus now = Job("delta");
+  ASSERT_EQ(built.members_size(), now.members_size());
+  for (int r = 0; r < now.members_size(); ++r) {
+    EXPECT_EQ(built.members(r).SerializeAsString(),
+              now.members(r).SerializeAsString())
+        << "rank " << r;
+  }
+  context.TryCancel();
+  reader->Finish().IgnoreError();
 }
 
 TEST_F(HealthIntegrationTest, CompletionEndsTheJobAndItsWatch) {
@@ -507,6 +563,23 @@ TEST_F(HealthIntegrationTest, SlowRankIsFlaggedAsAStraggler) {
   EXPECT_EQ(FromProtoDuration(job.diagnosis().stragglers(0).lag()),
             absl::Milliseconds(300));
   EXPECT_EQ(FromProtoDuration(job.members(2).lag()), absl::Milliseconds(300));
+  // The summary names it first among the slowest, and a query for the
+  // unhealthy members lists it alone.
+  const v1::JobSummary& summary = job.summary();
+  EXPECT_EQ(summary.heard(), 3);
+  EXPECT_EQ(summary.stragglers(), 1);
+  ASSERT_GE(summary.slowest_size(), 1);
+  EXPECT_EQ(summary.slowest(0).rank(), 2);
+  EXPECT_EQ(FromProtoDuration(summary.slowest(0).lag()),
+            absl::Milliseconds(300));
+  v1::GetJobRequest request;
+  request.set_job_id("slow");
+  request.mutable_members()->set_unhealthy_only(true);
+  absl::StatusOr<v1::GetJobResponse> unhealthy = client_->QueryJob(request);
+  ASSERT_TRUE(unhealthy.ok()) << unhealthy.status();
+  ASSERT_EQ(unhealthy->job().members_size(), 1);
+  EXPECT_EQ(unhealthy->job().members(0).rank(), 2);
+  EXPECT_EQ(unhealthy->job().summary().matching(), 1);
 }
 
 // Runs `command` and returns its exit status and stdout.

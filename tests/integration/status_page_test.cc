@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include <httplib.h>
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
@@ -100,6 +102,25 @@ TEST(StatusPageTest, ChromiumShowsEveryRankOfATrainingJob) {
   }
   EXPECT_THAT(dom, HasSubstr("50.0 ms")) << "the step time, in the table";
   EXPECT_THAT(dom, HasSubstr("<p id=\"error\"></p>")) << "a refresh failed";
+  EXPECT_THAT(dom, HasSubstr("members: 2 active, 0 lost, 0 exited"));
+
+  // /api/job chooses its members by query; a bad one is a 400.
+  httplib::Client http("127.0.0.1", std::stoi(port));
+  auto none = http.Get("/api/job?id=web&members=none");
+  ASSERT_TRUE(none) << "no answer from /api/job";
+  EXPECT_EQ(none->status, 200);
+  EXPECT_THAT(none->body, HasSubstr("\"summary\""));
+  EXPECT_THAT(none->body, HasSubstr("\"members\":[]"));
+  auto one = http.Get("/api/job?id=web&members=all&from=1&to=2");
+  ASSERT_TRUE(one);
+  const std::vector<std::string> pieces =
+      absl::StrSplit(one->body, "\"node_rank\"");
+  EXPECT_EQ(pieces.size(), 2u) << "one member listed: " << one->body;
+  EXPECT_THAT(one->body, HasSubstr("\"rank\":1,"));
+  auto bad = http.Get("/api/job?id=web&members=some");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_THAT(bad->body, HasSubstr("use all, unhealthy, none or auto"));
 
   // The list of jobs links to it.
   Child list;

@@ -282,6 +282,40 @@ std::string FormatJobsTable(const std::vector<v1::JobStatus>& jobs,
   return RenderTable(rows);
 }
 
+namespace {
+
+// Rows saying what the members of the round are doing, from the status's
+// summary: counts by state, progress, the slowest ranks.
+void AddMemberSummary(const v1::JobStatus& job,
+                      std::vector<std::vector<std::string>>* rows) {
+  if (!job.has_summary() || job.world_size() == 0) return;
+  const v1::JobSummary& s = job.summary();
+  rows->push_back(
+      {"members", absl::StrCat(s.active(), " active, ", s.lost(), " lost, ",
+                               s.exited(), " exited; ", s.heard(), " of ",
+                               job.world_size(), " heard from")});
+  if (s.heard() > 0) {
+    rows->push_back({"steps", s.min_step() == s.max_step()
+                                  ? absl::StrCat(s.min_step())
+                                  : absl::StrCat(s.min_step(), " to ",
+                                                 s.max_step())});
+  }
+  if (s.slowest_size() > 0) {
+    std::vector<std::string> slow;
+    for (const v1::SlowRank& r : s.slowest()) {
+      slow.push_back(absl::StrCat(
+          "rank ", r.rank(), " +",
+          absl::FormatDuration(absl::Trunc(FromProtoDuration(r.lag()),
+                                           absl::Microseconds(100)))));
+    }
+    rows->push_back({"slowest", absl::StrCat(absl::StrJoin(slow, ", "), " (",
+                                             s.stragglers(),
+                                             " flagged as stragglers)")});
+  }
+}
+
+}  // namespace
+
 std::string FormatJobStatus(const v1::JobStatus& job, absl::Time now) {
   const v1::JobConfig& c = job.config();
   std::vector<std::vector<std::string>> summary = {
@@ -304,10 +338,17 @@ std::string FormatJobStatus(const v1::JobStatus& job, absl::Time now) {
                                              Ago(job.end_time(), now), ")")});
   }
   if (!job.reason().empty()) summary.push_back({"reason", job.reason()});
+  AddMemberSummary(job, &summary);
   std::string out = RenderTable(summary);
   if (job.members_size() > 0) {
-    absl::StrAppend(&out, "\nmembers (round ", job.round(), "):\n",
-                    RanksTable(job.members(), now));
+    const bool partial = job.has_summary() &&
+                         job.members_size() < job.world_size();
+    absl::StrAppend(
+        &out, "\nmembers (round ", job.round(),
+        partial ? absl::StrCat(", ", job.members_size(), " of the ",
+                               job.summary().matching(), " selected")
+                : std::string(),
+        "):\n", RanksTable(job.members(), now));
   }
   const std::string diagnosis = DiagnosisText(job);
   if (!diagnosis.empty()) absl::StrAppend(&out, "\ndiagnosis:\n", diagnosis);

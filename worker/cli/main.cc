@@ -2,7 +2,9 @@
 //
 //   gradsync --coordinator=HOST:PORT jobs [--json]
 //   gradsync --coordinator=HOST:PORT status JOB [--json]
+//       [--ranks=FIRST-LAST | --unhealthy | --all]
 //   gradsync --coordinator=HOST:PORT watch JOB [--json] [--interval=1s]
+//       [--ranks=FIRST-LAST | --unhealthy | --all]
 //   gradsync --coordinator=HOST:PORT create JOB --nnodes=N[:M]
 //       [--nproc_per_node=P] [--json]   (prints the job's token)
 //   gradsync launch [torchrun-style flags] [--] PROGRAM [ARGS...]
@@ -22,6 +24,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/job_config.h"
 #include "common/logging.h"
@@ -51,6 +56,15 @@ ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5),
           "give up when the coordinator does not answer within this time");
 ABSL_FLAG(absl::Duration, interval, absl::Seconds(1),
           "watch: refresh at most this often (at least 100ms)");
+ABSL_FLAG(std::string, ranks, "",
+          "status, watch: list only ranks FIRST-LAST (e.g. 0-63)");
+ABSL_FLAG(bool, unhealthy, false,
+          "status, watch: list only members that are not ACTIVE or are "
+          "stragglers");
+ABSL_FLAG(bool, all, false,
+          "status, watch: list every member, however large the job (by "
+          "default a job of more than 64 ranks lists only its unhealthy "
+          "members, after the summary)");
 
 namespace {
 
@@ -59,18 +73,68 @@ constexpr char kUsage[] =
     "Usage:\n"
     "  gradsync --coordinator=HOST:PORT jobs [--json]\n"
     "  gradsync --coordinator=HOST:PORT status JOB [--json]\n"
+    "      [--ranks=FIRST-LAST | --unhealthy | --all]\n"
+    "    (a summary, then the members: all of them up to 64 ranks, else the\n"
+    "    unhealthy ones; the flags choose)\n"
     "  gradsync --coordinator=HOST:PORT watch JOB [--json] [--interval=1s]\n"
+    "      [--ranks=FIRST-LAST | --unhealthy | --all]\n"
+    "    (a live view, refreshed until the job ends; --json prints\n"
+    "    one JSON document per line per update)\n"
     "  gradsync --coordinator=HOST:PORT create JOB --nnodes=N[:M]\n"
     "      [--nproc_per_node=P] [--json]\n"
     "    (with the admin's token; prints the job's token for its workers)\n"
-    "    (a live per-rank table, refreshed until the job ends; --json prints\n"
-    "    one JSON document per line per update)\n"
     "  gradsync launch --coordinator=HOST:PORT --job=ID [FLAGS] PROGRAM ...\n"
     "    (start this node's processes of a job; gradsync launch --help)";
 
 int Fail(const std::string& message, int code) {
   std::fprintf(stderr, "gradsync: %s\n", message.c_str());
   return code;
+}
+
+// Jobs of more ranks than this list only their unhealthy members by
+// default: the summary says the rest.
+constexpr int kListAllUpTo = 64;
+// Members one `status` prints at most (unless --all or --ranks).
+constexpr int kListedMembers = 50;
+
+// The members `status` and `watch` ask for by flag: --ranks and
+// --unhealthy.
+absl::StatusOr<gradsync::v1::MemberQuery> MemberQueryFromFlags() {
+  gradsync::v1::MemberQuery query;
+  const std::string ranks = absl::GetFlag(FLAGS_ranks);
+  if (!ranks.empty()) {
+    std::pair<std::string, std::string> bounds = absl::StrSplit(ranks, '-');
+    int first = 0, last = 0;
+    if (!absl::SimpleAtoi(bounds.first, &first) ||
+        !absl::SimpleAtoi(bounds.second, &last) || first < 0 || last < first) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--ranks: '", ranks, "' is not FIRST-LAST (e.g. 0-63)"));
+    }
+    query.set_rank_from(first);
+    query.set_rank_to(last + 1);
+  }
+  query.set_unhealthy_only(absl::GetFlag(FLAGS_unhealthy));
+  return query;
+}
+
+// `query` (from the flags) for job `job_id`: when no flag chose, a job of
+// more than kListAllUpTo ranks lists only its unhealthy members. Asks the
+// coordinator for the job's summary, which is cheap, to know its size.
+absl::StatusOr<gradsync::v1::MemberQuery> MembersToShow(
+    gradsync::CoordinatorClient* client, const std::string& job_id,
+    gradsync::v1::MemberQuery query) {
+  if (absl::GetFlag(FLAGS_all) || !absl::GetFlag(FLAGS_ranks).empty() ||
+      query.unhealthy_only()) {
+    return query;
+  }
+  gradsync::v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  request.mutable_members()->set_none(true);
+  absl::StatusOr<gradsync::v1::GetJobResponse> summary =
+      client->QueryJob(request);
+  if (!summary.ok()) return summary.status();
+  query.set_unhealthy_only(summary->job().world_size() > kListAllUpTo);
+  return query;
 }
 
 }  // namespace
@@ -121,15 +185,31 @@ int main(int argc, char** argv) {
                        : gradsync::FormatCreatedJob(*created));
     return 0;
   }
+  absl::StatusOr<gradsync::v1::MemberQuery> flags_query =
+      MemberQueryFromFlags();
+  if (!flags_query.ok()) {
+    return Fail(std::string(flags_query.status().message()), 2);
+  }
   if (command == "status" && args.size() == 3) {
-    auto job = (*client)->GetJob(args[2], /*with_buckets=*/json);
+    auto query = MembersToShow(client->get(), args[2], *flags_query);
+    if (!query.ok()) return Fail(std::string(query.status().message()), 1);
+    gradsync::v1::GetJobRequest request;
+    request.set_job_id(args[2]);
+    request.set_with_buckets(json);
+    *request.mutable_members() = *query;
+    const bool paged = !json && !absl::GetFlag(FLAGS_all) &&
+                       absl::GetFlag(FLAGS_ranks).empty();
+    if (paged) request.mutable_members()->set_page_size(kListedMembers);
+    auto job = (*client)->QueryJob(request);
     if (!job.ok()) return Fail(std::string(job.status().message()), 1);
-    std::cout << (json ? gradsync::JobStatusToJson(*job)
-                       : gradsync::FormatJobStatus(*job, absl::Now()));
+    std::cout << (json ? gradsync::JobStatusToJson(job->job())
+                       : gradsync::FormatJobStatus(job->job(), absl::Now()));
     return 0;
   }
   if (command == "watch" && args.size() == 3) {
     const std::string job_id = args[2];
+    auto query = MembersToShow(client->get(), job_id, *flags_query);
+    if (!query.ok()) return Fail(std::string(query.status().message()), 1);
     // On a terminal, each update replaces the previous one.
     const bool redraw = !json && isatty(STDOUT_FILENO);
     absl::Status watched = (*client)->WatchJob(
@@ -146,7 +226,8 @@ int main(int argc, char** argv) {
                     << "\n\n"
                     << gradsync::FormatJobStatus(job, now) << std::flush;
           return true;
-        });
+        },
+        *query);
     if (!watched.ok()) return Fail(std::string(watched.message()), 1);
     return 0;
   }

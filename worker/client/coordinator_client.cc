@@ -8,6 +8,8 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -572,13 +574,20 @@ absl::StatusOr<v1::JobStatus> CoordinatorClient::GetJob(
   v1::GetJobRequest request;
   request.set_job_id(job_id);
   request.set_with_buckets(with_buckets);
+  absl::StatusOr<v1::GetJobResponse> response = QueryJob(request);
+  if (!response.ok()) return response.status();
+  return std::move(*response->mutable_job());
+}
+
+absl::StatusOr<v1::GetJobResponse> CoordinatorClient::QueryJob(
+    const v1::GetJobRequest& request) {
   v1::GetJobResponse response;
   absl::Status status =
       Call("get job", options_.call_timeout, [&](grpc::ClientContext* c, const Route& r) {
         return r.jobs->GetJob(c, request, &response);
       });
   if (!status.ok()) return status;
-  return response.job();
+  return response;
 }
 
 absl::StatusOr<std::vector<v1::JobStatus>> CoordinatorClient::ListJobs() {
@@ -593,11 +602,53 @@ absl::StatusOr<std::vector<v1::JobStatus>> CoordinatorClient::ListJobs() {
                                     response.jobs().end());
 }
 
+void ApplyWatchResponse(v1::WatchJobResponse response, v1::JobStatus* job) {
+  if (!response.delta()) {
+    *job = std::move(*response.mutable_job());
+    return;
+  }
+  google::protobuf::RepeatedPtrField<v1::Member> members;
+  members.Swap(job->mutable_members());
+  google::protobuf::RepeatedPtrField<v1::Member> changed;
+  changed.Swap(response.mutable_job()->mutable_members());
+  *job = std::move(*response.mutable_job());
+  absl::flat_hash_map<int, int> index;  // rank -> position in `members`
+  for (int i = 0; i < members.size(); ++i) index[members[i].rank()] = i;
+  bool reorder = false;
+  for (v1::Member& m : changed) {
+    auto at = index.find(m.rank());
+    if (at != index.end()) {
+      members[at->second] = std::move(m);
+    } else {
+      *members.Add() = std::move(m);
+      reorder = true;
+    }
+  }
+  if (response.removed_ranks_size() > 0) {
+    const absl::flat_hash_set<int> removed(response.removed_ranks().begin(),
+                                           response.removed_ranks().end());
+    members.erase(std::remove_if(members.begin(), members.end(),
+                                 [&](const v1::Member& m) {
+                                   return removed.contains(m.rank());
+                                 }),
+                  members.end());
+  }
+  if (reorder) {
+    std::sort(members.begin(), members.end(),
+              [](const v1::Member& a, const v1::Member& b) {
+                return a.rank() < b.rank();
+              });
+  }
+  job->mutable_members()->Swap(&members);
+}
+
 absl::Status CoordinatorClient::WatchJob(
     const std::string& job_id, absl::Duration min_interval, bool with_buckets,
-    const std::function<bool(const v1::JobStatus&)>& on_status) {
+    const std::function<bool(const v1::JobStatus&)>& on_status,
+    const v1::MemberQuery& members) {
   v1::WatchJobRequest request;
   request.set_job_id(job_id);
+  *request.mutable_members() = members;
   request.set_with_buckets(with_buckets);
   request.set_min_interval_ms(absl::ToInt64Milliseconds(min_interval));
   grpc::ClientContext context;
@@ -606,8 +657,10 @@ absl::Status CoordinatorClient::WatchJob(
   std::unique_ptr<grpc::ClientReader<v1::WatchJobResponse>> reader =
       route->jobs->WatchJob(&context, request);
   v1::WatchJobResponse response;
+  v1::JobStatus job;
   while (reader->Read(&response)) {
-    if (!on_status(response.job())) {
+    ApplyWatchResponse(std::move(response), &job);
+    if (!on_status(job)) {
       context.TryCancel();
       reader->Finish().IgnoreError();
       return absl::CancelledError("the watch was stopped by its caller");

@@ -127,6 +127,9 @@ class CoordinatorClient {
   // With `with_buckets`, members' metrics include their per-bucket stats.
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id,
                                        bool with_buckets = false);
+  // GetJob with everything the request can say (a member query, a page);
+  // the whole answer, next_page_token included.
+  absl::StatusOr<v1::GetJobResponse> QueryJob(const v1::GetJobRequest& request);
   absl::StatusOr<std::vector<v1::JobStatus>> ListJobs();
 
   // Streams `job_id`'s status (Jobs.WatchJob): calls `on_status` with each
@@ -135,7 +138,8 @@ class CoordinatorClient {
   absl::Status WatchJob(const std::string& job_id, absl::Duration min_interval,
                         bool with_buckets,
                         const std::function<bool(const v1::JobStatus&)>&
-                            on_status);
+                            on_status,
+                        const v1::MemberQuery& members = v1::MemberQuery());
 
   // Monitor. Opens a heartbeat stream without waiting for the connection: a
   // coordinator that is down ends the stream with UNAVAILABLE at once.
@@ -242,6 +246,11 @@ class OutgoingStream {
   // `timeout` for the coordinator's status (DEADLINE_EXCEEDED after it).
   virtual absl::Status Close(absl::Duration timeout) = 0;
 };
+
+// Applies one message of a WatchJob stream to `job`, the status built from
+// the messages before it (see WatchJobResponse): `job` becomes the job's
+// whole status as of that message.
+void ApplyWatchResponse(v1::WatchJobResponse response, v1::JobStatus* job);
 
 // A random 128-bit id in hex, for NodeDescriptor.incarnation_id.
 std::string NewIncarnationId();

@@ -195,6 +195,31 @@ TEST(FormatJobStatusTest, SummaryAndMemberRows) {
   EXPECT_LT(text.find("members (round 3)"), text.find("spares:"));
 }
 
+TEST(FormatJobStatusTest, APartialListingSaysSoAndTheSummaryCounts) {
+  v1::JobStatus job = RunningJob();  // world size 4
+  job.mutable_members()->DeleteSubrange(1, 3);  // one member listed
+  v1::JobSummary* s = job.mutable_summary();
+  s->set_active(3);
+  s->set_lost(1);
+  s->set_heard(4);
+  s->set_min_step(120);
+  s->set_max_step(131);
+  s->set_stragglers(1);
+  s->set_matching(1);
+  v1::SlowRank* slow = s->add_slowest();
+  slow->set_rank(2);
+  *slow->mutable_lag() = ToProtoDuration(absl::Milliseconds(250));
+  std::string text = FormatJobStatus(job, kNow);
+  EXPECT_THAT(text, ContainsRegex(
+                        "\nmembers +3 active, 1 lost, 0 exited; 4 of 4 heard "
+                        "from\n"));
+  EXPECT_THAT(text, ContainsRegex("\nsteps +120 to 131\n"));
+  EXPECT_THAT(text, ContainsRegex(
+                        "\nslowest +rank 2 \\+250ms \\(1 flagged as "
+                        "stragglers\\)\n"));
+  EXPECT_THAT(text, HasSubstr("\nmembers (round 3, 1 of the 1 selected):\n"));
+}
+
 TEST(FormatJobStatusTest, WaitingJobShowsWaitingProcessesAndNoMembers) {
   std::string text = FormatJobStatus(WaitingJob(), kNow);
   EXPECT_THAT(text, ContainsRegex("\nstate +waiting\n"));
