@@ -129,21 +129,8 @@ std::unique_ptr<HealthManager::Session> HealthManager::NewSession() {
   return std::make_unique<Session>();
 }
 
-absl::StatusOr<std::shared_ptr<HealthManager::JobHealth>>
-HealthManager::FindOrStart(const v1::MemberRef& member,
-                           absl::string_view started_by,
-                           int grace_windows) {
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    auto it = jobs_health_.find(member.job_id());
-    if (it != jobs_health_.end() && it->second->round == member.round()) {
-      return it->second;
-    }
-  }
-  // Not monitored yet, or another round: ask the job registry.
-  GS_ASSIGN_OR_RETURN(RoundMembers round,
-                      jobs_->GetRoundMembers(member.job_id()));
-  const JobPhase& phase = round.phase;
+absl::Status HealthManager::CheckRound(const v1::MemberRef& member,
+                                      const JobPhase& phase) {
   if (member.round() < phase.round ||
       (member.round() == phase.round &&
        phase.state == v1::JOB_STATE_WAITING)) {
@@ -154,6 +141,34 @@ HealthManager::FindOrStart(const v1::MemberRef& member,
         "round ", member.round(), " of job '", member.job_id(),
         "' has not closed (the latest is ", phase.round, ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<HealthManager::JobHealth>>
+HealthManager::FindOrStart(const v1::MemberRef& member,
+                           absl::string_view started_by,
+                           int grace_windows) {
+  auto monitored = [&]() -> std::shared_ptr<JobHealth> {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = jobs_health_.find(member.job_id());
+    if (it != jobs_health_.end() && it->second->round == member.round()) {
+      return it->second;
+    }
+    return nullptr;
+  };
+  if (std::shared_ptr<JobHealth> job = monitored()) return job;
+  // Not monitored yet, or another round: ask the job registry, cheaply
+  // first (members of an old round keep heartbeating until they learn it).
+  GS_ASSIGN_OR_RETURN(JobPhase latest, jobs_->GetPhase(member.job_id()));
+  GS_RETURN_IF_ERROR(CheckRound(member, latest));
+  // One start at a time: the first heartbeats of a large round arrive
+  // together, and each start copies the round's members.
+  absl::MutexLock starting(&start_mu_);
+  if (std::shared_ptr<JobHealth> job = monitored()) return job;
+  GS_ASSIGN_OR_RETURN(RoundMembers round,
+                      jobs_->GetRoundMembers(member.job_id()));
+  const JobPhase& phase = round.phase;
+  GS_RETURN_IF_ERROR(CheckRound(member, phase));
   auto job = std::make_shared<JobHealth>();
   const v1::JobConfig& c = round.config;
   job->job_id = member.job_id();

@@ -270,6 +270,10 @@ class HealthManager {
       absl::string_view started_by = "monitoring began",
       int grace_windows = 0);
   std::vector<std::shared_ptr<JobHealth>> Snapshot() const;
+  // OK when `member` is of the round `phase` says is running: ABORTED for
+  // an older (or superseded) round, FAILED_PRECONDITION for a newer one.
+  static absl::Status CheckRound(const v1::MemberRef& member,
+                                 const JobPhase& phase);
   // The monitoring of round `round` of `job_id`; null when that round is
   // not monitored.
   std::shared_ptr<JobHealth> Monitored(const std::string& job_id,
@@ -309,6 +313,8 @@ class HealthManager {
   std::atomic<bool> stopped_{false};
   std::atomic<int64_t> heartbeats_{0};
 
+  // Held while a round's monitoring starts (FindOrStart), before mu_.
+  absl::Mutex start_mu_;
   mutable absl::Mutex mu_;
   // job id -> the monitoring of its latest round.
   absl::flat_hash_map<std::string, std::shared_ptr<JobHealth>> jobs_health_
