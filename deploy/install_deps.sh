@@ -22,6 +22,7 @@ packages=(
   # the Debian package and its test (deploy/build_deb.sh, //deploy:package_test)
   fakeroot systemd
   chromium  # the status page's browser test
+  clang-14 libclang-rt-14-dev  # the fuzzers (tests/fuzz/run.sh): libFuzzer
 )
 # kubectl for //deploy:package_test: Debian's, unless one is installed
 # already (e.g. Google Cloud SDK's "kubectl" package, which owns the path).

@@ -3,7 +3,8 @@
 #   deploy/test.sh [extra bazel test flags]
 # bazel test //..., then the CMake build of everything and its tests
 # (deploy/cmake_build.sh --ctest, about 7 minutes from scratch on 2 cores),
-# so that the CMake build GPU machines use cannot rot. Ends with one line
+# so that the CMake build GPU machines use cannot rot, then the libFuzzer
+# harnesses for a minute (tests/fuzz/run.sh). Ends with one line
 # "gtest: N passed, N failed, N skipped" counted from Bazel's test cases (GPU
 # tests skip on machines without a GPU), after ctest's own line.
 set -uo pipefail
@@ -37,6 +38,11 @@ done < <(grep -oE '^//[^ ]+' /tmp/gradsync-test.log | sort -u)
 deploy/cmake_build.sh --ctest 2>&1 | tee /tmp/gradsync-cmake.log
 cmake_status=${PIPESTATUS[0]}
 [ "$status" -eq 0 ] && status=$cmake_status
+
+# The fuzzers, for a bounded time (tests/fuzz/run.sh).
+tests/fuzz/run.sh 60 2>&1 | tee /tmp/gradsync-fuzz.log
+fuzz_status=${PIPESTATUS[0]}
+[ "$status" -eq 0 ] && status=$fuzz_status
 
 echo "gtest: ${passed} passed, ${failed} failed, ${skipped} skipped"
 exit "$status"

@@ -400,7 +400,7 @@ void HealthManager::RecordCollectives(JobHealth* job, int rank,
     HealthUpdate update;
     update.job_state = v1::JOB_STATE_FAILED;
     update.reason = std::move(text);
-    Transition(job, std::move(update));
+    Transition(job, std::move(update)).IgnoreError();  // it logs why not
     if (!job->detecting()) return;
   }
 }
@@ -552,7 +552,7 @@ void HealthManager::StreamBroken(Session* session) {
                   absl::StrCat("rank ", session->rank, " (", m.host,
                                ") lost: ", why),
                   &update, &losses);
-      Transition(job, std::move(update));
+      Transition(job, std::move(update)).IgnoreError();  // it logs why not
     }
   }
   ReportLosses(losses);
@@ -691,7 +691,7 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now,
       Loss& loss = (*losses)[i];
       loss.detection = now - job->members[loss.rank].last_seen;
     }
-    Transition(job, std::move(update));
+    Transition(job, std::move(update)).IgnoreError();  // it logs why not
   }
   DiagnoseHang(job, now);
 }
