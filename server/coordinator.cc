@@ -50,8 +50,10 @@ Coordinator::Coordinator(CoordinatorConfig config)
               }),
       rendezvous_service_(&rendezvous_, &auth_),
       kv_service_(&kv_, &auth_),
-      jobs_service_(&jobs_, &rendezvous_, &health_, clock_, &auth_),
-      monitor_service_(&health_, &auth_),
+      stream_limits_(config_.max_streams_per_connection),
+      jobs_service_(&jobs_, &rendezvous_, &health_, clock_, &auth_,
+                    &stream_limits_),
+      monitor_service_(&health_, &auth_, &stream_limits_),
       metrics_(HttpRoutes()) {}
 
 std::vector<HttpRoute> Coordinator::HttpRoutes() {

@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "server/authenticator.h"
 #include "server/completion_queues.h"
+#include "server/connection_limits.h"
 #include "server/health_manager.h"
 #include "server/job_manager.h"
 #include "server/jobs_service.h"
@@ -53,6 +54,9 @@ struct CoordinatorConfig {
   // Completion queues (and threads) for heartbeat streams and joins; see
   // CompletionQueues for why more than one.
   int completion_queues = 32;
+  // Heartbeat streams and watches one client connection may hold at once;
+  // 0: no limit.
+  int max_streams_per_connection = 1024;
   // Time source; nullptr means the real clock. Must outlive the coordinator.
   Clock* clock = nullptr;
   // Where jobs and keys are kept (e.g. a SqliteStorage for --state_dir);
@@ -129,6 +133,7 @@ class Coordinator {
   RendezvousManager rendezvous_;
   HealthManager health_;
   RpcStats rpc_stats_;
+  ConnectionLimits stream_limits_;
   RendezvousService rendezvous_service_;
   KvService kv_service_;
   JobsService jobs_service_;

@@ -54,26 +54,32 @@ absl::StatusOr<JobManager::MemberSelection> SelectionFor(
 }  // namespace
 
 // One WatchJob stream. MaybeSend() writes the job's status when it changed
-// (one write at a time): whole at first, then as deltas; the stream finishes after a terminal status, when
-// the job is gone, or when the client cancels. Lifetime: owned by the
+// (one write at a time): whole at first, then as deltas; the stream
+// finishes after a terminal status, when the job is gone, when it was not
+// allowed, or when the client cancels. Lifetime: owned by the
 // service's watch set; deleted by PollWatches (or the service's destructor)
 // once gRPC called OnDone.
 class JobsService::Watch final
     : public grpc::ServerWriteReactor<v1::WatchJobResponse> {
  public:
-  // `refused`: not OK when the caller may not watch the job; the watch then
-  // ends at once with it.
   Watch(const JobsService* service, std::string job_id,
-        absl::Duration min_interval, bool with_buckets, v1::MemberQuery query,
-        absl::Status refused)
+        absl::Duration min_interval, bool with_buckets, v1::MemberQuery query)
       : service_(service),
         job_id_(std::move(job_id)),
         min_interval_(min_interval),
         with_buckets_(with_buckets),
-        query_(std::move(query)),
-        refused_(std::move(refused)) {}
+        query_(std::move(query)) {}
 
   bool released() const { return released_.load(); }
+
+  // Its place among its connection's streams (WatchAllowed fills it).
+  ConnectionLimits::Lease* lease() { return &lease_; }
+  // Whether the watch may go on: when not, it ends with `allowed` at its
+  // first MaybeSend(). Called once, before MaybeSend().
+  void Allow(absl::Status allowed) {
+    absl::MutexLock lock(&mu_);
+    refused_ = std::move(allowed);
+  }
 
   void MaybeSend(absl::Time now) {
     absl::MutexLock lock(&mu_);
@@ -163,10 +169,12 @@ class JobsService::Watch final
   const absl::Duration min_interval_;
   const bool with_buckets_;
   const v1::MemberQuery query_;
-  const absl::Status refused_;
+  ConnectionLimits::Lease lease_;
   std::atomic<bool> released_{false};
 
   absl::Mutex mu_;
+  // Not OK when the watch may not go on (see Allow).
+  absl::Status refused_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   bool final_ ABSL_GUARDED_BY(mu_) = false;  // the status in flight is terminal
@@ -201,12 +209,13 @@ JobsService::ArenaAllocator::AllocateMessages() {
 
 JobsService::JobsService(JobManager* jobs, const RendezvousManager* rendezvous,
                          const HealthManager* health, Clock* clock,
-                         Authenticator* auth)
+                         Authenticator* auth, ConnectionLimits* limits)
     : jobs_(jobs),
       rendezvous_(rendezvous),
       health_(health),
       clock_(clock),
-      auth_(auth) {
+      auth_(auth),
+      limits_(limits) {
   SetMessageAllocatorFor_GetJob(&get_job_allocator_);
 }
 
@@ -312,14 +321,17 @@ grpc::ServerUnaryReactor* JobsService::ListJobs(
 }
 
 absl::Status JobsService::WatchAllowed(const grpc::ServerContextBase& context,
-                                       const v1::WatchJobRequest& request) {
+                                       const v1::WatchJobRequest& request,
+                                       ConnectionLimits::Lease* lease) {
   if (request.members().page_size() != 0 ||
       !request.members().page_token().empty()) {
     return absl::InvalidArgumentError(
         "a watch does not page its members: leave page_size and page_token "
         "unset");
   }
-  return auth_->Check(context, request.job_id());
+  GS_RETURN_IF_ERROR(auth_->Check(context, request.job_id()));
+  GS_ASSIGN_OR_RETURN(*lease, limits_->Acquire(context.peer()));
+  return absl::OkStatus();
 }
 
 grpc::ServerWriteReactor<v1::WatchJobResponse>* JobsService::WatchJob(
@@ -328,7 +340,8 @@ grpc::ServerWriteReactor<v1::WatchJobResponse>* JobsService::WatchJob(
       kMinWatchInterval, absl::Milliseconds(request->min_interval_ms()));
   auto* watch =
       new Watch(this, request->job_id(), interval, request->with_buckets(),
-                request->members(), WatchAllowed(*context, *request));
+                request->members());
+  watch->Allow(WatchAllowed(*context, *request, watch->lease()));
   {
     absl::MutexLock lock(&mu_);
     watches_.insert(watch);

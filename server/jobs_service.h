@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "proto/gradsync/v1/jobs.grpc.pb.h"
 #include "server/authenticator.h"
+#include "server/connection_limits.h"
 #include "server/health_manager.h"
 #include "server/job_manager.h"
 #include "server/rendezvous_manager.h"
@@ -25,9 +26,11 @@ namespace gradsync {
 // and it must outlive the server it is registered with.
 class JobsService final : public v1::Jobs::CallbackService {
  public:
-  // `auth` decides who may call about which job, and issues job tokens.
+  // `auth` decides who may call about which job, and issues job tokens;
+  // `limits` bounds the watches of a connection.
   JobsService(JobManager* jobs, const RendezvousManager* rendezvous,
-              const HealthManager* health, Clock* clock, Authenticator* auth);
+              const HealthManager* health, Clock* clock, Authenticator* auth,
+              ConnectionLimits* limits);
   ~JobsService() override;
 
   grpc::ServerUnaryReactor* CreateJob(grpc::CallbackServerContext* context,
@@ -68,10 +71,11 @@ class JobsService final : public v1::Jobs::CallbackService {
     AllocateMessages() override;
   };
 
-  // Whether `request` may start: the caller may watch the job and the
-  // query does not page.
+  // Whether `request` may start: the caller may watch the job, the query
+  // does not page and the connection may hold one more stream (`lease`).
   absl::Status WatchAllowed(const grpc::ServerContextBase& context,
-                            const v1::WatchJobRequest& request);
+                            const v1::WatchJobRequest& request,
+                            ConnectionLimits::Lease* lease);
 
   // CreateJob: the admin's only; issues the job's token when tokens are on.
   absl::Status Create(const grpc::ServerContextBase& context,
@@ -83,6 +87,7 @@ class JobsService final : public v1::Jobs::CallbackService {
   const HealthManager* const health_;
   Clock* const clock_;
   Authenticator* const auth_;
+  ConnectionLimits* const limits_;
   ArenaAllocator get_job_allocator_;
 
   absl::Mutex mu_;

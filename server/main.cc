@@ -55,6 +55,9 @@ ABSL_FLAG(absl::Duration, hang_timeout, absl::Seconds(30),
 ABSL_FLAG(int, completion_queues, 32,
           "completion queues (each with a thread) serving heartbeat streams "
           "and joins; more keep them fast with many workers");
+ABSL_FLAG(int, max_streams_per_connection, 1024,
+          "heartbeat streams and job watches one client connection may hold "
+          "at once (a node agent holds one for its node); 0: no limit");
 ABSL_FLAG(absl::Duration, retention, absl::Hours(1),
           "how long jobs that succeeded or failed stay queryable");
 ABSL_FLAG(std::string, state_dir, "",
@@ -231,11 +234,15 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_kv_bytes_per_job);
   config.retention = absl::GetFlag(FLAGS_retention);
   config.completion_queues = absl::GetFlag(FLAGS_completion_queues);
+  config.max_streams_per_connection =
+      absl::GetFlag(FLAGS_max_streams_per_connection);
   if (config.health.heartbeat_interval <= absl::ZeroDuration() ||
       config.health.missed_heartbeats < 1 || config.retention < absl::ZeroDuration() ||
-      config.shutdown_grace < absl::ZeroDuration()) {
+      config.shutdown_grace < absl::ZeroDuration() ||
+      config.max_streams_per_connection < 0) {
     GS_LOG(ERROR) << "--heartbeat_interval must be > 0, --missed_heartbeats "
-                     ">= 1, --retention >= 0 and --shutdown_grace >= 0";
+                     ">= 1, --retention >= 0, --shutdown_grace >= 0 and "
+                     "--max_streams_per_connection >= 0";
     return EXIT_FAILURE;
   }
   absl::StatusOr<std::string> admin_token = gradsync::AdminToken(

@@ -178,7 +178,14 @@ class MonitorService::StreamCall {
         }
         Accept(service_, requester_, queue_);  // the next stream
         caller_ = service_->auth_->Identify(context_);
-        Read();
+        if (absl::StatusOr<ConnectionLimits::Lease> lease =
+                service_->limits_->Acquire(context_.peer());
+            lease.ok()) {
+          lease_ = *std::move(lease);
+          Read();
+        } else {
+          FinishWith(ToGrpcStatus(lease.status()));
+        }
         return;
       case Event::kRead:
         --pending_;
@@ -269,6 +276,8 @@ class MonitorService::StreamCall {
   Protocol protocol_;
   // Who opened the stream (from its metadata, when it was accepted).
   absl::StatusOr<Caller> caller_ = absl::UnauthenticatedError("not accepted");
+  // Its place among its connection's streams.
+  ConnectionLimits::Lease lease_;
   Request request_;
   Response outgoing_;
   std::optional<Response> next_;

@@ -6,6 +6,7 @@
 #include "proto/gradsync/v1/health.grpc.pb.h"
 #include "server/authenticator.h"
 #include "server/completion_queues.h"
+#include "server/connection_limits.h"
 #include "server/health_manager.h"
 
 namespace gradsync {
@@ -18,17 +19,19 @@ namespace gradsync {
 //
 // Lifetime: construct; Start() once the server is built (it requests the
 // first streams on every queue) and before the queues start; the queues'
-// Shutdown() ends every stream. `health`, `auth` and `queues` must outlive
-// it. Thread-safe.
+// Shutdown() ends every stream. `health`, `auth`, `limits` and `queues`
+// must outlive it. Thread-safe.
 class MonitorService final
     : public v1::Monitor::WithAsyncMethod_Heartbeat<
           v1::Monitor::WithAsyncMethod_NodeHeartbeat<
               v1::Monitor::WithCallbackMethod_ReportCompletion<
                   v1::Monitor::Service>>> {
  public:
-  // `auth` decides who may report for which job.
-  MonitorService(HealthManager* health, const Authenticator* auth)
-      : health_(health), auth_(auth) {}
+  // `auth` decides who may report for which job; `limits` bounds the
+  // heartbeat streams of a connection.
+  MonitorService(HealthManager* health, const Authenticator* auth,
+                 ConnectionLimits* limits)
+      : health_(health), auth_(auth), limits_(limits) {}
   // Starts accepting heartbeat streams (both kinds) on every queue of
   // `queues`.
   void Start(CompletionQueues* queues);
@@ -44,6 +47,7 @@ class MonitorService final
 
   HealthManager* const health_;
   const Authenticator* const auth_;
+  ConnectionLimits* const limits_;
 };
 
 }  // namespace gradsync

@@ -1,11 +1,15 @@
 // The coordinator's limits with the real binary: past --max_world_size,
-// --max_jobs and --max_kv_keys_per_job a call is RESOURCE_EXHAUSTED naming
-// the flag, changes nothing, and the coordinator goes on serving.
+// --max_jobs, --max_kv_keys_per_job and --max_streams_per_connection a call
+// is RESOURCE_EXHAUSTED naming the flag, changes nothing, and the
+// coordinator goes on serving.
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/subprocess.h"
 #include "worker/client/coordinator_client.h"
 
@@ -22,7 +26,7 @@ class LimitsProcessTest : public ::testing::Test {
     ASSERT_TRUE(coordinator_.Start(
         Runfile("server/gradsync-coordinator"), "limits",
         {"--max_jobs=2", "--max_world_size=4", "--max_kv_keys_per_job=3",
-         "--missed_heartbeats=100"}));
+         "--missed_heartbeats=100", "--max_streams_per_connection=2"}));
     ClientOptions options;
     options.target = coordinator_.address();
     client_ = *CoordinatorClient::Create(options);
@@ -39,11 +43,13 @@ class LimitsProcessTest : public ::testing::Test {
     request.mutable_config()->set_max_nodes(nodes);
     request.mutable_config()->mutable_last_call_timeout()->set_seconds(0);
     *request.mutable_node() = LocalNodeDescriptor();
+    incarnation_ = request.node().incarnation_id();
     return client_->Join(request);
   }
 
   CoordinatorProcess coordinator_;
   std::unique_ptr<CoordinatorClient> client_;
+  std::string incarnation_;  // of the last Join
 };
 
 TEST_F(LimitsProcessTest, PastALimitCallsAreRefusedNamingTheFlag) {
@@ -74,6 +80,65 @@ TEST_F(LimitsProcessTest, PastALimitCallsAreRefusedNamingTheFlag) {
   ASSERT_TRUE(jobs.ok()) << jobs.status();
   EXPECT_EQ(jobs->size(), 2u);
   EXPECT_TRUE(client_->Get(scope, "k0").ok());
+}
+
+TEST_F(LimitsProcessTest, AConnectionHoldsAtMostItsStreams) {
+  absl::StatusOr<v1::Assignment> a = Join("streams", 1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  // Two streams on the client's one connection: a node's heartbeats and a
+  // watch; a third stream is refused, naming the flag.
+  auto node = client_->OpenNodeHeartbeatStream(
+      [](const v1::NodeHeartbeatResponse&) {});
+  v1::NodeHeartbeatRequest beat;
+  v1::MemberRef* member = beat.add_heartbeats()->mutable_member();
+  member->set_job_id("streams");
+  member->set_round(a->round());
+  member->set_rank(a->rank());
+  member->set_incarnation_id(incarnation_);
+  ASSERT_TRUE(node->Send(beat));
+  absl::Notification watching;
+  absl::Status watched;
+  std::thread watcher([&] {
+    watched = client_->WatchJob("streams", absl::Milliseconds(100), false,
+                                [&](const v1::JobStatus&) {
+                                  if (!watching.HasBeenNotified()) {
+                                    watching.Notify();
+                                  }
+                                  return true;
+                                });
+  });
+  ASSERT_TRUE(watching.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  auto third = client_->OpenHeartbeatStream([](const v1::HeartbeatResponse&) {});
+  ASSERT_TRUE(Eventually([&] { return third->ended().has_value(); },
+                         absl::Seconds(30)));
+  EXPECT_TRUE(absl::IsResourceExhausted(*third->ended())) << *third->ended();
+  EXPECT_THAT(third->ended()->message(),
+              HasSubstr("(--max_streams_per_connection=2)"));
+  absl::Status refused_watch = client_->WatchJob(
+      "streams", absl::Milliseconds(100), false,
+      [](const v1::JobStatus&) { return true; });
+  EXPECT_TRUE(absl::IsResourceExhausted(refused_watch)) << refused_watch;
+  // A stream that ends gives its place back.
+  EXPECT_TRUE(node->Close(absl::Seconds(30)).ok());
+  node.reset();
+  absl::Notification answered;
+  auto again = client_->OpenHeartbeatStream([&](const v1::HeartbeatResponse&) {
+    if (!answered.HasBeenNotified()) answered.Notify();
+  });
+  v1::HeartbeatRequest heartbeat;
+  *heartbeat.mutable_member() = beat.heartbeats(0).member();
+  ASSERT_TRUE(again->Send(heartbeat));
+  EXPECT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_FALSE(again->ended().has_value()) << *again->ended();
+  EXPECT_TRUE(again->Close(absl::Seconds(30)).ok());
+  ASSERT_TRUE(client_->ReportCompletion([&] {
+    v1::ReportCompletionRequest done;
+    *done.mutable_member() = heartbeat.member();
+    done.set_success(true);
+    return done;
+  }()).ok());
+  watcher.join();  // the watch ends with the job
+  EXPECT_TRUE(watched.ok()) << watched;
 }
 
 }  // namespace
