@@ -39,6 +39,11 @@ const char* Basename(const char* path) {
 
 void SetMinLogSeverity(LogSeverity severity) { min_severity.store(severity); }
 
+bool LogEnabled(LogSeverity severity) {
+  return severity >= min_severity.load(std::memory_order_relaxed) ||
+         severity == LogSeverity::kFatal;
+}
+
 namespace logging_internal {
 
 LogMessage::LogMessage(LogSeverity severity, const char* file, int line)

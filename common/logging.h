@@ -18,6 +18,9 @@ enum class LogSeverity { kInfo, kWarning, kError, kFatal };
 
 // Sets the lowest severity that is printed (default kInfo). Thread-safe.
 void SetMinLogSeverity(LogSeverity severity);
+// Whether a message of `severity` is printed (FATAL always is). Messages
+// that are not are never formatted.
+bool LogEnabled(LogSeverity severity);
 
 namespace logging_internal {
 
@@ -49,14 +52,20 @@ struct Voidify {
 #define GS_LOG_SEVERITY_ERROR ::gradsync::LogSeverity::kError
 #define GS_LOG_SEVERITY_FATAL ::gradsync::LogSeverity::kFatal
 
-#define GS_LOG(severity)                                                   \
+// The stream of one message (internal: use GS_LOG).
+#define GS_LOG_STREAM(severity)                                            \
   ::gradsync::logging_internal::LogMessage(GS_LOG_SEVERITY_##severity,     \
                                            __FILE__, __LINE__)             \
       .stream()
 
+#define GS_LOG(severity)                                                   \
+  !::gradsync::LogEnabled(GS_LOG_SEVERITY_##severity)                      \
+      ? (void)0                                                            \
+      : ::gradsync::logging_internal::Voidify() & GS_LOG_STREAM(severity)
+
 #define GS_CHECK(cond)                                   \
   (cond) ? (void)0                                       \
          : ::gradsync::logging_internal::Voidify() &     \
-               GS_LOG(FATAL) << "Check failed: " #cond " "
+               GS_LOG_STREAM(FATAL) << "Check failed: " #cond " "
 
 #endif  // GRADSYNC_COMMON_LOGGING_H_
