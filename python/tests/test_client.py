@@ -47,6 +47,28 @@ def test_jobs_status_watch_and_the_key_value_store(coordinator):
     assert agent.returncode == 0, err
 
 
+def test_watch_deltas_apply_to_the_status_before_them():
+    from gradsync._proto import job_pb2, jobs_pb2
+    from gradsync.client import apply_watch_response
+
+    def member(rank, step):
+        m = job_pb2.Member(rank=rank)
+        m.metrics.step = step
+        return m
+
+    first = jobs_pb2.WatchJobResponse(job=job_pb2.JobStatus(
+        round=1, members=[member(0, 1), member(1, 1), member(2, 1)]))
+    job = apply_watch_response(first, None)
+    delta = jobs_pb2.WatchJobResponse(
+        delta=True, removed_ranks=[2],
+        job=job_pb2.JobStatus(round=1, reason="now",
+                              members=[member(1, 5), member(3, 0)]))
+    job = apply_watch_response(delta, job)
+    assert [(m.rank, m.metrics.step) for m in job.members] == [
+        (0, 1), (1, 5), (3, 0)]
+    assert job.reason == "now"
+
+
 def test_errors_name_the_code_and_the_call(coordinator):
     client = gradsync.Client(coordinator)
     with pytest.raises(gradsync.Error) as error:
