@@ -42,6 +42,30 @@ std::string TempPath(const std::string& name) {
   return absl::StrCat(dir, "/", name);
 }
 
+::testing::AssertionResult RunPython(const std::string& name,
+                                     const std::string& script,
+                                     absl::Duration bound) {
+  const std::string path = TempPath(name + ".py");
+  {
+    std::ofstream file(path, std::ios::trunc);
+    file << script;
+    if (!file) return ::testing::AssertionFailure() << "cannot write " << path;
+  }
+  Child python;
+  if (!python.Start({"/usr/bin/python3", path}, /*capture=*/true)) {
+    return ::testing::AssertionFailure() << "cannot start /usr/bin/python3";
+  }
+  if (!WaitAll({&python}, bound)) {
+    return ::testing::AssertionFailure()
+           << name << " did not finish within " << absl::FormatDuration(bound)
+           << ":\n" << python.describe();
+  }
+  if (python.exit_code() != 0) {
+    return ::testing::AssertionFailure() << python.describe();
+  }
+  return ::testing::AssertionSuccess();
+}
+
 std::string Hostname() {
   char name[256] = {};
   if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";

@@ -94,6 +94,14 @@ template <typename Done>
 bool PumpUntil(const std::vector<Child*>& children, absl::Duration bound,
                Done done);
 
+// Runs Debian's Python (/usr/bin/python3, with python3-torch) on `script`
+// (written to a file under TempPath, named after `name`), waiting at most
+// `bound`; stdout and stderr are captured. Success when it exits 0,
+// otherwise a failure with its output.
+::testing::AssertionResult RunPython(const std::string& name,
+                                     const std::string& script,
+                                     absl::Duration bound = absl::Minutes(3));
+
 // gradsync-coordinator as a child process on a free loopback port.
 class CoordinatorProcess {
  public:

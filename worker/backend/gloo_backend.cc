@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
+#include "worker/backend/float16.h"
 
 // Debian's libgloo-dev ships gloo/transport/tcp/pair.h without the
 // gloo/common/memory.h it includes, so that header does not compile. The one
@@ -203,8 +204,13 @@ absl::Status StatusFromCurrentException(const std::string& where,
   }
 }
 
-// Calls `f` with a value of the C++ type Gloo reduces `dtype` as. Only for
-// dtypes CheckReducible accepts.
+// bfloat16 as Gloo moves it: two bytes, summed through float (Debian's
+// Gloo has no bfloat16 of its own).
+struct BFloat16Bits {
+  uint16_t bits;
+};
+
+// Calls `f` with a value of the C++ type Gloo reduces `dtype` as.
 template <typename F>
 void VisitReducible(DataType dtype, F&& f) {
   switch (dtype) {
@@ -221,24 +227,24 @@ void VisitReducible(DataType dtype, F&& f) {
     case DataType::kUInt8:
       return f(uint8_t{});
     case DataType::kBFloat16:
-      break;
+      return f(BFloat16Bits{});
   }
-  GS_CHECK(false) << "dtype " << DataTypeName(dtype)
-                  << " reached the gloo thread unchecked";
-}
-
-absl::Status CheckReducible(DataType dtype) {
-  if (dtype == DataType::kBFloat16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gloo allreduce: gloo backend does not support dtype ",
-                     DataTypeName(dtype)));
-  }
-  return absl::OkStatus();
+  GS_CHECK(false) << "dtype " << DataTypeName(dtype) << " is not reducible";
 }
 
 template <typename T>
 void SumInto(void* out, const void* a, const void* b, size_t n) {
-  gloo::sum<T>(out, a, b, n);
+  if constexpr (std::is_same_v<T, BFloat16Bits>) {
+    auto* o = static_cast<BFloat16Bits*>(out);
+    const auto* x = static_cast<const BFloat16Bits*>(a);
+    const auto* y = static_cast<const BFloat16Bits*>(b);
+    for (size_t i = 0; i < n; ++i) {
+      o[i].bits = FloatToBFloat16(BFloat16ToFloat(x[i].bits) +
+                                  BFloat16ToFloat(y[i].bits));
+    }
+  } else {
+    gloo::sum<T>(out, a, b, n);
+  }
 }
 
 // Divides each element by `divisor` (integers truncate toward zero).
@@ -248,6 +254,11 @@ void DivideInPlace(T* data, size_t count, int divisor) {
     const float d = static_cast<float>(divisor);
     for (size_t i = 0; i < count; ++i) {
       data[i] = gloo::cpu_float2half_rn(gloo::cpu_half2float(data[i]) / d);
+    }
+  } else if constexpr (std::is_same_v<T, BFloat16Bits>) {
+    const float d = static_cast<float>(divisor);
+    for (size_t i = 0; i < count; ++i) {
+      data[i].bits = FloatToBFloat16(BFloat16ToFloat(data[i].bits) / d);
     }
   } else {
     const T d = static_cast<T>(divisor);
@@ -320,7 +331,6 @@ GlooBackend::~GlooBackend() {
 
 std::shared_ptr<Work> GlooBackend::AllReduce(Buffer buffer, ReduceOp op) {
   absl::Status valid = CheckBuffer(buffer, DeviceKind::kCpu, "gloo allreduce");
-  if (valid.ok()) valid = CheckReducible(buffer.dtype);
   if (!valid.ok()) return Work::Done(0, std::move(valid));
   if (buffer.count == 0) return Enqueue("allreduce", nullptr);
   return Enqueue("allreduce", [this, buffer, op](uint32_t tag) {

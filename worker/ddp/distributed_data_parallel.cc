@@ -1,9 +1,13 @@
 #include "worker/ddp/distributed_data_parallel.h"
 
+#include <torch/torch.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "worker/ddp/state_dict.h"
 #include "worker/ddp/tensor_buffer.h"
+#include "worker/ddp/uneven_inputs.h"
 
 namespace gradsync {
 namespace {
@@ -96,6 +100,29 @@ absl::Status VerifyModelsMatch(Backend* backend,
   return absl::OkStatus();
 }
 
+// INVALID_ARGUMENT unless the device options fit one device per process.
+absl::Status CheckDevices(const DdpOptions& options,
+                          const std::vector<std::string>& names,
+                          const std::vector<torch::Tensor>& params) {
+  if (options.device_ids.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_ids names ", options.device_ids.size(),
+        " devices: gradsync's DDP runs one device per process (as PyTorch "
+        "recommends); start one process per device"));
+  }
+  if (options.device_ids.empty()) return absl::OkStatus();
+  const torch::Device& device = options.device_ids.front();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].device() != device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device_ids is [", device.str(), "] but parameter ", names[i],
+          " is on ", params[i].device().str(),
+          ": move the module to its device before wrapping it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status BroadcastTensors(Backend* backend,
@@ -112,9 +139,10 @@ absl::Status BroadcastTensors(Backend* backend,
 }
 
 absl::StatusOr<std::unique_ptr<DistributedDataParallel>>
-DistributedDataParallel::Create(std::shared_ptr<torch::nn::Module> module,
-                                Backend* backend, DdpOptions options,
-                                Clock* clock) {
+DistributedDataParallel::CreateImpl(
+    std::shared_ptr<torch::nn::Module> module,
+    std::function<torch::Tensor(const torch::Tensor&)> forward,
+    Backend* backend, DdpOptions options, Clock* clock) {
   if (module == nullptr || backend == nullptr) {
     return absl::InvalidArgumentError("DDP needs a module and a backend");
   }
@@ -129,6 +157,7 @@ DistributedDataParallel::Create(std::shared_ptr<torch::nn::Module> module,
     return absl::InvalidArgumentError(
         "the module has no parameters that require gradients");
   }
+  GS_RETURN_IF_ERROR(CheckDevices(options, names, params));
   const torch::Device device = params.front().device();
   const absl::Duration timeout = options.reducer.timeout;
   GS_RETURN_IF_ERROR(
@@ -136,48 +165,110 @@ DistributedDataParallel::Create(std::shared_ptr<torch::nn::Module> module,
   if (options.broadcast_initial_state) {
     GS_RETURN_IF_ERROR(BroadcastTensors(backend, params, timeout));
   }
-  std::unique_ptr<DistributedDataParallel> ddp(
-      new DistributedDataParallel(std::move(module), backend, options, clock));
+  std::unique_ptr<DistributedDataParallel> ddp(new DistributedDataParallel(
+      std::move(module), std::move(forward), backend, options, clock));
+  ddp->device_ = device;
   if (options.broadcast_initial_state) {
     GS_RETURN_IF_ERROR(BroadcastTensors(backend, ddp->buffers_, timeout));
   }
   ddp->reducer_ = std::make_unique<Reducer>(std::move(names), std::move(params),
                                             backend, options.reducer, clock);
+  for (const auto& sync : ddp->sync_batch_norms_) sync->Attach(backend, timeout);
   return ddp;
 }
 
 DistributedDataParallel::DistributedDataParallel(
-    std::shared_ptr<torch::nn::Module> module, Backend* backend,
-    DdpOptions options, Clock* clock)
+    std::shared_ptr<torch::nn::Module> module,
+    std::function<torch::Tensor(const torch::Tensor&)> forward,
+    Backend* backend, DdpOptions options, Clock* clock)
     : module_(std::move(module)),
+      module_forward_(std::move(forward)),
       backend_(backend),
-      options_(options),
+      options_(std::move(options)),
       clock_(clock) {
   for (const torch::Tensor& buffer : module_->buffers(/*recurse=*/true)) {
-    buffers_.push_back(buffer);
+    if (buffer.defined()) buffers_.push_back(buffer);
   }
+  sync_batch_norms_ = FindSyncBatchNorms(*module_);
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  // The backend may go before the module (a recovered round builds a new
+  // one): the SyncBatchNorm layers must not keep it.
+  for (const auto& sync : sync_batch_norms_) sync->Attach(nullptr, absl::ZeroDuration());
 }
 
 absl::Status DistributedDataParallel::communication_error() const {
   if (!broadcast_error_.ok()) return broadcast_error_;
+  for (const auto& sync : sync_batch_norms_) {
+    absl::Status status = sync->communication_error();
+    if (!status.ok()) return status;
+  }
   return reducer_->communication_error();
+}
+
+torch::Tensor DistributedDataParallel::forward(const torch::Tensor& input) {
+  TORCH_CHECK(module_forward_ != nullptr,
+              "DistributedDataParallel::forward: the module was wrapped as a "
+              "type without forward(Tensor) -> Tensor; create the DDP model "
+              "from the module's own type, or run it with ddp->Forward([&] { "
+              "return model->forward(...); })");
+  torch::Tensor x = input;
+  if (!options_.device_ids.empty()) {
+    x = x.to(options_.device_ids.front(), /*non_blocking=*/true);
+  }
+  torch::Tensor output = Forward([&] { return module_forward_(x); });
+  if (options_.output_device.has_value()) {
+    output = output.to(*options_.output_device, /*non_blocking=*/true);
+  }
+  return output;
+}
+
+StateDict DistributedDataParallel::state_dict() const {
+  return GetStateDict(*module_, kDdpPrefix);
+}
+
+absl::Status DistributedDataParallel::load_state_dict(const StateDict& state) {
+  return LoadStateDict(*module_, state);
+}
+
+void DistributedDataParallel::BroadcastBuffers(int root) {
+  absl::Status status =
+      BroadcastTensors(backend_, buffers_, options_.reducer.timeout, root);
+  broadcast_error_ = status;
+  TORCH_CHECK(status.ok(), "DistributedDataParallel: broadcasting buffers "
+                           "failed: ", status.ToString());
 }
 
 absl::Time DistributedDataParallel::BeginForward() {
   const absl::Time start = clock_->Now();
   broadcast_error_ = absl::OkStatus();
-  if (options_.broadcast_buffers && sync_ && !buffers_.empty()) {
-    absl::Status status =
-        BroadcastTensors(backend_, buffers_, options_.reducer.timeout);
-    broadcast_error_ = status;
-    TORCH_CHECK(status.ok(), "DistributedDataParallel: broadcasting buffers "
-                             "failed: ", status.ToString());
+  divisor_ = backend_->world_size();
+  int root = 0;
+  bool sync = sync_;
+  if (uneven_ != nullptr) {
+    // Tell the ranks that ran out of data what this step does.
+    UnevenInputs::Vote vote;
+    vote.active = 1;
+    vote.sync = sync_ ? 1 : 0;
+    absl::StatusOr<UnevenInputs::Tally> tally = uneven_->Exchange(vote);
+    if (!tally.ok()) {
+      broadcast_error_ = tally.status();
+      TORCH_CHECK(false, "DistributedDataParallel: uneven inputs: ",
+                  tally.status().ToString());
+    }
+    root = tally->authority;
+    sync = tally->sync;
+    divisor_ = uneven_->Divisor(*tally);
+  }
+  if (options_.broadcast_buffers && sync && !buffers_.empty()) {
+    BroadcastBuffers(root);
   }
   return start;
 }
 
 void DistributedDataParallel::EndForward(absl::Time start) {
-  reducer_->PrepareForBackward(sync_, clock_->Now() - start);
+  reducer_->PrepareForBackward(sync_, clock_->Now() - start, divisor_);
 }
 
 }  // namespace gradsync

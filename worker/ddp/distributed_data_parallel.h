@@ -1,19 +1,28 @@
 // DistributedDataParallel for LibTorch modules: what PyTorch's DDP does, on a
-// gradsync Backend. Wrap the module, run each forward through Forward(), call
-// backward() as usual: gradients arrive averaged across ranks, and buckets
-// are all-reduced while backward is still running.
+// gradsync Backend. Wrap the module, run each forward through the wrapper,
+// call backward() as usual: gradients arrive averaged across ranks, and
+// buckets are all-reduced while backward is still running.
 //
 //   auto ddp = DistributedDataParallel::Create(model, backend, options);
-//   torch::Tensor loss = (*ddp)->Forward([&] { return loss_fn(model->forward(x), y); });
+//   torch::Tensor loss = loss_fn((*ddp)->forward(x), y);   // PyTorch's ddp(x)
 //   loss.backward();
 //   optimizer.step();
+//
+// A backward pass that no forward through the wrapper prepared (the module
+// called directly) fails naming the fix instead of training each rank on its
+// own gradients.
 #ifndef GRADSYNC_WORKER_DDP_DISTRIBUTED_DATA_PARALLEL_H_
 #define GRADSYNC_WORKER_DDP_DISTRIBUTED_DATA_PARALLEL_H_
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -22,41 +31,81 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "worker/backend/backend.h"
+#include "worker/ddp/comm_hook.h"
 #include "worker/ddp/reducer.h"
+#include "worker/ddp/state_dict.h"
+#include "worker/ddp/sync_batch_norm.h"
 
 namespace gradsync {
 
 struct DdpOptions {
   ReducerOptions reducer;
-  // Broadcast rank 0's buffers (e.g. batch-norm statistics) before every
-  // forward.
+  // Broadcast the buffers (e.g. batch-norm statistics) of rank 0 (under
+  // uneven inputs, of the highest rank still training) before every
+  // synchronized forward.
   bool broadcast_buffers = true;
   // Create copies rank 0's parameters and buffers to every rank (PyTorch's
   // behaviour). Off when the caller copies the state itself, e.g. with
   // BroadcastTrainingState from a recovered round's source rank, which need
   // not be rank 0.
   bool broadcast_initial_state = true;
+  // PyTorch's device_ids: empty for a CPU module, or the one device of a
+  // module that lives on one GPU (one device per process); forward() moves
+  // its input there. The module's parameters must be on it.
+  std::vector<torch::Device> device_ids;
+  // PyTorch's output_device: where forward() puts its output; unset, the
+  // output stays where the module made it (device_ids[0]).
+  std::optional<torch::Device> output_device;
 };
+
+class UnevenInputs;
 
 // Not thread-safe: one training loop drives it. Lifetime: the module, the
 // backend and the clock must outlive it.
 class DistributedDataParallel {
  public:
-  // Checks that every rank holds the same parameters (count, names, shapes,
-  // dtypes; FAILED_PRECONDITION naming the first mismatch), then copies rank
-  // 0's parameters and buffers to every rank (unless
-  // options.broadcast_initial_state is off). Collective: every rank calls
-  // it.
+  // Checks the options (INVALID_ARGUMENT: more than one device id, or
+  // parameters not on device_ids[0]) and that every rank holds the same
+  // parameters (count, names, shapes, dtypes; FAILED_PRECONDITION naming
+  // the first mismatch), then copies rank 0's parameters and buffers to
+  // every rank (unless options.broadcast_initial_state is off), and
+  // attaches `backend` to the module's SyncBatchNorm layers. Collective:
+  // every rank calls it. `module` is a Module or a module holder (e.g.
+  // torch::nn::Sequential); forward(x) needs a module type with
+  // forward(Tensor) -> Tensor, otherwise use Forward(fn).
+  template <typename M>
   static absl::StatusOr<std::unique_ptr<DistributedDataParallel>> Create(
-      std::shared_ptr<torch::nn::Module> module, Backend* backend,
-      DdpOptions options = DdpOptions(), Clock* clock = RealClock::Get());
+      std::shared_ptr<M> module, Backend* backend,
+      DdpOptions options = DdpOptions(), Clock* clock = RealClock::Get()) {
+    std::function<torch::Tensor(const torch::Tensor&)> forward;
+    if constexpr (HasTensorForward<M>::value) {
+      M* impl = module.get();
+      forward = [impl](const torch::Tensor& x) -> torch::Tensor {
+        return impl->forward(x);
+      };
+    }
+    return CreateImpl(std::move(module), std::move(forward), backend,
+                      std::move(options), clock);
+  }
+  template <typename M>
+  static absl::StatusOr<std::unique_ptr<DistributedDataParallel>> Create(
+      const torch::nn::ModuleHolder<M>& module, Backend* backend,
+      DdpOptions options = DdpOptions(), Clock* clock = RealClock::Get()) {
+    return Create(module.ptr(), backend, std::move(options), clock);
+  }
+  ~DistributedDataParallel();
 
-  // The wrapped module (PyTorch's `ddp.module`).
-  torch::nn::Module& module() { return *module_; }
+  // PyTorch's ddp(input): the module's forward as the forward of one DDP
+  // step, with `input` moved to device_ids[0] and the output to
+  // output_device. Throws c10::Error (as LibTorch modules do) when the
+  // module type has no forward(Tensor) known to the wrapper.
+  torch::Tensor forward(const torch::Tensor& input);
+  torch::Tensor operator()(const torch::Tensor& input) { return forward(input); }
 
-  // Runs `forward` (the model's forward pass, usually with the loss) as the
-  // forward of one DDP step and returns its result. The backward that
-  // follows reduces gradients, unless inside a NoSync scope.
+  // Runs `forward` (the model's forward pass, for modules with other
+  // signatures, possibly with the loss) as the forward of one DDP step and
+  // returns its result. The backward that follows reduces gradients,
+  // unless inside a NoSync scope.
   template <typename Fn>
   auto Forward(Fn&& forward) -> decltype(forward()) {
     const absl::Time start = BeginForward();
@@ -81,30 +130,87 @@ class DistributedDataParallel {
   };
   NoSyncScope NoSync() { return NoSyncScope(this); }
 
+  // Replaces the default all-reduce of gradient buckets (PyTorch's
+  // register_comm_hook); see Reducer::RegisterCommHook for the errors.
+  absl::Status RegisterCommHook(std::shared_ptr<CommHook> hook) {
+    return reducer_->RegisterCommHook(std::move(hook));
+  }
+
+  // The wrapped module (PyTorch's `ddp.module`), and its parameters.
+  torch::nn::Module& module() { return *module_; }
+  std::shared_ptr<torch::nn::Module> module_ptr() const { return module_; }
+  std::vector<torch::Tensor> parameters(bool recurse = true) const {
+    return module_->parameters(recurse);
+  }
+  torch::OrderedDict<std::string, torch::Tensor> named_parameters(
+      bool recurse = true) const {
+    return module_->named_parameters(recurse);
+  }
+  // PyTorch's ddp.state_dict(): parameters and buffers named "module.<name>"
+  // (torch.save of it is what PyTorch DDP users checkpoint).
+  StateDict state_dict() const;
+  // Loads parameters and buffers from `state`, whose names may carry the
+  // "module." prefix or not (see LoadStateDict).
+  absl::Status load_state_dict(const StateDict& state);
+
+  int rank() const { return backend_->rank(); }
+  int world_size() const { return backend_->world_size(); }
+
   // Where the last synchronized step's time went.
   StepTimings last_step_timings() const { return reducer_->last_timings(); }
 
   const Reducer& reducer() const { return *reducer_; }
 
   // The collective error behind the last failed step (a buffer broadcast
-  // before forward, or a gradient all-reduce), so the caller can tell a lost
-  // peer (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED) from a bug; OK if none.
+  // before forward, a gradient all-reduce, a SyncBatchNorm's statistics),
+  // so the caller can tell a lost peer (UNAVAILABLE, DEADLINE_EXCEEDED,
+  // ABORTED) from a bug; OK if none.
   absl::Status communication_error() const;
 
  private:
-  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                          Backend* backend, DdpOptions options, Clock* clock);
+  friend class UnevenInputs;
+
+  template <typename M, typename = void>
+  struct HasTensorForward : std::false_type {};
+  template <typename M>
+  struct HasTensorForward<
+      M, std::enable_if_t<std::is_convertible_v<
+             decltype(std::declval<M&>().forward(
+                 std::declval<const torch::Tensor&>())),
+             torch::Tensor>>> : std::true_type {};
+
+  static absl::StatusOr<std::unique_ptr<DistributedDataParallel>> CreateImpl(
+      std::shared_ptr<torch::nn::Module> module,
+      std::function<torch::Tensor(const torch::Tensor&)> forward,
+      Backend* backend, DdpOptions options, Clock* clock);
+  DistributedDataParallel(
+      std::shared_ptr<torch::nn::Module> module,
+      std::function<torch::Tensor(const torch::Tensor&)> forward,
+      Backend* backend, DdpOptions options, Clock* clock);
 
   absl::Time BeginForward();
   void EndForward(absl::Time start);
+  // Broadcasts the buffers from `root` (BeginForward's, and a joined rank's
+  // match of it); throws (c10::Error) on failure, after recording it.
+  void BroadcastBuffers(int root);
 
   std::shared_ptr<torch::nn::Module> module_;
+  const std::function<torch::Tensor(const torch::Tensor&)> module_forward_;
   Backend* const backend_;
   const DdpOptions options_;
   Clock* const clock_;
+  // Where the parameters are (the first's): small collectives' tensors go
+  // there.
+  torch::Device device_{torch::kCPU};
   std::vector<torch::Tensor> buffers_;
+  std::vector<std::shared_ptr<SyncBatchNormImpl>> sync_batch_norms_;
   std::unique_ptr<Reducer> reducer_;
   bool sync_ = true;
+  // What the next backward divides summed gradients by (set per forward).
+  int64_t divisor_ = 1;
+  // Set while an UnevenInputs scope is active: every forward tells the
+  // ranks that ran out of data what to shadow.
+  UnevenInputs* uneven_ = nullptr;
   absl::Status broadcast_error_;
 };
 

@@ -34,6 +34,8 @@ Reducer::Reducer(std::vector<std::string> names,
   GS_CHECK(names_.size() == params_.size());
   {
     absl::MutexLock lock(&mu_);
+    hook_ = std::make_shared<AllReduceHook>();
+    divisor_ = backend_->world_size();
     std::vector<size_t> reverse(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) {
       reverse[i] = params_.size() - 1 - i;
@@ -50,14 +52,39 @@ Reducer::Reducer(std::vector<std::string> names,
 
 // The hooks capture `this`; a Reducer outlives the backward passes over its
 // parameters (the DDP wrapper owns both), so nothing fires after this. A
-// step that failed can leave later buckets' all-reduces queued on the
+// step that failed can leave later buckets' collectives queued on the
 // backend (they fail at once after the first failure): wait for them so that
 // none writes into a freed bucket.
 Reducer::~Reducer() {
   absl::MutexLock lock(&mu_);
   for (Bucket& bucket : buckets_) {
-    if (bucket.work != nullptr) bucket.work->Wait(options_.timeout).IgnoreError();
+    if (bucket.future.has_value()) bucket.future->Drain(options_.timeout);
   }
+}
+
+absl::Status Reducer::RegisterCommHook(std::shared_ptr<CommHook> hook) {
+  if (hook == nullptr) {
+    return absl::InvalidArgumentError("the communication hook is null");
+  }
+  absl::MutexLock lock(&mu_);
+  if (hook_registered_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a communication hook (", hook_->name(),
+        ") is registered already: register one hook, once"));
+  }
+  if (synchronized_once_) {
+    return absl::FailedPreconditionError(
+        "register the communication hook before the first synchronized "
+        "backward pass, so that every rank reduces every step the same way");
+  }
+  hook_ = std::move(hook);
+  hook_registered_ = true;
+  return absl::OkStatus();
+}
+
+std::string Reducer::comm_hook_name() const {
+  absl::MutexLock lock(&mu_);
+  return hook_->name();
 }
 
 absl::Status Reducer::communication_error() const {
@@ -65,7 +92,8 @@ absl::Status Reducer::communication_error() const {
   return communication_error_;
 }
 
-void Reducer::PrepareForBackward(bool sync, absl::Duration forward) {
+void Reducer::PrepareForBackward(bool sync, absl::Duration forward,
+                                 int64_t divisor) {
   absl::MutexLock lock(&mu_);
   communication_error_ = absl::OkStatus();
   // A forward whose backward never ran leaves nothing launched (launches
@@ -73,10 +101,12 @@ void Reducer::PrepareForBackward(bool sync, absl::Duration forward) {
   std::fill(ready_.begin(), ready_.end(), false);
   for (Bucket& bucket : buckets_) {
     bucket.pending = bucket.variables.size();
-    bucket.work.reset();
+    bucket.future.reset();
   }
   next_bucket_ = 0;
+  prepared_ = true;
   sync_ = sync;
+  divisor_ = divisor;
   forward_ = forward;
   backward_start_ = clock_->Now();
   last_hook_ = backward_start_;
@@ -87,8 +117,16 @@ void Reducer::AutogradHook(size_t variable) {
   bool queue_finalize = false;
   {
     absl::MutexLock lock(&mu_);
-    if (!sync_) return;  // no_sync: gradients accumulate locally
-    MarkVariableReady(variable);
+    if (!prepared_) {
+      FailBackward(absl::StrCat(
+          "a backward pass reached parameter ", names_[variable],
+          " but no forward pass through the DDP wrapper prepared it, so its "
+          "gradients would not be synchronized across ranks: run the forward "
+          "pass as ddp->forward(input) or ddp->Forward([&] { ... }), not on "
+          "the module directly, and once per backward pass (under NoSync() "
+          "to accumulate gradients locally)"));
+    }
+    if (sync_) MarkVariableReady(variable);  // no_sync: accumulate locally
     queue_finalize = !finalize_queued_;
     finalize_queued_ = true;
   }
@@ -126,28 +164,89 @@ void Reducer::MarkVariableReady(size_t variable) {
 void Reducer::MarkBucketReady() {
   while (next_bucket_ < buckets_.size() &&
          buckets_[next_bucket_].pending == 0) {
-    Bucket& bucket = buckets_[next_bucket_];
-    bucket.launched = clock_->Now();
-    if (first_launch_ == absl::InfiniteFuture()) first_launch_ = bucket.launched;
-    absl::StatusOr<Buffer> buffer = ToBuffer(bucket.contents);
-    bucket.work = buffer.ok() ? backend_->AllReduce(*buffer, ReduceOp::kAverage)
-                              : Work::Done(0, buffer.status());
+    LaunchBucket(next_bucket_, buckets_[next_bucket_].contents);
     ++next_bucket_;
   }
+}
+
+void Reducer::LaunchBucket(size_t b, const torch::Tensor& contents) {
+  Bucket& bucket = buckets_[b];
+  bucket.launched = clock_->Now();
+  if (first_launch_ == absl::InfiniteFuture()) first_launch_ = bucket.launched;
+  GradBucket grad_bucket;
+  grad_bucket.index = b;
+  grad_bucket.is_last = b + 1 == buckets_.size();
+  grad_bucket.buffer = contents;
+  grad_bucket.divisor = divisor_;
+  if (contents.is_same(bucket.contents)) {
+    grad_bucket.gradients = bucket.views;
+  } else {
+    int64_t offset = 0;
+    for (size_t v : bucket.variables) {
+      const torch::Tensor& param = params_[v];
+      grad_bucket.gradients.push_back(
+          contents.narrow(0, offset, param.numel()).view(param.sizes()));
+      offset += param.numel();
+    }
+  }
+  try {
+    bucket.future = hook_->Run(backend_, grad_bucket);
+  } catch (const c10::Error& e) {
+    bucket.future = BucketFuture::Error(absl::InternalError(absl::StrCat(
+        "communication hook ", hook_->name(), " failed on bucket ", b, ": ",
+        e.what_without_backtrace())));
+  }
+  bucket.wire_bytes = grad_bucket.wire_bytes;
+}
+
+absl::Status Reducer::AwaitBuckets(const std::vector<torch::Tensor>& contents,
+                                   StepTimings* timings) {
+  torch::NoGradGuard no_grad;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    const uint64_t sequence = bucket.future->sequence();
+    absl::StatusOr<torch::Tensor> reduced = bucket.future->Wait(options_.timeout);
+    bucket.future.reset();
+    absl::Status status = reduced.status();
+    if (status.ok() && !reduced->is_same(contents[b])) {
+      if (reduced->numel() != contents[b].numel()) {
+        status = absl::InternalError(absl::StrCat(
+            "communication hook ", hook_->name(), " returned ",
+            reduced->numel(), " elements for bucket ", b, " of ",
+            contents[b].numel()));
+      } else {
+        contents[b].copy_(*reduced);
+      }
+    }
+    if (!status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat("all-reduce of gradient bucket ", b,
+                                       " of ", buckets_.size(), " failed: ",
+                                       status.message()));
+    }
+    if (timings != nullptr) {
+      timings->bucket_timings.push_back({static_cast<int>(b), bucket.wire_bytes,
+                                         sequence,
+                                         clock_->Now() - bucket.launched});
+    }
+  }
+  return absl::OkStatus();
 }
 
 void Reducer::FinalizeBackward() {
   absl::MutexLock lock(&mu_);
   finalize_queued_ = false;
+  prepared_ = false;  // the next backward needs a forward through DDP again
   if (!sync_) return;
   sync_ = false;  // this step ends here, whatever happens below
+  synchronized_once_ = true;
   std::vector<size_t> unready;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!ready_[i]) unready.push_back(i);
   }
   if (!unready.empty()) {
     if (!options_.find_unused_parameters) {
-      // Launched buckets finish on their own; their Works are dropped.
+      // Launched buckets finish on their own; their futures are dropped.
       FailBackward(absl::StrCat(
           "parameter(s) ", absl::StrJoin(UnreadyNamesLocked(), ", "),
           " received no gradient in this backward pass: if the model does not "
@@ -158,19 +257,12 @@ void Reducer::FinalizeBackward() {
   }
 
   StepTimings timings;
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    const Bucket& bucket = buckets_[b];
-    absl::Status status = bucket.work->Wait(options_.timeout);
-    if (!status.ok()) {
-      communication_error_ = status;
-      FailBackward(absl::StrCat("all-reduce of gradient bucket ", b, " of ",
-                                buckets_.size(), " failed: ",
-                                status.ToString()));
-    }
-    timings.bucket_timings.push_back(
-        {static_cast<int>(b), bucket.contents.numel() *
-                                  static_cast<int64_t>(bucket.contents.element_size()),
-         bucket.work->sequence(), clock_->Now() - bucket.launched});
+  std::vector<torch::Tensor> contents;
+  for (const Bucket& bucket : buckets_) contents.push_back(bucket.contents);
+  absl::Status reduced = AwaitBuckets(contents, &timings);
+  if (!reduced.ok()) {
+    communication_error_ = reduced;
+    FailBackward(reduced.ToString());
   }
   const absl::Time end = clock_->Now();
 
@@ -206,6 +298,31 @@ void Reducer::FinalizeBackward() {
                                 rebuilt.ToString()));
     }
   }
+}
+
+absl::Status Reducer::ShadowBackward(int64_t divisor) {
+  absl::MutexLock lock(&mu_);
+  if (finalize_queued_) {
+    return absl::FailedPreconditionError(
+        "cannot shadow a backward pass from inside one");
+  }
+  prepared_ = false;
+  sync_ = false;
+  synchronized_once_ = true;
+  divisor_ = divisor;
+  first_launch_ = absl::InfiniteFuture();
+  std::vector<torch::Tensor> zeros;
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      zeros.push_back(torch::zeros_like(buckets_[b].contents));
+      LaunchBucket(b, zeros.back());
+    }
+  }
+  absl::Status status = AwaitBuckets(zeros, nullptr);
+  if (status.ok() && !rebuilt_) status = RebuildBuckets();
+  communication_error_ = status;
+  return status;
 }
 
 void Reducer::InitializeBuckets(const std::vector<size_t>& order) {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "worker/backend/backend.h"
+#include "worker/ddp/comm_hook.h"
 #include "worker/ddp/step_timings.h"
 
 namespace gradsync {
@@ -50,10 +52,28 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  // Starts an iteration after a forward pass that took `forward`: with
-  // `sync` false (no_sync), the next backward only accumulates gradients
-  // locally.
-  void PrepareForBackward(bool sync, absl::Duration forward);
+  // Replaces the default all-reduce with `hook` (PyTorch's
+  // register_comm_hook). FAILED_PRECONDITION once a hook is registered or a
+  // synchronized backward has run (ranks must agree on how every step is
+  // reduced); INVALID_ARGUMENT for a null hook.
+  absl::Status RegisterCommHook(std::shared_ptr<CommHook> hook);
+  // The hook in use ("allreduce" unless one was registered).
+  std::string comm_hook_name() const;
+
+  // Starts an iteration after a forward pass that took `forward`: the next
+  // backward pass reduces gradients, each bucket's sum divided by `divisor`
+  // (the world size, or fewer ranks under uneven inputs), or with `sync`
+  // false (no_sync) only accumulates them locally. A backward pass that was
+  // not prepared fails (the model was called directly, not through DDP).
+  void PrepareForBackward(bool sync, absl::Duration forward, int64_t divisor);
+
+  // For a rank that has run out of data under uneven inputs (Join): issues
+  // the collectives of one synchronized backward with zero gradients (every
+  // bucket through the hook, summed and divided by `divisor`, and the
+  // bucket rebuild after the first step), so the ranks still training are
+  // matched. Leaves this rank's gradients alone. The backend's status when a
+  // collective fails; FAILED_PRECONDITION inside a backward pass.
+  absl::Status ShadowBackward(int64_t divisor);
 
   // Timings of the last synchronized step.
   StepTimings last_timings() const;
@@ -75,7 +95,8 @@ class Reducer {
     torch::Tensor contents;             // flat, one dtype and device
     std::vector<torch::Tensor> views;   // per variable, shaped like it
     size_t pending = 0;                 // variables not yet ready
-    std::shared_ptr<Work> work;
+    std::optional<BucketFuture> future;  // the hook's, once launched
+    int64_t wire_bytes = 0;
     absl::Time launched;
   };
   // Where a parameter's gradient lives.
@@ -87,6 +108,15 @@ class Reducer {
   void AutogradHook(size_t variable);
   void MarkVariableReady(size_t variable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkBucketReady() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands bucket `b`, holding `contents` (its own, or zeros to shadow), to
+  // the hook.
+  void LaunchBucket(size_t b, const torch::Tensor& contents)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for every launched bucket's future, in order, copying each result
+  // into `contents` (one per bucket); the first error.
+  absl::Status AwaitBuckets(const std::vector<torch::Tensor>& contents,
+                            StepTimings* timings)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinalizeBackward();
 
   // Assigns parameters, taken in `order`, to buckets.
@@ -111,9 +141,18 @@ class Reducer {
   mutable absl::Mutex mu_;
   std::vector<Bucket> buckets_ ABSL_GUARDED_BY(mu_);
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
-  // This iteration: whether hooks reduce, which variables are ready, the
-  // next bucket to launch, and whether FinalizeBackward is queued.
+  std::shared_ptr<CommHook> hook_ ABSL_GUARDED_BY(mu_);
+  bool hook_registered_ ABSL_GUARDED_BY(mu_) = false;
+  // Whether a synchronized backward has run (no hook may be registered
+  // after it).
+  bool synchronized_once_ ABSL_GUARDED_BY(mu_) = false;
+  // This iteration: whether a forward through DDP prepared the next
+  // backward, whether it reduces (and by what the sums are divided), which
+  // variables are ready, the next bucket to launch, and whether
+  // FinalizeBackward is queued.
+  bool prepared_ ABSL_GUARDED_BY(mu_) = false;
   bool sync_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t divisor_ ABSL_GUARDED_BY(mu_) = 1;
   std::vector<bool> ready_ ABSL_GUARDED_BY(mu_);
   size_t next_bucket_ ABSL_GUARDED_BY(mu_) = 0;
   bool finalize_queued_ ABSL_GUARDED_BY(mu_) = false;

@@ -20,7 +20,7 @@
 #include "worker/ddp/tensor_buffer.h"
 #include "worker/ddp/training_state.h"
 #include "worker/runtime/reform.h"
-#include "worker/trainer/params_io.h"
+#include "worker/ddp/state_dict.h"
 
 namespace gradsync {
 namespace {
@@ -434,19 +434,18 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
     step_samples += batch.size(0);
     torch::Tensor x = data_.images.index_select(0, batch);
     torch::Tensor y = data_.labels.index_select(0, batch);
-    auto forward = [&] {
-      return torch::nn::functional::cross_entropy(model_->forward(x), y) /
-             static_cast<double>(micro_in_step);
-    };
-    torch::Tensor loss;
+    // PyTorch's loop: out = ddp(x); loss = loss_fn(out, y).
+    torch::Tensor output;
     if (ddp == nullptr) {
-      loss = forward();
+      output = model_->forward(x);
     } else if (m + 1 < micro_in_step) {
       auto no_sync = ddp->NoSync();
-      loss = ddp->Forward(forward);
+      output = ddp->forward(x);
     } else {
-      loss = ddp->Forward(forward);
+      output = ddp->forward(x);
     }
+    torch::Tensor loss = torch::nn::functional::cross_entropy(output, y) /
+                         static_cast<double>(micro_in_step);
     loss.backward();
     report.loss += loss.item<double>();
   }

@@ -32,7 +32,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
 #include "worker/client/coordinator_client.h"
-#include "worker/trainer/params_io.h"
+#include "tests/worker/ddp/state_compare.h"
 
 namespace gradsync {
 namespace {
@@ -47,11 +47,6 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 constexpr absl::Duration kBound = absl::Seconds(120);
-
-double RelativeError(const torch::Tensor& actual, const torch::Tensor& expected) {
-  return (actual - expected).norm().item<double>() /
-         std::max(expected.norm().item<double>(), 1e-12);
-}
 
 // One worker process of a job, with its sample log.
 struct Worker {
@@ -205,15 +200,11 @@ class RecoveryProcessTest : public ::testing::TestWithParam<bool> {
     for (const Worker& w : workers_) {
       ASSERT_EQ(w.child->exit_code(), 0) << w.child->describe();
     }
-    auto ddp = ReadParameters(run->params);
-    auto expected = ReadParameters(run->reference_params);
-    ASSERT_TRUE(ddp.ok()) << ddp.status();
-    ASSERT_TRUE(expected.ok()) << expected.status();
-    ASSERT_EQ(ddp->size(), expected->size());
-    for (const auto& [name, tensor] : *expected) {
-      ASSERT_EQ(ddp->count(name), 1u) << name;
-      EXPECT_LE(RelativeError(ddp->at(name), tensor), 1e-5) << name;
-    }
+    std::string worst;
+    absl::StatusOr<double> error =
+        MaxRelativeError(run->params, run->reference_params, &worst);
+    ASSERT_TRUE(error.ok()) << error.status();
+    EXPECT_LE(*error, 1e-5) << worst;
   }
 
   std::string Describe() const {

@@ -21,7 +21,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
 #include "worker/client/coordinator_client.h"
-#include "worker/trainer/params_io.h"
+#include "tests/worker/ddp/state_compare.h"
 
 namespace gradsync {
 namespace {
@@ -135,20 +135,11 @@ TEST_P(EquivalenceTest, SameParametersAsOneProcessOnTheGlobalBatches) {
     ASSERT_EQ(c->exit_code(), 0) << c->describe();
   }
 
-  auto ddp = ReadParameters(distributed_params);
-  auto reference = ReadParameters(reference_params);
-  ASSERT_TRUE(ddp.ok()) << ddp.status();
-  ASSERT_TRUE(reference.ok()) << reference.status();
-  ASSERT_EQ(ddp->size(), reference->size());
-  ASSERT_EQ(ddp->size(), 6u);  // fc1, fc2, fc3: weight and bias
-  for (const auto& [param, expected] : *reference) {
-    ASSERT_EQ(ddp->count(param), 1u) << param;
-    const torch::Tensor& actual = ddp->at(param);
-    const double error =
-        (actual - expected).norm().item<double>() /
-        std::max(expected.norm().item<double>(), 1e-12);
-    EXPECT_LE(error, 1e-5) << param << " in " << name;
-  }
+  std::string worst;
+  absl::StatusOr<double> error =
+      MaxRelativeError(distributed_params, reference_params, &worst);
+  ASSERT_TRUE(error.ok()) << error.status();
+  EXPECT_LE(*error, 1e-5) << worst << " in " << name;
 }
 
 INSTANTIATE_TEST_SUITE_P(
