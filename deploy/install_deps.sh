@@ -14,7 +14,7 @@ packages=(
   # etcd itself for the tests
   golang-etcd-server-dev golang-github-gogo-protobuf-dev
   golang-github-grpc-ecosystem-grpc-gateway-dev etcd-server
-  python3-torch procps
+  python3-torch python3-torchvision procps
   # the Python package (python/) and its tests
   python3-grpcio python3-protobuf python3-pytest
   openssl  # the TLS tests make their certificates with it
