@@ -19,6 +19,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/failpoint.h"
@@ -92,9 +93,16 @@ ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 ABSL_FLAG(std::string, backend, "auto",
           "auto (NCCL when every member has CUDA, else Gloo), gloo or nccl");
 // Model and data.
-ABSL_FLAG(std::string, model, "mlp", "mlp or cnn");
+ABSL_FLAG(std::string, model, "mlp",
+          "mlp, cnn (28x28 images), cnn_bn (cnn with batch norm), resnet18 or "
+          "resnet50 (torchvision's, 32x32 RGB images)");
+ABSL_FLAG(bool, sync_batchnorm, false,
+          "convert the model's BatchNorm layers to SyncBatchNorm (statistics "
+          "of the global batch)");
 ABSL_FLAG(int, hidden, 128, "hidden width (mlp: fc1, fc2; cnn: fc1)");
-ABSL_FLAG(std::string, dataset, "synthetic", "synthetic or mnist");
+ABSL_FLAG(std::string, dataset, "synthetic",
+          "synthetic (images of the shape --model takes), mnist or cifar10 "
+          "(the binary version, from --data_dir)");
 ABSL_FLAG(std::string, data_dir, "",
           "mnist: folder with train-images-idx3-ubyte and "
           "train-labels-idx1-ubyte");
@@ -124,6 +132,26 @@ ABSL_FLAG(bool, find_unused_parameters, false,
           "failing the step");
 ABSL_FLAG(bool, broadcast_buffers, true,
           "copy rank 0's buffers to every rank before each forward");
+ABSL_FLAG(std::string, comm_hook, "allreduce",
+          "how gradient buckets are reduced: allreduce, fp16_compress, "
+          "bf16_compress or powersgd");
+ABSL_FLAG(int, powersgd_rank, 1,
+          "PowerSGD's matrix approximation rank (--comm_hook=powersgd)");
+ABSL_FLAG(int64_t, powersgd_start_iter, 1000,
+          "steps of plain all-reduce before PowerSGD compresses (at least 2)");
+ABSL_FLAG(std::vector<std::string>, rank_batches, {},
+          "uneven inputs: per rank, at most this many batches per epoch "
+          "(e.g. 10,7,3 for a 3-rank round); ranks out of data keep the "
+          "others going");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "rank 0 writes checkpoints here (torch.load reads them)");
+ABSL_FLAG(int64_t, checkpoint_every, 0,
+          "write a checkpoint every N steps (and after the last); 0: only "
+          "after the last");
+ABSL_FLAG(int, checkpoint_keep, 3, "checkpoints to keep");
+ABSL_FLAG(bool, resume, false,
+          "start from the newest checkpoint in --checkpoint_dir (from scratch "
+          "when there is none)");
 ABSL_FLAG(int, threads, 0,
           "LibTorch intra-op threads (0: LibTorch's default, one per core)");
 // Output.
@@ -144,10 +172,19 @@ namespace {
 
 int64_t Bytes(double mib) { return static_cast<int64_t>(mib * (1 << 20)); }
 
-TrainerConfig TrainerConfigFromFlags() {
+absl::StatusOr<TrainerConfig> TrainerConfigFromFlags() {
   TrainerConfig config;
+  for (const std::string& n : absl::GetFlag(FLAGS_rank_batches)) {
+    int64_t batches = 0;
+    if (!absl::SimpleAtoi(n, &batches)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--rank_batches takes comma-separated batch counts, got '", n, "'"));
+    }
+    config.rank_batches.push_back(batches);
+  }
   config.model.kind = absl::GetFlag(FLAGS_model);
   config.model.hidden = absl::GetFlag(FLAGS_hidden);
+  config.sync_batchnorm = absl::GetFlag(FLAGS_sync_batchnorm);
   config.dataset = absl::GetFlag(FLAGS_dataset);
   config.data_dir = absl::GetFlag(FLAGS_data_dir);
   config.synthetic_size = absl::GetFlag(FLAGS_synthetic_size);
@@ -171,6 +208,13 @@ TrainerConfig TrainerConfigFromFlags() {
       absl::GetFlag(FLAGS_find_unused_parameters);
   config.reducer.timeout = absl::GetFlag(FLAGS_timeout);
   config.broadcast_buffers = absl::GetFlag(FLAGS_broadcast_buffers);
+  config.comm_hook = absl::GetFlag(FLAGS_comm_hook);
+  config.powersgd.matrix_approximation_rank = absl::GetFlag(FLAGS_powersgd_rank);
+  config.powersgd.start_iter = absl::GetFlag(FLAGS_powersgd_start_iter);
+  config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  config.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  config.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  config.resume = absl::GetFlag(FLAGS_resume);
   config.log_every = absl::GetFlag(FLAGS_log_every);
   config.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
   config.load_params = absl::GetFlag(FLAGS_load_params);
@@ -305,7 +349,7 @@ absl::Status Run() {
   if (absl::GetFlag(FLAGS_threads) > 0) {
     torch::set_num_threads(absl::GetFlag(FLAGS_threads));
   }
-  TrainerConfig config = TrainerConfigFromFlags();
+  GS_ASSIGN_OR_RETURN(TrainerConfig config, TrainerConfigFromFlags());
   const std::string summary_path = absl::GetFlag(FLAGS_summary_json);
   if (absl::GetFlag(FLAGS_standalone)) {
     GS_ASSIGN_OR_RETURN(TrainSummary summary, Train(config, TrainContext()));

@@ -72,12 +72,18 @@ absl::StatusOr<std::shared_ptr<PowerSgdHook>> PowerSgdHook::Create(
   return std::shared_ptr<PowerSgdHook>(new PowerSgdHook(options));
 }
 
+void PowerSgdHook::ResumeAt(int64_t iteration) {
+  iteration_ = iteration;
+  first_compressed_ = std::max(options_.start_iter, iteration + 1);
+  buckets_.clear();
+}
+
 void PowerSgdHook::CountStep(const GradBucket& bucket) {
   if (bucket.is_last) ++iteration_;
 }
 
 BucketFuture PowerSgdHook::Run(Backend* backend, GradBucket& bucket) {
-  if (iteration_ < options_.start_iter) {
+  if (iteration_ < first_compressed_) {
     CountStep(bucket);
     return AllReduceHook().Run(backend, bucket);
   }

@@ -51,6 +51,14 @@ class PowerSgdHook final : public CommHook {
   std::string name() const override { return "powersgd"; }
   BucketFuture Run(Backend* backend, GradBucket& bucket) override;
 
+  // Continues a job's count of synchronized steps at `iteration` (the steps
+  // committed before this hook: a new round's hook, or a resumed job's),
+  // with fresh error feedback and factors on every rank. Compression starts
+  // at start_iter, but no earlier than the second step from here: the first
+  // runs before DDP rebuilds its buckets. Call before the first step, with
+  // the same value on every rank.
+  void ResumeAt(int64_t iteration);
+
   // Synchronized steps seen so far (counted at each step's last bucket).
   int64_t iteration() const { return iteration_; }
   // Elements before and after compression, summed over every compressed
@@ -59,7 +67,8 @@ class PowerSgdHook final : public CommHook {
   int64_t elements_after() const { return elements_after_; }
 
  private:
-  explicit PowerSgdHook(const PowerSgdOptions& options) : options_(options) {}
+  explicit PowerSgdHook(const PowerSgdOptions& options)
+      : options_(options), first_compressed_(options.start_iter) {}
 
   struct BucketState {
     torch::Tensor error;  // error feedback, the bucket's size
@@ -73,6 +82,8 @@ class PowerSgdHook final : public CommHook {
   const PowerSgdOptions options_;
   std::map<size_t, BucketState> buckets_;
   int64_t iteration_ = 0;
+  // The first iteration that compresses.
+  int64_t first_compressed_;
   // Draws of random initial Qs so far: seeds the next one with
   // random_seed + draws, the same sequence on every rank.
   uint64_t draws_ = 0;

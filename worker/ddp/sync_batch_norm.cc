@@ -51,8 +51,14 @@ std::vector<int64_t> ReducedDims(const torch::Tensor& input) {
   return dims;
 }
 
-torch::ScalarType ComputeType(const torch::Tensor& input) {
-  return input.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+// What the statistics and gradient sums are accumulated in: double on the
+// CPU (as ATen's batch norm accumulates there: in float32 the sums lose
+// enough to be seen after a few steps of training), float on CUDA, double
+// for double input.
+torch::ScalarType AccumulateType(const torch::Tensor& input) {
+  return input.is_cuda() && input.scalar_type() != torch::kDouble
+             ? torch::kFloat
+             : torch::kDouble;
 }
 
 class SyncBatchNormFunction
@@ -65,7 +71,7 @@ class SyncBatchNormFunction
                                double momentum,
                                c10::intrusive_ptr<Communicator> comm) {
     const int64_t channels = input.size(1);
-    const torch::ScalarType type = ComputeType(input);
+    const torch::ScalarType type = AccumulateType(input);
     const std::vector<int64_t> dims = ReducedDims(input);
     const std::vector<int64_t> shape = ChannelShape(input);
     torch::Tensor x = input.to(type);
@@ -133,7 +139,7 @@ class SyncBatchNormFunction
     auto comm = c10::static_intrusive_pointer_cast<Communicator>(
         ctx->saved_data["comm"].toCapsule());
 
-    const torch::ScalarType type = ComputeType(input);
+    const torch::ScalarType type = AccumulateType(input);
     const std::vector<int64_t> dims = ReducedDims(input);
     const std::vector<int64_t> shape = ChannelShape(input);
     const int64_t channels = input.size(1);

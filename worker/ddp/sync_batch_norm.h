@@ -30,15 +30,17 @@
 namespace gradsync {
 
 // Training forward: each rank computes its batch's per-channel count, mean
-// and sum of squared deviations (in float32, float64 for double input), one
-// all-gather combines them into the global mean and biased variance
+// and sum of squared deviations, one all-gather combines them into the global mean and biased variance
 // (Chan's parallel formula, exact for any mix of batch sizes, including
 // empty ones), and the running statistics are updated with the unbiased
 // global variance, as PyTorch does. Backward: the per-channel sums of the
 // output gradient and of its product with the centred input are all-reduced
 // (one collective) to form the input gradient; the weight and bias
 // gradients stay local, for DDP to average. Input [N, C, ...] (at least 2
-// dimensions). Parameters and buffers are BatchNorm's (weight, bias,
+// dimensions). Statistics and sums accumulate in double on the CPU and in
+// float on CUDA, as ATen's BatchNorm does (in float32 on the CPU the
+// training drifts from plain BatchNorm's measurably within a dozen steps).
+// Parameters and buffers are BatchNorm's (weight, bias,
 // running_mean, running_var, num_batches_tracked), so state dicts move
 // between the two.
 //

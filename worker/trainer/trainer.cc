@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -13,17 +14,42 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/failpoint.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/data/datasets.h"
 #include "worker/data/distributed_sampler.h"
+#include "worker/ddp/checkpoint.h"
+#include "worker/ddp/comm_hook.h"
 #include "worker/ddp/distributed_data_parallel.h"
+#include "worker/ddp/state_dict.h"
+#include "worker/ddp/sync_batch_norm.h"
 #include "worker/ddp/tensor_buffer.h"
 #include "worker/ddp/training_state.h"
+#include "worker/ddp/uneven_inputs.h"
 #include "worker/runtime/reform.h"
-#include "worker/ddp/state_dict.h"
 
 namespace gradsync {
 namespace {
+
+// The communication hook --comm_hook names.
+absl::StatusOr<std::shared_ptr<CommHook>> MakeCommHook(
+    const TrainerConfig& config) {
+  if (config.comm_hook == "allreduce") return std::make_shared<AllReduceHook>();
+  if (config.comm_hook == "fp16_compress") {
+    return std::make_shared<CompressHook>(torch::kHalf);
+  }
+  if (config.comm_hook == "bf16_compress") {
+    return std::make_shared<CompressHook>(torch::kBFloat16);
+  }
+  if (config.comm_hook == "powersgd") {
+    GS_ASSIGN_OR_RETURN(std::shared_ptr<PowerSgdHook> hook,
+                        PowerSgdHook::Create(config.powersgd));
+    return std::shared_ptr<CommHook>(std::move(hook));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--comm_hook must be allreduce, fp16_compress, bf16_compress or "
+      "powersgd, got '", config.comm_hook, "'"));
+}
 
 absl::Status ValidateConfig(const TrainerConfig& config) {
   if (config.batch_size < 1) {
@@ -50,24 +76,63 @@ absl::Status ValidateConfig(const TrainerConfig& config) {
     return absl::FailedPreconditionError(
         "--device=cuda, but this LibTorch has no CUDA or sees no GPU");
   }
-  return absl::OkStatus();
+  if (!config.rank_batches.empty()) {
+    if (config.accumulate != 1 || config.steps != 0) {
+      return absl::InvalidArgumentError(
+          "--rank_batches needs --accumulate=1 and --epochs (not --steps)");
+    }
+    for (int64_t n : config.rank_batches) {
+      if (n < 0) {
+        return absl::InvalidArgumentError("--rank_batches must not be negative");
+      }
+    }
+  }
+  if (config.checkpoint_every < 0 || config.checkpoint_keep < 1) {
+    return absl::InvalidArgumentError(
+        "--checkpoint_every must not be negative and --checkpoint_keep must be "
+        "at least 1");
+  }
+  if ((config.checkpoint_every > 0 || config.resume) &&
+      config.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--checkpoint_every and --resume need --checkpoint_dir");
+  }
+  return MakeCommHook(config).status();
 }
 
-absl::StatusOr<ImageDataset> LoadDataset(const TrainerConfig& config) {
+absl::StatusOr<ImageDataset> ReadDataset(const TrainerConfig& config) {
   if (config.dataset == "synthetic") {
     if (config.synthetic_size < 1) {
       return absl::InvalidArgumentError("--synthetic_size must be positive");
     }
-    return MakeSyntheticDataset(config.synthetic_size, config.seed);
+    return MakeSyntheticDataset(config.synthetic_size, config.seed,
+                                ModelInputShape(config.model));
   }
-  if (config.dataset == "mnist") {
+  if (config.dataset == "mnist" || config.dataset == "cifar10") {
     if (config.data_dir.empty()) {
-      return absl::InvalidArgumentError("--dataset=mnist needs --data_dir");
+      return absl::InvalidArgumentError(
+          absl::StrCat("--dataset=", config.dataset, " needs --data_dir"));
     }
-    return LoadMnist(config.data_dir);
+    return config.dataset == "mnist" ? LoadMnist(config.data_dir)
+                                     : LoadCifar10(config.data_dir);
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "--dataset must be synthetic or mnist, got '", config.dataset, "'"));
+      "--dataset must be synthetic, mnist or cifar10, got '", config.dataset,
+      "'"));
+}
+
+// The dataset, checked against the images the model takes.
+absl::StatusOr<ImageDataset> LoadDataset(const TrainerConfig& config) {
+  GS_ASSIGN_OR_RETURN(ImageDataset data, ReadDataset(config));
+  const std::vector<int64_t> wanted = ModelInputShape(config.model);
+  const auto shape = data.images.sizes().slice(1);
+  if (std::vector<int64_t>(shape.begin(), shape.end()) != wanted) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dataset=", config.dataset, " has images of shape ",
+        c10::str(shape), " but --model=", config.model.kind, " takes ",
+        c10::str(c10::IntArrayRef(wanted))));
+  }
+  return data;
 }
 
 // The mean of `value` over all ranks (one small all-reduce).
@@ -154,6 +219,9 @@ struct Division {
   int64_t start = 0;      // epoch position the division begins at
   int64_t span = 0;       // samples of the epoch it covers (no padding)
   int64_t batches = 0;    // this rank's batches in it
+  // Under uneven inputs, the most batches any rank has in it (the steps
+  // the job takes in it); otherwise `batches`.
+  int64_t job_batches = 0;
   int64_t next = 0;       // this rank's next batch
   int64_t global_batch = 0;  // samples per batch across ranks
   torch::Tensor indices;  // this rank's sample indices, on the device
@@ -176,6 +244,10 @@ class TrainingRun::Impl {
   absl::StatusOr<TrainSummary> TrainRound(const TrainContext& context);
   int64_t committed_step() const { return position_.step; }
   bool has_state() const { return has_state_; }
+
+  // Opens the checkpoint folder, and with --resume loads its newest
+  // checkpoint.
+  absl::Status OpenCheckpoints();
 
  private:
   void ResetOptimizer() {
@@ -202,6 +274,16 @@ class TrainingRun::Impl {
   absl::StatusOr<TrainSummary> Finish(const TrainContext& context);
   // After a step committed: reports the round's start once.
   void ReportRoundStart(const TrainContext& context);
+  // Rank 0 writes a checkpoint when one is due: every checkpoint_every steps
+  // and, with `last`, after the last step.
+  absl::Status MaybeCheckpoint(const TrainContext& context, bool last);
+  bool uneven() const { return !config_.rank_batches.empty(); }
+  // Uneven inputs: a scope per epoch, and the end of this rank's epoch
+  // (collective: shadows the ranks still training until all are done).
+  absl::Status BeginUnevenEpoch(DistributedDataParallel* ddp);
+  absl::Status FinishUnevenEpoch(const TrainContext& context,
+                                 DistributedDataParallel* ddp,
+                                 Division* division);
 
   const TrainerConfig config_;
   const torch::Device device_;
@@ -210,6 +292,10 @@ class TrainingRun::Impl {
   std::unique_ptr<torch::optim::SGD> optimizer_;
   int64_t parameters_ = 0;
   Position position_;
+  std::optional<CheckpointDir> checkpoints_;
+  // Under uneven inputs: this epoch's scope and the step it began at.
+  std::unique_ptr<UnevenInputs> uneven_;
+  int64_t epoch_start_step_ = 0;
   bool has_state_ = false;
   StepStats stats_;
   double final_loss_ = 0;
@@ -231,6 +317,9 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Create(
                                 : torch::Device(torch::kCPU);
     torch::manual_seed(config.seed);
     GS_ASSIGN_OR_RETURN(torch::nn::Sequential model, MakeModel(config.model));
+    if (config.sync_batchnorm) {
+      GS_RETURN_IF_ERROR(ConvertSyncBatchNorm(model.ptr()).status());
+    }
     if (!config.load_params.empty()) {
       GS_RETURN_IF_ERROR(LoadParameters(*model, config.load_params));
     }
@@ -238,8 +327,10 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Create(
     GS_ASSIGN_OR_RETURN(ImageDataset data, LoadDataset(config));
     data.images = data.images.to(device);
     data.labels = data.labels.to(device);
-    return std::unique_ptr<TrainingRun>(new TrainingRun(std::make_unique<Impl>(
-        config, device, std::move(model), std::move(data))));
+    auto impl = std::make_unique<Impl>(config, device, std::move(model),
+                                       std::move(data));
+    GS_RETURN_IF_ERROR(impl->OpenCheckpoints());
+    return std::unique_ptr<TrainingRun>(new TrainingRun(std::move(impl)));
   } catch (const std::exception& e) {
     return absl::InternalError(e.what());
   }
@@ -258,28 +349,38 @@ absl::StatusOr<TrainSummary> TrainingRun::TrainRound(const TrainContext& context
 absl::StatusOr<TrainSummary> TrainingRun::Impl::TrainRound(
     const TrainContext& context) {
   std::unique_ptr<DistributedDataParallel> ddp;
+  absl::StatusOr<TrainSummary> result;
   try {
-    return TrainRoundOrThrow(context, &ddp);
+    result = TrainRoundOrThrow(context, &ddp);
   } catch (const c10::Error& e) {
     // The reducer fails backward() this way when a collective fails: report
     // the backend's own status, so the caller can tell a lost peer.
     absl::Status collective =
         ddp != nullptr ? ddp->communication_error() : absl::OkStatus();
-    if (!collective.ok()) return collective;
-    return absl::InternalError(e.what_without_backtrace());
+    result = !collective.ok() ? collective
+                              : absl::InternalError(e.what_without_backtrace());
   } catch (const std::exception& e) {
-    return absl::InternalError(e.what());
+    result = absl::InternalError(e.what());
   }
+  uneven_.reset();  // it refers to the round's DDP model, which goes now
+  return result;
 }
 
 absl::StatusOr<TrainSummary> TrainingRun::Impl::TrainRoundOrThrow(
     const TrainContext& context, std::unique_ptr<DistributedDataParallel>* ddp) {
+  if (uneven() &&
+      config_.rank_batches.size() != static_cast<size_t>(context.world_size)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--rank_batches lists ", config_.rank_batches.size(),
+        " ranks but the round has ", context.world_size));
+  }
   round_begin_ = context.clock->Now();
   round_start_reported_ = false;
   GS_RETURN_IF_ERROR(JoinRound(context, ddp));
   state_copied_ = context.clock->Now();
   Division division;
   GS_RETURN_IF_ERROR(StartDivision(context, &division));
+  GS_RETURN_IF_ERROR(BeginUnevenEpoch(ddp->get()));
   const int64_t total_steps =
       config_.steps > 0
           ? config_.steps
@@ -288,13 +389,73 @@ absl::StatusOr<TrainSummary> TrainingRun::Impl::TrainRoundOrThrow(
                  config_.accumulate - 1) / config_.accumulate;
   window_start_ = context.clock->Now();
   window_samples_ = 0;
-  while (!Done()) {
+  for (;;) {
+    if (uneven_ != nullptr && division.next == division.batches) {
+      GS_RETURN_IF_ERROR(FinishUnevenEpoch(context, ddp->get(), &division));
+    }
+    if (Done()) break;
     GS_RETURN_IF_ERROR(RunStep(context, ddp->get(), &division, total_steps));
-    if (!Done() && context.reform_requested) {
+    if (!Done() && context.reform_requested && !uneven()) {
       GS_RETURN_IF_ERROR(AgreeOnReform(context));
     }
   }
   return Finish(context);
+}
+
+absl::Status TrainingRun::Impl::BeginUnevenEpoch(DistributedDataParallel* ddp) {
+  epoch_start_step_ = position_.step;
+  if (!uneven() || ddp == nullptr) return absl::OkStatus();
+  GS_ASSIGN_OR_RETURN(uneven_, UnevenInputs::Create(ddp));
+  return absl::OkStatus();
+}
+
+absl::Status TrainingRun::Impl::FinishUnevenEpoch(const TrainContext& context,
+                                                  DistributedDataParallel* ddp,
+                                                  Division* division) {
+  GS_RETURN_IF_ERROR(uneven_->Finish());
+  uneven_.reset();
+  // Every rank is done with the epoch; the job took its longest rank's steps.
+  position_ = Position{epoch_start_step_ + division->job_batches,
+                       division->epoch + 1, 0};
+  GS_RETURN_IF_ERROR(MaybeCheckpoint(context, Done()));
+  if (Done()) return absl::OkStatus();
+  GS_RETURN_IF_ERROR(StartDivision(context, division));
+  return BeginUnevenEpoch(ddp);
+}
+
+absl::Status TrainingRun::Impl::OpenCheckpoints() {
+  if (config_.checkpoint_dir.empty()) return absl::OkStatus();
+  GS_ASSIGN_OR_RETURN(checkpoints_, CheckpointDir::Open(config_.checkpoint_dir,
+                                                        config_.checkpoint_keep));
+  if (!config_.resume) return absl::OkStatus();
+  GS_ASSIGN_OR_RETURN(std::optional<Checkpoint> latest,
+                      checkpoints_->LoadLatest());
+  if (!latest.has_value()) {
+    GS_LOG(INFO) << "--resume: no checkpoint in " << config_.checkpoint_dir
+                 << ": starting from step 0";
+    return absl::OkStatus();
+  }
+  GS_RETURN_IF_ERROR(RestoreCheckpoint(*latest, *model_, *optimizer_));
+  position_ = Position{latest->step, latest->counters["epoch"],
+                       latest->counters["epoch_position"]};
+  has_state_ = true;
+  GS_LOG(INFO) << "--resume: resumed from the checkpoint of step "
+               << position_.step << " in " << config_.checkpoint_dir;
+  return absl::OkStatus();
+}
+
+absl::Status TrainingRun::Impl::MaybeCheckpoint(const TrainContext& context,
+                                                bool last) {
+  if (!checkpoints_.has_value() || context.rank != 0) return absl::OkStatus();
+  const bool due = config_.checkpoint_every > 0 &&
+                   position_.step % config_.checkpoint_every == 0;
+  if (!due && !last) return absl::OkStatus();
+  GS_ASSIGN_OR_RETURN(
+      Checkpoint checkpoint,
+      CaptureCheckpoint(*model_, *optimizer_, position_.step,
+                        {{"epoch", position_.epoch},
+                         {"epoch_position", position_.epoch_position}}));
+  return checkpoints_->Save(checkpoint);
 }
 
 // Wraps the model for the round's backend and makes every rank's state the
@@ -319,7 +480,12 @@ absl::Status TrainingRun::Impl::JoinRound(
                                             config_.reducer.timeout));
   position_ = Position::FromCounters(counters);
   has_state_ = true;
-  return absl::OkStatus();
+  // A hook of this round's own, its state starting afresh on every rank.
+  GS_ASSIGN_OR_RETURN(std::shared_ptr<CommHook> hook, MakeCommHook(config_));
+  if (auto* powersgd = dynamic_cast<PowerSgdHook*>(hook.get())) {
+    powersgd->ResumeAt(position_.step);
+  }
+  return (*ddp)->RegisterCommHook(std::move(hook));
 }
 
 // Divides the rest of the current epoch among the round's ranks; moves to
@@ -337,13 +503,21 @@ absl::Status TrainingRun::Impl::StartDivision(const TrainContext& context,
     division->epoch = position_.epoch;
     division->start = position_.epoch_position;
     division->span = data_.size() - position_.epoch_position;
-    division->batches =
+    const int64_t batches =
         (sampler.num_samples() + config_.batch_size - 1) / config_.batch_size;
+    division->batches = batches;
+    division->job_batches = batches;
+    if (uneven()) {  // every rank's share has the same number of batches
+      const auto& caps = config_.rank_batches;
+      division->batches = std::min(batches, caps[context.rank]);
+      division->job_batches =
+          std::min(batches, *std::max_element(caps.begin(), caps.end()));
+    }
     division->next = 0;
     division->global_batch = int64_t{config_.batch_size} * context.world_size;
     division->indices =
         torch::tensor(sampler.Indices(), torch::kInt64).to(device_);
-    if (division->batches > 0) return absl::OkStatus();
+    if (batches > 0) return absl::OkStatus();
     if (position_.epoch_position == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the dataset (", data_.size(), " samples) leaves rank ",
@@ -360,17 +534,21 @@ bool TrainingRun::Impl::Done() const {
 }
 
 // Micro-batches from `division`'s next batch to the end of training (epoch
-// mode), were the world size to stay.
+// mode), were the world size to stay; under uneven inputs, the job's steps.
 int64_t TrainingRun::Impl::MicroBatchesLeft(const Division& division,
                                             int world_size) const {
   absl::StatusOr<DistributedSampler> whole = DistributedSampler::Create(
       {data_.size(), 0, world_size, config_.shuffle, config_.seed,
        config_.drop_last});
   const int64_t per_rank = whole.ok() ? whole->num_samples() : 0;
-  const int64_t per_epoch =
-      (per_rank + config_.batch_size - 1) / config_.batch_size;
-  return (division.batches - division.next) +
-         (config_.epochs - division.epoch - 1) * per_epoch;
+  int64_t per_epoch = (per_rank + config_.batch_size - 1) / config_.batch_size;
+  int64_t this_epoch = division.batches - division.next;
+  if (uneven()) {  // the job's steps: its longest rank's
+    const auto& caps = config_.rank_batches;
+    per_epoch = std::min(per_epoch, *std::max_element(caps.begin(), caps.end()));
+    this_epoch = std::max<int64_t>(division.job_batches - division.next, 0);
+  }
+  return this_epoch + (config_.epochs - division.epoch - 1) * per_epoch;
 }
 
 // This rank's next batch (advancing `cursor`, a copy of the position that
@@ -453,6 +631,8 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
   if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
   cursor.step = report.step;
   position_ = cursor;  // committed
+  // Under uneven inputs the last checkpoint waits for every rank.
+  GS_RETURN_IF_ERROR(MaybeCheckpoint(context, Done() && !uneven()));
   Failpoint(kFailpointStep);
   window_samples_ += step_samples * context.world_size;
   report.step_time = context.clock->Now() - step_start;
@@ -472,9 +652,13 @@ absl::Status TrainingRun::Impl::Report(const TrainContext& context,
   if (!last && (config_.log_every <= 0 || report.step % config_.log_every != 0)) {
     return absl::OkStatus();
   }
-  GS_ASSIGN_OR_RETURN(final_loss_,
-                      MeanOverRanks(context.backend, report.loss, device_,
-                                    config_.reducer.timeout));
+  if (uneven()) {
+    final_loss_ = report.loss;  // a rank out of data would not match a collective
+  } else {
+    GS_ASSIGN_OR_RETURN(final_loss_,
+                        MeanOverRanks(context.backend, report.loss, device_,
+                                      config_.reducer.timeout));
+  }
   const absl::Time now = context.clock->Now();
   const double rate = window_samples_ /
                       std::max(absl::ToDoubleSeconds(now - window_start_), 1e-9);

@@ -9,11 +9,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "worker/backend/backend.h"
+#include "worker/ddp/powersgd_hook.h"
 #include "worker/ddp/reducer.h"
 #include "worker/runtime/step_report.h"
 #include "worker/trainer/models.h"
@@ -22,7 +24,11 @@ namespace gradsync {
 
 struct TrainerConfig {
   ModelConfig model;
-  // "synthetic" or "mnist" (read from data_dir).
+  // Every BatchNorm of the model becomes a SyncBatchNorm (statistics of the
+  // global batch).
+  bool sync_batchnorm = false;
+  // "synthetic" (images of the shape the model takes), "mnist" or "cifar10"
+  // (read from data_dir; the model must take their images).
   std::string dataset = "synthetic";
   std::string data_dir;
   // Images in the synthetic dataset.
@@ -49,6 +55,26 @@ struct TrainerConfig {
   // DDP's options (buckets, find_unused_parameters, ...).
   ReducerOptions reducer;
   bool broadcast_buffers = true;
+  // How gradient buckets are reduced: "allreduce", "fp16_compress",
+  // "bf16_compress" or "powersgd" (with `powersgd`'s settings; its
+  // compression state starts afresh in every round).
+  std::string comm_hook = "allreduce";
+  PowerSgdOptions powersgd;
+  // Uneven inputs: per rank, at most this many batches per epoch (so ranks
+  // run out of data at different times; DDP's UnevenInputs keeps the others
+  // going). Empty: every rank trains its whole share. Needs a round of
+  // exactly that many ranks, --accumulate=1 and epochs (not --steps); the
+  // loss is not averaged over ranks for the progress line and the round is
+  // not re-formed at step boundaries.
+  std::vector<int64_t> rank_batches;
+  // Checkpoints: rank 0 writes one to checkpoint_dir every checkpoint_every
+  // steps (0: never) and after the last step, keeping the newest
+  // checkpoint_keep. With resume, the run starts from the newest checkpoint
+  // there (every process reads it), or from scratch when there is none.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int checkpoint_keep = 3;
+  bool resume = false;
   // Progress line every this many steps (and after the last); 0: never.
   int log_every = 10;
   // Steps left out of the summary's timings (warm-up).

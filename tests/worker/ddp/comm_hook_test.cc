@@ -269,9 +269,12 @@ std::pair<double, int64_t> TrainWith(std::function<std::shared_ptr<CommHook>()> 
   const ImageDataset data = MakeSyntheticDataset(4096, 5);
   double loss_tail = 0;
   int64_t bytes = 0;
-  RunGlooRanks(2, [&](int rank, Backend* backend) {
+  auto models = ModelsForRanks(2, [] {
     torch::manual_seed(1);
-    auto model = Mlp();
+    return Mlp();
+  });
+  RunGlooRanks(2, [&](int rank, Backend* backend) {
+    auto model = models[rank];
     auto ddp = DistributedDataParallel::Create(model, backend);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     if (hook) ASSERT_TRUE((*ddp)->RegisterCommHook(hook()).ok());
@@ -327,9 +330,10 @@ TEST(PowerSgdHookTest, ConvergesOnTheSyntheticTaskAndSendsTheExpectedBytes) {
 
 TEST(DdpCommHookTest, RegistrationIsCheckedAndTheHookIsUsed) {
   torch::set_num_threads(1);
+  auto models = ModelsForRanks(2, Mlp);
   RunGlooRanks(2, [&](int rank, Backend* backend) {
     ObservedBackend observed(backend);
-    auto model = Mlp();
+    auto model = models[rank];
     auto ddp = DistributedDataParallel::Create(model, &observed);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     EXPECT_EQ((*ddp)->RegisterCommHook(nullptr).code(),
@@ -351,8 +355,9 @@ TEST(DdpCommHookTest, RegistrationIsCheckedAndTheHookIsUsed) {
   });
   // After a synchronized step it is too late: every rank must reduce every
   // step the same way.
+  models = ModelsForRanks(2, Mlp);
   RunGlooRanks(2, [&](int rank, Backend* backend) {
-    auto model = Mlp();
+    auto model = models[rank];
     auto ddp = DistributedDataParallel::Create(model, backend);
     ASSERT_TRUE(ddp.ok());
     (*ddp)->forward(torch::rand({2, 1, 28, 28})).sum().backward();

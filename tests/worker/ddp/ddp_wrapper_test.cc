@@ -38,8 +38,9 @@ TEST(DdpWrapperTest, ForwardRunsTheModuleAndTheBackwardAveragesGradients) {
     loss.backward();
     expected_grad = model->named_parameters()["fc1.weight"].grad().clone();
   }
+  auto models = ModelsForRanks(2, Model);
   RunGlooRanks(2, [&](int rank, Backend* backend) {
-    auto model = Model();
+    auto model = models[rank];
     auto ddp = DistributedDataParallel::Create(model, backend);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     torch::Tensor output = (**ddp)(Input(rank));  // PyTorch's ddp(x)
@@ -58,8 +59,9 @@ TEST(DdpWrapperTest, ForwardRunsTheModuleAndTheBackwardAveragesGradients) {
 // the parameter and the fix, on the first step and after a proper one.
 TEST(DdpWrapperTest, ABackwardNoForwardThroughTheWrapperPreparedFailsLoudly) {
   std::vector<std::string> first(2), later(2);
+  auto models = ModelsForRanks(2, Model);
   RunGlooRanks(2, [&](int rank, Backend* backend) {
-    auto model = Model();
+    auto model = models[rank];
     auto ddp = DistributedDataParallel::Create(model, backend);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     try {
@@ -90,8 +92,8 @@ TEST(DdpWrapperTest, ABackwardNoForwardThroughTheWrapperPreparedFailsLoudly) {
 }
 
 TEST(DdpWrapperTest, DeviceOptionsAreCheckedAndApplied) {
+  auto model = Model();
   RunGlooRanks(1, [&](int, Backend* backend) {
-    auto model = Model();
     DdpOptions two;
     two.device_ids = {torch::Device(torch::kCPU), torch::Device(torch::kCPU)};
     absl::Status status = DistributedDataParallel::Create(model, backend, two).status();
@@ -110,8 +112,8 @@ TEST(DdpWrapperTest, DeviceOptionsAreCheckedAndApplied) {
 // A module wrapped as a plain torch::nn::Module has no forward the wrapper
 // knows: forward(x) says what to do; Forward(fn) still works.
 TEST(DdpWrapperTest, ForwardOfAnUntypedModuleExplainsItself) {
+  auto model = Model();
   RunGlooRanks(1, [&](int, Backend* backend) {
-    auto model = Model();
     std::shared_ptr<torch::nn::Module> untyped = model.ptr();
     auto ddp = DistributedDataParallel::Create(untyped, backend);
     ASSERT_TRUE(ddp.ok()) << ddp.status();

@@ -34,6 +34,16 @@ inline void RunGlooRanks(int world_size,
   for (std::thread& t : threads) t.join();
 }
 
+// `world_size` models made by `make` on the calling thread, one per rank:
+// LibTorch's default generator is process-wide, so rank threads that seed
+// it and draw from it at once would interleave their draws.
+template <typename Make>
+auto ModelsForRanks(int world_size, Make make) -> std::vector<decltype(make())> {
+  std::vector<decltype(make())> models;
+  for (int rank = 0; rank < world_size; ++rank) models.push_back(make());
+  return models;
+}
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_TESTS_WORKER_DDP_GLOO_RANKS_H_

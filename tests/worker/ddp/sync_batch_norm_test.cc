@@ -90,8 +90,9 @@ StateDict TrainDistributed(const std::vector<std::vector<Shard>>& data,
                            bool convert) {
   const int world = static_cast<int>(data.front().size());
   std::vector<StateDict> states(world);
+  auto models = ModelsForRanks(world, Model);
   RunGlooRanks(world, [&](int rank, Backend* backend) {
-    auto model = Model();
+    auto model = models[rank];
     if (convert) ASSERT_TRUE(ConvertSyncBatchNorm(model.ptr()).ok());
     auto ddp = DistributedDataParallel::Create(model, backend);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
@@ -156,22 +157,23 @@ INSTANTIATE_TEST_SUITE_P(
 // (one rank alone runs it here; a collective would wait for the other).
 TEST(SyncBatchNormTest, EvalModeUsesRunningStatisticsWithoutCommunicating) {
   torch::set_num_threads(1);
+  auto models = ModelsForRanks(2, Model);
+  auto plain = Model();
+  const torch::Tensor x = torch::randn({2, 3, 6, 6});
   RunGlooRanks(2, [&](int rank, Backend* backend) {
     ObservedBackend observed(backend);
-    auto model = Model();
+    auto model = models[rank];
     ASSERT_TRUE(ConvertSyncBatchNorm(model.ptr()).ok());
     auto ddp = DistributedDataParallel::Create(model, &observed);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
-    (*ddp)->forward(torch::randn({3, 3, 6, 6})).sum().backward();
+    (*ddp)->forward(x.repeat({2, 1, 1, 1}) * (rank + 1)).sum().backward();
     observed.TakeRecords();
     if (rank == 0) {
       model->eval();
       torch::NoGradGuard no_grad;
-      torch::Tensor x = torch::randn({2, 3, 6, 6});
       torch::Tensor out = model->forward(x);
       EXPECT_TRUE(observed.TakeRecords().empty());
       // The same as plain BatchNorm in eval mode with those statistics.
-      auto plain = Model();
       ASSERT_TRUE(LoadStateDict(*plain, GetStateDict(*model)).ok());
       plain->eval();
       EXPECT_TRUE(torch::allclose(out, plain->forward(x), 1e-5, 1e-6));

@@ -168,10 +168,67 @@ INSTANTIATE_TEST_SUITE_P(
         scenarios.push_back({"gradient_copies",
                              w,
                              {"--gradient_as_bucket_view=false"}});
+        // BatchNorm layers (2d and 1d) converted to SyncBatchNorm: the
+        // parameters and running statistics of one process's plain
+        // BatchNorm on the global batch. Few steps: this small network
+        // amplifies float32 rounding (plain BatchNorm's own float32 and
+        // float64 runs drift 1e-3 apart within 24 steps).
+        scenarios.push_back({"sync_batchnorm",
+                             w,
+                             {"--model=cnn_bn", "--sync_batchnorm", "--steps=6"}});
       }
       return scenarios;
     }()),
     ScenarioName);
+
+// The same model without the conversion normalizes each rank's shard by its
+// own statistics: the comparison above would fail.
+TEST_F(TrainerProcessTest, WithoutSyncBatchNormTheResultDiffers) {
+  std::vector<std::string> flags = CommonFlags();
+  flags.insert(flags.end(), {"--model=cnn_bn", "--steps=6"});
+  const std::string ddp = TempPath("unsynced-ddp.pt");
+  const std::string reference = TempPath("unsynced-reference.pt");
+  std::vector<std::string> worker_flags = flags;
+  worker_flags.push_back(absl::StrCat("--batch_size=", kPerRankBatch));
+  worker_flags.push_back(absl::StrCat("--save_params=", ddp));
+  std::vector<std::unique_ptr<Child>> children;
+  StartWorkers("unsynced-bn", 2, worker_flags, &children);
+  std::vector<std::string> reference_argv = {worker(), "--standalone"};
+  reference_argv.insert(reference_argv.end(), flags.begin(), flags.end());
+  reference_argv.push_back(absl::StrCat("--batch_size=", 2 * kPerRankBatch));
+  reference_argv.push_back(absl::StrCat("--save_params=", reference));
+  children.push_back(std::make_unique<Child>());
+  ASSERT_TRUE(children.back()->Start(reference_argv, /*capture=*/true));
+  ASSERT_TRUE(WaitAll(Pointers(children), kTrainBound));
+  for (const auto& c : children) ASSERT_EQ(c->exit_code(), 0) << c->describe();
+  absl::StatusOr<double> error = MaxRelativeError(ddp, reference);
+  ASSERT_TRUE(error.ok()) << error.status();
+  EXPECT_GT(*error, 1e-3);
+}
+
+// Ranks with 10, 7 and 3 batches of the epoch (--rank_batches): the ones
+// that run out keep shadowing the others' all-reduces, nobody hangs, and
+// the job takes the longest rank's 10 steps. (The arithmetic is checked
+// against PyTorch's Join in tests/worker/ddp/torch_reference_test.)
+TEST_F(TrainerProcessTest, UnevenInputsEndWithoutAHang) {
+  std::vector<std::string> flags = CommonFlags();
+  flags.insert(flags.end(), {"--epochs=1", "--synthetic_size=180",
+                             absl::StrCat("--batch_size=", kPerRankBatch),
+                             "--rank_batches=10,7,3", "--log_every=1"});
+  std::vector<std::unique_ptr<Child>> children;
+  StartWorkers("uneven", 3, flags, &children);
+  ASSERT_TRUE(WaitAll(Pointers(children), kTrainBound));
+  bool rank0_seen = false;
+  for (const auto& c : children) {
+    ASSERT_EQ(c->exit_code(), 0) << c->describe();
+    if (absl::StrContains(c->out(), "done:")) {
+      rank0_seen = true;
+      EXPECT_THAT(c->out(), HasSubstr("done: 10 steps")) << c->describe();
+      EXPECT_THAT(c->out(), HasSubstr("step 10/10")) << c->describe();
+    }
+  }
+  EXPECT_TRUE(rank0_seen);
+}
 
 TEST_F(TrainerProcessTest, MismatchedModelsFailWithTheFirstDifference) {
   // Two processes of one job whose models differ in fc1's width.
