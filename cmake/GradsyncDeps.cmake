@@ -165,6 +165,11 @@ add_library(gradsync_system_torch INTERFACE)
 if(GRADSYNC_WITH_TORCH)
   find_package(Torch REQUIRED)
   target_link_libraries(gradsync_system_torch INTERFACE ${TORCH_LIBRARIES} Threads::Threads)
+  # A LibTorch with CUDA: collectives order after its current stream
+  # (worker/ddp/tensor_buffer.cc uses c10_cuda).
+  if(TORCH_CUDA_LIBRARIES)
+    target_compile_definitions(gradsync_system_torch INTERFACE GRADSYNC_TORCH_CUDA)
+  endif()
   include(GradsyncAbiCheck)
   gradsync_check_torch_abi()
 else()

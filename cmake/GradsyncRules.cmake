@@ -138,6 +138,9 @@ endfunction()
 
 function(gradsync_cc_library)
   _gradsync_rule_begin(${ARGN})
+  # The headers, for installing the public library (GradsyncInstall.cmake).
+  list(TRANSFORM R_HDRS PREPEND "${CMAKE_CURRENT_SOURCE_DIR}/" OUTPUT_VARIABLE hdrs)
+  set_property(GLOBAL PROPERTY "GRADSYNC_HDRS_${R_TARGET}" ${hdrs})
   if(R_SRCS)
     add_library(${R_TARGET} STATIC ${R_SRCS} ${R_HDRS})
     target_link_libraries(${R_TARGET} PUBLIC ${R_DEP_TARGETS})
@@ -233,6 +236,8 @@ function(gradsync_cc_grpc_library)
     COMMENT "protoc ${pkg}: ${R_SRCS}"
     VERBATIM)
   add_library(${R_TARGET} STATIC ${outs})
+  list(FILTER outs INCLUDE REGEX "\\.h$")
+  set_property(GLOBAL PROPERTY "GRADSYNC_HDRS_${R_TARGET}" ${outs})
   target_include_directories(${R_TARGET} PUBLIC "${PROJECT_BINARY_DIR}")
   target_link_libraries(${R_TARGET} PUBLIC gradsync_system_grpc ${R_DEP_TARGETS})
   set_property(TARGET ${R_TARGET} PROPERTY GRADSYNC_PROTOS ${protos})

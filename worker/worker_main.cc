@@ -1,10 +1,12 @@
 // gradsync-worker: the reference trainer. Joins a job through the
-// coordinator, builds the negotiated process group (Gloo on CPU, NCCL on
-// CUDA), trains an MLP or CNN with DistributedDataParallel, and exits 0 on
-// success.
+// coordinator (RunJob), builds the negotiated process group (Gloo on CPU,
+// NCCL on CUDA), trains a model of worker/trainer/models.h with
+// DistributedDataParallel, recovers in place when a peer is lost, and exits
+// 0 on success.
 //
 //   gradsync-worker --coordinator=HOST:PORT --job=NAME --nnodes=MIN[:MAX]
-//       [--model=mlp|cnn] [--dataset=synthetic|mnist --data_dir=DIR] ...
+//       [--model=mlp|cnn|cnn_bn|resnet18|resnet50]
+//       [--dataset=synthetic|mnist|cifar10 --data_dir=DIR] ...
 #include <torch/cuda.h>
 #include <torch/utils.h>
 
@@ -23,19 +25,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/failpoint.h"
-#include "common/job_config.h"
-#include "common/logging.h"
-#include "common/token_file.h"
 #include "common/status_macros.h"
-#include "worker/client/coordinator_client.h"
-#include "worker/backend/observed_backend.h"
-#include "worker/runtime/elastic.h"
-#include "worker/runtime/health_reporter.h"
-#include "worker/runtime/join.h"
-#include "worker/runtime/launched_process.h"
-#include "worker/runtime/process_group.h"
-#include "worker/runtime/reform.h"
-#include "worker/runtime/telemetry.h"
+#include "worker/runtime/run_job.h"
 #include "worker/trainer/trainer.h"
 
 // Joining.
@@ -238,6 +229,8 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s,
       {"backward_ms", ms(s.mean_backward)},
       {"communication_ms", ms(s.mean_communication)},
       {"hidden_communication_ms", ms(s.mean_hidden_communication)},
+      {"buckets", s.buckets},
+      {"bucket_bytes_per_step", s.bucket_bytes_per_step},
   };
   std::ofstream out(path, std::ios::trunc);
   out << json.dump(2) << "\n";
@@ -258,88 +251,75 @@ void PrintDone(const TrainSummary& s) {
   std::fflush(stdout);
 }
 
-// gradsync-worker's training loop as RunElastic drives it: one TrainingRun
-// for the life of the process, trained in round after round, reporting each
+// gradsync-worker's training loop as RunJob drives it: one TrainingRun for
+// the life of the process, trained in round after round, reporting each
 // round's steps through the heartbeats. On CUDA the run is created at the
 // first round, once the local rank (so the device) is known.
-class WorkerTrainer : public RoundTrainer {
+class WorkerTrainer : public Trainer {
  public:
-  WorkerTrainer(TrainerConfig config, std::unique_ptr<TrainingRun> run,
-                HealthReporter* reporter)
-      : config_(std::move(config)), run_(std::move(run)), reporter_(reporter) {}
+  WorkerTrainer(TrainerConfig config, std::unique_ptr<TrainingRun> run)
+      : config_(std::move(config)), run_(std::move(run)) {}
 
   bool has_state() const override { return run_ != nullptr && run_->has_state(); }
   int64_t committed_step() const override {
     return run_ != nullptr ? run_->committed_step() : 0;
   }
 
-  absl::Status TrainRound(const v1::Assignment& assignment, Backend* backend,
-                          absl::Duration process_group_time) override {
+  absl::Status Train(const Round& round) override {
+    std::printf("gradsync-worker: rank %d of %d (node %d of %d), round %lld, "
+                "backend %s\n",
+                round.rank, round.world_size, round.node_rank, round.num_nodes,
+                static_cast<long long>(round.number), round.backend_name.c_str());
+    std::fflush(stdout);
     if (run_ == nullptr) {
-      const int devices = static_cast<int>(torch::cuda::device_count());
-      if (devices > 0) config_.cuda_device = assignment.local_rank() % devices;
+      config_.cuda_device = round.cuda_device;
       GS_ASSIGN_OR_RETURN(run_, TrainingRun::Create(config_));
     }
-    ObservedBackend observed(backend);
-    std::function<int64_t()> gpu_memory;
-    if (config_.device == "cuda") {
-      gpu_memory = [device = config_.cuda_device] {
-        return CudaMemoryInUse(device);
-      };
-    }
-    Telemetry telemetry(reporter_, &observed, std::move(gpu_memory));
     TrainContext context;
-    context.backend = &observed;
-    context.rank = assignment.rank();
-    context.world_size = assignment.world_size();
-    context.source_rank = assignment.source_rank();
-    context.round = assignment.round();
-    context.on_step = [&telemetry](const StepReport& report, int64_t samples) {
-      return telemetry.OnStep(report, samples);
-    };
-    context.on_round_started = [&telemetry, process_group_time](
-                                   absl::Duration state_transfer,
-                                   absl::Duration first_step) {
-      telemetry.SetRoundStart(process_group_time, state_transfer, first_step);
-      GS_LOG(INFO) << "round started: process group "
-                   << absl::FormatDuration(process_group_time)
-                   << ", state transfer " << absl::FormatDuration(state_transfer)
-                   << ", first step " << absl::FormatDuration(first_step);
-    };
-    if (assignment.may_grow()) {
-      context.reform_requested = [reporter = reporter_] {
-        return reporter->verdict().reform_at_step_boundary;
-      };
-    }
-    absl::StatusOr<TrainSummary> summary = run_->TrainRound(context);
-    if (!summary.ok()) {
-      if (!IsReformAtStepBoundary(summary.status())) {
-        telemetry.SetError(std::string(summary.status().message()));
-      }
-      return summary.status();
-    }
-    telemetry.SetState(v1::WORKER_STATE_STOPPING);
-    if (assignment.rank() != 0) return absl::OkStatus();
-    PrintDone(*summary);
+    context.backend = round.backend;
+    context.rank = round.rank;
+    context.world_size = round.world_size;
+    context.source_rank = round.source_rank;
+    context.round = round.number;
+    context.on_step = round.report_step;
+    context.on_round_started = round.report_round_start;
+    context.reform_requested = round.reform_requested;
+    GS_ASSIGN_OR_RETURN(TrainSummary summary, run_->TrainRound(context));
+    if (round.rank != 0) return absl::OkStatus();
+    PrintDone(summary);
     const std::string path = absl::GetFlag(FLAGS_summary_json);
     if (path.empty()) return absl::OkStatus();
-    return WriteSummary(path, *summary, assignment.world_size());
+    return WriteSummary(path, summary, round.world_size);
   }
 
  private:
   TrainerConfig config_;
   std::unique_ptr<TrainingRun> run_;
-  HealthReporter* const reporter_;
 };
 
-void PrintAssignment(const v1::Assignment& assignment) {
-  std::printf("gradsync-worker: rank %d of %d (node %d of %d), round %lld, "
-              "backend %s\n",
-              assignment.rank(), assignment.world_size(),
-              assignment.node_rank(), assignment.num_nodes(),
-              static_cast<long long>(assignment.round()),
-              BackendName(assignment.backend()).c_str());
-  std::fflush(stdout);
+JobOptions JobOptionsFromFlags(const TrainerConfig& config) {
+  JobOptions options;
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  options.job = absl::GetFlag(FLAGS_job);
+  options.nnodes = absl::GetFlag(FLAGS_nnodes);
+  options.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
+  options.node_id = absl::GetFlag(FLAGS_node_id);
+  options.backend = absl::GetFlag(FLAGS_backend);
+  options.failure_policy = absl::GetFlag(FLAGS_failure_policy);
+  options.address = absl::GetFlag(FLAGS_address);
+  options.network_interface = absl::GetFlag(FLAGS_network_interface);
+  options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  options.cuda = config.device == "cuda";
+  options.cuda_devices = static_cast<int>(torch::cuda::device_count());
+  options.timeout = absl::GetFlag(FLAGS_timeout);
+  options.join_timeout = absl::GetFlag(FLAGS_join_timeout);
+  options.last_call_timeout = absl::GetFlag(FLAGS_last_call_timeout);
+  options.max_recoveries = absl::GetFlag(FLAGS_max_recoveries);
+  options.token_file = absl::GetFlag(FLAGS_token_file);
+  options.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  return options;
 }
 
 absl::Status Run() {
@@ -359,82 +339,15 @@ absl::Status Run() {
     }
     return absl::OkStatus();
   }
-
-  // Started by gradsync launch: it joined for this process already.
-  GS_ASSIGN_OR_RETURN(std::optional<LaunchedProcess> launched,
-                      LaunchedProcessFromEnvironment());
-  std::string coordinator = absl::GetFlag(FLAGS_coordinator);
-  JoinConfig join;
-  join.job_id = absl::GetFlag(FLAGS_job);
-  join.nnodes = absl::GetFlag(FLAGS_nnodes);
-  join.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
-  join.node_id = absl::GetFlag(FLAGS_node_id);
-  join.backend = absl::GetFlag(FLAGS_backend);
-  join.failure_policy = absl::GetFlag(FLAGS_failure_policy);
-  join.join_timeout = absl::GetFlag(FLAGS_join_timeout);
-  join.last_call_timeout = absl::GetFlag(FLAGS_last_call_timeout);
-  join.address = absl::GetFlag(FLAGS_address);
-  if (join.address.empty()) join.address = DefaultWorkerAddress(coordinator);
-  if (config.device == "cuda") {
-    join.device_type = v1::DEVICE_TYPE_CUDA;
-    join.device_count = static_cast<int>(torch::cuda::device_count());
-    join.nccl_available = NcclUsable();
-  }
-  v1::JoinRequest request;
-  if (launched.has_value()) {
-    coordinator = launched->coordinator;
-    request = launched->request;
-    if (request.node().addresses_size() > 0) {
-      join.address = request.node().addresses(0);
-    }
-  } else {
-    GS_ASSIGN_OR_RETURN(request, BuildJoinRequest(join));
-  }
-
-  ClientOptions client_options;
-  client_options.target = coordinator;
-  client_options.tls = {absl::GetFlag(FLAGS_tls_ca),
-                        absl::GetFlag(FLAGS_tls_cert),
-                        absl::GetFlag(FLAGS_tls_key)};
-  GS_ASSIGN_OR_RETURN(client_options.token,
-                      ClientToken(absl::GetFlag(FLAGS_token_file)));
-  GS_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Create(client_options));
-  ElasticOptions elastic;
-  if (launched.has_value()) elastic.first_assignment = launched->assignment;
-  elastic.max_recoveries = absl::GetFlag(FLAGS_max_recoveries);
-  if (elastic.max_recoveries < 0) {
-    return absl::InvalidArgumentError("--max_recoveries must be >= 0");
-  }
-  ProcessGroupOptions& pg = elastic.process_group;
-  pg.timeout = absl::GetFlag(FLAGS_timeout);
-  pg.address = join.address;
-  pg.network_interface = absl::GetFlag(FLAGS_network_interface);
-  pg.shared_memory = absl::GetFlag(FLAGS_shared_memory);
-  const int devices = static_cast<int>(torch::cuda::device_count());
+  const JobOptions options = JobOptionsFromFlags(config);
+  // On the CPU the run is made now, so bad settings fail before joining; on
+  // CUDA at the first round, on the round's device.
   std::unique_ptr<TrainingRun> run;
-  if (config.device == "cuda" && devices > 0) {
-    // The process's local rank is known only after the join (the trainer
-    // creates its run then, on the same device).
-    elastic.on_assignment = [&pg, devices](const v1::Assignment& assignment) {
-      pg.cuda_device = assignment.local_rank() % devices;
-      PrintAssignment(assignment);
-    };
-  } else {
-    elastic.on_assignment = PrintAssignment;
-    GS_ASSIGN_OR_RETURN(run, TrainingRun::Create(config));  // fail fast
+  if (!options.cuda) {
+    GS_ASSIGN_OR_RETURN(run, TrainingRun::Create(config));
   }
-  HealthReporter reporter(client.get());
-  WorkerTrainer trainer(config, std::move(run), &reporter);
-  absl::Status trained =
-      RunElastic(client.get(), request, elastic, &reporter, &trainer);
-  if (!trained.ok()) {
-    absl::Status reported =
-        reporter.Finish(false, EXIT_FAILURE, std::string(trained.message()));
-    if (!reported.ok()) {
-      GS_LOG(WARNING) << "could not report the failure: " << reported;
-    }
-  }
-  return trained;  // success was reported by RunElastic
+  WorkerTrainer trainer(config, std::move(run));
+  return RunJob(options, &trainer);
 }
 
 }  // namespace
@@ -443,7 +356,8 @@ absl::Status Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gradsync-worker --coordinator=HOST:PORT --job=NAME --nnodes=MIN[:MAX] "
-      "[--model=mlp|cnn] [--dataset=synthetic|mnist] [options]");
+      "[--model=mlp|cnn|cnn_bn|resnet18|resnet50] "
+      "[--dataset=synthetic|mnist|cifar10] [options]");
   absl::ParseCommandLine(argc, argv);
   absl::Status status = gradsync::Run();
   if (!status.ok()) {

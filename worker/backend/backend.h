@@ -38,6 +38,10 @@ struct Buffer {
   DataType dtype = DataType::kFloat32;
   DeviceKind device = DeviceKind::kCpu;
   int device_index = 0;
+  // CUDA: the stream (a cudaStream_t) the caller queued the buffer's
+  // producers on; the collective runs after that work. nullptr: the
+  // backend's own compute stream (NcclOptions::compute_stream).
+  void* stream = nullptr;
 
   size_t bytes() const { return count * DataTypeSize(dtype); }
 };

@@ -75,6 +75,35 @@ absl::StatusOr<ncclDataType_t> NcclType(DataType dtype) {
   return absl::InvalidArgumentError("unknown dtype");
 }
 
+// A collective's Work with its end event, which it owns: a caller's stream
+// can wait on it (SynchronizeStream) for as long as the Work is held.
+class NcclWork final : public Work {
+ public:
+  explicit NcclWork(uint64_t sequence) : Work(sequence) {}
+  ~NcclWork() override {
+    if (end_ != nullptr) cudaEventDestroy(end_);
+  }
+
+  // Set once, before the Work is handed out.
+  absl::Status CreateEnd(cudaStream_t stream) {
+    GS_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&end_, cudaEventDisableTiming));
+    return CudaStatus(cudaEventRecord(end_, stream), "cudaEventRecord");
+  }
+  cudaEvent_t end() const { return end_; }
+
+  absl::Status SynchronizeStream(void* stream,
+                                 absl::Duration timeout) const override {
+    (void)timeout;  // the GPU waits; the watchdog bounds the collective
+    if (IsCompleted()) return status();
+    return CudaStatus(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), end_, 0),
+        "cudaStreamWaitEvent");
+  }
+
+ private:
+  cudaEvent_t end_ = nullptr;
+};
+
 class NcclBackend final : public Backend {
  public:
   NcclBackend(const BackendOptions& options, const NcclOptions& nccl_options)
@@ -198,14 +227,14 @@ class NcclBackend final : public Backend {
 
  private:
   struct Pending {
-    std::shared_ptr<Work> work;
-    cudaEvent_t done = nullptr;
+    std::shared_ptr<NcclWork> work;
     absl::Time start;
     std::string what;  // "allreduce #17 (rank 2 of 4, 1048576 float32)"
   };
 
-  // Validates, orders after the compute stream, enqueues `op` on the comm
-  // stream and tracks its completion.
+  // Validates, orders after the caller's stream (the buffer's, else the
+  // compute stream), enqueues `op` on the comm stream and tracks its
+  // completion.
   std::shared_ptr<Work> Launch(
       const char* collective, const Buffer& buffer,
       const std::function<ncclResult_t(ncclDataType_t, cudaStream_t)>& op) {
@@ -227,9 +256,8 @@ class NcclBackend final : public Backend {
     if (!status.ok() || buffer.count == 0) {
       return Work::Done(sequence, status);
     }
-    Pending pending{std::make_shared<Work>(sequence), nullptr,
-                    absl::Now(), what};
-    status = Enqueue(*type, op, &pending.done);
+    Pending pending{std::make_shared<NcclWork>(sequence), absl::Now(), what};
+    status = Enqueue(*type, op, buffer.stream, pending.work.get());
     if (!status.ok()) {
       return Work::Done(sequence, absl::Status(status.code(),
                                                absl::StrCat("nccl ", what,
@@ -244,9 +272,10 @@ class NcclBackend final : public Backend {
   absl::Status Enqueue(
       ncclDataType_t type,
       const std::function<ncclResult_t(ncclDataType_t, cudaStream_t)>& op,
-      cudaEvent_t* done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      void* caller_stream, NcclWork* work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     GS_RETURN_IF_CUDA_ERROR(cudaSetDevice(nccl_options_.device_index));
-    auto compute = static_cast<cudaStream_t>(nccl_options_.compute_stream);
+    auto compute = static_cast<cudaStream_t>(
+        caller_stream != nullptr ? caller_stream : nccl_options_.compute_stream);
     GS_RETURN_IF_CUDA_ERROR(cudaEventRecord(ready_event_, compute));
     GS_RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(comm_stream_, ready_event_, 0));
     ncclResult_t result = op(type, comm_stream_);
@@ -259,10 +288,7 @@ class NcclBackend final : public Backend {
     } else {
       GS_RETURN_IF_ERROR(NcclStatus(result, comm_, "collective"));
     }
-    GS_RETURN_IF_CUDA_ERROR(
-        cudaEventCreateWithFlags(done, cudaEventDisableTiming));
-    GS_RETURN_IF_CUDA_ERROR(cudaEventRecord(*done, comm_stream_));
-    return absl::OkStatus();
+    return work->CreateEnd(comm_stream_);
   }
 
   // Polls a non-blocking communicator until its last call has settled.
@@ -306,9 +332,8 @@ class NcclBackend final : public Backend {
       }
       while (!pending_.empty()) {
         Pending& front = pending_.front();
-        cudaError_t query = cudaEventQuery(front.done);
+        cudaError_t query = cudaEventQuery(front.work->end());
         if (query == cudaSuccess) {
-          cudaEventDestroy(front.done);
           front.work->Finish(absl::OkStatus());
           pending_.pop_front();
           continue;
@@ -345,7 +370,6 @@ class NcclBackend final : public Backend {
   void FailPendingLocked(const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (Pending& pending : pending_) {
-      if (pending.done != nullptr) cudaEventDestroy(pending.done);
       pending.work->Finish(absl::Status(
           status.code(), absl::StrCat("nccl ", pending.what, ": ",
                                       status.message())));

@@ -7,8 +7,11 @@
 // hanging it.
 //
 // Execution: each collective waits (on the GPU, via an event) for the work
-// already queued on the compute stream, then runs on the backend's own
-// communication stream; an event recorded after it completes the Work. A
+// already queued on the caller's stream (Buffer::stream: the current stream
+// of the tensor's device, as c10d orders after it; else the compute stream),
+// then runs on the backend's own communication stream; an event recorded
+// after it completes the Work, and Work::SynchronizeStream makes a caller's
+// stream wait on that event instead of blocking the host. A
 // watchdog thread polls those events and ncclCommGetAsyncError: on an
 // asynchronous NCCL error, or a collective older than the timeout, it aborts
 // the communicator and fails every pending Work with a message naming the
@@ -27,8 +30,8 @@ namespace gradsync {
 struct NcclOptions {
   // The CUDA device this rank uses.
   int device_index = 0;
-  // The stream (a cudaStream_t) whose queued work a collective waits for;
-  // nullptr is the legacy default stream.
+  // The stream (a cudaStream_t) whose queued work a collective waits for
+  // when its buffer names none; nullptr is the legacy default stream.
   void* compute_stream = nullptr;
 };
 

@@ -20,6 +20,7 @@ class Work {
  public:
   // `sequence` is the backend's collective number (1, 2, ...) for messages.
   explicit Work(uint64_t sequence) : sequence_(sequence) {}
+  virtual ~Work() = default;
 
   // A Work that has already finished with `status`.
   static std::shared_ptr<Work> Done(uint64_t sequence, absl::Status status);
@@ -30,6 +31,18 @@ class Work {
   // Blocks until the operation finishes and returns its status, or returns
   // DEADLINE_EXCEEDED when `timeout` passes first (the operation goes on).
   absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration()) const;
+
+  // Orders `stream` (a cudaStream_t) after the collective, on the GPU,
+  // without blocking the host (c10d's Work::wait for NCCL): work queued on
+  // `stream` after this call runs once the collective ended. A CPU
+  // backend's Work waits on the host (Wait(timeout)). The collective's error
+  // when it already failed; one that comes later fails the Work as usual
+  // (and the NCCL watchdog aborts the communicator, which ends the wait).
+  virtual absl::Status SynchronizeStream(void* stream,
+                                         absl::Duration timeout) const {
+    (void)stream;
+    return Wait(timeout);
+  }
 
   // The status once completed; UNKNOWN before.
   absl::Status status() const;

@@ -31,10 +31,13 @@ BucketFuture BucketFuture::After(std::shared_ptr<Work> work,
   return future;
 }
 
-absl::StatusOr<torch::Tensor> BucketFuture::Wait(absl::Duration timeout) {
+absl::StatusOr<torch::Tensor> BucketFuture::Wait(absl::Duration timeout,
+                                                 void* stream) {
   const absl::Time deadline = absl::Now() + timeout;
   while (work_ != nullptr) {
-    absl::Status status = work_->Wait(deadline - absl::Now());
+    absl::Status status =
+        stream != nullptr ? work_->SynchronizeStream(stream, deadline - absl::Now())
+                          : work_->Wait(deadline - absl::Now());
     std::shared_ptr<Work> done = std::move(work_);
     Continuation then = std::move(then_);
     work_ = nullptr;

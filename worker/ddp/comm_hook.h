@@ -61,8 +61,12 @@ class BucketFuture {
 
   // Runs the chain to its end and returns the reduced bucket, or the first
   // error: a collective's status (UNAVAILABLE when a peer left, ...), or
-  // DEADLINE_EXCEEDED when the whole chain took longer than `timeout`.
-  absl::StatusOr<torch::Tensor> Wait(absl::Duration timeout);
+  // DEADLINE_EXCEEDED when the whole chain took longer than `timeout`. With
+  // a `stream` (a cudaStream_t: CUDA buckets), each collective is waited
+  // for on that stream, not on the host (Work::SynchronizeStream), so the
+  // stages after it are queued behind it.
+  absl::StatusOr<torch::Tensor> Wait(absl::Duration timeout,
+                                     void* stream = nullptr);
 
   // Waits (at most `timeout`) for the collective in flight without starting
   // the chain's later stages: for dropping a future whose step failed, so

@@ -32,6 +32,7 @@ Reducer::Reducer(std::vector<std::string> names,
       options_(options),
       clock_(clock) {
   GS_CHECK(names_.size() == params_.size());
+  GS_CHECK(!params_.empty()) << "a Reducer needs parameters";
   {
     absl::MutexLock lock(&mu_);
     hook_ = std::make_shared<AllReduceHook>();
@@ -99,6 +100,8 @@ void Reducer::PrepareForBackward(bool sync, absl::Duration forward,
   // A forward whose backward never ran leaves nothing launched (launches
   // happen in hooks), so starting over is safe.
   std::fill(ready_.begin(), ready_.end(), false);
+  // A failed step's record of the order does not count.
+  if (!rebuilt_) ready_order_.clear();
   for (Bucket& bucket : buckets_) {
     bucket.pending = bucket.variables.size();
     bucket.future.reset();
@@ -126,7 +129,12 @@ void Reducer::AutogradHook(size_t variable) {
           "the module directly, and once per backward pass (under NoSync() "
           "to accumulate gradients locally)"));
     }
-    if (sync_) MarkVariableReady(variable);  // no_sync: accumulate locally
+    if (sync_) {  // no_sync: accumulate locally
+      // Only gradients autograd produced define the rebuilt order; unused
+      // parameters go last (RebuildBuckets).
+      if (!rebuilt_) ready_order_.push_back(variable);
+      MarkVariableReady(variable);
+    }
     queue_finalize = !finalize_queued_;
     finalize_queued_ = true;
   }
@@ -142,7 +150,6 @@ void Reducer::MarkVariableReady(size_t variable) {
   }
   ready_[variable] = true;
   last_hook_ = clock_->Now();
-  if (!rebuilt_) ready_order_.push_back(variable);
 
   torch::NoGradGuard no_grad;
   const Slot& slot = slots_[variable];
@@ -205,7 +212,9 @@ absl::Status Reducer::AwaitBuckets(const std::vector<torch::Tensor>& contents,
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
     const uint64_t sequence = bucket.future->sequence();
-    absl::StatusOr<torch::Tensor> reduced = bucket.future->Wait(options_.timeout);
+    // On CUDA the caller's stream waits for the collective, not the host.
+    absl::StatusOr<torch::Tensor> reduced =
+        bucket.future->Wait(options_.timeout, CurrentStream(contents[b]));
     bucket.future.reset();
     absl::Status status = reduced.status();
     if (status.ok() && !reduced->is_same(contents[b])) {

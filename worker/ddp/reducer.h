@@ -44,7 +44,8 @@ struct ReducerOptions {
 // parameters; `backend` and `clock` must outlive it.
 class Reducer {
  public:
-  // `params` in registration order, with their `names` (for errors).
+  // `params` (at least one) in registration order, with their `names`
+  // (for errors).
   Reducer(std::vector<std::string> names, std::vector<torch::Tensor> params,
           Backend* backend, ReducerOptions options,
           Clock* clock = RealClock::Get());

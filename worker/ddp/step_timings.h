@@ -18,7 +18,8 @@ struct BucketTiming {
   // The backend's sequence number of the all-reduce (Work::sequence()).
   uint64_t sequence = 0;
   // From launch until FinalizeBackward saw it complete (an upper bound when
-  // it completed while an earlier bucket was being waited for).
+  // it completed while an earlier bucket was being waited for); on CUDA,
+  // until the caller's stream was ordered after it (the host does not wait).
   absl::Duration allreduce;
 };
 

@@ -1,5 +1,9 @@
 #include "worker/ddp/tensor_buffer.h"
 
+#ifdef GRADSYNC_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include "absl/strings/str_cat.h"
 
 namespace gradsync {
@@ -42,8 +46,19 @@ absl::StatusOr<Buffer> ToBuffer(const torch::Tensor& tensor) {
   if (tensor.is_cuda()) {
     buffer.device = DeviceKind::kCuda;
     buffer.device_index = tensor.get_device();
+    buffer.stream = CurrentStream(tensor);
   }
   return buffer;
+}
+
+void* CurrentStream(const torch::Tensor& tensor) {
+#ifdef GRADSYNC_TORCH_CUDA
+  if (tensor.is_cuda()) {
+    return c10::cuda::getCurrentCUDAStream(tensor.get_device()).stream();
+  }
+#endif
+  (void)tensor;
+  return nullptr;
 }
 
 }  // namespace gradsync

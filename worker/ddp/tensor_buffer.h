@@ -10,9 +10,17 @@
 namespace gradsync {
 
 // A Buffer over a contiguous tensor's storage (it must outlive the
-// collective). INVALID_ARGUMENT for non-contiguous tensors and dtypes the
-// backends do not carry.
+// collective); for a CUDA tensor its stream is the device's current stream
+// (CurrentStream). INVALID_ARGUMENT for non-contiguous tensors and dtypes
+// the backends do not carry.
 absl::StatusOr<Buffer> ToBuffer(const torch::Tensor& tensor);
+
+// The current CUDA stream (a cudaStream_t) of `tensor`'s device, which the
+// caller's kernels are queued on: what collectives order after and what
+// waits on them. nullptr for CPU tensors, and in builds against a LibTorch
+// without CUDA (GRADSYNC_TORCH_CUDA unset: the backend's compute stream is
+// used then).
+void* CurrentStream(const torch::Tensor& tensor);
 
 }  // namespace gradsync
 

@@ -176,6 +176,7 @@ class StepStats {
     backward_ += report.ddp.backward_compute;
     communication_ += report.ddp.communication;
     hidden_ += report.ddp.hidden_communication;
+    last_ = report.ddp;
   }
   void Fill(int64_t samples_per_step, TrainSummary* summary) const {
     if (step_times_.empty()) return;
@@ -192,11 +193,17 @@ class StepStats {
     summary->mean_backward = backward_ / n;
     summary->mean_communication = communication_ / n;
     summary->mean_hidden_communication = hidden_ / n;
+    summary->buckets = last_.buckets;
+    summary->bucket_bytes_per_step = 0;
+    for (const BucketTiming& b : last_.bucket_timings) {
+      summary->bucket_bytes_per_step += b.bytes;
+    }
   }
 
  private:
   std::vector<absl::Duration> step_times_;
   absl::Duration forward_, backward_, communication_, hidden_;
+  StepTimings last_;
 };
 
 // Where training is, as every rank agrees after a round starts: the part of
@@ -676,7 +683,7 @@ absl::Status TrainingRun::Impl::Report(const TrainContext& context,
     const StepTimings& t = report.ddp;
     const double hidden =
         t.communication > absl::ZeroDuration()
-            ? 100.0 * (t.hidden_communication / t.communication)
+            ? 100.0 * absl::FDivDuration(t.hidden_communication, t.communication)
             : 100.0;
     absl::StrAppendFormat(
         &line, " (forward %.1f, backward %.1f, comm %.1f, %.0f%% hidden)",

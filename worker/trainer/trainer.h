@@ -103,6 +103,11 @@ struct TrainSummary {
   absl::Duration mean_backward;
   absl::Duration mean_communication;
   absl::Duration mean_hidden_communication;
+  // Gradient buckets and the bytes this rank put into their collectives,
+  // per synchronized step (the last one; with a compressing hook, less than
+  // the gradients' size).
+  int buckets = 0;
+  int64_t bucket_bytes_per_step = 0;
 };
 
 // Where Train runs and reports.

@@ -126,6 +126,41 @@ TEST(NcclBackendTest, ManyCollectivesBackToBackCompleteInOrder) {
   }
 }
 
+// A buffer's stream (the caller's current stream) orders the collective
+// after the work queued on it, and SynchronizeStream makes a stream wait for
+// the collective: an all-gather queued behind a long memset on the caller's
+// stream reads the memset's zeros, and a copy queued on that stream after
+// SynchronizeStream reads the gathered zeros.
+TEST(NcclBackendTest, OrdersAfterTheCallersStreamAndLetsAStreamWait) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<Backend> backend = MakeSingleRank();
+  ASSERT_NE(backend, nullptr);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  void* busy = nullptr;
+  const size_t busy_bytes = size_t{512} << 20;
+  ASSERT_EQ(cudaMalloc(&busy, busy_bytes), cudaSuccess);
+  DeviceVector<float> in(std::vector<float>(1024, 3.0f));
+  DeviceVector<float> out(std::vector<float>(1024, 5.0f));
+  ASSERT_EQ(cudaMemsetAsync(busy, 1, busy_bytes, stream), cudaSuccess);
+  Buffer input = in.buffer(DataType::kFloat32);
+  ASSERT_EQ(cudaMemsetAsync(input.data, 0, input.bytes(), stream), cudaSuccess);
+  input.stream = stream;
+  std::shared_ptr<Work> work =
+      backend->AllGather(input, out.buffer(DataType::kFloat32));
+  ASSERT_TRUE(work->SynchronizeStream(stream, absl::Seconds(30)).ok());
+  std::vector<float> host(1024, -1.0f);
+  ASSERT_EQ(cudaMemcpyAsync(host.data(), out.buffer(DataType::kFloat32).data,
+                            host.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                            stream),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(host, std::vector<float>(1024, 0.0f));
+  EXPECT_TRUE(work->Wait(absl::Seconds(30)).ok());
+  cudaFree(busy);
+  cudaStreamDestroy(stream);
+}
+
 TEST(NcclBackendTest, BadArgumentsAreInvalidArgument) {
   SKIP_WITHOUT_GPU();
   std::unique_ptr<Backend> backend = MakeSingleRank();
