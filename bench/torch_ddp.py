@@ -16,8 +16,9 @@ built-in all-reduce (no hook registered), fp16_compress PyTorch's
 default_hooks.fp16_compress_hook, powersgd its powerSGD_hook with
 PowerSGDState(matrix_approximation_rank=--powersgd_rank,
 start_powerSGD_iter=--powersgd_start_iter) and PowerSGD's other defaults
-(error feedback, warm start), its buckets chained one after another (on Gloo
-the stock hook crashes with 2+ buckets: see one_bucket_at_a_time).
+(error feedback, warm start); on Gloo its buckets are chained one after
+another (the stock hook crashes there with 2+ buckets: see
+one_bucket_at_a_time).
 
 Prints one line from rank 0:
   "RESULT mean_step_ms=... median_step_ms=... final_loss=... parameters=...
@@ -29,6 +30,7 @@ Step time spans zero_grad, forward, backward and optimizer.step(), as
 gradsync-worker measures it.
 """
 import argparse
+import gc
 import os
 import socket
 import statistics
@@ -140,7 +142,10 @@ def register_hook(model, args):
         state = powerSGD_hook.PowerSGDState(
             process_group=None, matrix_approximation_rank=args.powersgd_rank,
             start_powerSGD_iter=args.powersgd_start_iter)
-        model.register_comm_hook(state, one_bucket_at_a_time(powerSGD_hook.powerSGD_hook))
+        hook = powerSGD_hook.powerSGD_hook
+        if dist.get_backend() == "gloo":
+            hook = one_bucket_at_a_time(hook)
+        model.register_comm_hook(state, hook)
     return counter
 
 
@@ -200,6 +205,12 @@ def run(rank, args, port):
                   loss.item(), sum(p.numel() for p in parameters),
                   "none" if args.local else args.comm_hook, wire_bytes), flush=True)
     if not args.local:
+        # The DDP model (its reducer, a comm hook's state and futures) goes
+        # before the process group: left to the interpreter's exit, a
+        # PowerSGD run often aborts there ("terminate called without an
+        # active exception").
+        del model, opt, counter
+        gc.collect()
         dist.destroy_process_group()
 
 

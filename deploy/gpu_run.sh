@@ -13,7 +13,7 @@
 #   --out    where the logs go (created): env.txt, build.log,
 #            nccl_backend_test.log, ctest.log, worker.log,
 #            worker_summary.json, bench.log, launch.log, launch_params.txt,
-#            summary.txt (10 files)
+#            ddp_features.log, summary.txt (11 files)
 #   --build_dir  default build/gpu;  --jobs  default: all cores
 #   --python     the Python with torch (default python3); --torch=auto takes
 #                LibTorch from it (torch.utils.cmake_prefix_path), off builds
@@ -33,7 +33,10 @@
 # (then the whole ctest suite); if built, run gradsync-worker --device=cuda
 # end to end against a local gradsync-coordinator; if present, run
 # bench/ddp_bench.sh --device=cuda on the CMake build (GRADSYNC_BIN); run a
-# PyTorch DDP script and gradsync-worker under gradsync launch. Each
+# PyTorch DDP script and gradsync-worker under gradsync launch; run
+# gradsync-worker's DDP features on the GPU (ResNet-50 with SyncBatchNorm,
+# the fp16 and PowerSGD hooks, a checkpoint and --resume) and, when the
+# benchmark runs, ResNet-18 side by side with PyTorch DDP. Each
 # missing piece is said plainly in summary.txt. Exits 0 when everything that
 # exists passed.
 set -uo pipefail
@@ -348,6 +351,44 @@ else
     fi
   fi
   stop_coordinator
+fi
+# ---- 9. gradsync-worker's DDP features on the GPU (NCCL, world size 1:
+# every code path but SyncBatchNorm's collectives, which need 2 ranks:
+# PyTorch's SyncBatchNorm does the same at world size 1): ResNet-50 with
+# SyncBatchNorm under each hook, then a checkpoint and a resumed run.
+if [ -x "$worker" ]; then
+  note "DDP features on $device (log: $out/ddp_features.log)"
+  start_coordinator "$out/ddp_features.log"
+  ckpt=$build_dir/gpu_checkpoints
+  rm -rf "$ckpt"
+  features_failed=0
+  run_feature() {  # NAME FLAGS...
+    local name=$1
+    shift
+    timeout 600 "$worker" --coordinator="$coordinator_address"       --job="gpu-$name" --nnodes=1 --device="$device" --model=resnet50       --sync_batchnorm --batch_size=32 --synthetic_size=2048 --log_every=5 "$@"       > >(sed -u "s/^/[$name] /" >>"$out/ddp_features.log") 2>&1 || features_failed=1
+  }
+  if [ -n "$coordinator_address" ]; then
+    run_feature allreduce --steps=20
+    run_feature fp16 --steps=20 --comm_hook=fp16_compress
+    run_feature bf16 --steps=20 --comm_hook=bf16_compress
+    run_feature powersgd --steps=20 --comm_hook=powersgd --powersgd_start_iter=5
+    run_feature checkpoint --steps=10 --checkpoint_dir="$ckpt" --checkpoint_every=5
+    run_feature resume --steps=20 --checkpoint_dir="$ckpt" --resume
+    grep -q "resumed from the checkpoint of step 10" "$out/ddp_features.log" || features_failed=1
+  else
+    features_failed=1
+  fi
+  stop_coordinator
+  [ "$features_failed" -eq 0 ] && r=OK || r=FAIL
+  record "ddp-features" "$r" "resnet50 + SyncBatchNorm: allreduce, fp16, bf16, powersgd, checkpoint, resume (ddp_features.log)"
+  if [ "$bench" -eq 1 ] && [ -x bench/ddp_bench.sh ]; then
+    GRADSYNC_BIN=$build_dir PYTHON=$(command -v "$python") timeout 1800 \
+      bench/ddp_bench.sh --device="$device" --world_size="$gpus" --no_build \
+      --model=resnet18 --hooks > >(tee -a "$out/bench.log") 2>&1
+    status=$?
+    [ "$status" -eq 0 ] && r=OK || r=FAIL
+    record "ddp_bench-resnet18" "$r" "exit $status; results in bench.log"
+  fi
 fi
 cd "$repo"
 finish

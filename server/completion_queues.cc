@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "absl/time/clock.h"
+
 namespace gradsync {
 
 bool CompletionQueues::Queue::StartOp(absl::FunctionRef<void()> start) {
@@ -24,7 +26,43 @@ void CompletionQueues::AddTo(grpc::ServerBuilder* builder, int count) {
 void CompletionQueues::Start() {
   for (auto& queue : queues_) {
     threads_.emplace_back([queue = queue.get()] { Drain(queue); });
+    queue->probe_.Arm();
   }
+}
+
+bool CompletionQueues::Queue::Probe::Arm() {
+  const absl::Time due = absl::Now() + kProbePeriod;
+  grpc::ServerCompletionQueue* cq = queue_->cq();
+  return queue_->StartOp([&] {
+    due_ns_.store(absl::ToUnixNanos(due), std::memory_order_relaxed);
+    alarm_.Set(cq, absl::ToChronoTime(due), this);
+  });
+}
+
+void CompletionQueues::Queue::Probe::Run(bool ok) {
+  const int64_t due = due_ns_.exchange(0, std::memory_order_relaxed);
+  if (!ok) return;  // cancelled: the queue is shutting down
+  late_ns_.store(std::max<int64_t>(
+                     0, absl::ToUnixNanos(absl::Now()) - due),
+                 std::memory_order_relaxed);
+  Arm();
+}
+
+absl::Duration CompletionQueues::Queue::Probe::Delay(absl::Time now) const {
+  const int64_t due = due_ns_.load(std::memory_order_relaxed);
+  const int64_t waiting =
+      due > 0 ? absl::ToUnixNanos(now) - due : int64_t{0};
+  return absl::Nanoseconds(
+      std::max(waiting, late_ns_.load(std::memory_order_relaxed)));
+}
+
+absl::Duration CompletionQueues::Delay(absl::Time now) const {
+  absl::MutexLock lock(&clear_mu_);
+  absl::Duration delay;
+  for (const auto& queue : queues_) {
+    delay = std::max(delay, queue->probe_.Delay(now));
+  }
+  return delay;
 }
 
 void CompletionQueues::Drain(Queue* queue) {
@@ -39,6 +77,7 @@ void CompletionQueues::Shutdown() {
     absl::MutexLock lock(&queue->mu_);
     if (!queue->open_) continue;
     queue->open_ = false;
+    queue->probe_.Cancel();
     queue->cq_->Shutdown();
   }
   for (std::thread& t : threads_) t.join();
@@ -48,6 +87,7 @@ void CompletionQueues::Shutdown() {
     for (auto& queue : queues_) Drain(queue.get());
   }
   threads_.clear();
+  absl::MutexLock lock(&clear_mu_);
   queues_.clear();
 }
 

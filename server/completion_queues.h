@@ -4,8 +4,11 @@
 #ifndef GRADSYNC_SERVER_COMPLETION_QUEUES_H_
 #define GRADSYNC_SERVER_COMPLETION_QUEUES_H_
 
+#include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -13,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace gradsync {
 
@@ -34,6 +38,13 @@ namespace gradsync {
 // and Shutdown() closes each queue under that lock before shutting it
 // down; a call whose operation is refused simply waits for the events it
 // already has outstanding.
+//
+// Queue delay: each queue runs a probe, an alarm set kProbePeriod ahead
+// that, once run on the queue's thread, sets the next; Delay() is how late
+// the queues run what is due now (the age of the oldest probe waiting, or
+// the latest probe's lateness). Events wait in a queue only when its thread
+// cannot keep up, so the delay is near zero until the coordinator is past
+// its capacity, and then rises at once (HealthManager::ReportQueueDelay).
 //
 // Lifetime: construct; AddTo() the builder before BuildAndStart(); the
 // services request their first calls on queues(); Start(); after the
@@ -62,10 +73,35 @@ class CompletionQueues {
 
    private:
     friend class CompletionQueues;
+    // The queue-delay probe (see the class comment).
+    class Probe final : public Tag {
+     public:
+      explicit Probe(Queue* queue) : queue_(queue) {}
+      // Sets the alarm kProbePeriod from now; false once the queue closed.
+      bool Arm();
+      void Run(bool ok) override;
+      // How late the queue runs what was due by `now`.
+      absl::Duration Delay(absl::Time now) const;
+      // Cancels a pending alarm (it runs with ok = false).
+      void Cancel() { alarm_.Cancel(); }
+
+     private:
+      Queue* const queue_;
+      grpc::Alarm alarm_;
+      // When the pending alarm is due (0: none), and the last one's
+      // lateness, in nanoseconds (written on the queue's thread).
+      std::atomic<int64_t> due_ns_{0};
+      std::atomic<int64_t> late_ns_{0};
+    };
+
     std::unique_ptr<grpc::ServerCompletionQueue> cq_;
     absl::Mutex mu_;
     bool open_ ABSL_GUARDED_BY(mu_) = true;
+    Probe probe_{this};
   };
+
+  // How often each queue's probe runs.
+  static constexpr absl::Duration kProbePeriod = absl::Milliseconds(100);
 
   CompletionQueues() = default;
   CompletionQueues(const CompletionQueues&) = delete;
@@ -75,8 +111,12 @@ class CompletionQueues {
   // Adds `count` (>= 1) completion queues to `builder`.
   void AddTo(grpc::ServerBuilder* builder, int count);
   const std::vector<std::unique_ptr<Queue>>& queues() const { return queues_; }
-  // Starts one thread per queue, running the events of its queue.
+  // Starts one thread per queue, running the events of its queue, and the
+  // queues' probes.
   void Start();
+  // How late the queues run what is due now: the largest delay of any
+  // queue (see the class comment); zero before Start().
+  absl::Duration Delay(absl::Time now) const;
   // Shuts the queues down, then drains them and joins their threads.
   // Idempotent.
   void Shutdown();
@@ -86,6 +126,9 @@ class CompletionQueues {
   static void Drain(Queue* queue);
 
   std::vector<std::unique_ptr<Queue>> queues_;
+  // Held by Delay() (called from other threads while the server runs) and
+  // by Shutdown() to clear queues_; setup needs no lock.
+  mutable absl::Mutex clear_mu_;
   std::vector<std::thread> threads_;
 };
 

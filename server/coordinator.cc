@@ -4,8 +4,11 @@
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/keepalive.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -53,7 +56,8 @@ Coordinator::Coordinator(CoordinatorConfig config)
       stream_limits_(config_.max_streams_per_connection),
       jobs_service_(&jobs_, &rendezvous_, &health_, clock_, &auth_,
                     &stream_limits_),
-      monitor_service_(&health_, &auth_, &stream_limits_),
+      monitor_service_(&health_, &auth_, &stream_limits_,
+                       config_.max_heartbeat_rate),
       metrics_(HttpRoutes()) {}
 
 std::vector<HttpRoute> Coordinator::HttpRoutes() {
@@ -262,6 +266,9 @@ void Coordinator::PollLoop() {
   while (!stop_polling_.WaitForNotificationWithTimeout(config_.poll_interval)) {
     rendezvous_.Poll();
     kv_.Poll();
+    // How late heartbeats are handled, for the heartbeat shedder.
+    health_.ReportQueueDelay(std::max(queues_.Delay(absl::Now()),
+                                      monitor_service_.PacingDelay()));
     health_.Poll();
     jobs_service_.PollWatches();
     for (const std::string& job_id :

@@ -57,6 +57,9 @@ struct CoordinatorConfig {
   // Heartbeat streams and watches one client connection may hold at once;
   // 0: no limit.
   int max_streams_per_connection = 1024;
+  // For tests and benchmarks: heartbeats handled per second at most (the
+  // rest wait in the connections, as past a real capacity); 0: no cap.
+  double max_heartbeat_rate = 0;
   // Time source; nullptr means the real clock. Must outlive the coordinator.
   Clock* clock = nullptr;
   // Where jobs and keys are kept (e.g. a SqliteStorage for --state_dir);

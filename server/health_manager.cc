@@ -85,6 +85,14 @@ std::string RoundOver(absl::string_view job_id, int64_t round) {
                       "' is over: rejoin to get the next round");
 }
 
+// `config` with the shedding settings left to the coordinator filled in.
+HealthConfig WithDefaults(HealthConfig config) {
+  if (config.shedding.max_delay <= absl::ZeroDuration()) {
+    config.shedding.max_delay = config.heartbeat_interval / 2;
+  }
+  return config;
+}
+
 absl::Duration Median(std::vector<absl::Duration> samples) {
   std::sort(samples.begin(), samples.end());
   return samples[samples.size() / 2];
@@ -121,7 +129,8 @@ HealthManager::HealthManager(JobManager* jobs, Clock* clock,
       clock_(clock),
       config_(config),
       on_loss_(std::move(on_loss)),
-      on_job_ended_(std::move(on_job_ended)) {}
+      on_job_ended_(std::move(on_job_ended)),
+      shedder_(WithDefaults(config).shedding, clock->Now()) {}
 
 HealthManager::~HealthManager() = default;
 
@@ -191,6 +200,7 @@ HealthManager::FindOrStart(const v1::MemberRef& member,
   job->hang_timeout = FromProtoDuration(c.hang_timeout()) > absl::ZeroDuration()
                           ? FromProtoDuration(c.hang_timeout())
                           : config_.hang_timeout;
+  job->late_after = job->interval * config_.shedding.late_ratio;
   const size_t world = round.incarnations.size();
   const absl::Time now = clock_->Now();
   job->not_lost_before = now + grace_windows * job->interval * job->missed;
@@ -331,12 +341,27 @@ absl::StatusOr<bool> HealthManager::Heartbeat(Session* session,
   GS_RETURN_IF_ERROR(ValidateMetrics(request->metrics()));
   JobHealth* job = session->job.get();
   const absl::Time now = clock_->Now();
+  const int factor = shedder_.factor();
   absl::MutexLock lock(&job->mu);
   if (!job->live()) {
     return absl::AbortedError(RoundOver(job->job_id, job->round));
   }
   MemberHealth& m = job->members[session->rank];
   const v1::WorkerMetrics& in = request->metrics();
+  // For the shedder: was this heartbeat handled late after the member's
+  // previous one, judged by the interval the member was asked for?
+  HeartbeatShedder::Counts& load = job->load;
+  ++load.heartbeats;
+  if (m.heard) {
+    const bool late = now - m.last_seen > job->late_after * m.allowed_factor;
+    ++load.samples;
+    load.late += late ? 1 : 0;
+    if (m.allowed_factor == factor) {
+      ++load.current_samples;
+      load.current_late += late ? 1 : 0;
+    }
+  }
+  m.allowed_factor = m.told_factor;  // a change it was told is behind it
   m.heard = true;
   m.last_seen = now;
   if (in.last_finished_collective() > m.last_finished) {
@@ -365,11 +390,21 @@ absl::StatusOr<bool> HealthManager::Heartbeat(Session* session,
   m.buckets.Swap(m.metrics.mutable_buckets());
   m.metrics.clear_buckets();
   heartbeats_.fetch_add(1, std::memory_order_relaxed);
-  if (session->generation_sent == job->generation) return false;
+  // Answered on the stream's first heartbeat, when the job changed, and
+  // when the shedding factor changed since the member was last told.
+  const bool new_factor = m.told_factor != factor;
+  if (session->generation_sent == job->generation && !new_factor) return false;
   session->generation_sent = job->generation;
+  if (new_factor) {
+    // Its next heartbeat may still come after the older interval.
+    m.allowed_factor = std::max(m.told_factor, factor);
+    m.told_factor = factor;
+  }
   response->set_job_state(job->state);
   response->set_reason(job->reason);
-  *response->mutable_heartbeat_interval() = ToProtoDuration(job->interval);
+  *response->mutable_heartbeat_interval() =
+      ToProtoDuration(job->interval * factor);
+  response->set_shedding_load(factor > 1);
   response->set_reform_at_step_boundary(job->reform_requested);
   return true;
 }
@@ -629,9 +664,23 @@ void HealthManager::Poll() {
   const absl::Time now = clock_->Now();
   std::vector<std::shared_ptr<JobHealth>> ended;
   std::vector<Loss> losses;
-  for (const std::shared_ptr<JobHealth>& job : Snapshot()) {
+  const std::vector<std::shared_ptr<JobHealth>> jobs = Snapshot();
+  // First what the heartbeats since the last Poll say about the load, so
+  // that detection below already allows for an overload they show.
+  HeartbeatShedder::Counts load;
+  for (const std::shared_ptr<JobHealth>& job : jobs) {
     absl::MutexLock lock(&job->mu);
-    PollJob(job.get(), now, &losses);
+    load += job->load;
+    job->load = HeartbeatShedder::Counts();
+  }
+  polled_.delay = absl::Nanoseconds(queue_delay_ns_.load());
+  shedder_.Update(now, load, polled_);
+  const int factor = shedder_.factor();
+  const absl::Duration allowance = shedder_.Allowance(now);
+  polled_ = HeartbeatShedder::Backlog();
+  for (const std::shared_ptr<JobHealth>& job : jobs) {
+    absl::MutexLock lock(&job->mu);
+    PollJob(job.get(), now, factor, allowance, &losses, &polled_);
     if (!job->current) ended.push_back(job);
   }
   ReportLosses(losses);
@@ -643,8 +692,10 @@ void HealthManager::Poll() {
   }
 }
 
-void HealthManager::PollJob(JobHealth* job, absl::Time now,
-                            std::vector<Loss>* losses) {
+void HealthManager::PollJob(JobHealth* job, absl::Time now, int factor,
+                            absl::Duration allowance,
+                            std::vector<Loss>* losses,
+                            HeartbeatShedder::Backlog* backlog) {
   // A round the rendezvous superseded (RoundEnded) ends its monitoring.
   // Nothing else changes a monitored round's state behind this manager's
   // back: it records every other transition itself (Transition).
@@ -655,27 +706,48 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now,
   }
   if (!job->detecting()) return;
 
+  // Silence allowed: missed intervals at the member's factor, plus the
+  // time the coordinator has been behind, at most missed intervals at the
+  // current factor (see the class comment).
   const absl::Duration limit = job->interval * job->missed;
+  const absl::Duration extra = std::min(allowance, limit * factor);
+  // Below both bounds a member is neither overdue nor lost (most are).
+  const absl::Duration quiet = std::min(job->late_after, limit);
   if (now < job->not_lost_before) {
     DiagnoseHang(job, now);
     return;
   }
   HealthUpdate update;
+  int64_t active = 0;
   for (size_t r = 0; r < job->members.size(); ++r) {
     const MemberHealth& m = job->members[r];
-    if (m.state != v1::MEMBER_STATE_ACTIVE || now - m.last_seen <= limit) {
-      continue;
-    }
+    if (m.state != v1::MEMBER_STATE_ACTIVE) continue;
+    ++active;
+    const absl::Duration silent_for = now - m.last_seen;
+    if (m.heard) ++backlog->members;
+    if (silent_for <= quiet) continue;
+    const int slowdown = std::max(factor, m.allowed_factor);
+    if (m.heard && silent_for > job->late_after * slowdown) ++backlog->overdue;
+    if (silent_for <= limit * slowdown + extra) continue;
     const std::string silent = absl::FormatDuration(
         absl::Trunc(now - m.last_seen, absl::Milliseconds(1)));
+    const std::string every =
+        slowdown == 1
+            ? absl::FormatDuration(job->interval)
+            : absl::StrCat(absl::FormatDuration(job->interval * slowdown),
+                           ": the job's ", absl::FormatDuration(job->interval),
+                           " x", slowdown,
+                           " while the coordinator sheds heartbeat load");
     update.members.push_back(
         {static_cast<int>(r), v1::MEMBER_STATE_LOST,
          m.heard ? absl::StrCat("missed ", job->missed, " heartbeats (every ",
-                                absl::FormatDuration(job->interval),
-                                "): last heard ", silent, " ago")
+                                every, "): last heard ", silent, " ago")
                  : absl::StrCat("sent no heartbeat in the ", silent,
                                 " since ", job->started_by)});
   }
+  backlog->expected_rate +=
+      static_cast<double>(active) /
+      absl::ToDoubleSeconds(job->interval * factor);
   if (!update.members.empty()) {
     const HealthUpdate::MemberChange& first = update.members.front();
     std::string what = absl::StrCat("rank ", first.rank, " (",
@@ -770,6 +842,35 @@ void HealthManager::Describe(v1::JobStatus* status, bool with_buckets) const {
     }
   }
   *status->mutable_diagnosis() = job->diagnosis;
+  status->mutable_diagnosis()->set_overload(
+      OverloadText(shedder_.state(), job->interval, job->missed));
+}
+
+std::string HealthManager::OverloadText(const HeartbeatShedder::State& state,
+                                        absl::Duration interval,
+                                        int missed) const {
+  // Kept stable while the state is (watchers are sent what changes).
+  if (state.factor > 1) {
+    return absl::StrCat(
+        "the coordinator is past its heartbeat capacity and sheds load "
+        "(since ",
+        absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", state.shedding_since,
+                         absl::UTCTimeZone()),
+        "): it asks for heartbeats every ",
+        absl::FormatDuration(interval * state.factor), " (the job's ",
+        absl::FormatDuration(interval), " x", state.factor,
+        "), so a silent member is found LOST after ",
+        absl::FormatDuration(interval * missed * state.factor),
+        state.behind ? " or more while it catches up" : "");
+  }
+  if (state.behind) {
+    return absl::StrCat(
+        "the coordinator handles heartbeats late (past its capacity)",
+        state.enabled ? "; it is about to ask for longer intervals"
+                      : " and does not shed load (--shed_heartbeats=false): "
+                        "live members may be found LOST");
+  }
+  return "";
 }
 
 std::shared_ptr<HealthManager::JobHealth> HealthManager::Monitored(

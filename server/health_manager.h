@@ -11,6 +11,24 @@
 // from the start of monitoring) is LOST. Time comes from the injected Clock
 // and detection runs in Poll(), so tests step a FakeClock.
 //
+// Past its heartbeat capacity the coordinator sheds load instead of
+// declaring live members LOST (HeartbeatShedder decides when and how much;
+// see there for the signal: heartbeats handled late). While it sheds:
+//  - every heartbeat answer carries the slowed interval (the job's interval
+//    x factor): each member's next heartbeat is answered when the factor
+//    changed since it was last told, and the workers' reporters send at the
+//    interval they were last told (back at the job's once told so);
+//  - a member is LOST after missed_heartbeats x its interval x the larger of
+//    the factor now and the factor it was last told (the older one until
+//    its first heartbeat after being told: it may still be on it), plus,
+//    while the coordinator is behind, the time it has been behind (at most
+//    as much again): so at most 2 x missed x interval x max_factor after its
+//    last heartbeat was handled. A broken stream is still LOST at once.
+//  - Describe() reports it in the diagnosis (JobDiagnosis.overload), and
+//    shedding() gives the state for metrics.
+// Heartbeats already queued in a connection when a member stops are still
+// read, and count, before its silence does.
+//
 // Hot path: a heartbeat takes one per-job lock and swaps the reported metrics
 // into the member's slot (no allocation in steady state); low-rate state
 // changes are recorded in JobManager.
@@ -33,6 +51,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "proto/gradsync/v1/health.pb.h"
+#include "server/heartbeat_shedder.h"
 #include "server/job_manager.h"
 
 namespace gradsync {
@@ -43,6 +62,8 @@ struct HealthConfig {
   int missed_heartbeats = 3;
   absl::Duration straggler_threshold = absl::Milliseconds(100);
   absl::Duration hang_timeout = absl::Seconds(30);
+  // Slowing heartbeats down past the coordinator's capacity.
+  HeartbeatSheddingConfig shedding;
 };
 
 // One member as the Prometheus exposition sees it (see ForEachMember).
@@ -169,6 +190,20 @@ class HealthManager {
   // Heartbeats accepted since start.
   int64_t heartbeats() const { return heartbeats_.load(); }
 
+  // How late the coordinator runs what arrives now (the oldest event
+  // waiting in its completion queues, or for its turn under a rate cap):
+  // the composition root reports it before each Poll(). An overload shows
+  // in it before any heartbeat is read late.
+  void ReportQueueDelay(absl::Duration delay) {
+    queue_delay_ns_.store(absl::ToInt64Nanoseconds(delay),
+                          std::memory_order_relaxed);
+  }
+
+  // Whether and how much the coordinator sheds heartbeat load now.
+  HeartbeatShedder::State shedding() const { return shedder_.state(); }
+  // The coordinator's default heartbeat interval (jobs may set their own).
+  absl::Duration default_interval() const { return config_.heartbeat_interval; }
+
   // Drops everything about `job_id` (it was forgotten after retention).
   void Forget(const std::string& job_id);
 
@@ -198,6 +233,12 @@ class HealthManager {
     absl::Duration lag;                // median of `lags`
     bool succeeded = false;            // reported success
     bool round_start_seen = false;     // its RoundStartTimings recorded
+    // The shedding factor the member was last told (1: the job's interval),
+    // and the one its next heartbeat is judged by: the larger of the last
+    // two told until its first heartbeat after being told (it may still
+    // have been waiting on the older interval), then the last told.
+    int told_factor = 1;
+    int allowed_factor = 1;
   };
   // The first fingerprint reported for one collective sequence number.
   struct CollectiveSlot {
@@ -222,6 +263,9 @@ class HealthManager {
     v1::FailurePolicy policy = v1::FAILURE_POLICY_DEGRADE;
     absl::Duration straggler_threshold;
     absl::Duration hang_timeout;
+    // A heartbeat later than this x its member's factor after the member's
+    // previous one is late (interval x the shedder's late_ratio).
+    absl::Duration late_after;
     // What started the monitoring, for a member LOST without a heartbeat:
     // "monitoring began" or "the coordinator restarted".
     std::string started_by;
@@ -246,6 +290,8 @@ class HealthManager {
     std::vector<CollectiveSlot> collectives ABSL_GUARDED_BY(mu);
     std::vector<StepSlot> steps ABSL_GUARDED_BY(mu);
     v1::JobDiagnosis diagnosis ABSL_GUARDED_BY(mu);
+    // Heartbeats counted for the shedder since the last Poll.
+    HeartbeatShedder::Counts load ABSL_GUARDED_BY(mu);
 
     // Set by RoundEnded the moment the rendezvous supersedes the round, so
     // its members are turned away at once; the next Poll clears `current`.
@@ -297,8 +343,19 @@ class HealthManager {
   void ApplyPolicy(JobHealth* job, const std::string& what,
                    HealthUpdate* update, std::vector<Loss>* losses)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
-  void PollJob(JobHealth* job, absl::Time now, std::vector<Loss>* losses)
+  // Marks silent members LOST: silent longer than missed x interval x
+  // their factor (see the class comment) plus `allowance` (the time the
+  // coordinator has been behind; capped here per job).
+  // Adds the job's active members heard from, and those of them overdue
+  // (silent longer than late_after x their factor), to `backlog`.
+  void PollJob(JobHealth* job, absl::Time now, int factor,
+               absl::Duration allowance, std::vector<Loss>* losses,
+               HeartbeatShedder::Backlog* backlog)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // JobDiagnosis.overload for a job with `interval`, from the shedder's
+  // state; empty when the coordinator keeps up.
+  std::string OverloadText(const HeartbeatShedder::State& state,
+                           absl::Duration interval, int missed) const;
   // Tells on_loss_ about `losses`; no lock held.
   void ReportLosses(const std::vector<Loss>& losses);
   // Sets or clears the hang diagnosis.
@@ -312,6 +369,11 @@ class HealthManager {
   const JobEndedCallback on_job_ended_;
   std::atomic<bool> stopped_{false};
   std::atomic<int64_t> heartbeats_{0};
+  std::atomic<int64_t> queue_delay_ns_{0};  // ReportQueueDelay
+  HeartbeatShedder shedder_;
+  // Members heard from and overdue as of the last Poll, for the next one's
+  // shedder update. Only Poll (one thread at a time) uses it.
+  HeartbeatShedder::Backlog polled_;
 
   // Held while a round's monitoring starts (FindOrStart), before mu_.
   absl::Mutex start_mu_;

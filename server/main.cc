@@ -52,6 +52,17 @@ ABSL_FLAG(absl::Duration, straggler_threshold, absl::Milliseconds(100),
 ABSL_FLAG(absl::Duration, hang_timeout, absl::Seconds(30),
           "how long collectives may stop advancing, with ranks disagreeing, "
           "before status reports a hang");
+ABSL_FLAG(bool, shed_heartbeats, true,
+          "past its heartbeat capacity, ask workers for longer heartbeat "
+          "intervals (up to --max_heartbeat_slowdown times their jobs') and "
+          "find members LOST by them, instead of declaring live members LOST");
+ABSL_FLAG(int, max_heartbeat_slowdown, 16,
+          "the most times a job's heartbeat interval the coordinator asks for "
+          "while it sheds heartbeat load (>= 1)");
+ABSL_FLAG(double, max_heartbeat_rate, 0,
+          "for tests and benchmarks: handle at most this many heartbeats per "
+          "second, the rest waiting in the connections as on a saturated "
+          "machine; 0: no cap");
 ABSL_FLAG(int, completion_queues, 32,
           "completion queues (each with a thread) serving heartbeat streams "
           "and joins; more keep them fast with many workers");
@@ -227,6 +238,9 @@ int main(int argc, char** argv) {
   config.health.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
   config.health.straggler_threshold = absl::GetFlag(FLAGS_straggler_threshold);
   config.health.hang_timeout = absl::GetFlag(FLAGS_hang_timeout);
+  config.health.shedding.enabled = absl::GetFlag(FLAGS_shed_heartbeats);
+  config.health.shedding.max_factor = absl::GetFlag(FLAGS_max_heartbeat_slowdown);
+  config.max_heartbeat_rate = absl::GetFlag(FLAGS_max_heartbeat_rate);
   config.job_limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   config.job_limits.max_world_size = absl::GetFlag(FLAGS_max_world_size);
   config.kv_limits.max_keys_per_round = absl::GetFlag(FLAGS_max_kv_keys_per_job);
@@ -239,10 +253,13 @@ int main(int argc, char** argv) {
   if (config.health.heartbeat_interval <= absl::ZeroDuration() ||
       config.health.missed_heartbeats < 1 || config.retention < absl::ZeroDuration() ||
       config.shutdown_grace < absl::ZeroDuration() ||
-      config.max_streams_per_connection < 0) {
+      config.max_streams_per_connection < 0 ||
+      config.health.shedding.max_factor < 1 || config.max_heartbeat_rate < 0) {
     GS_LOG(ERROR) << "--heartbeat_interval must be > 0, --missed_heartbeats "
-                     ">= 1, --retention >= 0, --shutdown_grace >= 0 and "
-                     "--max_streams_per_connection >= 0";
+                     ">= 1, --retention >= 0, --shutdown_grace >= 0, "
+                     "--max_streams_per_connection >= 0, "
+                     "--max_heartbeat_slowdown >= 1 and --max_heartbeat_rate "
+                     ">= 0";
     return EXIT_FAILURE;
   }
   absl::StatusOr<std::string> admin_token = gradsync::AdminToken(

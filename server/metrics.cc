@@ -118,6 +118,30 @@ std::string RenderMetrics(const JobManager& jobs,
   out.Family("gradsync_heartbeats_total", "counter",
              "Worker heartbeats accepted.");
   out.Sample("gradsync_heartbeats_total", {}, health.heartbeats());
+  // Heartbeat load shedding (HeartbeatShedder).
+  const HeartbeatShedder::State shed = health.shedding();
+  out.Family("gradsync_heartbeat_overloaded", "gauge",
+             "1 while the coordinator is past its heartbeat capacity and "
+             "asks for longer heartbeat intervals, else 0.");
+  out.Sample("gradsync_heartbeat_overloaded", {},
+             int64_t{shed.factor > 1 ? 1 : 0});
+  out.Family("gradsync_heartbeat_interval_factor", "gauge",
+             "How many times their job's interval the coordinator asks "
+             "workers to heartbeat at now (1: the job's own).");
+  out.Sample("gradsync_heartbeat_interval_factor", {}, int64_t{shed.factor});
+  out.Family("gradsync_heartbeat_interval_seconds", "gauge",
+             "The heartbeat interval the coordinator asks for now of jobs "
+             "with its default interval.");
+  out.Sample("gradsync_heartbeat_interval_seconds", {},
+             absl::ToDoubleSeconds(health.default_interval() * shed.factor));
+  out.Family("gradsync_heartbeat_shed_periods_total", "counter",
+             "Times the coordinator started shedding heartbeat load.");
+  out.Sample("gradsync_heartbeat_shed_periods_total", {}, shed.shed_periods);
+  out.Family("gradsync_heartbeat_late_ratio", "gauge",
+             "Fraction of the heartbeats handled in the last window that "
+             "came late after their member's previous one (by over 1.5 of "
+             "the intervals it was asked for): the overload signal.");
+  out.Sample("gradsync_heartbeat_late_ratio", {}, shed.late_fraction);
 
   // Per-rank gauges of the monitored rounds, one family after the other.
   std::array<PrometheusText, std::size(kMemberGauges)> families;

@@ -1,11 +1,17 @@
 #include "server/monitor_service.h"
 
+#include <grpcpp/alarm.h>
+
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 
@@ -25,6 +31,8 @@ class MemberProtocol {
  public:
   using Request = v1::HeartbeatRequest;
   using Response = v1::HeartbeatResponse;
+  // Heartbeats in one message.
+  static int Heartbeats(const Request&) { return 1; }
 
   explicit MemberProtocol(HealthManager* health)
       : health_(health), session_(HealthManager::NewSession()) {}
@@ -56,6 +64,7 @@ class NodeProtocol {
  public:
   using Request = v1::NodeHeartbeatRequest;
   using Response = v1::NodeHeartbeatResponse;
+  static int Heartbeats(const Request& r) { return r.heartbeats_size(); }
 
   explicit NodeProtocol(HealthManager* health) : health_(health) {}
 
@@ -117,6 +126,59 @@ class NodeProtocol {
 
 }  // namespace
 
+// A cap on the heartbeats the coordinator handles per second, so that tests
+// and benchmarks reach its capacity cheaply (--max_heartbeat_rate): a
+// message read from a stream is handled at its turn (turns are spaced
+// 1/rate apart per heartbeat, in the order messages are read, across all
+// queues), the stream waiting on an alarm meanwhile, without reading its
+// next message. Heartbeats past the cap so wait in gRPC's buffers and the
+// kernel's, as on a saturated machine. (The queue threads must not sleep
+// instead: with Debian's gRPC they are the ones that poll the network.)
+// Not for production: a real coordinator's capacity is its CPU.
+// Thread-safe.
+class MonitorService::Pacer {
+ public:
+  explicit Pacer(double per_second)
+      : spacing_(absl::Seconds(1) / per_second) {}
+
+  // When a message of `heartbeats` read now may be handled.
+  absl::Time Turn(int heartbeats) {
+    absl::MutexLock lock(&mu_);
+    last_turn_ = std::max(next_, absl::Now());
+    next_ = last_turn_ + spacing_ * std::max(0, heartbeats);
+    return last_turn_;
+  }
+
+  // How long the message read last still waits for its turn (zero once
+  // the messages waiting have had theirs).
+  absl::Duration Delay() const {
+    absl::MutexLock lock(&mu_);
+    return std::max(absl::ZeroDuration(), last_turn_ - absl::Now());
+  }
+
+ private:
+  const absl::Duration spacing_;
+  mutable absl::Mutex mu_;
+  // The next free turn, and the turn given last.
+  absl::Time next_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_turn_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+MonitorService::MonitorService(HealthManager* health, const Authenticator* auth,
+                               ConnectionLimits* limits,
+                               double max_heartbeat_rate)
+    : health_(health),
+      auth_(auth),
+      limits_(limits),
+      pacer_(max_heartbeat_rate > 0 ? std::make_unique<Pacer>(max_heartbeat_rate)
+                                    : nullptr) {}
+
+MonitorService::~MonitorService() = default;
+
+absl::Duration MonitorService::PacingDelay() const {
+  return pacer_ != nullptr ? pacer_->Delay() : absl::ZeroDuration();
+}
+
 // One heartbeat stream: a state machine driven by the events of its
 // completion queue, all on that queue's one thread (so it needs no lock).
 // Reads one message at a time into the same request (its capacity is
@@ -134,7 +196,7 @@ class MonitorService::StreamCall {
       grpc::CompletionQueue*, grpc::ServerCompletionQueue*, void*);
 
   // An event of this call on its queue.
-  enum class Event { kAccepted, kRead, kWritten, kFinished, kDone };
+  enum class Event { kAccepted, kRead, kPaced, kWritten, kFinished, kDone };
   struct Tag final : CompletionQueues::Tag {
     Tag(StreamCall* call, Event event) : call(call), event(event) {}
     void Run(bool ok) override { call->On(event, ok); }
@@ -190,8 +252,17 @@ class MonitorService::StreamCall {
       case Event::kRead:
         --pending_;
         if (ok) {
-          OnMessage();
+          OnRead();
         } else {  // the worker closed its side, or the stream broke
+          FinishWith(grpc::Status::OK);
+        }
+        break;
+      case Event::kPaced:
+        --pending_;
+        paced_ = false;
+        if (ok) {
+          OnMessage();
+        } else {  // cancelled: the stream is done
           FinishWith(grpc::Status::OK);
         }
         break;
@@ -211,6 +282,7 @@ class MonitorService::StreamCall {
       case Event::kDone:
         done_ = true;
         if (context_.IsCancelled()) protocol_.OnBroken();
+        if (paced_) pacing_.Cancel();  // a message waiting for its turn goes
         break;
     }
     if (done_ && pending_ == 0) delete this;
@@ -223,6 +295,25 @@ class MonitorService::StreamCall {
     if (queue_->StartOp([&] { stream_.Read(&request_, &read_tag_); })) {
       ++pending_;
     }
+  }
+
+  // A message was read: handled now, or at its turn under a cap.
+  void OnRead() {
+    if (service_->pacer_ != nullptr) {
+      const absl::Time turn =
+          service_->pacer_->Turn(Protocol::Heartbeats(request_));
+      if (turn > absl::Now()) {
+        grpc::ServerCompletionQueue* cq = queue_->cq();
+        if (queue_->StartOp([&] {
+              pacing_.Set(cq, absl::ToChronoTime(turn), &paced_tag_);
+            })) {
+          ++pending_;
+          paced_ = true;
+          return;
+        }
+      }
+    }
+    OnMessage();
   }
 
   void OnMessage() {
@@ -285,9 +376,13 @@ class MonitorService::StreamCall {
   bool writing_ = false;
   bool finishing_ = false;
   bool done_ = false;
-  int pending_ = 0;  // reads, writes and the finish in flight
+  bool paced_ = false;  // pacing_ is set
+  int pending_ = 0;  // reads, pacing, writes and the finish in flight
   Tag accepted_tag_{this, Event::kAccepted};
   Tag read_tag_{this, Event::kRead};
+  Tag paced_tag_{this, Event::kPaced};
+  // Holds a message until its turn under a cap (Pacer).
+  grpc::Alarm pacing_;
   Tag written_tag_{this, Event::kWritten};
   Tag finished_tag_{this, Event::kFinished};
   Tag done_tag_{this, Event::kDone};

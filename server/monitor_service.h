@@ -3,6 +3,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <memory>
+
+#include "absl/time/time.h"
 #include "proto/gradsync/v1/health.grpc.pb.h"
 #include "server/authenticator.h"
 #include "server/completion_queues.h"
@@ -28,13 +31,19 @@ class MonitorService final
                   v1::Monitor::Service>>> {
  public:
   // `auth` decides who may report for which job; `limits` bounds the
-  // heartbeat streams of a connection.
+  // heartbeat streams of a connection. `max_heartbeat_rate` > 0 caps the
+  // heartbeats handled per second (a test and benchmark knob, see Pacer);
+  // 0: no cap.
   MonitorService(HealthManager* health, const Authenticator* auth,
-                 ConnectionLimits* limits)
-      : health_(health), auth_(auth), limits_(limits) {}
+                 ConnectionLimits* limits, double max_heartbeat_rate = 0);
+  ~MonitorService();
   // Starts accepting heartbeat streams (both kinds) on every queue of
   // `queues`.
   void Start(CompletionQueues* queues);
+
+  // Under a rate cap, how long a heartbeat read now waits for its turn;
+  // zero without one.
+  absl::Duration PacingDelay() const;
 
   grpc::ServerUnaryReactor* ReportCompletion(
       grpc::CallbackServerContext* context,
@@ -44,10 +53,13 @@ class MonitorService final
  private:
   template <typename Protocol>
   class StreamCall;
+  class Pacer;
 
   HealthManager* const health_;
   const Authenticator* const auth_;
   ConnectionLimits* const limits_;
+  // Null without a cap.
+  const std::unique_ptr<Pacer> pacer_;
 };
 
 }  // namespace gradsync

@@ -113,6 +113,7 @@ function renderJob(j) {
   const notes = [];
   if (d.hang) notes.push("hang: " + d.hang);
   if (d.desync) notes.push("desync: " + d.desync);
+  if (d.overload) notes.push("overload: " + d.overload);
   for (const s of d.stragglers || []) {
     notes.push("straggler: rank " + num(s.rank) + ", " + ms(seconds(s.lag)) +
                " late (median of " + num(s.steps) + " steps)");

@@ -638,6 +638,12 @@ TEST_F(HealthIntegrationTest, PrometheusClientParsesTheMetrics) {
   EXPECT_EQ(samples["gradsync_members{state=active}"], "2.0");
   EXPECT_EQ(samples["gradsync_rendezvous_rounds{job=scraped}"], "1.0");
   EXPECT_EQ(samples["gradsync_heartbeats_total"], "1.0");
+  // Heartbeat load shedding: not shedding, at the job's own interval.
+  EXPECT_EQ(samples["gradsync_heartbeat_overloaded"], "0.0");
+  EXPECT_EQ(samples["gradsync_heartbeat_interval_factor"], "1.0");
+  EXPECT_EQ(samples["gradsync_heartbeat_interval_seconds"], "1.0");
+  EXPECT_EQ(samples["gradsync_heartbeat_shed_periods_total"], "0.0");
+  EXPECT_EQ(samples["gradsync_heartbeat_late_ratio"], "0.0");
   EXPECT_EQ(samples["gradsync_member_step" + rank0], "42.0");
   EXPECT_EQ(samples["gradsync_member_samples_per_second" + rank0], "1500.5");
   EXPECT_EQ(samples["gradsync_member_step_seconds" + rank0], "0.125");

@@ -1,8 +1,11 @@
 #include "server/health_manager.h"
 
+#include <algorithm>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -724,6 +727,243 @@ TEST_F(HealthManagerTest, ConsistentlyLateRankIsFlaggedWithItsLag) {
                            absl::ZeroDuration()},
               beat);
   EXPECT_EQ(Status().diagnosis().stragglers_size(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Past the coordinator's heartbeat capacity, simulated on the FakeClock
+
+// kWorld members of one job send heartbeats at the interval they were last
+// told (1 s at first), each at its own phase; the coordinator handles what
+// they sent in order, at most capacity_ per second, and reports how long
+// the oldest heartbeat waiting has waited as its queue delay (what
+// CompletionQueues' probes measure). With the default capacity, a quarter
+// of what the members send at 1 s.
+class OverloadTest : public ::testing::Test {
+ protected:
+  static constexpr int kWorld = 1000;
+  static constexpr absl::Duration kStep = absl::Milliseconds(10);
+
+  struct Member {
+    absl::Duration interval = absl::Seconds(1);
+    absl::Time next_send;
+    absl::Time last_send;
+    bool sending = true;
+    absl::Time last_handled = absl::InfinitePast();
+    v1::HeartbeatResponse answer;  // the last one
+  };
+
+  // Starts the job and its members; their first heartbeats spread over
+  // `spread`.
+  void Start(bool shedding, absl::Duration spread = absl::Seconds(1)) {
+    v1::JobConfig config;
+    config.set_job_id(kJob);
+    config.set_min_nodes(kWorld);
+    ASSERT_TRUE(jobs_.Create(config).ok());
+    std::vector<v1::Member> members(kWorld);
+    for (int r = 0; r < kWorld; ++r) {
+      members[r].set_rank(r);
+      members[r].mutable_node()->set_hostname(absl::StrCat("host-", r));
+      members[r].mutable_node()->set_incarnation_id(Incarnation(r));
+      members[r].set_state(v1::MEMBER_STATE_ACTIVE);
+    }
+    ASSERT_TRUE(jobs_.RecordRoundClosed(kJob, 1, v1::BACKEND_GLOO,
+                                        std::move(members))
+                    .ok());
+    HealthConfig health;
+    health.shedding.enabled = shedding;
+    health_ = std::make_unique<HealthManager>(&jobs_, &clock_, health);
+    members_.resize(kWorld);
+    for (int r = 0; r < kWorld; ++r) {
+      members_[r].next_send = clock_.Now() + spread * r / kWorld;
+      sessions_.push_back(HealthManager::NewSession());
+    }
+  }
+
+  void Run(absl::Duration d) {
+    const absl::Time end = clock_.Now() + d;
+    while (clock_.Now() < end) Step();
+  }
+
+  void Step() {
+    clock_.Advance(kStep);
+    const absl::Time now = clock_.Now();
+    for (int r = 0; r < kWorld; ++r) {
+      Member& m = members_[r];
+      while (m.sending && m.next_send <= now) {
+        waiting_.push_back({r, m.next_send});
+        m.last_send = m.next_send;
+        m.next_send += m.interval;
+      }
+    }
+    // Capacity is not banked while idle.
+    const double per_step = capacity_ * absl::ToDoubleSeconds(kStep);
+    credit_ = std::min(credit_ + per_step, per_step + 1);
+    while (credit_ >= 1 && !waiting_.empty()) {
+      const int r = waiting_.front().first;
+      waiting_.pop_front();
+      credit_ -= 1;
+      Handle(r);
+    }
+    health_->ReportQueueDelay(waiting_.empty()
+                                  ? absl::ZeroDuration()
+                                  : now - waiting_.front().second);
+    health_->Poll();
+  }
+
+  // The coordinator handles one heartbeat of `r`; the member obeys the
+  // interval of an answer from its next heartbeat on.
+  void Handle(int r) {
+    Member& m = members_[r];
+    v1::HeartbeatRequest request;
+    request.mutable_member()->set_job_id(kJob);
+    request.mutable_member()->set_round(1);
+    request.mutable_member()->set_rank(r);
+    request.mutable_member()->set_incarnation_id(Incarnation(r));
+    v1::HeartbeatResponse answer;
+    absl::StatusOr<bool> told =
+        health_->Heartbeat(sessions_[r].get(), &request, &answer);
+    ASSERT_TRUE(told.ok()) << told.status();
+    m.last_handled = clock_.Now();
+    if (!*told) return;
+    m.answer = answer;
+    m.interval = FromProtoDuration(answer.heartbeat_interval());
+    m.next_send = m.last_send + m.interval;
+  }
+
+  v1::JobStatus Status() {
+    absl::StatusOr<v1::JobStatus> status = jobs_.Get(kJob);
+    EXPECT_TRUE(status.ok()) << status.status();
+    health_->Describe(&*status);
+    return *status;
+  }
+
+  int Lost() {
+    int lost = 0;
+    const v1::JobStatus status = Status();
+    for (const v1::Member& m : status.members()) {
+      lost += m.state() == v1::MEMBER_STATE_LOST ? 1 : 0;
+    }
+    return lost;
+  }
+
+  FakeClock clock_;
+  InMemoryStorage storage_;
+  JobManager jobs_{&storage_, &clock_};
+  std::unique_ptr<HealthManager> health_;
+  std::vector<std::unique_ptr<HealthManager::Session>> sessions_;
+  std::vector<Member> members_;
+  std::deque<std::pair<int, absl::Time>> waiting_;  // rank, when sent
+  double capacity_ = 250;  // heartbeats handled per second, at most
+  double credit_ = 0;
+};
+
+TEST_F(OverloadTest, WithoutSheddingLiveMembersAreLost) {
+  Start(/*shedding=*/false);
+  Run(absl::Seconds(10));
+  EXPECT_GT(Lost(), 0) << "the simulated overload is real";
+  EXPECT_THAT(Status().diagnosis().overload(),
+              HasSubstr("does not shed load (--shed_heartbeats=false)"));
+}
+
+TEST_F(OverloadTest, NoLiveMemberIsLostAndSendersSlowDown) {
+  Start(/*shedding=*/true);
+  Run(absl::Seconds(60));
+  EXPECT_EQ(Lost(), 0);
+  const HeartbeatShedder::State state = health_->shedding();
+  // 1,000/s at 1 s; the smallest power of 2 that fits 70% of 250/s is 8.
+  EXPECT_EQ(state.factor, 8);
+  EXPECT_EQ(state.shed_periods, 1);
+  EXPECT_DOUBLE_EQ(state.capacity, 250);
+  for (const Member& m : members_) {
+    EXPECT_EQ(m.interval, absl::Seconds(8));
+    EXPECT_TRUE(m.answer.shedding_load());
+  }
+  ASSERT_FALSE(waiting_.size() > 10) << "the backlog drained";
+  EXPECT_THAT(Status().diagnosis().overload(),
+              HasSubstr("it asks for heartbeats every 8s (the job's 1s x8), "
+                        "so a silent member is found LOST after 24s"));
+}
+
+TEST_F(OverloadTest, AMemberThatStopsIsStillLostByTheSlowedInterval) {
+  Start(/*shedding=*/true);
+  Run(absl::Seconds(60));
+  ASSERT_EQ(health_->shedding().factor, 8);
+  members_[7].sending = false;  // hung: its stream stays open
+  const absl::Time last = members_[7].last_handled;
+  while (Status().members(7).state() == v1::MEMBER_STATE_ACTIVE &&
+         clock_.Now() - last < absl::Seconds(60)) {
+    Step();
+  }
+  const absl::Duration silent = clock_.Now() - last;
+  v1::JobStatus status = Status();
+  ASSERT_EQ(status.members(7).state(), v1::MEMBER_STATE_LOST);
+  // 3 missed heartbeats at 8 s; at most twice that while behind.
+  EXPECT_GT(silent, absl::Seconds(24));
+  EXPECT_LE(silent, absl::Seconds(48));
+  EXPECT_THAT(status.members(7).state_reason(),
+              HasSubstr("missed 3 heartbeats (every 8s: the job's 1s x8 while "
+                        "the coordinator sheds heartbeat load)"));
+  EXPECT_EQ(Lost(), 1);
+}
+
+TEST_F(OverloadTest, ABrokenStreamIsLostAtOnceWhileShedding) {
+  Start(/*shedding=*/true);
+  Run(absl::Seconds(5));
+  ASSERT_GT(health_->shedding().factor, 1);
+  health_->StreamBroken(sessions_[3].get());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.members(3).state(), v1::MEMBER_STATE_LOST);
+  EXPECT_THAT(status.members(3).state_reason(),
+              HasSubstr("heartbeat stream broke"));
+  EXPECT_EQ(Lost(), 1);
+}
+
+TEST_F(OverloadTest, WhenTheLoadEasesMembersGoBackToTheJobInterval) {
+  Start(/*shedding=*/true);
+  Run(absl::Seconds(60));
+  ASSERT_EQ(health_->shedding().factor, 8);
+  // 900 members finish: the 100 left (every 10th, so their heartbeats
+  // stay spread over the interval) send 12.5/s.
+  for (int r = 0; r < kWorld; ++r) {
+    if (r % 10 == 0) continue;
+    v1::ReportCompletionRequest done;
+    done.mutable_member()->set_job_id(kJob);
+    done.mutable_member()->set_round(1);
+    done.mutable_member()->set_rank(r);
+    done.mutable_member()->set_incarnation_id(Incarnation(r));
+    done.set_success(true);
+    ASSERT_TRUE(health_->ReportCompletion(done).ok());
+    members_[r].sending = false;
+  }
+  Run(absl::Seconds(60));
+  EXPECT_EQ(health_->shedding().factor, 1);
+  for (int r = 0; r < kWorld; r += 10) {
+    EXPECT_EQ(members_[r].interval, absl::Seconds(1)) << "rank " << r;
+    EXPECT_FALSE(members_[r].answer.shedding_load());
+  }
+  EXPECT_EQ(Status().diagnosis().overload(), "");
+  EXPECT_EQ(Lost(), 0);
+}
+
+TEST_F(OverloadTest, ASlowStartOfALargeRoundIsNotAnOverload) {
+  capacity_ = 1e6;
+  // First heartbeats come over 2.5 s: they have no gap to judge.
+  Start(/*shedding=*/true, /*spread=*/absl::Milliseconds(2500));
+  Run(absl::Seconds(10));
+  EXPECT_EQ(health_->shedding().shed_periods, 0);
+  EXPECT_EQ(Lost(), 0);
+}
+
+TEST_F(OverloadTest, AMassFailureIsNotMistakenForAnOverload) {
+  capacity_ = 1e6;
+  Start(/*shedding=*/true);
+  Run(absl::Seconds(5));
+  for (int r = 0; r < 600; ++r) members_[r].sending = false;
+  const absl::Time stopped = clock_.Now();
+  Run(absl::Seconds(4) + 2 * kStep);
+  EXPECT_EQ(Lost(), 600) << "found within 3 intervals of their last one";
+  EXPECT_EQ(health_->shedding().shed_periods, 0);
+  EXPECT_LE(clock_.Now() - stopped, absl::Seconds(5));
 }
 
 TEST(HealthSettingsTest, JobConfigValidatesThemAndKeepsZeroAsDefault) {

@@ -36,7 +36,6 @@ Reducer::Reducer(std::vector<std::string> names,
   {
     absl::MutexLock lock(&mu_);
     hook_ = std::make_shared<AllReduceHook>();
-    divisor_ = backend_->world_size();
     std::vector<size_t> reverse(params_.size());
     for (size_t i = 0; i < params_.size(); ++i) {
       reverse[i] = params_.size() - 1 - i;

@@ -2,12 +2,13 @@
 // Join context manager for DDP). Without it, a rank whose data ended stops
 // issuing collectives and the others hang in their next all-reduce.
 //
-//   UnevenInputs uneven(ddp.get());          // before the loop, every rank
+//   // Before the loop, on every rank:
+//   GS_ASSIGN_OR_RETURN(auto uneven, UnevenInputs::Create(ddp.get()));
 //   for (auto& batch : my_batches) {         // as many as this rank has
 //     loss_fn(ddp->forward(batch.x), batch.y).backward();
 //     optimizer.step();
 //   }
-//   GS_RETURN_IF_ERROR(uneven.Finish());     // shadows the others until done
+//   GS_RETURN_IF_ERROR(uneven->Finish());    // shadows the others until done
 //
 // While the scope is active, every forward through the wrapper first
 // all-gathers which ranks still train (one small collective per step). A

@@ -80,6 +80,11 @@ HealthReporter::Stats HealthReporter::stats() const {
   return stats_;
 }
 
+absl::Duration HealthReporter::interval() const {
+  absl::MutexLock lock(&mu_);
+  return interval_;
+}
+
 v1::HeartbeatRequest HealthReporter::NextRequestLocked() {
   v1::HeartbeatRequest request;
   *request.mutable_member() = *member_;
@@ -111,7 +116,24 @@ void HealthReporter::OnAnswer(const v1::HeartbeatResponse& response) {
     verdict_.reform_at_step_boundary = response.reform_at_step_boundary();
     const absl::Duration interval =
         FromProtoDuration(response.heartbeat_interval());
-    if (interval > absl::ZeroDuration()) interval_ = interval;
+    if (interval > absl::ZeroDuration() && interval != interval_) {
+      // The run loop's wait notices (it waits for a change of interval_).
+      if (member_.has_value() && (response.shedding_load() || shedding_)) {
+        const std::string line = absl::StrCat(
+            "heartbeats of job '", member_->job_id(), "' rank ",
+            member_->rank(), ": every ", absl::FormatDuration(interval),
+            " (was ", absl::FormatDuration(interval_), "): ",
+            response.shedding_load() ? "the coordinator sheds heartbeat load"
+                                     : "the coordinator keeps up again");
+        if (response.shedding_load()) {
+          GS_LOG(WARNING) << line;
+        } else {
+          GS_LOG(INFO) << line;
+        }
+      }
+      interval_ = interval;
+    }
+    shedding_ = response.shedding_load();
     if (response.job_state() == v1::JOB_STATE_FAILED) {
       round_over = TakeRoundOverLocked();
     }
@@ -210,11 +232,25 @@ void HealthReporter::Run() {
     }
     v1::HeartbeatRequest request = NextRequestLocked();
     mu_.Unlock();
+    const absl::Time sent_at = absl::Now();
     const bool queued = stream->Send(std::move(request));
     mu_.Lock();
     if (queued) ++stats_.heartbeats_sent;
-    mu_.AwaitWithTimeout(absl::Condition(&member_changed_or_stopping),
-                         interval_);
+    // The next heartbeat is due one interval after this one, by the
+    // interval the coordinator asks for at the time: a new one told while
+    // waiting moves the deadline (earlier when it is shorter).
+    while (true) {
+      const absl::Duration waiting_for = interval_;
+      const auto woken = [&]() {
+        mu_.AssertReaderHeld();
+        return member_changed_or_stopping() || interval_ != waiting_for;
+      };
+      if (!mu_.AwaitWithDeadline(absl::Condition(&woken),
+                                 sent_at + waiting_for) ||
+          member_changed_or_stopping()) {
+        break;
+      }
+    }
   }
   // Stopping: one last heartbeat with the final metrics, then a clean close
   // (a half-close, which does not make the member LOST).

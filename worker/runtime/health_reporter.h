@@ -8,6 +8,12 @@
 // newest snapshot and reconnects with exponential backoff and jitter; training
 // is never slowed. At the end, Finish() reports success or failure.
 //
+// The interval is the coordinator's to set: each answer carries the one it
+// wants now (the job's, or longer while it sheds heartbeat load past its
+// capacity), and the reporter sends its next heartbeat one such interval
+// after its last one; a shorter interval told during a long wait takes
+// effect at once.
+//
 //   HealthReporter reporter(client.get());
 //   reporter.Start(assignment, node.incarnation_id());  // after every join
 //   for (int64_t step = 1; ...; ++step) {
@@ -56,7 +62,7 @@
 namespace gradsync {
 
 struct HealthReporterOptions {
-  // Heartbeat interval until the coordinator answers with the job's own.
+  // Heartbeat interval until the coordinator answers with the one it wants.
   absl::Duration interval = absl::Seconds(1);
   // Reconnection backoff after a stream failed: starts at initial_backoff,
   // doubles up to max_backoff, each pause scaled by a random factor in
@@ -129,6 +135,10 @@ class HealthReporter {
 
   Stats stats() const;
 
+  // The interval heartbeats go at now: options.interval until the
+  // coordinator answered, then the one it last asked for.
+  absl::Duration interval() const;
+
   // Sends a last heartbeat, closes the stream cleanly, stops the thread and
   // reports completion (success, or failure with `exit_code` and `message`),
   // retrying while the coordinator is unreachable within the client's retry
@@ -160,6 +170,8 @@ class HealthReporter {
   int64_t member_generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration interval_ ABSL_GUARDED_BY(mu_);
+  // Whether the coordinator last said it sheds heartbeat load (for logs).
+  bool shedding_ ABSL_GUARDED_BY(mu_) = false;
   v1::WorkerMetrics snapshot_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::CollectiveFingerprint> collectives_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::StepReady> ready_times_ ABSL_GUARDED_BY(mu_);

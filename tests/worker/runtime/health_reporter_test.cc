@@ -1,10 +1,13 @@
 #include "worker/runtime/health_reporter.h"
 
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -217,6 +220,115 @@ TEST_F(HealthReporterTest, RefusedMemberWaitsForANewStart) {
   EXPECT_EQ(reporter.stats().failed_streams, 1)
       << "a refused member is not retried";
   EXPECT_EQ(reporter.verdict().state, v1::JOB_STATE_RUNNING);
+}
+
+// Heartbeat streams that count what they are handed and let the test
+// answer as the coordinator would, with no network. Thread-safe.
+class ScriptedStreams {
+ public:
+  // For HealthReporterOptions::open_stream.
+  std::function<std::unique_ptr<HeartbeatStream>(
+      std::function<void(const v1::HeartbeatResponse&)>)>
+  Opener() {
+    return [this](std::function<void(const v1::HeartbeatResponse&)> answer) {
+      absl::MutexLock lock(&mu_);
+      answer_ = std::move(answer);
+      return std::make_unique<Stream>(this);
+    };
+  }
+
+  // Answers on the stream opened last: the job runs, at `interval`.
+  void Answer(absl::Duration interval, bool shedding) {
+    std::function<void(const v1::HeartbeatResponse&)> answer;
+    {
+      absl::MutexLock lock(&mu_);
+      answer = answer_;
+    }
+    ASSERT_TRUE(answer != nullptr) << "no stream opened";
+    v1::HeartbeatResponse response;
+    response.set_job_state(v1::JOB_STATE_RUNNING);
+    *response.mutable_heartbeat_interval() = ToProtoDuration(interval);
+    response.set_shedding_load(shedding);
+    answer(response);
+  }
+
+  int64_t sent() const {
+    absl::MutexLock lock(&mu_);
+    return sent_;
+  }
+  // Waits (bounded) until `n` heartbeats were sent in all.
+  bool WaitForSent(int64_t n) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [&]() {
+      mu_.AssertReaderHeld();
+      return sent_ >= n;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), kPromptly);
+  }
+
+ private:
+  class Stream final : public HeartbeatStream {
+   public:
+    explicit Stream(ScriptedStreams* streams) : streams_(streams) {}
+    bool Send(v1::HeartbeatRequest) override {
+      absl::MutexLock lock(&streams_->mu_);
+      ++streams_->sent_;
+      return true;
+    }
+    std::optional<absl::Status> ended() const override { return std::nullopt; }
+    absl::Status Close(absl::Duration) override { return absl::OkStatus(); }
+
+   private:
+    ScriptedStreams* const streams_;
+  };
+
+  mutable absl::Mutex mu_;
+  int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void(const v1::HeartbeatResponse&)> answer_
+      ABSL_GUARDED_BY(mu_);
+};
+
+v1::Assignment Member(int rank) {
+  v1::Assignment a;
+  a.set_job_id("train");
+  a.set_round(1);
+  a.set_rank(rank);
+  return a;
+}
+
+TEST(HealthReporterIntervalTest, SendsAtTheIntervalTheCoordinatorAsksFor) {
+  // No coordinator: the streams are scripted (the client never connects).
+  ClientOptions client_options;
+  client_options.target = "127.0.0.1:1";
+  auto client = *CoordinatorClient::Create(client_options);
+  ScriptedStreams slowed, peer_streams;
+  HealthReporterOptions options = FastOptions();
+  options.interval = absl::Milliseconds(20);
+  options.open_stream = slowed.Opener();
+  HealthReporter reporter(client.get(), options);
+  // A peer at 20 ms, never answered: the clock this test compares with.
+  options.open_stream = peer_streams.Opener();
+  HealthReporter peer(client.get(), options);
+  reporter.Start(Member(0), "inc-0");
+  peer.Start(Member(1), "inc-1");
+  ASSERT_TRUE(slowed.WaitForSent(2));
+  EXPECT_EQ(reporter.interval(), absl::Milliseconds(20));
+
+  // The coordinator sheds load: an hour between heartbeats.
+  slowed.Answer(absl::Hours(1), /*shedding=*/true);
+  EXPECT_EQ(reporter.interval(), absl::Hours(1));
+  const int64_t at_answer = slowed.sent();
+  // While the peer sends 10 more (200 ms), the reporter sends at most the
+  // one it may have been about to send.
+  ASSERT_TRUE(peer_streams.WaitForSent(peer_streams.sent() + 10));
+  EXPECT_LE(slowed.sent(), at_answer + 1);
+
+  // Back at the job's interval: it does not wait out the hour.
+  slowed.Answer(absl::Milliseconds(20), /*shedding=*/false);
+  EXPECT_EQ(reporter.interval(), absl::Milliseconds(20));
+  ASSERT_TRUE(slowed.WaitForSent(slowed.sent() + 3));
+  reporter.Stop();
+  peer.Stop();
 }
 
 }  // namespace

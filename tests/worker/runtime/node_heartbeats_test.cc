@@ -9,6 +9,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/job_config.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator.h"
 #include "server/storage/in_memory_storage.h"
@@ -25,13 +26,15 @@ constexpr absl::Duration kPromptly = absl::Seconds(10);
 // and nodes that join with all their processes at once.
 class NodeHeartbeatsTest : public ::testing::Test {
  protected:
-  void StartCoordinator(int port = 0) {
+  // `max_heartbeat_rate` > 0 caps the coordinator's heartbeat ingest.
+  void StartCoordinator(int port = 0, double max_heartbeat_rate = 0) {
     CoordinatorConfig config;
     config.storage = &storage_;  // kept across restarts
     config.listen_address = absl::StrCat("127.0.0.1:", port);
     config.poll_interval = absl::Milliseconds(5);
     config.health.heartbeat_interval = absl::Milliseconds(100);
     config.health.missed_heartbeats = 50;  // no loss from a slow test machine
+    config.max_heartbeat_rate = max_heartbeat_rate;
     coordinator_ = std::make_unique<Coordinator>(config);
     ASSERT_TRUE(coordinator_->Start().ok());
     port_ = coordinator_->port();
@@ -187,6 +190,47 @@ TEST_F(NodeHeartbeatsTest, ANewNodeStreamOpensAfterTheCoordinatorRestarts) {
            job.members(1).state() == v1::MEMBER_STATE_ACTIVE;
   }));
   EXPECT_GE(node.streams_opened(), 2);
+  for (auto& reporter : reporters) reporter->Stop();
+}
+
+TEST_F(NodeHeartbeatsTest, RanksSlowDownTogetherWhenTheCoordinatorShedsLoad) {
+  // 8 ranks at 100 ms are 80 heartbeats/s; the coordinator takes 20/s.
+  StartCoordinator(/*port=*/0, /*max_heartbeat_rate=*/20);
+  std::vector<v1::Assignment> members = JoinNode("slowed", 8);
+  ASSERT_EQ(members.size(), 8u);
+  NodeHeartbeats node(client_.get());
+  std::vector<std::unique_ptr<HealthReporter>> reporters;
+  for (int i = 0; i < 8; ++i) {
+    reporters.push_back(
+        std::make_unique<HealthReporter>(client_.get(), Options(&node)));
+    reporters[i]->Start(members[i], incarnations_["slowed"][i]);
+  }
+  // Each lane's reporter sends at the interval its answers ask for, which
+  // is the job's 100 ms times the coordinator's factor.
+  absl::Duration slowed;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        const int factor = coordinator_->health().shedding().factor;
+        slowed = absl::Milliseconds(100) * factor;
+        if (factor == 1) return false;
+        for (const auto& reporter : reporters) {
+          if (reporter->interval() != slowed) return false;
+        }
+        return true;
+      },
+      absl::Seconds(30)));
+  // 80/s at 100 ms fits 70% of 20/s at 8 x 100 ms.
+  EXPECT_EQ(slowed, absl::Milliseconds(800));
+  const int64_t batches = node.batches_sent();
+  ASSERT_TRUE(Eventually([&] { return node.batches_sent() >= batches + 2; }));
+  EXPECT_EQ(node.streams_opened(), 1);
+  v1::JobStatus job = Job("slowed");
+  ASSERT_EQ(job.members_size(), 8);
+  for (const v1::Member& m : job.members()) {
+    EXPECT_EQ(m.state(), v1::MEMBER_STATE_ACTIVE);
+  }
+  EXPECT_THAT(job.diagnosis().overload(),
+              ::testing::HasSubstr("every 800ms (the job's 100ms x8)"));
   for (auto& reporter : reporters) reporter->Stop();
 }
 

@@ -1,0 +1,186 @@
+#include "server/heartbeat_shedder.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+
+namespace gradsync {
+
+HeartbeatShedder::Counts& HeartbeatShedder::Counts::operator+=(
+    const Counts& other) {
+  heartbeats += other.heartbeats;
+  samples += other.samples;
+  late += other.late;
+  current_samples += other.current_samples;
+  current_late += other.current_late;
+  return *this;
+}
+
+HeartbeatShedder::HeartbeatShedder(HeartbeatSheddingConfig config,
+                                   absl::Time start)
+    : config_(config),
+      window_start_(start),
+      probe_after_(std::max(1, config.probe_windows)) {
+  state_.enabled = config_.enabled;
+}
+
+bool HeartbeatShedder::Overloaded(int64_t all, int64_t part,
+                                  int64_t min_all) const {
+  return all >= std::max<int64_t>(1, min_all) &&
+         static_cast<double>(part) >=
+             config_.overloaded_fraction * static_cast<double>(all);
+}
+
+void HeartbeatShedder::Update(absl::Time now, const Counts& counts,
+                              const Backlog& backlog) {
+  absl::MutexLock lock(&mu_);
+  window_ += counts;
+  backlog_ = backlog;
+  window_delay_ = std::max(window_delay_, backlog.delay);
+  const bool queued = config_.max_delay > absl::ZeroDuration() &&
+                      backlog.delay > config_.max_delay;
+  // An episode begins at once: a queue delay, or enough late heartbeats so
+  // far in the window. It began at least when the oldest event waiting
+  // arrived, and the lateness at least with the window.
+  if (!state_.behind &&
+      (queued ||
+       Overloaded(window_.samples, window_.late, config_.min_samples))) {
+    state_.behind = true;
+    state_.behind_since = std::min(window_start_, now - backlog.delay);
+    episode_delay_ = absl::ZeroDuration();
+  }
+  if (state_.behind) episode_delay_ = std::max(episode_delay_, backlog.delay);
+  if (now - window_start_ < config_.window) return;
+
+  const double seconds = absl::ToDoubleSeconds(now - window_start_);
+  const double rate = static_cast<double>(window_.heartbeats) / seconds;
+  state_.rate = rate;
+  state_.delay = window_delay_;
+  state_.late_fraction =
+      window_.samples > 0 ? static_cast<double>(window_.late) /
+                                static_cast<double>(window_.samples)
+                          : 0.0;
+  const bool calm =
+      (config_.max_delay <= absl::ZeroDuration() ||
+       window_delay_ <= config_.max_delay / 4) &&
+      (window_.samples < config_.min_samples ||
+       state_.late_fraction <= config_.calm_fraction) &&
+      static_cast<double>(backlog.overdue) <=
+          config_.calm_fraction * static_cast<double>(backlog.members);
+  if (calm) state_.behind = false;
+  if (config_.enabled) DecideLocked(now, rate, calm);
+  window_ = Counts();
+  window_delay_ = backlog.delay;
+  window_start_ = now;
+}
+
+void HeartbeatShedder::DecideLocked(absl::Time now, double rate, bool calm) {
+  const int factor = state_.factor;
+  if (since_probe_ >= 0 && ++since_probe_ > config_.calm_windows) {
+    since_probe_ = -1;  // the probe held
+    probe_after_ = std::max(1, config_.probe_windows);
+  }
+  // Overloaded at the current factor? Then to which factor.
+  const char* why = nullptr;
+  int target = factor;
+  if (config_.max_delay > absl::ZeroDuration() &&
+      backlog_.delay > config_.max_delay) {
+    // Saturated: slow down until what members send fits in what the
+    // coordinator handled, with headroom; if it fits, it is draining.
+    const double at_one = backlog_.expected_rate * factor;
+    while (target < config_.max_factor &&
+           at_one / target > config_.headroom * rate) {
+      target = std::min(target * 2, config_.max_factor);
+    }
+    if (target > factor) why = "heartbeats wait in the coordinator's queues";
+  }
+  if (why == nullptr &&
+      (Overloaded(window_.current_samples, window_.current_late,
+                  config_.min_samples) ||
+       (state_.behind && Overloaded(backlog_.members, backlog_.overdue,
+                                    config_.min_samples)))) {
+    why = "heartbeats are handled late or overdue";
+    target = std::min(factor * 2, config_.max_factor);
+  }
+  if (why != nullptr ||
+      (config_.max_delay > absl::ZeroDuration() &&
+       backlog_.delay > config_.max_delay)) {
+    calm_ = 0;
+    state_.capacity = rate;  // what it handled while saturated
+    if (since_probe_ >= 0) {
+      // The probe found no more capacity: wait longer before the next.
+      probe_after_ = std::min(probe_after_ * 2,
+                              16 * std::max(1, config_.probe_windows));
+      since_probe_ = -1;
+    }
+    if (why != nullptr && target > factor) SetFactorLocked(now, target, why);
+    return;
+  }
+  if (!calm) {
+    calm_ = 0;
+    return;
+  }
+  ++calm_;
+  state_.capacity = std::max(state_.capacity, rate);
+  if (factor == 1 || calm_ < config_.calm_windows) return;
+  const bool headroom = 2 * std::max(rate, backlog_.expected_rate) <=
+                        config_.headroom * state_.capacity;
+  if (!headroom && calm_ < probe_after_) return;
+  calm_ = 0;
+  since_probe_ = headroom ? -1 : 0;
+  if (headroom) probe_after_ = std::max(1, config_.probe_windows);
+  SetFactorLocked(now, std::max(1, factor / 2),
+                  headroom ? "heartbeats are handled on time with room to spare"
+                           : "probing for more capacity");
+}
+
+void HeartbeatShedder::SetFactorLocked(absl::Time now, int factor,
+                                       const char* why) {
+  const int before = state_.factor;
+  state_.factor = factor;
+  factor_.store(factor, std::memory_order_relaxed);
+  const std::string numbers = absl::StrFormat(
+      "last window: %.0f%% of heartbeats late, queue delay %s, %.0f "
+      "handled/s of %.0f/s expected; %lld of %lld members overdue; capacity "
+      "estimate %.0f/s",
+      100 * state_.late_fraction,
+      absl::FormatDuration(absl::Trunc(state_.delay, absl::Milliseconds(1))),
+      state_.rate, backlog_.expected_rate,
+      static_cast<long long>(backlog_.overdue),
+      static_cast<long long>(backlog_.members), state_.capacity);
+  if (factor > before) {
+    if (before == 1) {
+      ++state_.shed_periods;
+      state_.shedding_since = now;
+    }
+    GS_LOG(WARNING) << "heartbeat load is past the coordinator's capacity ("
+                    << why << "; " << numbers
+                    << "): asking workers for heartbeats " << factor
+                    << "x their jobs' interval";
+  } else if (factor > 1) {
+    GS_LOG(INFO) << "heartbeat load eases (" << why << "; " << numbers
+                 << "): asking workers for heartbeats " << factor
+                 << "x their jobs' interval";
+  } else {
+    GS_LOG(INFO) << "heartbeat load is within the coordinator's capacity "
+                    "again ("
+                 << why << "; " << numbers
+                 << "): workers heartbeat at their jobs' interval";
+  }
+}
+
+absl::Duration HeartbeatShedder::Allowance(absl::Time now) const {
+  if (!config_.enabled) return absl::ZeroDuration();
+  absl::MutexLock lock(&mu_);
+  if (!state_.behind) return absl::ZeroDuration();
+  return std::max(now - state_.behind_since, episode_delay_);
+}
+
+HeartbeatShedder::State HeartbeatShedder::state() const {
+  absl::MutexLock lock(&mu_);
+  return state_;
+}
+
+}  // namespace gradsync

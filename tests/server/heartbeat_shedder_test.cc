@@ -1,0 +1,245 @@
+#include "server/heartbeat_shedder.h"
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+
+namespace gradsync {
+namespace {
+
+using Counts = HeartbeatShedder::Counts;
+using Backlog = HeartbeatShedder::Backlog;
+
+constexpr absl::Duration kWindow = absl::Seconds(1);
+
+// `n` heartbeats with a gap, `late` of them late; all from members told
+// the current factor unless `current` is false.
+Counts Beats(int64_t n, int64_t late, bool current = true) {
+  Counts c;
+  c.heartbeats = n;
+  c.samples = n;
+  c.late = late;
+  if (current) {
+    c.current_samples = n;
+    c.current_late = late;
+  }
+  return c;
+}
+
+Backlog Waiting(absl::Duration delay, double expected_rate = 0,
+                int64_t members = 0, int64_t overdue = 0) {
+  Backlog b;
+  b.delay = delay;
+  b.expected_rate = expected_rate;
+  b.members = members;
+  b.overdue = overdue;
+  return b;
+}
+
+// A shedder on a time the test steps, one Update per window.
+class HeartbeatShedderTest : public ::testing::Test {
+ protected:
+  static HeartbeatSheddingConfig Config() {
+    HeartbeatSheddingConfig config;
+    config.max_delay = absl::Milliseconds(500);
+    return config;
+  }
+
+  void Make(HeartbeatSheddingConfig config = Config()) {
+    shedder_ = std::make_unique<HeartbeatShedder>(config, now_);
+  }
+
+  // Ends one window with `counts` handled in it and `backlog` at its end.
+  void Window(const Counts& counts, const Backlog& backlog = Backlog()) {
+    now_ += kWindow;
+    shedder_->Update(now_, counts, backlog);
+  }
+
+  // `windows` on-time windows of 1000 heartbeats each.
+  void Calm(int windows, int64_t per_window = 1000) {
+    for (int i = 0; i < windows; ++i) {
+      Window(Beats(per_window, 0), Waiting(absl::ZeroDuration(), per_window));
+    }
+  }
+
+  int factor() const { return shedder_->factor(); }
+
+  absl::Time now_ = absl::FromUnixSeconds(1767225600);
+  std::unique_ptr<HeartbeatShedder> shedder_;
+};
+
+TEST_F(HeartbeatShedderTest, HeartbeatsOnTimeNeverShed) {
+  Make();
+  Calm(10);
+  EXPECT_EQ(factor(), 1);
+  EXPECT_FALSE(shedder_->state().behind);
+  EXPECT_EQ(shedder_->state().shed_periods, 0);
+  EXPECT_EQ(shedder_->Allowance(now_), absl::ZeroDuration());
+}
+
+TEST_F(HeartbeatShedderTest, TooFewHeartbeatsAreNotJudged) {
+  Make();
+  Window(Beats(99, 99));
+  EXPECT_EQ(factor(), 1);
+  EXPECT_FALSE(shedder_->state().behind);
+}
+
+TEST_F(HeartbeatShedderTest, LateHeartbeatsDoubleTheFactorUpToTheMax) {
+  Make();
+  for (int expected : {2, 4, 8, 16, 16}) {
+    Window(Beats(1000, 200));
+    EXPECT_EQ(factor(), expected);
+  }
+  const HeartbeatShedder::State state = shedder_->state();
+  EXPECT_EQ(state.shed_periods, 1) << "one period, however many steps";
+  EXPECT_TRUE(state.behind);
+  EXPECT_DOUBLE_EQ(state.capacity, 1000);
+  EXPECT_DOUBLE_EQ(state.late_fraction, 0.2);
+  EXPECT_EQ(state.shedding_since, now_ - 4 * kWindow);
+}
+
+TEST_F(HeartbeatShedderTest, LateHeartbeatsOfMembersNotYetToldDoNotEscalate) {
+  Make();
+  Window(Beats(1000, 500));
+  ASSERT_EQ(factor(), 2);
+  // Members still on the old interval are late; those told are on time.
+  Counts mixed = Beats(500, 0);
+  mixed += Beats(500, 400, /*current=*/false);
+  Window(mixed);
+  EXPECT_EQ(factor(), 2);
+  EXPECT_TRUE(shedder_->state().behind) << "40% late: not calm yet";
+}
+
+TEST_F(HeartbeatShedderTest, AQueueDelayIsBehindAtOnceAndShedsToWhatFits) {
+  Make();
+  // Mid-window: heartbeats already wait 2 s.
+  now_ += absl::Milliseconds(300);
+  shedder_->Update(now_, Beats(150, 0), Waiting(absl::Seconds(2), 2000));
+  EXPECT_TRUE(shedder_->state().behind);
+  EXPECT_EQ(factor(), 1) << "the factor is decided per window";
+  EXPECT_EQ(shedder_->Allowance(now_), absl::Seconds(2));
+  EXPECT_EQ(shedder_->Allowance(now_ + absl::Seconds(3)),
+            absl::Seconds(5))
+      << "the time behind, counted from the oldest waiting heartbeat";
+  // At the window's end: 500 handled in it, members send 2,000/s. 2,000 / 8
+  // = 250 fits in 0.7 x 500; 2,000 / 4 does not.
+  now_ += absl::Milliseconds(700);
+  shedder_->Update(now_, Beats(350, 0), Waiting(absl::Seconds(2), 2000));
+  EXPECT_EQ(factor(), 8);
+  EXPECT_DOUBLE_EQ(shedder_->state().capacity, 500);
+  EXPECT_EQ(shedder_->state().shed_periods, 1);
+}
+
+TEST_F(HeartbeatShedderTest, ADrainingBacklogNeitherEscalatesNorSpeedsUp) {
+  Make();
+  Window(Beats(500, 0), Waiting(absl::Seconds(2), 2000));
+  ASSERT_EQ(factor(), 8);
+  // Still 2 s of backlog, but what members send now (250/s) fits: it
+  // drains; no more slowing down, and no speeding up before it has.
+  for (int i = 0; i < 10; ++i) {
+    Window(Beats(500, 0), Waiting(absl::Seconds(2), 250));
+    EXPECT_EQ(factor(), 8);
+    EXPECT_TRUE(shedder_->state().behind);
+  }
+}
+
+TEST_F(HeartbeatShedderTest, SpeedsUpOnlyAfterCalmWindowsWithHeadroom) {
+  Make();
+  Window(Beats(1000, 1000));  // capacity estimate 1,000/s
+  ASSERT_EQ(factor(), 2);
+  // 300/s: doubling it leaves 30% headroom (600 <= 700), after 3 calm
+  // windows.
+  Calm(2, 300);
+  EXPECT_EQ(factor(), 2);
+  Calm(1, 300);
+  EXPECT_EQ(factor(), 1);
+  EXPECT_FALSE(shedder_->state().behind);
+  EXPECT_EQ(shedder_->state().shed_periods, 1);
+}
+
+TEST_F(HeartbeatShedderTest, StaysSlowWithoutHeadroom) {
+  Make();
+  Window(Beats(1000, 1000));
+  ASSERT_EQ(factor(), 2);
+  // 400/s: doubling it (800) would not leave 30% headroom.
+  Calm(20, 400);
+  EXPECT_EQ(factor(), 2);
+  EXPECT_FALSE(shedder_->state().behind);
+}
+
+TEST_F(HeartbeatShedderTest, AWindowInBetweenRestartsTheCalmCount) {
+  Make();
+  Window(Beats(1000, 1000));
+  Calm(2, 300);
+  Window(Beats(300, 30), Waiting(absl::ZeroDuration(), 300));  // 10% late
+  Calm(2, 300);
+  EXPECT_EQ(factor(), 2);
+  Calm(1, 300);
+  EXPECT_EQ(factor(), 1);
+}
+
+TEST_F(HeartbeatShedderTest, ProbesWithoutHeadroomAndWaitsLongerAfterAFailure) {
+  HeartbeatSheddingConfig config = Config();
+  config.probe_windows = 5;
+  Make(config);
+  Window(Beats(1000, 1000));
+  ASSERT_EQ(factor(), 2);
+  Calm(4, 600);  // no headroom
+  EXPECT_EQ(factor(), 2);
+  Calm(1, 600);  // the 5th: a probe
+  EXPECT_EQ(factor(), 1);
+  // It overloads again: back to 2, and the next probe waits twice as long.
+  Window(Beats(1000, 500));
+  ASSERT_EQ(factor(), 2);
+  Calm(9, 600);
+  EXPECT_EQ(factor(), 2);
+  Calm(1, 600);
+  EXPECT_EQ(factor(), 1);
+}
+
+TEST_F(HeartbeatShedderTest, OverdueMembersKeepAnEpisodeGoingAndEscalateIt) {
+  Make();
+  Window(Beats(1000, 0), Waiting(absl::Seconds(1), 1000));
+  ASSERT_TRUE(shedder_->state().behind);
+  const int started = factor();
+  // The queues drained, but 30% of the members were not heard from for
+  // 1.5 intervals: some connections are still starved.
+  Window(Beats(700, 0), Waiting(absl::ZeroDuration(), 1000 / started, 1000, 300));
+  EXPECT_TRUE(shedder_->state().behind);
+  EXPECT_EQ(factor(), 2 * started);
+  EXPECT_GE(shedder_->Allowance(now_), 2 * kWindow);
+  // Once heard from again, the episode ends.
+  Window(Beats(1000, 0), Waiting(absl::ZeroDuration(), 500, 1000, 0));
+  EXPECT_FALSE(shedder_->state().behind);
+  EXPECT_EQ(shedder_->Allowance(now_), absl::ZeroDuration());
+}
+
+TEST_F(HeartbeatShedderTest, OverdueMembersAloneAreNotAnOverload) {
+  Make();
+  // 60% of the members went silent (a rack lost power); those left are on
+  // time and nothing waits: they are failures to detect, not load to shed.
+  for (int i = 0; i < 5; ++i) {
+    Window(Beats(400, 0), Waiting(absl::ZeroDuration(), 1000, 1000, 600));
+  }
+  EXPECT_EQ(factor(), 1);
+  EXPECT_FALSE(shedder_->state().behind);
+  EXPECT_EQ(shedder_->Allowance(now_), absl::ZeroDuration());
+}
+
+TEST_F(HeartbeatShedderTest, DisabledNeverShedsButStillSeesItIsBehind) {
+  HeartbeatSheddingConfig config = Config();
+  config.enabled = false;
+  Make(config);
+  for (int i = 0; i < 3; ++i) {
+    Window(Beats(1000, 800), Waiting(absl::Seconds(3), 5000));
+  }
+  EXPECT_EQ(factor(), 1);
+  EXPECT_TRUE(shedder_->state().behind);
+  EXPECT_EQ(shedder_->state().shed_periods, 0);
+  EXPECT_EQ(shedder_->Allowance(now_), absl::ZeroDuration());
+}
+
+}  // namespace
+}  // namespace gradsync
