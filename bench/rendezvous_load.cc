@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "common/job_config.h"
 #include "common/logging.h"
+#include "proto/gradsync/v1/jobs.grpc.pb.h"
 #include "proto/gradsync/v1/kv.grpc.pb.h"
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
 #include "server/coordinator.h"
@@ -67,6 +68,10 @@ ABSL_FLAG(std::string, tls_cert, "",
           "(and --tls_key); the clients then trust --tls_ca");
 ABSL_FLAG(std::string, tls_key, "", "the PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA the clients trust (TLS)");
+ABSL_FLAG(bool, tokens, false,
+          "the in-process coordinator checks per-job tokens (--auth=token): "
+          "an admin creates the job (Jobs.CreateJob) and every join and "
+          "key-value call carries the job's token");
 ABSL_FLAG(std::string, etcd_prefix, "/gradsync-bench/",
           "namespace of the state in --etcd (use a fresh one per run)");
 
@@ -99,6 +104,22 @@ std::string Ms(absl::Duration d) {
 void PrintRow(const char* what, size_t n, const Percentiles& p) {
   std::printf("%-10s %8zu %10s %10s %10s %10s\n", what, n, Ms(p.p50).c_str(),
               Ms(p.p90).c_str(), Ms(p.p99).c_str(), Ms(p.max).c_str());
+}
+
+// The admin token of the in-process coordinator under --tokens.
+constexpr char kAdminToken[] = "gradsync-bench-admin-token";
+
+// The job's token (--tokens), set once in Main(); empty: none.
+std::string& JobToken() {
+  static auto* token = new std::string;
+  return *token;
+}
+
+// Sends the job's token with the call, as gradsync's clients do.
+void Authorize(grpc::ClientContext* context) {
+  if (!JobToken().empty()) {
+    context->AddMetadata("authorization", absl::StrCat("Bearer ", JobToken()));
+  }
 }
 
 // The clients' transport security (--tls_ca), set once in Main().
@@ -182,6 +203,37 @@ struct JoinResult {
 // With `shared_channels` empty, each worker opens its own connection inside
 // the timed region.
 //
+// The job the simulated workers join: `workers` ranks as nodes of `nproc`.
+v1::JobConfig BenchJobConfig(int workers, int nproc, absl::Duration timeout) {
+  v1::JobConfig config;
+  config.set_job_id(absl::GetFlag(FLAGS_job));
+  config.set_min_nodes(workers / nproc);
+  config.set_max_nodes(workers / nproc);
+  config.set_nproc_per_node(nproc);
+  *config.mutable_join_timeout() = ToProtoDuration(timeout);
+  return config;
+}
+
+// --tokens: the admin creates the job and its token becomes JobToken().
+bool CreateJobWithToken(const std::string& target, const std::string& admin,
+                        const v1::JobConfig& config) {
+  auto stub = v1::Jobs::NewStub(Connect(target, 1, true).front());
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", absl::StrCat("Bearer ", admin));
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::CreateJobRequest request;
+  *request.mutable_config() = config;
+  v1::CreateJobResponse response;
+  grpc::Status status = stub->CreateJob(&context, request, &response);
+  if (!status.ok() || response.token().empty()) {
+    std::fprintf(stderr, "cannot create the job with a token: %s\n",
+                 status.error_message().c_str());
+    return false;
+  }
+  JobToken() = response.token();
+  return true;
+}
+
 // The joins carry no gRPC deadline, as gradsync-worker's do not (its client
 // keeps the deadline and cancels): the coordinator keeps no timer per
 // waiting join. The run as a whole is bounded by `timeout`.
@@ -190,12 +242,7 @@ bool RunJoins(const std::string& target,
               int workers, int nproc, absl::Duration timeout,
               JoinResult* result) {
   const int nodes = workers / nproc;
-  v1::JobConfig config;
-  config.set_job_id(absl::GetFlag(FLAGS_job));
-  config.set_min_nodes(nodes);
-  config.set_max_nodes(nodes);
-  config.set_nproc_per_node(nproc);
-  *config.mutable_join_timeout() = ToProtoDuration(timeout);
+  const v1::JobConfig config = BenchJobConfig(workers, nproc, timeout);
 
   std::vector<std::unique_ptr<JoinCall>> calls(nodes);
   for (int i = 0; i < nodes; ++i) {
@@ -232,6 +279,7 @@ bool RunJoins(const std::string& target,
       call->status = std::move(status);
       if (outstanding.fetch_sub(1) == 1) all_done.Notify();
     };
+    Authorize(&call->context);
     call->sent = absl::Now();
     v1::Rendezvous::Stub* stub = stubs[i % stubs.size()].get();
     if (nproc == 1) {
@@ -315,6 +363,7 @@ class KvLoad {
     call->request.set_value(absl::StrCat("value-", op));
     call->context.set_deadline(std::chrono::system_clock::now() +
                                std::chrono::seconds(30));
+    Authorize(&call->context);
     call->sent = absl::Now();
     stubs_[op % stubs_.size()]->async()->Set(
         &call->context, &call->request, &call->response,
@@ -336,6 +385,7 @@ class KvLoad {
     call->request.set_key(absl::StrCat("key/", op));
     call->context.set_deadline(std::chrono::system_clock::now() +
                                std::chrono::seconds(30));
+    Authorize(&call->context);
     call->sent = absl::Now();
     stubs_[op % stubs_.size()]->async()->Get(
         &call->context, &call->request, &call->response,
@@ -430,6 +480,7 @@ int Main() {
     }
     storage = *std::move(opened);
     config.storage = storage.get();
+    if (absl::GetFlag(FLAGS_tokens)) config.admin_token = kAdminToken;
     coordinator = std::make_unique<Coordinator>(config);
     absl::Status started = coordinator->Start();
     if (!started.ok()) {
@@ -446,6 +497,11 @@ int Main() {
   const int nproc = std::max(1, absl::GetFlag(FLAGS_nproc_per_node));
   if (workers % nproc != 0) {
     std::fprintf(stderr, "--workers must be a multiple of --nproc_per_node\n");
+    return 1;
+  }
+  if (absl::GetFlag(FLAGS_tokens) &&
+      !CreateJobWithToken(target, kAdminToken,
+                          BenchJobConfig(workers, nproc, timeout))) {
     return 1;
   }
   const int rss_pid = absl::GetFlag(FLAGS_coordinator_pid);

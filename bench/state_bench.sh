@@ -5,8 +5,10 @@
 # /usr/bin/etcd is there), on the same load: 10,000 simulated workers ranked
 # (goal <= 1 s with state), then key-value Set+Get calls with 64 in flight
 # (goal: durable >= 0.5 of memory). A fourth column serves from memory over
-# TLS (a CA and a certificate for 127.0.0.1 made here with openssl): what
-# TLS costs, as a ratio to plaintext.
+# TLS (a CA and a certificate for 127.0.0.1 made here with openssl), a fifth
+# with per-job tokens (--auth=token: the job created by an admin, every join
+# and key-value call carrying the job's token): what TLS and tokens cost, as
+# ratios to plaintext without tokens.
 #   bench/state_bench.sh [--rounds=3]
 # Rounds alternate the backends so machine noise hits all; prints each round
 # and the median ratios durable / in-memory.
@@ -71,10 +73,10 @@ run() {  # prints "ranked_s kv_calls_per_s" of one run, or fails
   echo "$(field ranked_s "$out") $(field kv_calls_per_s "$out")"
 }
 
-printf "%5s %10s %10s %10s %10s %12s %12s %12s %12s\n" round memory_s state_s \
-  etcd_s tls_s memory_kv/s state_kv/s etcd_kv/s tls_kv/s
+printf "%5s %10s %10s %10s %10s %10s %12s %12s %12s %12s %12s\n" round memory_s \
+  state_s etcd_s tls_s token_s memory_kv/s state_kv/s etcd_kv/s tls_kv/s token_kv/s
 kv_ratios=(); rank_ratios=(); etcd_kv_ratios=(); etcd_rank_ratios=()
-tls_kv_ratios=(); tls_rank_ratios=()
+tls_kv_ratios=(); tls_rank_ratios=(); token_kv_ratios=(); token_rank_ratios=()
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 for r in $(seq 1 "$rounds"); do
   read -r mr mk < <(run)
@@ -89,8 +91,11 @@ for r in $(seq 1 "$rounds"); do
   read -r tr tk < <(run "${tls[@]}")
   tls_kv_ratios+=("$(ratio "$tk" "$mk")")
   tls_rank_ratios+=("$(ratio "$tr" "$mr")")
-  printf "%5d %10s %10s %10s %10s %12s %12s %12s %12s\n" "$r" "$mr" "$sr" "$er" \
-    "$tr" "$mk" "$sk" "$ek" "$tk"
+  read -r ar ak < <(run --tokens)
+  token_kv_ratios+=("$(ratio "$ak" "$mk")")
+  token_rank_ratios+=("$(ratio "$ar" "$mr")")
+  printf "%5d %10s %10s %10s %10s %10s %12s %12s %12s %12s %12s\n" "$r" "$mr" "$sr" \
+    "$er" "$tr" "$ar" "$mk" "$sk" "$ek" "$tk" "$ak"
   kv_ratios+=("$(ratio "$sk" "$mk")")
   rank_ratios+=("$(ratio "$sr" "$mr")")
 done
@@ -105,3 +110,5 @@ else
 fi
 echo "key-value throughput, TLS / plaintext (median): $(median "${tls_kv_ratios[@]}")"
 echo "time to rank 10,000 workers, TLS / plaintext (median): $(median "${tls_rank_ratios[@]}")"
+echo "key-value throughput, tokens / none (median): $(median "${token_kv_ratios[@]}")"
+echo "time to rank 10,000 workers, tokens / none (median): $(median "${token_rank_ratios[@]}")"
