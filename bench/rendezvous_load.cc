@@ -37,7 +37,7 @@
 #include "server/coordinator.h"
 #include "server/server_credentials.h"
 #include "server/storage/open_storage.h"
-#include "worker/client/channel_credentials.h"
+#include "common/channel_credentials.h"
 
 ABSL_FLAG(int, workers, 10000, "simulated workers (ranks) joining one job");
 ABSL_FLAG(int, nproc_per_node, 1,

@@ -1,6 +1,6 @@
 // TLS material read from PEM files, as the coordinator's and the clients'
 // --tls_* flags name them; the gRPC credentials are built by each side
-// (server/server_credentials.h, worker/client/channel_credentials.h).
+// (server/server_credentials.h, common/channel_credentials.h).
 #ifndef GRADSYNC_COMMON_TLS_FILES_H_
 #define GRADSYNC_COMMON_TLS_FILES_H_
 

@@ -92,6 +92,13 @@ ABSL_FLAG(std::string, etcd_prefix, "/gradsync/",
 ABSL_FLAG(std::string, advertise, "",
           "with --etcd: the address this coordinator publishes when it leads "
           "(default: --listen)");
+ABSL_FLAG(std::string, etcd_tls_ca, "",
+          "with --etcd: PEM CA that signed etcd's certificate: talk to etcd "
+          "over TLS (empty: plaintext)");
+ABSL_FLAG(std::string, etcd_tls_cert, "",
+          "with --etcd_tls_ca: this coordinator's PEM client certificate, for "
+          "an etcd with --client-cert-auth");
+ABSL_FLAG(std::string, etcd_tls_key, "", "the PEM private key of --etcd_tls_cert");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain to serve gRPC over TLS with, and the "
           "--metrics_listen port over HTTPS (empty: plaintext)");
@@ -300,6 +307,9 @@ int main(int argc, char** argv) {
   spec.state_dir = absl::GetFlag(FLAGS_state_dir);
   spec.etcd = absl::GetFlag(FLAGS_etcd);
   spec.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
+  spec.etcd_tls = {absl::GetFlag(FLAGS_etcd_tls_ca),
+                   absl::GetFlag(FLAGS_etcd_tls_cert),
+                   absl::GetFlag(FLAGS_etcd_tls_key)};
   if (absl::GetFlag(FLAGS_check_state)) return RunCheckState(spec);
   spec.lead = true;
   spec.advertise = absl::GetFlag(FLAGS_advertise);

@@ -11,15 +11,17 @@
 
 namespace gradsync {
 absl::StatusOr<EtcdConnection> EtcdConnection::Create(
-    const std::vector<std::string>& endpoints, absl::Duration call_timeout) {
+    const std::vector<std::string>& endpoints, absl::Duration call_timeout,
+    const ClientTls& tls) {
   GS_ASSIGN_OR_RETURN(std::string target,
                       FailoverTarget(endpoints, "etcd endpoint"));
+  GS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                      MakeChannelCredentials(tls, "--etcd_tls"));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return EtcdConnection(grpc::CreateCustomChannel(
-                            target, grpc::InsecureChannelCredentials(), args),
+  return EtcdConnection(grpc::CreateCustomChannel(target, credentials, args),
                         absl::StrJoin(endpoints, ","), call_timeout);
 }
 

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/channel_credentials.h"
 
 namespace gradsync {
 
@@ -19,10 +20,13 @@ namespace gradsync {
 // its own and fails over between several endpoints.
 class EtcdConnection {
  public:
-  // INVALID_ARGUMENT for no endpoint; FailoverTarget's errors (a name in a
-  // list that does not resolve).
+  // Over TLS when `tls.ca` is set (mutual TLS with `tls.cert`: etcd's
+  // --client-cert-auth). INVALID_ARGUMENT for no endpoint;
+  // FailoverTarget's errors (a name in a list that does not resolve);
+  // MakeChannelCredentials' (naming the --etcd_tls_* flags).
   static absl::StatusOr<EtcdConnection> Create(
-      const std::vector<std::string>& endpoints, absl::Duration call_timeout);
+      const std::vector<std::string>& endpoints, absl::Duration call_timeout,
+      const ClientTls& tls = ClientTls());
 
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   // A context whose deadline is `timeout` away (the call timeout when

@@ -49,7 +49,7 @@ absl::StatusOr<std::unique_ptr<EtcdStorage>> EtcdStorage::Open(
   }
   GS_ASSIGN_OR_RETURN(EtcdConnection etcd,
                       EtcdConnection::Create(options.endpoints,
-                                             options.call_timeout));
+                                             options.call_timeout, options.tls));
   std::unique_ptr<EtcdStorage> storage(
       new EtcdStorage(std::move(options), etcd));
   GS_RETURN_IF_ERROR(storage->CheckFormat(/*create=*/true));
@@ -72,7 +72,7 @@ absl::StatusOr<StateSummary> EtcdStorage::Check(EtcdOptions options) {
   }
   GS_ASSIGN_OR_RETURN(EtcdConnection etcd,
                       EtcdConnection::Create(options.endpoints,
-                                             options.call_timeout));
+                                             options.call_timeout, options.tls));
   options.lead = false;
   EtcdStorage storage(std::move(options), std::move(etcd));
   GS_RETURN_IF_ERROR(storage.CheckFormat(/*create=*/false));

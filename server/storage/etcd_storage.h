@@ -32,6 +32,8 @@ struct EtcdOptions {
   std::string prefix = "/gradsync/";
   // Deadline of each call to etcd.
   absl::Duration call_timeout = absl::Seconds(5);
+  // TLS toward etcd (plaintext when tls.ca is empty).
+  ClientTls tls;
   // Fencing (see EtcdLeadership): when fence_revision > 0, every write is a
   // transaction that applies only while the key `fence_key` still has that
   // create revision, i.e. while this replica's leadership lasts. Otherwise

@@ -28,6 +28,7 @@ absl::StatusOr<EtcdOptions> EtcdNamespace(const StorageSpec& spec) {
   if (!endpoints.ok()) return Naming("--etcd", endpoints.status());
   options.endpoints = *std::move(endpoints);
   options.prefix = spec.etcd_prefix;
+  options.tls = spec.etcd_tls;
   return options;
 }
 #endif

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/channel_credentials.h"
 #include "server/storage/storage.h"
 
 namespace gradsync {
@@ -18,6 +19,10 @@ struct StorageSpec {
   std::string state_dir;
   std::string etcd;  // "HOST:PORT[,HOST:PORT...]"
   std::string etcd_prefix = "/gradsync/";
+  // TLS toward etcd: its CA, and this coordinator's client certificate and
+  // key when etcd asks for one (--etcd_tls_ca, --etcd_tls_cert,
+  // --etcd_tls_key).
+  ClientTls etcd_tls;
   // With etcd: first campaign for the leadership of the prefix (blocking
   // while another coordinator leads), publishing `advertise`, and fence
   // every write with it; `on_lost` runs if the leadership ends.

@@ -14,8 +14,10 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/channel_credentials.h"
+#include "tests/testing/etcd_process.h"
 #include "tests/testing/subprocess.h"
-#include "worker/client/channel_credentials.h"
+#include "tests/testing/test_pki.h"
 #include "worker/client/coordinator_client.h"
 
 namespace gradsync {
@@ -24,8 +26,12 @@ namespace {
 using ::testing::HasSubstr;
 using testing::Child;
 using testing::CoordinatorProcess;
+using testing::MakeTestCa;
+using testing::MakeTestCert;
 using testing::Runfile;
 using testing::TempPath;
+using testing::TestCa;
+using testing::TestCert;
 using testing::WaitAll;
 
 constexpr absl::Duration kBound = absl::Seconds(60);
@@ -40,46 +46,16 @@ bool RunTool(const std::vector<std::string>& argv, std::string* output = nullptr
   return child.exit_code() == 0;
 }
 
-// A CA and a certificate it signs, as PEM files under TempPath(name...).
-struct Pki {
-  std::string ca, ca_key;
-};
-
-// Makes a self-signed CA called `name`.
-Pki MakeCa(const std::string& name) {
-  Pki pki{TempPath(name + "-ca.pem"), TempPath(name + "-ca.key")};
-  EXPECT_TRUE(RunTool({"/usr/bin/openssl", "req", "-x509", "-newkey", "ec",
-                       "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                       "-keyout", pki.ca_key, "-out", pki.ca, "-days", "2",
-                       "-subj", "/CN=" + name}));
-  return pki;
-}
-
-// Makes `name`.pem and `name`.key, signed by `ca`, valid for 127.0.0.1.
-std::pair<std::string, std::string> MakeCert(const Pki& ca,
-                                             const std::string& name) {
-  const std::string cert = TempPath(name + ".pem"), key = TempPath(name + ".key");
-  const std::string csr = TempPath(name + ".csr"), ext = TempPath(name + ".ext");
-  std::ofstream(ext) << "subjectAltName=IP:127.0.0.1\n";
-  EXPECT_TRUE(RunTool({"/usr/bin/openssl", "req", "-newkey", "ec", "-pkeyopt",
-                       "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key,
-                       "-out", csr, "-subj", "/CN=" + name}));
-  EXPECT_TRUE(RunTool({"/usr/bin/openssl", "x509", "-req", "-in", csr, "-CA",
-                       ca.ca, "-CAkey", ca.ca_key, "-CAcreateserial", "-out",
-                       cert, "-days", "2", "-extfile", ext}));
-  return {cert, key};
-}
-
 class TlsProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ca_ = MakeCa("gradsync-test");
-    server_ = MakeCert(ca_, "coordinator");
-    client_ = MakeCert(ca_, "worker");
+    ca_ = MakeTestCa("gradsync-test");
+    server_ = MakeTestCert(ca_, "coordinator");
+    client_ = MakeTestCert(ca_, "worker");
     ASSERT_TRUE(coordinator_.Start(
         Runfile("server/gradsync-coordinator"), "tls",
-        {"--tls_cert=" + server_.first, "--tls_key=" + server_.second,
-         "--tls_client_ca=" + ca_.ca, "--metrics_listen=127.0.0.1:0",
+        {"--tls_cert=" + server_.cert, "--tls_key=" + server_.key,
+         "--tls_client_ca=" + ca_.cert, "--metrics_listen=127.0.0.1:0",
          "--metrics_port_file=" + TempPath("metrics-port")}));
     std::ifstream(TempPath("metrics-port")) >> http_port_;
   }
@@ -97,8 +73,8 @@ class TlsProcessTest : public ::testing::Test {
     return (*client)->GetJob("tls").status();
   }
 
-  Pki ca_;
-  std::pair<std::string, std::string> server_, client_;
+  TestCa ca_;
+  TestCert server_, client_;
   CoordinatorProcess coordinator_;
   int http_port_ = 0;
 };
@@ -107,7 +83,7 @@ class TlsProcessTest : public ::testing::Test {
 // trusts the CA gets the metrics; plain HTTP gets nothing.
 TEST_F(TlsProcessTest, TheMetricsPortServesHttps) {
   httplib::SSLClient https("127.0.0.1", http_port_);
-  https.set_ca_cert_path(ca_.ca.c_str());
+  https.set_ca_cert_path(ca_.cert.c_str());
   https.enable_server_certificate_verification(true);
   httplib::Result result = https.Get("/metrics");
   ASSERT_TRUE(result) << httplib::to_string(result.error());
@@ -121,9 +97,9 @@ TEST_F(TlsProcessTest, TheMetricsPortServesHttps) {
 }
 
 TEST_F(TlsProcessTest, AWorkerWithACertificateTrainsAndOthersAreRefused) {
-  const std::vector<std::string> tls = {"--tls_ca=" + ca_.ca,
-                                        "--tls_cert=" + client_.first,
-                                        "--tls_key=" + client_.second};
+  const std::vector<std::string> tls = {"--tls_ca=" + ca_.cert,
+                                        "--tls_cert=" + client_.cert,
+                                        "--tls_key=" + client_.key};
   std::vector<std::string> worker = {
       Runfile("worker/gradsync-sim-worker"),
       "--coordinator=" + coordinator_.address(), "--job=tls", "--nnodes=1",
@@ -138,21 +114,61 @@ TEST_F(TlsProcessTest, AWorkerWithACertificateTrainsAndOthersAreRefused) {
   ASSERT_TRUE(RunTool(status, &shown));
   EXPECT_THAT(shown, HasSubstr("all 1 member(s) of round 1 succeeded"));
 
-  EXPECT_TRUE(Ask({ca_.ca, client_.first, client_.second}).ok());
+  EXPECT_TRUE(Ask({ca_.cert, client_.cert, client_.key}).ok());
   // No client certificate: the handshake fails.
-  absl::Status anonymous = Ask({ca_.ca, "", ""});
+  absl::Status anonymous = Ask({ca_.cert, "", ""});
   EXPECT_TRUE(absl::IsUnavailable(anonymous)) << anonymous;
   // A certificate another CA signed.
-  const Pki rogue_ca = MakeCa("rogue");
-  const auto rogue = MakeCert(rogue_ca, "rogue-worker");
-  absl::Status foreign = Ask({ca_.ca, rogue.first, rogue.second});
+  const TestCa rogue_ca = MakeTestCa("rogue");
+  const TestCert rogue = MakeTestCert(rogue_ca, "rogue-worker");
+  absl::Status foreign = Ask({ca_.cert, rogue.cert, rogue.key});
   EXPECT_TRUE(absl::IsUnavailable(foreign)) << foreign;
   // Plaintext.
   absl::Status plain = Ask({});
   EXPECT_TRUE(absl::IsUnavailable(plain)) << plain;
   // A coordinator certificate the client's CA did not sign.
-  absl::Status distrusted = Ask({rogue_ca.ca, client_.first, client_.second});
+  absl::Status distrusted = Ask({rogue_ca.cert, client_.cert, client_.key});
   EXPECT_TRUE(absl::IsUnavailable(distrusted)) << distrusted;
+}
+
+// The coordinator keeps its state in an etcd that takes only mutual TLS
+// (--etcd_tls_ca/cert/key): a job trained through it is in etcd, as
+// --check_state over TLS shows; without the flags the check is refused.
+TEST_F(TlsProcessTest, TheCoordinatorTalksToEtcdOverMutualTls) {
+  if (testing::EtcdProcess::Binary().empty()) {
+    GTEST_SKIP() << "no etcd binary: install etcd-server";
+  }
+  const TestCert etcd_cert = MakeTestCert(ca_, "etcd");
+  testing::EtcdProcess::Tls etcd_tls{etcd_cert.cert, etcd_cert.key, ca_.cert,
+                                     {ca_.cert, server_.cert, server_.key}};
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start("coordinator-tls", &etcd_tls));
+  const std::vector<std::string> to_etcd = {
+      "--etcd=" + etcd.endpoint(), "--etcd_prefix=/tls/",
+      "--etcd_tls_ca=" + ca_.cert, "--etcd_tls_cert=" + server_.cert,
+      "--etcd_tls_key=" + server_.key};
+  CoordinatorProcess durable;
+  ASSERT_TRUE(durable.Start(Runfile("server/gradsync-coordinator"), "etcd-tls",
+                            to_etcd));
+  ASSERT_TRUE(RunTool({Runfile("worker/gradsync-sim-worker"),
+                       "--coordinator=" + durable.address(), "--job=in-etcd",
+                       "--nnodes=1", "--train_steps=5", "--step_time=1ms"}));
+  ASSERT_TRUE(durable.Stop());
+
+  std::vector<std::string> check = {Runfile("server/gradsync-coordinator"),
+                                    "--check_state"};
+  check.insert(check.end(), to_etcd.begin(), to_etcd.end());
+  std::string shown;
+  ASSERT_TRUE(RunTool(check, &shown));
+  EXPECT_THAT(shown, HasSubstr("ok (state format"));
+  EXPECT_THAT(shown, HasSubstr("1 jobs"));
+
+  Child plain;
+  ASSERT_TRUE(plain.Start({Runfile("server/gradsync-coordinator"), "--check_state",
+                           "--etcd=" + etcd.endpoint(), "--etcd_prefix=/tls/"},
+                          /*capture=*/true));
+  ASSERT_TRUE(WaitAll({&plain}, kBound));
+  EXPECT_EQ(plain.exit_code(), 1) << plain.describe();
 }
 
 TEST(TlsFlagsTest, IncompleteSettingsAreRefusedWithTheFlag) {
@@ -160,6 +176,10 @@ TEST(TlsFlagsTest, IncompleteSettingsAreRefusedWithTheFlag) {
               HasSubstr("--tls_cert needs --tls_ca"));
   EXPECT_THAT(MakeChannelCredentials({"ca.pem", "cert.pem", ""}).status().message(),
               HasSubstr("--tls_cert and --tls_key go together"));
+  EXPECT_THAT(MakeChannelCredentials({"", "cert.pem", "key.pem"}, "--etcd_tls")
+                  .status()
+                  .message(),
+              HasSubstr("--etcd_tls_cert needs --etcd_tls_ca"));
   absl::Status missing = MakeChannelCredentials({TempPath("none.pem"), "", ""}).status();
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.message(), HasSubstr("--tls_ca: cannot read"));

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -21,18 +22,20 @@ std::string EtcdProcess::Binary() {
   return access(path.c_str(), X_OK) == 0 ? path : std::string();
 }
 
-::testing::AssertionResult EtcdProcess::Start(const std::string& name) {
+::testing::AssertionResult EtcdProcess::Start(const std::string& name,
+                                              const Tls* tls) {
   // A port picked free may be taken before etcd binds it: try again then.
   constexpr int kAttempts = 3;
   ::testing::AssertionResult started = ::testing::AssertionFailure();
   for (int attempt = 1; attempt <= kAttempts; ++attempt) {
-    started = StartOnce(name);
+    started = StartOnce(name, tls);
     if (started) break;
   }
   return started;
 }
 
-::testing::AssertionResult EtcdProcess::StartOnce(const std::string& name) {
+::testing::AssertionResult EtcdProcess::StartOnce(const std::string& name,
+                                                  const Tls* tls) {
   const std::string binary = Binary();
   if (binary.empty()) {
     return ::testing::AssertionFailure() << "no etcd binary (etcd-server)";
@@ -44,19 +47,28 @@ std::string EtcdProcess::Binary() {
   const int client_port = PickUnusedPort();
   const int peer_port = PickUnusedPort();
   endpoint_ = absl::StrCat("127.0.0.1:", client_port);
-  const std::string client_url = absl::StrCat("http://", endpoint_);
+  const std::string client_url =
+      absl::StrCat(tls != nullptr ? "https://" : "http://", endpoint_);
   const std::string peer_url = absl::StrCat("http://127.0.0.1:", peer_port);
+  std::vector<std::string> argv = {
+      binary, absl::StrCat("--name=", name),
+      absl::StrCat("--data-dir=", dir, "/data"),
+      absl::StrCat("--listen-client-urls=", client_url),
+      absl::StrCat("--advertise-client-urls=", client_url),
+      absl::StrCat("--listen-peer-urls=", peer_url),
+      absl::StrCat("--initial-advertise-peer-urls=", peer_url),
+      absl::StrCat("--initial-cluster=", name, "=", peer_url), "--logger=zap",
+      absl::StrCat("--log-outputs=", dir, "/etcd.log")};
+  if (tls != nullptr) {
+    argv.push_back(absl::StrCat("--cert-file=", tls->cert));
+    argv.push_back(absl::StrCat("--key-file=", tls->key));
+    if (!tls->client_ca.empty()) {
+      argv.push_back(absl::StrCat("--trusted-ca-file=", tls->client_ca));
+      argv.push_back("--client-cert-auth");
+    }
+  }
   child_ = std::make_unique<Child>();
-  if (!child_->Start({binary, absl::StrCat("--name=", name),
-                      absl::StrCat("--data-dir=", dir, "/data"),
-                      absl::StrCat("--listen-client-urls=", client_url),
-                      absl::StrCat("--advertise-client-urls=", client_url),
-                      absl::StrCat("--listen-peer-urls=", peer_url),
-                      absl::StrCat("--initial-advertise-peer-urls=", peer_url),
-                      absl::StrCat("--initial-cluster=", name, "=", peer_url),
-                      "--logger=zap",
-                      absl::StrCat("--log-outputs=", dir, "/etcd.log")},
-                     /*capture=*/false)) {
+  if (!child_->Start(argv, /*capture=*/false)) {
     return ::testing::AssertionFailure() << "cannot start " << binary;
   }
   // Serving once a read through the client answers; etcd elects itself
@@ -73,6 +85,7 @@ std::string EtcdProcess::Binary() {
     EtcdOptions options;
     options.endpoints = {endpoint_};
     options.call_timeout = absl::Seconds(1);
+    if (tls != nullptr) options.tls = tls->probe;
     absl::StatusOr<std::unique_ptr<EtcdStorage>> probe =
         EtcdStorage::Open(options);
     if (probe.ok()) return ::testing::AssertionSuccess();

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "common/channel_credentials.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
 
@@ -21,17 +22,28 @@ class EtcdProcess {
   // when there is none (tests then skip).
   static std::string Binary();
 
-  // Starts a fresh member named `name` and waits (bounded) until it serves
-  // reads; tries again (3 times in all) with other ports when it does not
-  // start.
-  ::testing::AssertionResult Start(const std::string& name);
+  // TLS on the client API: etcd's certificate and key, and with a
+  // `client_ca` its --client-cert-auth against that CA; `probe` is what the
+  // start-up check connects with.
+  struct Tls {
+    std::string cert;
+    std::string key;
+    std::string client_ca;
+    ClientTls probe;
+  };
+
+  // Starts a fresh member named `name` (with `tls`, when given, on its
+  // client API) and waits (bounded) until it serves reads; tries again (3
+  // times in all) with other ports when it does not start.
+  ::testing::AssertionResult Start(const std::string& name,
+                                   const Tls* tls = nullptr);
 
   // "127.0.0.1:PORT" of its client API once started.
   const std::string& endpoint() const { return endpoint_; }
   Child& child() { return *child_; }
 
  private:
-  ::testing::AssertionResult StartOnce(const std::string& name);
+  ::testing::AssertionResult StartOnce(const std::string& name, const Tls* tls);
 
   std::unique_ptr<Child> child_;  // killed and reaped when replaced or destroyed
   std::string endpoint_;

@@ -26,7 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/gradsync/v1/health.grpc.pb.h"
-#include "worker/client/channel_credentials.h"
+#include "common/channel_credentials.h"
 #include "proto/gradsync/v1/jobs.grpc.pb.h"
 #include "proto/gradsync/v1/kv.grpc.pb.h"
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"

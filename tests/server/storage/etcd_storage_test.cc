@@ -20,6 +20,7 @@
 #include "tests/testing/etcd_process.h"
 #include "tests/testing/eventually.h"
 #include "tests/testing/ports.h"
+#include "tests/testing/test_pki.h"
 
 namespace gradsync {
 namespace {
@@ -80,6 +81,51 @@ class EtcdNamespaceTest : public ::testing::Test {
   testing::EtcdProcess etcd_;
   std::unique_ptr<etcdserverpb::KV::Stub> kv_;
 };
+
+// etcd serving its client API over TLS with client certificates
+// (--client-cert-auth): the coordinator's storage with the CA and a client
+// certificate (--etcd_tls_ca/cert/key) reads and writes; plaintext, a
+// client without a certificate, and one that does not trust etcd's CA are
+// refused, each with the endpoint named.
+TEST(EtcdTlsTest, StorageWorksOverMutualTlsAndOthersAreRefused) {
+  if (testing::EtcdProcess::Binary().empty()) {
+    GTEST_SKIP() << "no etcd binary: install etcd-server";
+  }
+  const testing::TestCa ca = testing::MakeTestCa("etcd-tls");
+  const testing::TestCert server = testing::MakeTestCert(ca, "etcd");
+  const testing::TestCert client = testing::MakeTestCert(ca, "coordinator");
+  const ClientTls trusted{ca.cert, client.cert, client.key};
+  testing::EtcdProcess::Tls tls{server.cert, server.key, ca.cert, trusted};
+  testing::EtcdProcess etcd;
+  ASSERT_TRUE(etcd.Start("tls", &tls));
+
+  auto open = [&](const ClientTls& with) {
+    EtcdOptions options;
+    options.endpoints = {etcd.endpoint()};
+    options.prefix = "/tls/";
+    options.call_timeout = absl::Seconds(2);
+    options.tls = with;
+    return EtcdStorage::Open(options);
+  };
+  absl::StatusOr<std::unique_ptr<EtcdStorage>> storage = open(trusted);
+  ASSERT_TRUE(storage.ok()) << storage.status();
+  ASSERT_TRUE((*storage)->Put("jobs/a", "over tls").ok());
+  absl::StatusOr<std::string> read = (*storage)->Get("jobs/a");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, "over tls");
+
+  const testing::TestCa other = testing::MakeTestCa("etcd-other");
+  for (const ClientTls& refused :
+       {ClientTls(), ClientTls{ca.cert, "", ""},
+        ClientTls{other.cert, client.cert, client.key}}) {
+    absl::Status status = open(refused).status();
+    EXPECT_FALSE(status.ok()) << "ca '" << refused.ca << "' cert '"
+                              << refused.cert << "'";
+    EXPECT_THAT(std::string(status.message()), HasSubstr(etcd.endpoint()));
+  }
+  EXPECT_EQ(open(ClientTls{"", client.cert, client.key}).status().code(),
+            absl::StatusCode::kInvalidArgument);  // a certificate needs a CA
+}
 
 TEST_F(EtcdNamespaceTest, ANewNamespaceIsMarkedAndOpensAgainWithItsKeys) {
   {
