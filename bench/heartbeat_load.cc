@@ -85,6 +85,9 @@ ABSL_FLAG(bool, obey_interval, true,
 ABSL_FLAG(double, max_heartbeat_rate, 0,
           "cap the coordinator's heartbeat ingest at this many per second "
           "(0: no cap)");
+ABSL_FLAG(bool, coordinator_logs, false,
+          "print the coordinator's log lines (shedding decisions, members "
+          "LOST) on stderr; otherwise errors only");
 ABSL_FLAG(int, nproc_per_node, 1,
           "members per stream: above 1, the members of each simulated node "
           "share one Monitor.NodeHeartbeat stream and send their heartbeats "
@@ -687,7 +690,8 @@ std::string Ms(absl::Duration d) {
 }
 
 int Main() {
-  SetMinLogSeverity(getenv("HB_LOG") ? LogSeverity::kInfo : LogSeverity::kError);
+  SetMinLogSeverity(absl::GetFlag(FLAGS_coordinator_logs) ? LogSeverity::kInfo
+                                                         : LogSeverity::kError);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each result as it comes
   std::vector<int> levels;
   for (absl::string_view text :

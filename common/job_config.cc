@@ -16,6 +16,8 @@ bool IsLowerAlnum(char c) {
 
 absl::Status ValidateTimeout(const char* field,
                              const google::protobuf::Duration& d) {
+  absl::Status valid = CheckProtoDuration(field, d);
+  if (!valid.ok()) return valid;
   absl::Duration value = FromProtoDuration(d);
   if (value < absl::ZeroDuration() || value > kMaxTimeout) {
     return absl::InvalidArgumentError(
@@ -142,6 +144,32 @@ google::protobuf::Duration ToProtoDuration(absl::Duration d) {
   out.set_seconds(seconds);
   out.set_nanos(static_cast<int32_t>(absl::ToInt64Nanoseconds(d)));
   return out;
+}
+
+absl::Status CheckProtoDuration(absl::string_view field,
+                                const google::protobuf::Duration& d) {
+  constexpr int64_t kMaxSeconds = int64_t{315576000000};  // 10,000 years
+  if (d.seconds() < -kMaxSeconds || d.seconds() > kMaxSeconds ||
+      d.nanos() < -999999999 || d.nanos() > 999999999 ||
+      (d.seconds() > 0 && d.nanos() < 0) || (d.seconds() < 0 && d.nanos() > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " is not a valid google.protobuf.Duration (seconds ",
+        d.seconds(), ", nanos ", d.nanos(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckProtoTime(absl::string_view field,
+                            const google::protobuf::Timestamp& t) {
+  // 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z.
+  if (t.seconds() < int64_t{-62135596800} ||
+      t.seconds() > int64_t{253402300799} || t.nanos() < 0 ||
+      t.nanos() > 999999999) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " is not a valid google.protobuf.Timestamp (seconds ",
+        t.seconds(), ", nanos ", t.nanos(), ")"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Time FromProtoTime(const google::protobuf::Timestamp& t) {

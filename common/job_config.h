@@ -45,6 +45,13 @@ google::protobuf::Duration ToProtoDuration(absl::Duration d);
 // Time <-> google.protobuf.Timestamp.
 absl::Time FromProtoTime(const google::protobuf::Timestamp& t);
 google::protobuf::Timestamp ToProtoTime(absl::Time t);
+// INVALID_ARGUMENT naming `field` unless `d` (`t`) is within the range its
+// type documents (nanos in range and of the seconds' sign; a timestamp
+// between the years 1 and 9999), which JSON and text output require.
+absl::Status CheckProtoDuration(absl::string_view field,
+                                const google::protobuf::Duration& d);
+absl::Status CheckProtoTime(absl::string_view field,
+                            const google::protobuf::Timestamp& t);
 
 // Short lower-case names for people: "nccl", "running", "spare", "cuda".
 std::string BackendName(v1::Backend backend);

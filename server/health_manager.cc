@@ -64,6 +64,20 @@ absl::Status ValidateMetrics(const v1::WorkerMetrics& m) {
           kMaxNameBytes, " bytes"));
     }
   }
+  for (const v1::StepReady& ready : m.first_bucket_ready()) {
+    GS_RETURN_IF_ERROR(
+        CheckProtoTime("metrics.first_bucket_ready.time", ready.time()));
+  }
+  const v1::RoundStartTimings& start = m.round_start();
+  for (const auto& [field, d] :
+       {std::make_pair("metrics.round_start.process_group", &start.process_group()),
+        std::make_pair("metrics.round_start.state_transfer", &start.state_transfer()),
+        std::make_pair("metrics.round_start.first_step", &start.first_step())}) {
+    GS_RETURN_IF_ERROR(CheckProtoDuration(field, *d));
+    if (FromProtoDuration(*d) < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " is negative"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -661,6 +675,7 @@ std::vector<std::shared_ptr<HealthManager::JobHealth>> HealthManager::Snapshot()
 }
 
 void HealthManager::Poll() {
+  absl::MutexLock poll_lock(&poll_mu_);
   const absl::Time now = clock_->Now();
   std::vector<std::shared_ptr<JobHealth>> ended;
   std::vector<Loss> losses;
@@ -707,10 +722,12 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now, int factor,
   if (!job->detecting()) return;
 
   // Silence allowed: missed intervals at the member's factor, plus the
-  // time the coordinator has been behind, at most missed intervals at the
-  // current factor (see the class comment).
+  // backlog the coordinator knows it has (how long it has been behind, or
+  // the longest its queues held heartbeats), at most missed intervals at
+  // the largest factor (see the class comment).
   const absl::Duration limit = job->interval * job->missed;
-  const absl::Duration extra = std::min(allowance, limit * factor);
+  const absl::Duration extra =
+      std::min(allowance, limit * config_.shedding.max_factor);
   // Below both bounds a member is neither overdue nor lost (most are).
   const absl::Duration quiet = std::min(job->late_after, limit);
   if (now < job->not_lost_before) {

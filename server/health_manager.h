@@ -21,9 +21,12 @@
 //  - a member is LOST after missed_heartbeats x its interval x the larger of
 //    the factor now and the factor it was last told (the older one until
 //    its first heartbeat after being told: it may still be on it), plus,
-//    while the coordinator is behind, the time it has been behind (at most
-//    as much again): so at most 2 x missed x interval x max_factor after its
-//    last heartbeat was handled. A broken stream is still LOST at once.
+//    while the coordinator is behind, the backlog it knows it has (the time
+//    it has been behind, or the longest its queues held heartbeats; at most
+//    missed x interval x max_factor): so at most 2 x missed x interval x
+//    max_factor after its last heartbeat was handled. The allowance covers
+//    the onset too, before any member was told to slow down. A broken
+//    stream is still LOST at once.
 //  - Describe() reports it in the diagnosis (JobDiagnosis.overload), and
 //    shedding() gives the state for metrics.
 // Heartbeats already queued in a connection when a member stops are still
@@ -344,8 +347,8 @@ class HealthManager {
                    HealthUpdate* update, std::vector<Loss>* losses)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // Marks silent members LOST: silent longer than missed x interval x
-  // their factor (see the class comment) plus `allowance` (the time the
-  // coordinator has been behind; capped here per job).
+  // their factor (see the class comment) plus `allowance` (the backlog the
+  // coordinator knows it has; capped here per job).
   // Adds the job's active members heard from, and those of them overdue
   // (silent longer than late_after x their factor), to `backlog`.
   void PollJob(JobHealth* job, absl::Time now, int factor,
@@ -371,9 +374,11 @@ class HealthManager {
   std::atomic<int64_t> heartbeats_{0};
   std::atomic<int64_t> queue_delay_ns_{0};  // ReportQueueDelay
   HeartbeatShedder shedder_;
-  // Members heard from and overdue as of the last Poll, for the next one's
-  // shedder update. Only Poll (one thread at a time) uses it.
-  HeartbeatShedder::Backlog polled_;
+  // Held by Poll() throughout (it is called from one thread at a time).
+  absl::Mutex poll_mu_;  // taken before mu_ and the jobs' locks
+  // Members heard from and overdue, and the heartbeats they send, as of
+  // the last Poll, for the next one's shedder update.
+  HeartbeatShedder::Backlog polled_ ABSL_GUARDED_BY(poll_mu_);
 
   // Held while a round's monitoring starts (FindOrStart), before mu_.
   absl::Mutex start_mu_;

@@ -75,7 +75,7 @@ struct HeartbeatSheddingConfig {
   // factor goes 1, 2, 4, ... up to it). It bounds how late a member that
   // truly stopped is found LOST: at most 2 x missed_heartbeats x interval x
   // max_factor after its last heartbeat was handled (the factor, plus an
-  // allowance of as much again while the coordinator is behind).
+  // allowance of at most as much while the coordinator is behind).
   int max_factor = 16;
   // How often the factor is decided, on what was measured meanwhile.
   absl::Duration window = absl::Seconds(1);

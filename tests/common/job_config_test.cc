@@ -253,6 +253,24 @@ TEST(NormalizeJobConfigTest, AcceptsTimeoutsOfExactlyTheMaximum) {
   EXPECT_TRUE(NormalizeJobConfig(in).ok());
 }
 
+// Found by tests/integration/hostile_client_test: a config whose duration
+// had nanos out of range was accepted, and every JSON view of the job then
+// failed to print it.
+TEST(NormalizeJobConfigTest, RejectsMalformedDurations) {
+  for (auto [seconds, nanos] : {std::make_pair<int64_t, int32_t>(0, 1000000000),
+                                std::make_pair<int64_t, int32_t>(1, -1),
+                                std::make_pair<int64_t, int32_t>(0, -2000000000)}) {
+    v1::JobConfig in = ConfigWithId("j");
+    in.mutable_hang_timeout()->set_seconds(seconds);
+    in.mutable_hang_timeout()->set_nanos(nanos);
+    absl::StatusOr<v1::JobConfig> config = NormalizeJobConfig(in);
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument)
+        << seconds << "s " << nanos << "ns";
+    EXPECT_THAT(config.status().message(),
+                HasSubstr("hang_timeout is not a valid google.protobuf.Duration"));
+  }
+}
+
 TEST(NormalizeJobConfigTest, RejectsUnknownBackend) {
   v1::JobConfig in = ConfigWithId("j");
   in.set_backend(static_cast<v1::Backend>(42));
@@ -279,6 +297,30 @@ TEST(ProtoDurationTest, RoundTripsSubSecondDurations) {
   EXPECT_EQ(proto.seconds(), 3);
   EXPECT_EQ(proto.nanos(), 250000000);
   EXPECT_EQ(FromProtoDuration(proto), d);
+}
+
+TEST(ProtoDurationTest, ChecksTheDocumentedRange) {
+  google::protobuf::Duration d;
+  EXPECT_TRUE(CheckProtoDuration("d", d).ok());
+  d.set_seconds(-3);
+  d.set_nanos(-999999999);
+  EXPECT_TRUE(CheckProtoDuration("d", d).ok());
+  d.set_nanos(5);  // the seconds' sign differs
+  EXPECT_EQ(CheckProtoDuration("d", d).code(), absl::StatusCode::kInvalidArgument);
+  d.set_seconds(int64_t{315576000001});
+  d.set_nanos(0);
+  EXPECT_EQ(CheckProtoDuration("d", d).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ProtoTimeTest, ChecksTheDocumentedRange) {
+  google::protobuf::Timestamp t = ToProtoTime(absl::FromUnixSeconds(1767225600));
+  EXPECT_TRUE(CheckProtoTime("t", t).ok());
+  t.set_nanos(-1);
+  EXPECT_EQ(CheckProtoTime("t", t).code(), absl::StatusCode::kInvalidArgument);
+  t.set_nanos(0);
+  t.set_seconds(int64_t{253402300800});  // year 10000
+  EXPECT_THAT(CheckProtoTime("first_ready", t).message(),
+              HasSubstr("first_ready is not a valid google.protobuf.Timestamp"));
 }
 
 TEST(ProtoTimeTest, RoundTripsTimestamps) {

@@ -10,6 +10,11 @@
 // node of 8 ranks costs the coordinator one stream and one message per
 // interval instead of 8.
 //
+// The interval is each reporter's, as the coordinator's answers for its
+// member set it (the job's, or longer while the coordinator sheds load):
+// the members of a node are told together, so their lanes slow down and
+// speed up together and the batches follow.
+//
 // Lanes behave like the streams they replace: an error the coordinator
 // answers for a member ends that lane only (ABORTED when its round is over,
 // ...); when the node's stream ends (broken, coordinator down), every lane
