@@ -73,7 +73,9 @@ ABSL_FLAG(int, status_queries, 300,
           "GetJob calls to time, shared among --status_kinds");
 ABSL_FLAG(std::string, status_kinds, "full,summary,page",
           "GetJob answers to time: full (every member), summary (no "
-          "member), page (the unhealthy members, 50 at most)");
+          "member), page (the unhealthy members, 50 at most); and metrics: "
+          "the coordinator's whole /metrics text, rendered in process (every "
+          "member of the level)");
 ABSL_FLAG(std::string, shed, "on",
           "heartbeat load shedding of the coordinator: on, off, or a list "
           "(off,on) to run every level once per mode, side by side");
@@ -602,6 +604,13 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
     for (int q = 0; q < queries && !kinds.empty(); ++q) {
       absl::SleepFor(spacing);
       const size_t k = q % kinds.size();
+      if (kinds[k] == "metrics") {
+        const absl::Time start = absl::Now();
+        const std::string text = coordinator.RenderMetrics();
+        latencies[k].push_back(absl::Now() - start);
+        result.status[k].bytes = text.size();
+        continue;
+      }
       v1::GetJobRequest request;
       request.set_job_id(jobs[q % jobs.size()]);
       if (kinds[k] == "summary") request.mutable_members()->set_none(true);
@@ -772,9 +781,11 @@ int Main() {
                   static_cast<long long>(r.shed_skips), r.lost, r.stale,
                   r.failed_streams, r.shedding.factor);
       for (const LevelResult::StatusTiming& t : r.status) {
-        std::printf("  GetJob %-8s p50 %s ms, p99 %s ms, max %s ms (%d "
+        const std::string what =
+            t.kind == "metrics" ? "/metrics" : "GetJob " + t.kind;
+        std::printf("  %-15s p50 %s ms, p99 %s ms, max %s ms (%d "
                     "queries, %zu bytes)\n",
-                    t.kind.c_str(), Ms(t.latency.p50).c_str(),
+                    what.c_str(), Ms(t.latency.p50).c_str(),
                     Ms(t.latency.p99).c_str(), Ms(t.latency.max).c_str(),
                     t.queries, t.bytes);
       }

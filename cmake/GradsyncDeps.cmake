@@ -199,6 +199,12 @@ target_compile_definitions(gradsync_system_httplib INTERFACE
 _gradsync_link_by_name(gradsync_system_httplib "cpp-httplib" cpp-httplib ssl crypto)
 target_link_libraries(gradsync_system_httplib INTERFACE Threads::Threads)
 
+# --- prometheus-cpp (prometheus-cpp-dev): the coordinator's metrics, their
+# registry and the text exposition format; its core library only, by name
+# (its CMake configuration also wants the pull and push libraries' deps).
+add_library(gradsync_system_prometheus_cpp INTERFACE)
+_gradsync_link_by_name(gradsync_system_prometheus_cpp "prometheus-cpp" prometheus-cpp-core)
+
 # --- etcd's v3 API (golang-etcd-server-dev, with golang-github-gogo-protobuf-dev
 # and golang-github-grpc-ecosystem-grpc-gateway-dev), the client of the
 # coordinator's --etcd: its .proto files compiled unchanged. Optional here (a

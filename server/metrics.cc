@@ -1,7 +1,14 @@
 #include "server/metrics.h"
 
+#include <prometheus/client_metric.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
+
 #include <array>
 #include <cstdint>
+#include <limits>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
@@ -9,6 +16,11 @@
 
 namespace gradsync {
 namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+using Labels = std::vector<ClientMetric::Label>;
 
 constexpr std::array<v1::JobState, 5> kJobStates = {
     v1::JOB_STATE_WAITING, v1::JOB_STATE_RUNNING, v1::JOB_STATE_DEGRADED,
@@ -56,111 +68,155 @@ const MemberGauge kMemberGauges[] = {
      }},
 };
 
+
+MetricFamily Family(const char* name, MetricType type, const char* help) {
+  return MetricFamily{name, help, type, {}};
+}
+
+// Adds a sample to a counter or gauge family.
+void Add(MetricFamily* family, Labels labels, double value) {
+  ClientMetric& metric = family->metric.emplace_back();
+  metric.label = std::move(labels);
+  if (family->type == MetricType::Counter) {
+    metric.counter.value = value;
+  } else {
+    metric.gauge.value = value;
+  }
+}
+
+// Jobs, members and rounds by state, and recoveries.
+void AddCensus(const JobCensus& census, const RendezvousManager& rendezvous,
+               std::vector<MetricFamily>* out) {
+  MetricFamily jobs = Family("gradsync_jobs", MetricType::Gauge, "Jobs by state.");
+  for (v1::JobState state : kJobStates) {
+    auto it = census.jobs.find(state);
+    Add(&jobs, {{"state", JobStateName(state)}},
+        it == census.jobs.end() ? 0 : it->second);
+  }
+  out->push_back(std::move(jobs));
+  const auto [waiting, spares] = rendezvous.CountPending();
+  auto count = census.members;
+  count[v1::MEMBER_STATE_WAITING] += waiting;
+  count[v1::MEMBER_STATE_SPARE] += spares;
+  MetricFamily members = Family(
+      "gradsync_members", MetricType::Gauge,
+      "Worker processes by state: members of the jobs' latest rounds, "
+      "processes waiting for a round and spares.");
+  for (v1::MemberState state :
+       {v1::MEMBER_STATE_ACTIVE, v1::MEMBER_STATE_WAITING,
+        v1::MEMBER_STATE_SPARE, v1::MEMBER_STATE_LOST,
+        v1::MEMBER_STATE_EXITED}) {
+    Add(&members, {{"state", MemberStateName(state)}}, count[state]);
+  }
+  out->push_back(std::move(members));
+  MetricFamily rounds = Family("gradsync_rendezvous_rounds", MetricType::Gauge,
+                               "Rendezvous rounds closed so far, by job.");
+  for (const auto& [job_id, n] : census.rounds) {
+    Add(&rounds, {{"job", job_id}}, n);
+  }
+  out->push_back(std::move(rounds));
+  MetricFamily recoveries = Family(
+      "gradsync_recoveries_total", MetricType::Counter,
+      "In-place recoveries (a round re-formed after a failure), by job.");
+  for (const auto& [job_id, n] : census.recoveries) {
+    Add(&recoveries, {{"job", job_id}}, n);
+  }
+  out->push_back(std::move(recoveries));
+}
+
+// The recovery phases' histogram.
+MetricFamily RecoveryPhases(const JobCensus& census) {
+  MetricFamily family = Family(
+      "gradsync_recovery_seconds", MetricType::Histogram,
+      "Duration of recovery phases: detection (a silent member's time until "
+      "it was found lost) and rendezvous (the failed round's end to the new "
+      "round's close), once per recovery; process_group, state_transfer and "
+      "first_step, once per member of a recovered round.");
+  for (const auto& [phase, histogram] : census.recovery_phases) {
+    ClientMetric& metric = family.metric.emplace_back();
+    metric.label = {{"phase", phase}};
+    metric.histogram.sample_count = histogram.count;
+    metric.histogram.sample_sum = histogram.sum;
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < histogram.counts.size(); ++b) {
+      cumulative += histogram.counts[b];
+      metric.histogram.bucket.push_back(
+          {cumulative, b < kRecoveryBuckets.size()
+                           ? kRecoveryBuckets[b]
+                           : std::numeric_limits<double>::infinity()});
+    }
+  }
+  return family;
+}
+
+// Heartbeats, and heartbeat load shedding (HeartbeatShedder).
+void AddHeartbeats(const HealthManager& health, std::vector<MetricFamily>* out) {
+  const HeartbeatShedder::State shed = health.shedding();
+  const struct {
+    const char* name;
+    MetricType type;
+    const char* help;
+    double value;
+  } kHeartbeatMetrics[] = {
+      {"gradsync_heartbeats_total", MetricType::Counter,
+       "Worker heartbeats accepted.", static_cast<double>(health.heartbeats())},
+      {"gradsync_heartbeat_overloaded", MetricType::Gauge,
+       "1 while the coordinator is past its heartbeat capacity and asks for "
+       "longer heartbeat intervals, else 0.",
+       shed.factor > 1 ? 1.0 : 0.0},
+      {"gradsync_heartbeat_interval_factor", MetricType::Gauge,
+       "How many times their job's interval the coordinator asks workers to "
+       "heartbeat at now (1: the job's own).",
+       static_cast<double>(shed.factor)},
+      {"gradsync_heartbeat_interval_seconds", MetricType::Gauge,
+       "The heartbeat interval the coordinator asks for now of jobs with its "
+       "default interval.",
+       absl::ToDoubleSeconds(health.default_interval() * shed.factor)},
+      {"gradsync_heartbeat_shed_periods_total", MetricType::Counter,
+       "Times the coordinator started shedding heartbeat load.",
+       static_cast<double>(shed.shed_periods)},
+      {"gradsync_heartbeat_late_ratio", MetricType::Gauge,
+       "Fraction of the heartbeats handled in the last window that came late "
+       "after their member's previous one (by over 1.5 of the intervals it "
+       "was asked for): the overload signal.",
+       shed.late_fraction},
+  };
+  for (const auto& m : kHeartbeatMetrics) {
+    MetricFamily family = Family(m.name, m.type, m.help);
+    Add(&family, {}, m.value);
+    out->push_back(std::move(family));
+  }
+}
+
 }  // namespace
 
 std::string RenderMetrics(const JobManager& jobs,
                           const RendezvousManager& rendezvous,
                           const HealthManager& health, const RpcStats& rpcs) {
-  PrometheusText out;
+  const prometheus::TextSerializer serializer;
+  std::vector<MetricFamily> families;
   const JobCensus census = jobs.Census();
-  out.Family("gradsync_jobs", "gauge", "Jobs by state.");
-  for (v1::JobState state : kJobStates) {
-    auto it = census.jobs.find(state);
-    out.Sample("gradsync_jobs", {{"state", JobStateName(state)}},
-               int64_t{it == census.jobs.end() ? 0 : it->second});
-  }
-  const auto [waiting, spares] = rendezvous.CountPending();
-  auto members = census.members;
-  members[v1::MEMBER_STATE_WAITING] += waiting;
-  members[v1::MEMBER_STATE_SPARE] += spares;
-  out.Family("gradsync_members", "gauge",
-             "Worker processes by state: members of the jobs' latest rounds, "
-             "processes waiting for a round and spares.");
-  for (v1::MemberState state :
-       {v1::MEMBER_STATE_ACTIVE, v1::MEMBER_STATE_WAITING,
-        v1::MEMBER_STATE_SPARE, v1::MEMBER_STATE_LOST,
-        v1::MEMBER_STATE_EXITED}) {
-    out.Sample("gradsync_members", {{"state", MemberStateName(state)}},
-               int64_t{members[state]});
-  }
-  out.Family("gradsync_rendezvous_rounds", "gauge",
-             "Rendezvous rounds closed so far, by job.");
-  for (const auto& [job_id, rounds] : census.rounds) {
-    out.Sample("gradsync_rendezvous_rounds", {{"job", job_id}}, rounds);
-  }
-  out.Family("gradsync_recoveries_total", "counter",
-             "In-place recoveries (a round re-formed after a failure), by "
-             "job.");
-  for (const auto& [job_id, count] : census.recoveries) {
-    out.Sample("gradsync_recoveries_total", {{"job", job_id}}, count);
-  }
-  out.Family("gradsync_recovery_seconds", "histogram",
-             "Duration of recovery phases: detection (a silent member's time "
-             "until it was found lost) and rendezvous (the failed round's end "
-             "to the new round's close), once per recovery; process_group, "
-             "state_transfer and first_step, once per member of a recovered "
-             "round.");
-  for (const auto& [phase, histogram] : census.recovery_phases) {
-    int64_t cumulative = 0;
-    for (size_t b = 0; b < histogram.counts.size(); ++b) {
-      cumulative += histogram.counts[b];
-      const std::string le = b < kRecoveryBuckets.size()
-                                 ? absl::StrCat(kRecoveryBuckets[b])
-                                 : "+Inf";
-      out.Sample("gradsync_recovery_seconds_bucket",
-                 {{"phase", phase}, {"le", le}}, cumulative);
-    }
-    out.Sample("gradsync_recovery_seconds_sum", {{"phase", phase}},
-               histogram.sum);
-    out.Sample("gradsync_recovery_seconds_count", {{"phase", phase}},
-               histogram.count);
-  }
-  out.Family("gradsync_heartbeats_total", "counter",
-             "Worker heartbeats accepted.");
-  out.Sample("gradsync_heartbeats_total", {}, health.heartbeats());
-  // Heartbeat load shedding (HeartbeatShedder).
-  const HeartbeatShedder::State shed = health.shedding();
-  out.Family("gradsync_heartbeat_overloaded", "gauge",
-             "1 while the coordinator is past its heartbeat capacity and "
-             "asks for longer heartbeat intervals, else 0.");
-  out.Sample("gradsync_heartbeat_overloaded", {},
-             int64_t{shed.factor > 1 ? 1 : 0});
-  out.Family("gradsync_heartbeat_interval_factor", "gauge",
-             "How many times their job's interval the coordinator asks "
-             "workers to heartbeat at now (1: the job's own).");
-  out.Sample("gradsync_heartbeat_interval_factor", {}, int64_t{shed.factor});
-  out.Family("gradsync_heartbeat_interval_seconds", "gauge",
-             "The heartbeat interval the coordinator asks for now of jobs "
-             "with its default interval.");
-  out.Sample("gradsync_heartbeat_interval_seconds", {},
-             absl::ToDoubleSeconds(health.default_interval() * shed.factor));
-  out.Family("gradsync_heartbeat_shed_periods_total", "counter",
-             "Times the coordinator started shedding heartbeat load.");
-  out.Sample("gradsync_heartbeat_shed_periods_total", {}, shed.shed_periods);
-  out.Family("gradsync_heartbeat_late_ratio", "gauge",
-             "Fraction of the heartbeats handled in the last window that "
-             "came late after their member's previous one (by over 1.5 of "
-             "the intervals it was asked for): the overload signal.");
-  out.Sample("gradsync_heartbeat_late_ratio", {}, shed.late_fraction);
-
-  // Per-rank gauges of the monitored rounds, one family after the other.
-  std::array<PrometheusText, std::size(kMemberGauges)> families;
-  for (size_t i = 0; i < families.size(); ++i) {
-    families[i].Family(kMemberGauges[i].name, "gauge", kMemberGauges[i].help);
+  AddCensus(census, rendezvous, &families);
+  families.push_back(RecoveryPhases(census));
+  AddHeartbeats(health, &families);
+  std::string text = serializer.Serialize(families);
+  // Per-rank gauges of the monitored rounds, one family after the other, in
+  // one pass over the members (see prometheus_text.h for why not through
+  // prometheus-cpp).
+  std::array<PrometheusText, std::size(kMemberGauges)> ranks;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    ranks[i].Family(kMemberGauges[i].name, "gauge", kMemberGauges[i].help);
   }
   health.ForEachMember([&](const MemberSample& s) {
     const std::string rank = absl::StrCat(s.rank);
     const PrometheusLabels labels = {
         {"job", *s.job_id}, {"rank", rank}, {"host", *s.host}};
-    for (size_t i = 0; i < families.size(); ++i) {
-      families[i].Sample(kMemberGauges[i].name, labels,
-                         kMemberGauges[i].value(s));
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      ranks[i].Sample(kMemberGauges[i].name, labels, kMemberGauges[i].value(s));
     }
   });
-  std::string text = out.Take();
-  for (PrometheusText& family : families) text += family.Take();
-  rpcs.Render(&out);
-  text += out.Take();
+  for (PrometheusText& family : ranks) text += family.Take();
+  text += serializer.Serialize(rpcs.Collect());
   return text;
 }
 

@@ -48,11 +48,4 @@ void PrometheusText::Sample(absl::string_view name,
   }
 }
 
-void PrometheusText::Sample(absl::string_view name,
-                            const PrometheusLabels& labels, int64_t value) {
-  out_.append(name.data(), name.size());
-  Labels(labels);
-  absl::StrAppend(&out_, " ", value, "\n");
-}
-
 }  // namespace gradsync

@@ -1,9 +1,14 @@
-// Writes the Prometheus text exposition format (version 0.0.4): metric
-// families with HELP and TYPE lines, then their samples.
+// Writes metric families in the Prometheus text exposition format (version
+// 0.0.4) straight into a string: HELP and TYPE lines, then the samples.
+//
+// For the per-rank families only (metrics.cc), whose samples grow with the
+// ranks: prometheus-cpp's MetricFamily and TextSerializer write everything
+// else, but building a ClientMetric per sample and formatting through an
+// ostream made a scrape of 20,000 ranks (180,000 samples) 2.4-4.3x slower
+// (bench/heartbeat_load --status_kinds=metrics, BENCHMARKS.md).
 #ifndef GRADSYNC_SERVER_PROMETHEUS_TEXT_H_
 #define GRADSYNC_SERVER_PROMETHEUS_TEXT_H_
 
-#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,16 +23,13 @@ using PrometheusLabels = std::vector<std::pair<absl::string_view, absl::string_v
 // Not thread-safe: one writer builds one exposition.
 class PrometheusText {
  public:
-  // Starts a family: `type` is "counter", "gauge" or "histogram". Every
-  // sample of the family must follow before the next Family().
+  // Starts a family: `type` is "counter" or "gauge". Every sample of the
+  // family must follow before the next Family().
   void Family(absl::string_view name, absl::string_view type,
               absl::string_view help);
-  // One sample; `name` is the family name, or for histograms the family name
-  // plus "_bucket", "_sum" or "_count". Label values are escaped.
+  // One sample of the family `name`. Label values are escaped.
   void Sample(absl::string_view name, const PrometheusLabels& labels,
               double value);
-  void Sample(absl::string_view name, const PrometheusLabels& labels,
-              int64_t value);
 
   // The text written so far; the writer is left empty.
   std::string Take() { return std::move(out_); }

@@ -1,8 +1,5 @@
 #include "server/rpc_stats.h"
 
-#include <algorithm>
-#include <map>
-
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -15,22 +12,24 @@ using grpc::experimental::InterceptionHookPoints;
 // observation of real RPCs, not an input to any decision.
 class StatsInterceptor final : public grpc::experimental::Interceptor {
  public:
-  StatsInterceptor(RpcStats::Method* method) : method_(method) {}
+  StatsInterceptor(RpcStats* stats, RpcStats::Method* method)
+      : stats_(stats), method_(method) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
             InterceptionHookPoints::POST_RECV_MESSAGE)) {
-      method_->messages_received.fetch_add(1, std::memory_order_relaxed);
+      method_->messages_received->Increment();
     }
     if (methods->QueryInterceptionHookPoint(
             InterceptionHookPoints::PRE_SEND_STATUS)) {
-      RpcStats::RecordFinish(method_, methods->GetSendStatus().error_code(),
-                             absl::Now() - start_);
+      stats_->RecordFinish(method_, methods->GetSendStatus().error_code(),
+                           absl::Now() - start_);
     }
     methods->Proceed();
   }
 
  private:
+  RpcStats* const stats_;
   RpcStats::Method* const method_;
   const absl::Time start_ = absl::Now();
 };
@@ -41,7 +40,7 @@ class StatsInterceptorFactory final
   explicit StatsInterceptorFactory(RpcStats* stats) : stats_(stats) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
-    return new StatsInterceptor(stats_->ForMethod(
+    return new StatsInterceptor(stats_, stats_->ForMethod(
         info->method(),
         info->type() == grpc::experimental::ServerRpcInfo::Type::UNARY));
   }
@@ -63,67 +62,56 @@ std::string CodeName(int code) {
 
 }  // namespace
 
+RpcStats::RpcStats()
+    : requests_(prometheus::BuildCounter()
+                    .Name("gradsync_rpc_requests_total")
+                    .Help("Finished RPCs by method and gRPC status code.")
+                    .Register(registry_)),
+      messages_(prometheus::BuildCounter()
+                    .Name("gradsync_rpc_messages_received_total")
+                    .Help("Request messages received by method (heartbeats "
+                          "included).")
+                    .Register(registry_)),
+      latency_(prometheus::BuildHistogram()
+                   .Name("gradsync_rpc_latency_seconds")
+                   .Help("Latency of unary RPCs, from arrival to status.")
+                   .Register(registry_)) {}
+
 RpcStats::Method* RpcStats::ForMethod(absl::string_view name, bool unary) {
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = methods_.try_emplace(name);
-  if (inserted) it->second.unary = unary;
-  return &it->second;
+  Method& method = it->second;
+  if (inserted) {
+    method.name = std::string(name);
+    method.messages_received = &messages_.Add({{"method", method.name}});
+    if (unary) {
+      method.latency = &latency_.Add(
+          {{"method", method.name}},
+          prometheus::Histogram::BucketBoundaries(kBuckets.begin(),
+                                                  kBuckets.end()));
+    }
+  }
+  return &method;
 }
 
 void RpcStats::RecordFinish(Method* method, int code, absl::Duration latency) {
   if (code >= 0 && code < static_cast<int>(method->finished.size())) {
-    method->finished[code].fetch_add(1, std::memory_order_relaxed);
+    prometheus::Counter* counter =
+        method->finished[code].load(std::memory_order_acquire);
+    if (counter == nullptr) {
+      // Add() returns the same counter to threads racing here.
+      counter = &requests_.Add({{"method", method->name}, {"code", CodeName(code)}});
+      method->finished[code].store(counter, std::memory_order_release);
+    }
+    counter->Increment();
   }
-  if (!method->unary) return;
-  const double seconds = absl::ToDoubleSeconds(latency);
-  const size_t bucket =
-      std::lower_bound(kBuckets.begin(), kBuckets.end(), seconds) -
-      kBuckets.begin();
-  method->latency[bucket].fetch_add(1, std::memory_order_relaxed);
-  method->latency_sum_ns.fetch_add(absl::ToInt64Nanoseconds(latency),
-                                   std::memory_order_relaxed);
+  if (method->latency != nullptr) {
+    method->latency->Observe(absl::ToDoubleSeconds(latency));
+  }
 }
 
-void RpcStats::Render(PrometheusText* out) const {
-  absl::MutexLock lock(&mu_);
-  // Sorted for a stable output.
-  std::map<absl::string_view, const Method*> sorted;
-  for (const auto& [name, method] : methods_) sorted[name] = &method;
-
-  out->Family("gradsync_rpc_requests_total", "counter",
-              "Finished RPCs by method and gRPC status code.");
-  for (const auto& [name, method] : sorted) {
-    for (size_t code = 0; code < method->finished.size(); ++code) {
-      const int64_t n = method->finished[code].load();
-      if (n == 0) continue;
-      const std::string code_name = CodeName(static_cast<int>(code));
-      out->Sample("gradsync_rpc_requests_total",
-                  {{"method", name}, {"code", code_name}}, n);
-    }
-  }
-  out->Family("gradsync_rpc_messages_received_total", "counter",
-              "Request messages received by method (heartbeats included).");
-  for (const auto& [name, method] : sorted) {
-    out->Sample("gradsync_rpc_messages_received_total", {{"method", name}},
-                method->messages_received.load());
-  }
-  out->Family("gradsync_rpc_latency_seconds", "histogram",
-              "Latency of unary RPCs, from arrival to status.");
-  for (const auto& [name, method] : sorted) {
-    if (!method->unary) continue;
-    int64_t cumulative = 0;
-    for (size_t b = 0; b <= kBuckets.size(); ++b) {
-      cumulative += method->latency[b].load();
-      const std::string le =
-          b < kBuckets.size() ? absl::StrCat(kBuckets[b]) : "+Inf";
-      out->Sample("gradsync_rpc_latency_seconds_bucket",
-                  {{"method", name}, {"le", le}}, cumulative);
-    }
-    out->Sample("gradsync_rpc_latency_seconds_sum", {{"method", name}},
-                method->latency_sum_ns.load() / 1e9);
-    out->Sample("gradsync_rpc_latency_seconds_count", {{"method", name}},
-                cumulative);
-  }
+std::vector<prometheus::MetricFamily> RpcStats::Collect() const {
+  return registry_.Collect();
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

@@ -231,7 +231,7 @@ World::World() {
   }
 }
 
-// Whether `text` is Prometheus text as PrometheusText writes it; `why` says
+// Whether `text` is Prometheus text as prometheus-cpp writes it; `why` says
 // where it is not.
 bool IsPrometheusText(const std::string& text, std::string* why) {
   if (text.empty() || text.back() != '\n') {
@@ -289,7 +289,8 @@ bool IsPrometheusText(const std::string& text, std::string* why) {
     if (at >= line.size() || line[at] != ' ') return false;
     const absl::string_view value = line.substr(at + 1);
     double parsed;
-    if (value != "NaN" && value != "+Inf" && value != "-Inf" &&
+    // prometheus-cpp writes NaN as "Nan" (parsers take any case).
+    if (value != "Nan" && value != "NaN" && value != "+Inf" && value != "-Inf" &&
         !absl::SimpleAtod(value, &parsed)) {
       return false;
     }

@@ -101,7 +101,7 @@ libs() {
     grep -o '"-l[^"]*"' | tr -d '"' | tr '\n' ' '
 }
 # shellcheck disable=SC2046  # the flags are words
-link_libs=($(libs grpc) $(libs httplib) $(libs crypto) $(libs protobuf) $(libs absl))
+link_libs=($(libs grpc) $(libs httplib) $(libs prometheus_cpp) $(libs crypto) $(libs protobuf) $(libs absl))
 
 total_weight=0
 for h in "${harnesses[@]}"; do total_weight=$((total_weight + ${h##*:})); done
