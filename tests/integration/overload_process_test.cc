@@ -29,6 +29,7 @@
 namespace gradsync {
 namespace {
 
+using ::testing::AnyOf;
 using ::testing::HasSubstr;
 using testing::CoordinatorProcess;
 using testing::Runfile;
@@ -141,7 +142,10 @@ TEST_F(OverloadProcessTest, WithoutSheddingLiveMembersAreLost) {
       kBound));
   absl::StatusOr<v1::JobStatus> job = Job("unshed");
   ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_THAT(job->reason(), HasSubstr("lost: missed 3 heartbeats"));
+  // Lost after heartbeats were handled, or before the first one was (its
+  // turn under the cap came too late): either way a live member.
+  EXPECT_THAT(job->reason(), AnyOf(HasSubstr("lost: missed 3 heartbeats"),
+                                   HasSubstr("lost: sent no heartbeat")));
   EXPECT_EQ(Metric("gradsync_heartbeat_shed_periods_total"), 0);
 }
 
