@@ -225,15 +225,20 @@ TEST(TorchDistributedSamplerTest, SaveAndLoadResumeMidEpoch) {
             std::vector<int64_t>(epoch2.begin() + 6, epoch2.end()));
 }
 
-// The loaded position holds for one pass: the next epoch starts over.
-TEST(TorchDistributedSamplerTest, AfterTheResumedEpochTheNextIsWhole) {
-  const SamplerOptions options = Options(20, 1, 2, true, false);
+// The archive of a sampler that dealt 6 indices of epoch 2.
+std::string PositionSixIntoEpochTwo(const SamplerOptions& options) {
   TorchDistributedSampler sampler = MustCreate(options);
   sampler.set_epoch(2);
   sampler.reset();
-  ASSERT_TRUE(sampler.next(6).has_value());
+  EXPECT_TRUE(sampler.next(6).has_value());
+  return Save(sampler);
+}
+
+// The loaded position holds for one pass: the next epoch starts over.
+TEST(TorchDistributedSamplerTest, AfterTheResumedEpochTheNextIsWhole) {
+  const SamplerOptions options = Options(20, 1, 2, true, false);
   TorchDistributedSampler resumed = MustCreate(options);
-  Load(resumed, Save(sampler));
+  Load(resumed, PositionSixIntoEpochTwo(options));
   auto loader = MakeLoader(resumed, 20, 3);
   ASSERT_EQ(Epoch(*loader).size(), 4u);
   resumed.set_epoch(3);
@@ -245,12 +250,8 @@ TEST(TorchDistributedSamplerTest, AfterTheResumedEpochTheNextIsWhole) {
 TEST(TorchDistributedSamplerTest,
      SetEpochToAnotherEpochDropsTheLoadedPosition) {
   const SamplerOptions options = Options(20, 1, 2, true, false);
-  TorchDistributedSampler sampler = MustCreate(options);
-  sampler.set_epoch(2);
-  sampler.reset();
-  ASSERT_TRUE(sampler.next(6).has_value());
   TorchDistributedSampler resumed = MustCreate(options);
-  Load(resumed, Save(sampler));
+  Load(resumed, PositionSixIntoEpochTwo(options));
   auto loader = MakeLoader(resumed, 20, 3);
   resumed.set_epoch(5);
   EXPECT_EQ(Epoch(*loader), Reference(options, 5));
