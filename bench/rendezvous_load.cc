@@ -8,6 +8,12 @@
 //
 //   bazel run -c opt //bench:rendezvous_load -- --workers=10000
 //
+// The simulated workers send their joins from a lean HTTP/2 client
+// (bench/h2_unary_client.h: the same requests on the wire for a fraction of
+// the CPU, which matters when they share 2 cores with the coordinator), or
+// with --join_client=grpc from gRPC's C++ client; the key-value calls always
+// use gRPC's client.
+//
 // By default an in-process coordinator on 127.0.0.1 serves the load, from
 // memory or, with --state_dir=DIR, from durable SQLite state; with
 // --coordinator=HOST:PORT an external one (loopback only) does.
@@ -37,6 +43,7 @@
 #include "server/coordinator.h"
 #include "server/server_credentials.h"
 #include "server/storage/open_storage.h"
+#include "bench/h2_unary_client.h"
 #include "common/channel_credentials.h"
 
 ABSL_FLAG(int, workers, 10000, "simulated workers (ranks) joining one job");
@@ -49,6 +56,11 @@ ABSL_FLAG(int, channels, 8,
           "client connections the workers share; 0 gives every worker its "
           "own connection, opened inside the timed region (as real workers, "
           "and TCPStore clients, do)");
+ABSL_FLAG(std::string, join_client, "h2",
+          "with --channels above 0, how the simulated workers send their "
+          "joins: h2 (the same HTTP/2 requests from a lean client, see "
+          "bench/h2_unary_client.h) or grpc (gRPC's C++ client, which costs "
+          "this process about as much CPU as the coordinator it measures)");
 ABSL_FLAG(std::string, coordinator, "",
           "HOST:PORT of a running coordinator (default: start one in-process "
           "on 127.0.0.1)");
@@ -200,9 +212,6 @@ struct JoinResult {
   std::string first_error;
 };
 
-// With `shared_channels` empty, each worker opens its own connection inside
-// the timed region.
-//
 // The job the simulated workers join: `workers` ranks as nodes of `nproc`.
 v1::JobConfig BenchJobConfig(int workers, int nproc, absl::Duration timeout) {
   v1::JobConfig config;
@@ -234,16 +243,11 @@ bool CreateJobWithToken(const std::string& target, const std::string& admin,
   return true;
 }
 
-// The joins carry no gRPC deadline, as gradsync-worker's do not (its client
-// keeps the deadline and cancels): the coordinator keeps no timer per
-// waiting join. The run as a whole is bounded by `timeout`.
-bool RunJoins(const std::string& target,
-              const std::vector<std::shared_ptr<grpc::Channel>>& shared_channels,
-              int workers, int nproc, absl::Duration timeout,
-              JoinResult* result) {
+// The join calls of `workers` simulated processes, `nproc` to a node.
+std::vector<std::unique_ptr<JoinCall>> MakeJoinCalls(int workers, int nproc,
+                                                     absl::Duration timeout) {
   const int nodes = workers / nproc;
   const v1::JobConfig config = BenchJobConfig(workers, nproc, timeout);
-
   std::vector<std::unique_ptr<JoinCall>> calls(nodes);
   for (int i = 0; i < nodes; ++i) {
     auto call = std::make_unique<JoinCall>();
@@ -261,19 +265,31 @@ bool RunJoins(const std::string& target,
     }
     calls[i] = std::move(call);
   }
+  return calls;
+}
 
-  std::atomic<int> outstanding{nodes};
+// Sends `calls` with gRPC's C++ client (its callback API) and waits for
+// their answers. The joins carry no gRPC deadline, as gradsync-worker's do
+// not (its client keeps the deadline and cancels): the coordinator keeps no
+// timer per waiting join. False when the answers did not come within
+// `timeout` (and a few seconds).
+bool SendJoinsWithGrpc(
+    const std::string& target,
+    const std::vector<std::shared_ptr<grpc::Channel>>& shared_channels,
+    int nproc, absl::Duration timeout,
+    std::vector<std::unique_ptr<JoinCall>>* calls, absl::Time* start) {
+  std::atomic<int> outstanding{static_cast<int>(calls->size())};
   absl::Notification all_done;
-  const absl::Time start = absl::Now();
+  *start = absl::Now();
   std::vector<std::shared_ptr<grpc::Channel>> channels =
-      shared_channels.empty() ? Connect(target, nodes, false)
+      shared_channels.empty() ? Connect(target, calls->size(), false)
                               : shared_channels;
   std::vector<std::unique_ptr<v1::Rendezvous::Stub>> stubs;
   for (const auto& channel : channels) {
     stubs.push_back(v1::Rendezvous::NewStub(channel));
   }
-  for (int i = 0; i < nodes; ++i) {
-    JoinCall* call = calls[i].get();
+  for (size_t i = 0; i < calls->size(); ++i) {
+    JoinCall* call = (*calls)[i].get();
     auto done = [call, &outstanding, &all_done](grpc::Status status) {
       call->received = absl::Now();
       call->status = std::move(status);
@@ -291,10 +307,69 @@ bool RunJoins(const std::string& target,
     }
   }
   if (!all_done.WaitForNotificationWithTimeout(timeout + absl::Seconds(5))) {
-    for (auto& call : calls) call->context.TryCancel();
+    for (auto& call : *calls) call->context.TryCancel();
     all_done.WaitForNotification();
     return false;
   }
+  return true;
+}
+
+// Sends `calls` as the same HTTP/2 requests from the lean client, on its
+// connections, and waits for their answers; false when they did not come
+// within `timeout`.
+bool SendJoinsWithH2(H2UnaryClient* client, int nproc, absl::Duration timeout,
+                     std::vector<std::unique_ptr<JoinCall>>* calls,
+                     absl::Time* start) {
+  std::vector<H2UnaryClient::Call> h2_calls(calls->size());
+  for (size_t i = 0; i < calls->size(); ++i) {
+    const JoinCall& call = *(*calls)[i];
+    H2UnaryClient::Call& h2 = h2_calls[i];
+    h2.path = nproc == 1 ? "/gradsync.v1.Rendezvous/Join"
+                         : "/gradsync.v1.Rendezvous/JoinNode";
+    h2.request = nproc == 1 ? call.request.SerializeAsString()
+                            : call.node_request.SerializeAsString();
+    if (!JobToken().empty()) {
+      h2.metadata.emplace_back("authorization",
+                               absl::StrCat("Bearer ", JobToken()));
+    }
+  }
+  *start = absl::Now();
+  absl::Status ran = client->Run(&h2_calls, timeout + absl::Seconds(5));
+  if (absl::IsDeadlineExceeded(ran)) return false;
+  for (size_t i = 0; i < calls->size(); ++i) {
+    JoinCall& call = *(*calls)[i];
+    const H2UnaryClient::Call& h2 = h2_calls[i];
+    call.sent = h2.sent;
+    call.received = h2.received;
+    call.status = grpc::Status(static_cast<grpc::StatusCode>(h2.code),
+                               h2.message);
+    const bool parsed = nproc == 1 ? call.response.ParseFromString(h2.response)
+                                   : call.node_response.ParseFromString(
+                                         h2.response);
+    if (call.status.ok() && !parsed) {
+      call.status = grpc::Status(grpc::StatusCode::INTERNAL,
+                                 "the answer does not parse");
+    }
+  }
+  return true;
+}
+
+// Joins `workers` simulated processes, `nproc` to a node, over the lean
+// client when `h2` is set, else over `shared_channels` (or a new
+// connection each when empty), and checks every assignment.
+bool RunJoins(const std::string& target,
+              const std::vector<std::shared_ptr<grpc::Channel>>& shared_channels,
+              H2UnaryClient* h2, int workers, int nproc,
+              absl::Duration timeout, JoinResult* result) {
+  std::vector<std::unique_ptr<JoinCall>> calls =
+      MakeJoinCalls(workers, nproc, timeout);
+  absl::Time start;
+  const bool answered =
+      h2 != nullptr
+          ? SendJoinsWithH2(h2, nproc, timeout, &calls, &start)
+          : SendJoinsWithGrpc(target, shared_channels, nproc, timeout, &calls,
+                              &start);
+  if (!answered) return false;
   absl::Time last = start;
   std::vector<int> rank_seen(workers, 0);
   auto check = [&](const v1::Assignment& a) {
@@ -318,7 +393,7 @@ bool RunJoins(const std::string& target,
       for (const v1::Assignment& a : call->node_response.assignments()) check(a);
     }
   }
-  result->calls = nodes;
+  result->calls = calls.size();
   result->all_ranked = last - start;
   return true;
 }
@@ -504,16 +579,38 @@ int Main() {
                           BenchJobConfig(workers, nproc, timeout))) {
     return 1;
   }
+  const std::string join_client = absl::GetFlag(FLAGS_join_client);
+  if (join_client != "h2" && join_client != "grpc") {
+    std::fprintf(stderr, "--join_client must be h2 or grpc, not '%s'\n",
+                 join_client.c_str());
+    return 1;
+  }
+  const bool use_h2 = join_client == "h2" && channel_count > 0;
+  if (use_h2 && !absl::GetFlag(FLAGS_tls_ca).empty()) {
+    std::fprintf(stderr, "--join_client=h2 speaks plain text: use "
+                         "--join_client=grpc with TLS\n");
+    return 1;
+  }
+  std::unique_ptr<H2UnaryClient> h2;
+  if (use_h2) {
+    absl::StatusOr<std::unique_ptr<H2UnaryClient>> connected =
+        H2UnaryClient::Connect(target, channel_count, absl::Seconds(10));
+    if (!connected.ok()) {
+      std::fprintf(stderr, "%s\n", connected.status().ToString().c_str());
+      return 1;
+    }
+    h2 = *std::move(connected);
+  }
   const int rss_pid = absl::GetFlag(FLAGS_coordinator_pid);
   const int64_t rss_before = ResidentBytes(rss_pid);
   JoinResult joins;
-  if (!RunJoins(target, channels, workers, nproc, timeout, &joins)) {
+  if (!RunJoins(target, channels, h2.get(), workers, nproc, timeout, &joins)) {
     std::printf("RESULT workers=%d ranked=timeout\n", workers);
     return 1;
   }
   if (channels.empty()) channels = Connect(target, 8, true);  // for the KV load
   const int64_t rss_after = ResidentBytes(rss_pid);
-  std::printf("gradsync rendezvous: %d workers%s, %s, to %s\n", workers,
+  std::printf("gradsync rendezvous: %d workers%s, %s%s, to %s\n", workers,
               nproc > 1 ? absl::StrCat(" as ", joins.calls, " nodes of ",
                                        nproc, " (JoinNode)")
                               .c_str()
@@ -522,6 +619,7 @@ int Main() {
                   ? absl::StrCat("sharing ", channel_count, " connections")
                         .c_str()
                   : "one new connection each",
+              use_h2 ? " (lean HTTP/2 client)" : " (gRPC C++ client)",
               target.c_str());
   std::printf("time until every worker has its rank: %.3f s  (#wrong %d, "
               "#failed %d%s%s)\n",
@@ -555,10 +653,11 @@ int Main() {
   std::printf("key-value: %.0f calls/s with %d in flight (#wrong %d, "
               "#failed %d)\n",
               kv_rate, absl::GetFlag(FLAGS_kv_in_flight), kv.wrong, kv.failed);
-  std::printf("RESULT workers=%d nproc_per_node=%d ranked_s=%.4f "
+  std::printf("RESULT workers=%d nproc_per_node=%d client=%s ranked_s=%.4f "
               "per_join_us=%.1f wrong=%d failed=%d kv_calls_per_s=%.0f "
               "rss_bytes_per_rank=%.0f\n",
-              workers, nproc, absl::ToDoubleSeconds(joins.all_ranked),
+              workers, nproc, use_h2 ? "h2" : "grpc",
+              absl::ToDoubleSeconds(joins.all_ranked),
               per_join_us, joins.wrong, joins.failed, kv_rate, bytes_per_rank);
   return (joins.wrong + joins.failed + kv.wrong + kv.failed) == 0 ? 0 : 1;
 }

@@ -65,9 +65,12 @@ openssl x509 -req -in "$state/c.csr" -CA "$state/ca.pem" -CAkey "$state/ca.key" 
 tls=(--tls_cert="$state/c.pem" --tls_key="$state/c.key" --tls_ca="$state/ca.pem")
 
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p" <<<"$2"; }
+# Every row's workers use gRPC's C++ client (TLS needs it, and the rows are
+# compared with each other).
 run() {  # prints "ranked_s kv_calls_per_s" of one run, or fails
   local out
-  out=$("$load" --workers=10000 --channels=8 --kv_ops=5000 "$@" | grep '^RESULT')
+  out=$("$load" --workers=10000 --channels=8 --kv_ops=5000 --join_client=grpc \
+          "$@" | grep '^RESULT')
   [ "$(field wrong "$out")" = 0 ] && [ "$(field failed "$out")" = 0 ] || {
     echo "state_bench: wrong or failed results: $out" >&2; exit 1; }
   echo "$(field ranked_s "$out") $(field kv_calls_per_s "$out")"

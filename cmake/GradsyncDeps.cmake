@@ -205,6 +205,11 @@ target_link_libraries(gradsync_system_httplib INTERFACE Threads::Threads)
 add_library(gradsync_system_prometheus_cpp INTERFACE)
 _gradsync_link_by_name(gradsync_system_prometheus_cpp "prometheus-cpp" prometheus-cpp-core)
 
+# --- nghttp2 (libnghttp2-dev): the HTTP/2 library of the benchmarks' lean
+# gRPC load generator (bench/h2_unary_client.h).
+add_library(gradsync_system_nghttp2 INTERFACE)
+_gradsync_link_by_name(gradsync_system_nghttp2 "nghttp2" nghttp2)
+
 # --- etcd's v3 API (golang-etcd-server-dev, with golang-github-gogo-protobuf-dev
 # and golang-github-grpc-ecosystem-grpc-gateway-dev), the client of the
 # coordinator's --etcd: its .proto files compiled unchanged. Optional here (a

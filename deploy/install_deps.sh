@@ -9,7 +9,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   libtorch-dev libgloo-dev libcpp-httplib-dev python3-prometheus-client
-  prometheus-cpp-dev
+  prometheus-cpp-dev libnghttp2-dev
   libsqlite3-dev sqlite3
   # --etcd: etcd's .proto files (and those they import) for the client, and
   # etcd itself for the tests

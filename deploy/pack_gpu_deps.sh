@@ -36,6 +36,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark1debian libbenchmark-dev
   nlohmann-json3-dev libcpp-httplib0.11 libcpp-httplib-dev
   libprometheus-cpp-core1.0 prometheus-cpp-dev libsqlite3-0 libsqlite3-dev
+  libnghttp2-14 libnghttp2-dev
   libgloo0 libgloo-dev libibverbs1 libnl-3-200 libnl-route-3-200 libhiredis0.14
 )
 # Libraries every Linux with a C++ compiler has; the check allows these.
