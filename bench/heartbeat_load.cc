@@ -1,8 +1,8 @@
 // Heartbeat ingest load: N simulated workers, each with its own
 // Monitor.Heartbeat stream (or, with --nproc_per_node, nodes of workers
 // sharing a Monitor.NodeHeartbeat stream), send one heartbeat per second
-// (--rate) to an in-process coordinator; the load is raised level by level
-// (--members).
+// (--rate) to an in-process coordinator (or an external one, see below); the
+// load is raised level by level (--members).
 //
 // For every level it reports the heartbeats the coordinator accepted per
 // second against the offered rate, writes skipped because the previous one
@@ -26,12 +26,26 @@
 //
 // Members are grouped into jobs of --job_size (rendezvous through real
 // Rendezvous.Join calls); streams share --channels client connections.
+//
+// With --coordinator=HOST:PORT (loopback) and --coordinator_pid=PID the load
+// goes to a running gradsync-coordinator instead (started with
+// --max_streams_per_connection=0), one level in one shedding mode, and the
+// level reports that process's resident memory per member: after the joins
+// and at the end of the measured heartbeating, each over its memory before
+// the joins. The coordinator's own counters are not reachable from outside:
+// heartbeats accepted, CPU and the shedding state are then not reported (the
+// x column is the interval factor the workers were asked for).
+//
+//   bazel-bin/bench/heartbeat_load --members=10000 --status_members=0
+//       --coordinator=127.0.0.1:PORT --coordinator_pid=PID
+// (bench/coordinator_memory.sh starts coordinators and runs it so).
 #include <grpcpp/grpcpp.h>
 #include <pthread.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cinttypes>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -40,6 +54,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -75,10 +90,12 @@ ABSL_FLAG(std::string, status_kinds, "full,summary,page",
           "GetJob answers to time: full (every member), summary (no "
           "member), page (the unhealthy members, 50 at most); and metrics: "
           "the coordinator's whole /metrics text, rendered in process (every "
-          "member of the level)");
+          "member of the level; not with --coordinator)");
 ABSL_FLAG(std::string, shed, "on",
           "heartbeat load shedding of the coordinator: on, off, or a list "
-          "(off,on) to run every level once per mode, side by side");
+          "(off,on) to run every level once per mode, side by side; with "
+          "--coordinator one mode, the one it runs with (--shed_heartbeats), "
+          "which is only reported");
 ABSL_FLAG(bool, obey_interval, true,
           "simulated workers read the coordinator's answers and send at the "
           "interval it asks for (a read pending per stream); false: answers "
@@ -90,6 +107,13 @@ ABSL_FLAG(double, max_heartbeat_rate, 0,
 ABSL_FLAG(bool, coordinator_logs, false,
           "print the coordinator's log lines (shedding decisions, members "
           "LOST) on stderr; otherwise errors only");
+ABSL_FLAG(std::string, coordinator, "",
+          "HOST:PORT (loopback) of a running gradsync-coordinator to load "
+          "instead of an in-process one: one --members level (default: an "
+          "in-process coordinator per level and --shed mode)");
+ABSL_FLAG(int, coordinator_pid, 0,
+          "with --coordinator (required): its process id, to report its "
+          "resident memory");
 ABSL_FLAG(int, nproc_per_node, 1,
           "members per stream: above 1, the members of each simulated node "
           "share one Monitor.NodeHeartbeat stream and send their heartbeats "
@@ -493,6 +517,11 @@ struct LevelResult {
   };
   std::vector<StatusTiming> status;
   double rss_gib = 0;
+  // An external coordinator's resident memory (bytes): before the joins,
+  // after them, and at the end of the measured heartbeating.
+  int64_t rss_before = 0;
+  int64_t rss_joined = 0;
+  int64_t rss_heartbeating = 0;
 };
 
 double RssGiB() {
@@ -501,30 +530,83 @@ double RssGiB() {
   return usage.ru_maxrss / (1024.0 * 1024.0);
 }
 
-LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
-                     int members, int level_index) {
+// The resident memory of process `pid` (VmRSS), in bytes; 0 when unknown.
+int64_t ResidentBytes(int pid) {
+  std::FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/status").c_str(), "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  int64_t kib = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "VmRSS: %" SCNd64 " kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib * 1024;
+}
+
+// The coordinator a level runs against: in process, or an external
+// gradsync-coordinator (--coordinator).
+struct Target {
+  std::string address;  // HOST:PORT
+  Coordinator* in_process = nullptr;  // null for an external one
+  int pid = 0;  // the external one's process id
+};
+
+// Job `job_id`'s status with every member, as GetJob answers it: from the
+// in-process coordinator directly, or asked of the external one.
+absl::StatusOr<v1::JobStatus> JobWithMembers(const Target& target,
+                                             v1::Jobs::Stub* jobs,
+                                             const std::string& job_id) {
+  if (target.in_process != nullptr) {
+    absl::StatusOr<v1::JobStatus> status =
+        target.in_process->jobs().Get(job_id);
+    if (status.ok()) target.in_process->health().Describe(&*status);
+    return status;
+  }
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  v1::GetJobResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(60));
+  grpc::Status status = jobs->GetJob(&context, request, &response);
+  if (!status.ok()) return absl::UnavailableError(status.error_message());
+  return std::move(*response.mutable_job());
+}
+
+LevelResult RunLevel(const Target& target, int members, int level_index) {
   LevelResult result;
   result.members = members;
   const bool obey = absl::GetFlag(FLAGS_obey_interval);
   const int job_size = std::min(members, absl::GetFlag(FLAGS_job_size));
   const double rate = absl::GetFlag(FLAGS_rate);
-  auto channels = Connect(target, absl::GetFlag(FLAGS_channels));
+  auto channels = Connect(target.address, absl::GetFlag(FLAGS_channels));
   std::vector<std::unique_ptr<v1::Monitor::Stub>> stubs;
   for (const auto& c : channels) stubs.push_back(v1::Monitor::NewStub(c));
+  auto jobs_stub = v1::Jobs::NewStub(channels[0]);
+  const bool external = target.in_process == nullptr;
 
   // Rendezvous, then one stream per member, or per node of --nproc_per_node
-  // members.
+  // members. A job's members are not monitored before their first
+  // heartbeat, so every job joins before any stream opens.
   const int nproc = std::max(1, absl::GetFlag(FLAGS_nproc_per_node));
   const absl::Duration interval = absl::Seconds(1) / rate;
-  ClientQueues queues(absl::GetFlag(FLAGS_client_queues));
+  if (external) result.rss_before = ResidentBytes(target.pid);
   std::vector<std::string> jobs;
-  std::vector<std::unique_ptr<Beater>> beaters;
+  std::vector<std::vector<v1::MemberRef>> joined;
   for (int start = 0; start < members; start += job_size) {
     const std::string job = absl::StrCat("load", level_index, "-", jobs.size());
-    std::vector<v1::MemberRef> refs =
-        JoinJob(channels, job, std::min(job_size, members - start));
-    if (refs.empty()) return result;
+    joined.push_back(
+        JoinJob(channels, job, std::min(job_size, members - start)));
+    if (joined.back().empty()) {
+      ++result.failed_streams;  // counted as a failure of the level
+      return result;
+    }
     jobs.push_back(job);
+  }
+  if (external) result.rss_joined = ResidentBytes(target.pid);
+  ClientQueues queues(absl::GetFlag(FLAGS_client_queues));
+  std::vector<std::unique_ptr<Beater>> beaters;
+  for (std::vector<v1::MemberRef>& refs : joined) {
     for (size_t first = 0; first < refs.size(); first += nproc) {
       std::vector<v1::MemberRef> node(
           refs.begin() + first,
@@ -588,13 +670,13 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
   const int64_t skipped_before = skipped.load();
   const int64_t shed_before = shed_skips.load();
   const int64_t sent_before = sent.load();
-  const int64_t accepted_before = coordinator.health().heartbeats();
+  const int64_t accepted_before =
+      external ? 0 : target.in_process->health().heartbeats();
   const absl::Duration cpu_before = ProcessCpu();
   const absl::Time measure_start = absl::Now();
 
   // Time status queries of a job of --status_members members meanwhile.
   if (absl::GetFlag(FLAGS_status_members) == members) {
-    auto jobs_stub = v1::Jobs::NewStub(channels[0]);
     std::vector<std::string> kinds =
         absl::StrSplit(absl::GetFlag(FLAGS_status_kinds), ',', absl::SkipEmpty());
     std::vector<std::vector<absl::Duration>> latencies(kinds.size());
@@ -606,7 +688,7 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
       const size_t k = q % kinds.size();
       if (kinds[k] == "metrics") {
         const absl::Time start = absl::Now();
-        const std::string text = coordinator.RenderMetrics();
+        const std::string text = target.in_process->RenderMetrics();
         latencies[k].push_back(absl::Now() - start);
         result.status[k].bytes = text.size();
         continue;
@@ -646,8 +728,10 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
   const absl::Duration left = measure_start + measured - absl::Now();
   if (left > absl::ZeroDuration()) absl::SleepFor(left);
   const absl::Duration elapsed = absl::Now() - measure_start;
+  if (external) result.rss_heartbeating = ResidentBytes(target.pid);
   result.cpu_cores = absl::FDivDuration(ProcessCpu() - cpu_before, elapsed);
-  const int64_t accepted = coordinator.health().heartbeats() - accepted_before;
+  const int64_t accepted =
+      external ? 0 : target.in_process->health().heartbeats() - accepted_before;
   result.skipped = skipped.load() - skipped_before;
   result.shed_skips = shed_skips.load() - shed_before;
   result.sent = (sent.load() - sent_before) / absl::ToDoubleSeconds(elapsed);
@@ -656,17 +740,24 @@ LevelResult RunLevel(Coordinator& coordinator, const std::string& target,
   result.rss_gib = RssGiB();
 
   // Correctness while the load still runs: every member ACTIVE and heard
-  // within 2 of the intervals the coordinator asks for now.
-  result.shedding = coordinator.health().shedding();
+  // within 2 of the intervals the coordinator asks for now (an external
+  // one's: the longest its answers asked of the workers).
+  if (external) {
+    for (const auto& b : beaters) {
+      result.shedding.factor = std::max(result.shedding.factor, b->every());
+    }
+  } else {
+    result.shedding = target.in_process->health().shedding();
+  }
   const absl::Duration stale_after = 2 * interval * result.shedding.factor;
   const absl::Time now = absl::Now();
   for (const std::string& job : jobs) {
-    absl::StatusOr<v1::JobStatus> status = coordinator.jobs().Get(job);
+    absl::StatusOr<v1::JobStatus> status =
+        JobWithMembers(target, jobs_stub.get(), job);
     if (!status.ok()) {
       result.lost += job_size;
       continue;
     }
-    coordinator.health().Describe(&*status);
     for (const v1::Member& m : status->members()) {
       if (m.state() != v1::MEMBER_STATE_ACTIVE) ++result.lost;
       if (now - FromProtoTime(m.last_seen()) > stale_after) ++result.stale;
@@ -698,6 +789,51 @@ std::string Ms(absl::Duration d) {
   return absl::StrFormat("%.2f", absl::ToDoubleMilliseconds(d));
 }
 
+// What keeps the flags from loading the external coordinator at `address`
+// (--coordinator, --coordinator_pid) in `levels` levels and `modes`
+// shedding modes; empty when nothing does.
+std::string ExternalCoordinatorProblem(const std::string& address,
+                                       size_t levels, size_t modes) {
+  const int pid = absl::GetFlag(FLAGS_coordinator_pid);
+  if (address.empty()) return "--coordinator_pid needs --coordinator";
+  const absl::string_view host =
+      absl::string_view(address).substr(0, address.rfind(':'));
+  if (host != "localhost" && host != "[::1]" &&
+      !absl::StartsWith(host, "127.")) {
+    return absl::StrCat("--coordinator: '", address,
+                        "' is not on the loopback interface (127.x.x.x, "
+                        "localhost or [::1])");
+  }
+  if (pid <= 0) {
+    return "--coordinator needs --coordinator_pid: its process id, to read "
+           "its memory (/proc/PID/status)";
+  }
+  if (ResidentBytes(pid) == 0) {
+    return absl::StrCat("--coordinator_pid: cannot read the memory of process ",
+                        pid, " (/proc/", pid, "/status)");
+  }
+  if (levels != 1) {
+    return "--coordinator: one --members level only (an external "
+           "coordinator cannot be restarted between levels)";
+  }
+  if (modes != 1) {
+    return "--coordinator: one --shed mode only, the one the coordinator "
+           "runs with (its --shed_heartbeats)";
+  }
+  if (absl::GetFlag(FLAGS_max_heartbeat_rate) > 0) {
+    return "--max_heartbeat_rate sets the in-process coordinator's cap; start "
+           "gradsync-coordinator with --max_heartbeat_rate instead";
+  }
+  for (absl::string_view kind :
+       absl::StrSplit(absl::GetFlag(FLAGS_status_kinds), ',')) {
+    if (kind == "metrics") {
+      return "--status_kinds: metrics renders /metrics in process, which "
+             "needs the in-process coordinator (not with --coordinator)";
+    }
+  }
+  return "";
+}
+
 int Main() {
   SetMinLogSeverity(absl::GetFlag(FLAGS_coordinator_logs) ? LogSeverity::kInfo
                                                          : LogSeverity::kError);
@@ -723,16 +859,30 @@ int Main() {
     }
   }
   const double cap = absl::GetFlag(FLAGS_max_heartbeat_rate);
-  std::printf("heartbeat ingest: in-process coordinator (%d heartbeat "
-              "queues%s), %g Hz per member, %d connections, jobs of %d "
-              "members, %s per level, shedding %s, workers %s the interval "
-              "asked\n\n",
-              absl::GetFlag(FLAGS_completion_queues),
-              cap > 0 ? absl::StrFormat(", at most %.0f heartbeats/s", cap)
-                            .c_str()
-                      : "",
-              absl::GetFlag(FLAGS_rate), absl::GetFlag(FLAGS_channels),
-              absl::GetFlag(FLAGS_job_size),
+  const std::string external = absl::GetFlag(FLAGS_coordinator);
+  const int external_pid = absl::GetFlag(FLAGS_coordinator_pid);
+  if (!external.empty() || external_pid != 0) {
+    const std::string problem =
+        ExternalCoordinatorProblem(external, levels.size(), modes.size());
+    if (!problem.empty()) {
+      std::fprintf(stderr, "%s\n", problem.c_str());
+      return 2;
+    }
+  }
+  const std::string coordinator_text =
+      external.empty()
+          ? absl::StrFormat(
+                "in-process coordinator (%d heartbeat queues%s)",
+                absl::GetFlag(FLAGS_completion_queues),
+                cap > 0 ? absl::StrFormat(", at most %.0f heartbeats/s", cap)
+                        : "")
+          : absl::StrFormat("gradsync-coordinator at %s (pid %d)", external,
+                            external_pid);
+  std::printf("heartbeat ingest: %s, %g Hz per member, %d connections, jobs "
+              "of %d members, %s per level, shedding %s, workers %s the "
+              "interval asked\n\n",
+              coordinator_text.c_str(), absl::GetFlag(FLAGS_rate),
+              absl::GetFlag(FLAGS_channels), absl::GetFlag(FLAGS_job_size),
               absl::FormatDuration(absl::GetFlag(FLAGS_duration)).c_str(),
               absl::GetFlag(FLAGS_shed).c_str(),
               absl::GetFlag(FLAGS_obey_interval) ? "obey" : "ignore");
@@ -744,28 +894,32 @@ int Main() {
   int run = 0;
   for (size_t i = 0; i < levels.size(); ++i) {
     for (const std::string& mode : modes) {
-      // A fresh coordinator per level and mode: runs do not see each
-      // other's members or shedding state.
-      CoordinatorConfig config;
-      config.listen_address = "127.0.0.1:0";
-      config.completion_queues = absl::GetFlag(FLAGS_completion_queues);
-      // Tens of thousands of streams share --channels connections.
-      config.max_streams_per_connection = 0;
-      config.max_heartbeat_rate = cap;
-      config.health.heartbeat_interval =
-          absl::Seconds(1) / absl::GetFlag(FLAGS_rate);
-      config.health.shedding.enabled = mode == "on";
-      Coordinator coordinator(config);
-      absl::Status started = coordinator.Start();
-      if (!started.ok()) {
-        std::fprintf(stderr, "cannot start the coordinator: %s\n",
-                     started.ToString().c_str());
-        return 1;
+      // A fresh coordinator per level and mode (unless an external one
+      // serves): runs do not see each other's members or shedding state.
+      Target target{external, nullptr, external_pid};
+      std::unique_ptr<Coordinator> in_process;
+      if (external.empty()) {
+        CoordinatorConfig config;
+        config.listen_address = "127.0.0.1:0";
+        config.completion_queues = absl::GetFlag(FLAGS_completion_queues);
+        // Tens of thousands of streams share --channels connections.
+        config.max_streams_per_connection = 0;
+        config.max_heartbeat_rate = cap;
+        config.health.heartbeat_interval =
+            absl::Seconds(1) / absl::GetFlag(FLAGS_rate);
+        config.health.shedding.enabled = mode == "on";
+        in_process = std::make_unique<Coordinator>(config);
+        absl::Status started = in_process->Start();
+        if (!started.ok()) {
+          std::fprintf(stderr, "cannot start the coordinator: %s\n",
+                       started.ToString().c_str());
+          return 1;
+        }
+        target = {absl::StrCat("127.0.0.1:", in_process->port()),
+                  in_process.get(), 0};
       }
-      const std::string target =
-          absl::StrCat("127.0.0.1:", coordinator.port());
-      LevelResult r = RunLevel(coordinator, target, levels[i], run++);
-      coordinator.Shutdown();
+      LevelResult r = RunLevel(target, levels[i], run++);
+      if (in_process != nullptr) in_process->Shutdown();
       r.shed = mode;
       const double ratio = r.offered > 0 ? r.accepted / r.offered : 0;
       const bool ok = r.lost == 0 && r.stale == 0 && r.failed_streams == 0;
@@ -774,10 +928,17 @@ int Main() {
       // short. A level that needed shedding is not sustained.
       if (ok && ratio >= 0.95) sustained = std::max(sustained, r.members);
       failures += ok ? 0 : 1;
-      std::printf("%9d %4s %10.0f %10.0f %10.0f %8.3f %8lld %8lld %6d %7d "
-                  "%8d %4d\n",
-                  r.members, r.shed.c_str(), r.offered, r.sent, r.accepted,
-                  ratio, static_cast<long long>(r.skipped),
+      // An external coordinator counts the heartbeats it accepted for
+      // itself only.
+      const std::string accepted =
+          external.empty() ? absl::StrFormat("%.0f", r.accepted) : "-";
+      const std::string accepted_ratio =
+          external.empty() ? absl::StrFormat("%.3f", ratio) : "-";
+      std::printf("%9d %4s %10.0f %10.0f %10s %8s %8lld %8lld %6d %7d %8d "
+                  "%4d\n",
+                  r.members, r.shed.c_str(), r.offered, r.sent,
+                  accepted.c_str(), accepted_ratio.c_str(),
+                  static_cast<long long>(r.skipped),
                   static_cast<long long>(r.shed_skips), r.lost, r.stale,
                   r.failed_streams, r.shedding.factor);
       for (const LevelResult::StatusTiming& t : r.status) {
@@ -789,30 +950,55 @@ int Main() {
                     Ms(t.latency.p99).c_str(), Ms(t.latency.max).c_str(),
                     t.queries, t.bytes);
       }
-      std::string status_p99;
+      // Growth of the external coordinator's memory over its memory before
+      // the joins, per member.
+      const double joined_bytes =
+          static_cast<double>(r.rss_joined - r.rss_before) / r.members;
+      const double heartbeating_bytes =
+          static_cast<double>(r.rss_heartbeating - r.rss_before) / r.members;
+      if (!external.empty()) {
+        std::printf("  coordinator memory: %.1f MiB before the joins; per "
+                    "member %.0f bytes joined, %.0f bytes heartbeating\n",
+                    r.rss_before / (1024.0 * 1024.0), joined_bytes,
+                    heartbeating_bytes);
+      }
+      std::string line = absl::StrFormat(
+          "RESULT members=%d nproc_per_node=%d shed=%s offered=%.0f sent=%.0f",
+          r.members, absl::GetFlag(FLAGS_nproc_per_node), r.shed, r.offered,
+          r.sent);
+      if (external.empty()) absl::StrAppendFormat(&line, " accepted=%.0f", r.accepted);
+      absl::StrAppendFormat(&line, " lost=%d stale=%d failed=%d factor=%d",
+                            r.lost, r.stale, r.failed_streams,
+                            r.shedding.factor);
+      if (external.empty()) {
+        absl::StrAppendFormat(
+            &line,
+            " shed_periods=%d late_ratio=%.3f capacity=%.0f cpu_cores=%.2f "
+            "cpu_us_per_heartbeat=%.1f max_rss_gib=%.2f",
+            r.shedding.shed_periods, r.shedding.late_fraction,
+            r.shedding.capacity, r.cpu_cores,
+            r.accepted > 0 ? 1e6 * r.cpu_cores / r.accepted : 0, r.rss_gib);
+      } else {
+        absl::StrAppendFormat(&line,
+                              " rss_before_bytes=%d "
+                              "rss_bytes_per_member_joined=%.0f "
+                              "rss_bytes_per_member_heartbeating=%.0f",
+                              r.rss_before, joined_bytes, heartbeating_bytes);
+      }
       for (const LevelResult::StatusTiming& t : r.status) {
-        absl::StrAppend(&status_p99, " status_", t.kind, "_p99_ms=",
+        absl::StrAppend(&line, " status_", t.kind, "_p99_ms=",
                         Ms(t.latency.p99));
       }
-      std::printf("RESULT members=%d nproc_per_node=%d shed=%s offered=%.0f "
-                  "sent=%.0f accepted=%.0f lost=%d stale=%d failed=%d "
-                  "factor=%d shed_periods=%lld late_ratio=%.3f "
-                  "capacity=%.0f cpu_cores=%.2f cpu_us_per_heartbeat=%.1f "
-                  "max_rss_gib=%.2f%s\n",
-                  r.members, absl::GetFlag(FLAGS_nproc_per_node),
-                  r.shed.c_str(), r.offered, r.sent, r.accepted, r.lost,
-                  r.stale, r.failed_streams, r.shedding.factor,
-                  static_cast<long long>(r.shedding.shed_periods),
-                  r.shedding.late_fraction, r.shedding.capacity, r.cpu_cores,
-                  r.accepted > 0 ? 1e6 * r.cpu_cores / r.accepted : 0,
-                  r.rss_gib, status_p99.c_str());
+      std::printf("%s\n", line.c_str());
       std::fflush(stdout);
     }
   }
-  std::printf("\nhighest sustained (every member live, >= 95%% of the offered "
-              "heartbeats accepted): %d members = %d heartbeats/s\n",
-              sustained,
-              static_cast<int>(sustained * absl::GetFlag(FLAGS_rate)));
+  if (external.empty()) {
+    std::printf("\nhighest sustained (every member live, >= 95%% of the "
+                "offered heartbeats accepted): %d members = %d heartbeats/s\n",
+                sustained,
+                static_cast<int>(sustained * absl::GetFlag(FLAGS_rate)));
+  }
   return failures == 0 ? 0 : 1;
 }
 
