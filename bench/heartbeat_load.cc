@@ -45,7 +45,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cinttypes>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -65,6 +64,7 @@
 #include "absl/time/time.h"
 #include "common/job_config.h"
 #include "common/logging.h"
+#include "bench/resident_memory.h"
 #include "proto/gradsync/v1/health.grpc.pb.h"
 #include "proto/gradsync/v1/jobs.grpc.pb.h"
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
@@ -528,19 +528,6 @@ double RssGiB() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return usage.ru_maxrss / (1024.0 * 1024.0);
-}
-
-// The resident memory of process `pid` (VmRSS), in bytes; 0 when unknown.
-int64_t ResidentBytes(int pid) {
-  std::FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/status").c_str(), "r");
-  if (f == nullptr) return 0;
-  char line[256];
-  int64_t kib = 0;
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    if (std::sscanf(line, "VmRSS: %" SCNd64 " kB", &kib) == 1) break;
-  }
-  std::fclose(f);
-  return kib * 1024;
 }
 
 // The coordinator a level runs against: in process, or an external

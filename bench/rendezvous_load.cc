@@ -21,7 +21,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cinttypes>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -37,6 +36,7 @@
 #include "absl/time/time.h"
 #include "common/job_config.h"
 #include "common/logging.h"
+#include "bench/resident_memory.h"
 #include "proto/gradsync/v1/jobs.grpc.pb.h"
 #include "proto/gradsync/v1/kv.grpc.pb.h"
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
@@ -174,22 +174,6 @@ struct JoinCall {
   absl::Time received;
   grpc::Status status;
 };
-
-// The resident memory of process `pid` (0: this one), in bytes; 0 when
-// unknown.
-int64_t ResidentBytes(int pid) {
-  const std::string path =
-      pid > 0 ? absl::StrCat("/proc/", pid, "/status") : "/proc/self/status";
-  std::FILE* f = std::fopen(path.c_str(), "r");
-  if (f == nullptr) return 0;
-  char line[256];
-  int64_t kib = 0;
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    if (std::sscanf(line, "VmRSS: %" SCNd64 " kB", &kib) == 1) break;
-  }
-  std::fclose(f);
-  return kib * 1024;
-}
 
 v1::NodeDescriptor SimulatedProcess(int node, int local) {
   v1::NodeDescriptor d;
