@@ -349,6 +349,13 @@ std::string FormatJobStatus(const v1::JobStatus& job, absl::Time now) {
                                job.summary().matching(), " selected")
                 : std::string(),
         "):\n", RanksTable(job.members(), now));
+  } else if (job.has_summary() && job.world_size() > 0) {
+    // A large job lists only the members asked for (the CLI's default: the
+    // unhealthy ones), and none matched.
+    absl::StrAppend(&out, "\nmembers (round ", job.round(),
+                    "): none of those selected (a large job lists only its "
+                    "unhealthy members unless asked; --all lists every "
+                    "member)\n");
   }
   const std::string diagnosis = DiagnosisText(job);
   if (!diagnosis.empty()) absl::StrAppend(&out, "\ndiagnosis:\n", diagnosis);

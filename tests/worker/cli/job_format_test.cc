@@ -220,6 +220,19 @@ TEST(FormatJobStatusTest, APartialListingSaysSoAndTheSummaryCounts) {
   EXPECT_THAT(text, HasSubstr("\nmembers (round 3, 1 of the 1 selected):\n"));
 }
 
+TEST(FormatJobStatusTest, AListingThatSelectedNoMemberSaysSo) {
+  v1::JobStatus job = RunningJob();  // world size 4, all healthy
+  job.clear_members();
+  job.mutable_summary()->set_active(4);
+  job.mutable_summary()->set_heard(4);
+  std::string text = FormatJobStatus(job, kNow);
+  EXPECT_THAT(text, HasSubstr("\nmembers (round 3): none of those selected"));
+  EXPECT_THAT(text, HasSubstr("--all lists every member"));
+  // Without a summary (a whole status) there is nothing to say.
+  job.clear_summary();
+  EXPECT_THAT(FormatJobStatus(job, kNow), Not(HasSubstr("none of those")));
+}
+
 TEST(FormatJobStatusTest, WaitingJobShowsWaitingProcessesAndNoMembers) {
   std::string text = FormatJobStatus(WaitingJob(), kNow);
   EXPECT_THAT(text, ContainsRegex("\nstate +waiting\n"));
