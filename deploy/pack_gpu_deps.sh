@@ -3,7 +3,8 @@
 # needs on a GPU machine that has LibTorch (in PyTorch's wheel), CUDA, NCCL,
 # CMake, ninja and a compiler but no network and none of these: protoc and
 # the gRPC plugin, gRPC, protobuf, abseil, Gloo, GoogleTest, cpp-httplib,
-# nlohmann-json and the libraries they load (c-ares, re2, OpenSSL, zlib,
+# nlohmann-json, prometheus-cpp, nghttp2 (the benchmarks' load generator)
+# and the libraries they load (c-ares, re2, OpenSSL, zlib,
 # brotli, ibverbs, hiredis).
 #   deploy/pack_gpu_deps.sh [--out=DIR]      (default .gpudeps, git-ignored)
 # Each package is taken at apt's candidate version (the newest, as
