@@ -399,8 +399,12 @@ absl::Status H2UnaryClient::Run(std::vector<Call>* calls,
     Call& call = (*calls)[i];
     call.sent = start;
     call.code = -1;
-    GS_RETURN_IF_ERROR(
-        connections_[i % connections_.size()]->Submit(&call));
+    absl::Status submitted =
+        connections_[i % connections_.size()]->Submit(&call);
+    if (!submitted.ok()) {
+      spent_ = true;  // the session may hold calls submitted before
+      return submitted;
+    }
   }
   absl::Status status = Pump(start + timeout, [&] {
     size_t ended = 0;

@@ -59,7 +59,8 @@ class H2UnaryClient {
   // connections) and runs until each has ended. DEADLINE_EXCEEDED when some
   // had not after `timeout` (they keep code -1); UNAVAILABLE when a
   // connection failed (the calls still open end with code 14,
-  // UNAVAILABLE). After either, the connections may still carry those
+  // UNAVAILABLE); the error when a call cannot be sent (the calls not sent
+  // keep code -1). After any of these, the connections may still carry
   // calls: a later Run() is FAILED_PRECONDITION (connect again).
   absl::Status Run(std::vector<Call>* calls, absl::Duration timeout);
 

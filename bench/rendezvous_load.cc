@@ -325,8 +325,11 @@ bool SendJoinsWithH2(H2UnaryClient* client, int nproc, absl::Duration timeout,
     const H2UnaryClient::Call& h2 = h2_calls[i];
     call.sent = h2.sent;
     call.received = h2.received;
-    call.status = grpc::Status(static_cast<grpc::StatusCode>(h2.code),
-                               h2.message);
+    call.status =
+        h2.code < 0
+            ? grpc::Status(grpc::StatusCode::UNKNOWN,
+                           absl::StrCat("no answer: ", ran.ToString()))
+            : grpc::Status(static_cast<grpc::StatusCode>(h2.code), h2.message);
     const bool parsed = nproc == 1 ? call.response.ParseFromString(h2.response)
                                    : call.node_response.ParseFromString(
                                          h2.response);
