@@ -3,7 +3,7 @@
 # against PyTorch's DistributedDataParallel (python3-torch, Gloo on CPU or
 # NCCL on CUDA) on the same model, batch and data, then gradsync's bucketed
 # gradient sync against a raw all-reduce of the same bytes.
-#   bench/ddp_bench.sh [--model=mlp|resnet18] [--hidden=2800] [--batch_size=32]
+#   bench/ddp_bench.sh [--model=mlp|resnet18|resnet50] [--hidden=2800] [--batch_size=32]
 #                      [--steps=60] [--world_size=2] [--threads=1] [--rounds=3]
 #                      [--device=cpu|cuda] [--may_grow] [--gloo] [--no_build]
 #                      [--hooks] [--powersgd_rank=2] [--powersgd_start_iter=2]
@@ -56,8 +56,8 @@ for arg in "$@"; do
   esac
 done
 case "$model" in
-  mlp|resnet18) ;;
-  *) echo "ddp_bench: --model must be mlp or resnet18, not $model" >&2; exit 2 ;;
+  mlp|resnet18|resnet50) ;;
+  *) echo "ddp_bench: --model must be mlp, resnet18 or resnet50, not $model" >&2; exit 2 ;;
 esac
 # Both PowerSGDs refuse to compress before step 2 (buckets are rebuilt after
 # step 1).
@@ -137,8 +137,8 @@ if [ "$model" = mlp ]; then
   description="MLP 784-$hidden-$hidden-10 ($params parameters)"
 else
   params=$("$python" -c "import torchvision
-print(sum(p.numel() for p in torchvision.models.resnet18(num_classes=10).parameters()))")
-  description="ResNet-18 (torchvision's, num_classes=10, 3x32x32 images, $params parameters)"
+print(sum(p.numel() for p in torchvision.models.$model(num_classes=10).parameters()))")
+  description="${model/resnet/ResNet-} (torchvision's, num_classes=10, 3x32x32 images, $params parameters)"
 fi
 echo "== $device, $description, batch $batch per rank," \
      "$world ranks, $threads thread(s) per rank, $steps steps ($warmup warm-up), $rounds rounds," \

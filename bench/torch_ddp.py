@@ -1,7 +1,7 @@
 """PyTorch's DistributedDataParallel (Gloo, CPU) on the model and batch that
 gradsync-worker trains, for bench/ddp_bench.sh to run side by side with it.
 
-  /usr/bin/python3 bench/torch_ddp.py --world_size=2 [--model=mlp|resnet18] \
+  /usr/bin/python3 bench/torch_ddp.py --world_size=2 [--model=mlp|resnet18|resnet50] \
       --hidden=2800 --batch_size=32 --steps=60 [--local] \
       [--comm_hook=allreduce|fp16_compress|powersgd] [--powersgd_rank=1] \
       [--powersgd_start_iter=1000]
@@ -44,10 +44,14 @@ import torch.nn as nn
 from collections import OrderedDict
 
 # Image shape per model, as gradsync-worker takes them (worker/trainer/models.h).
-INPUT_SHAPES = {"mlp": (1, 28, 28), "resnet18": (3, 32, 32)}
+INPUT_SHAPES = {"mlp": (1, 28, 28), "resnet18": (3, 32, 32),
+                "resnet50": (3, 32, 32)}
 
 
 def make_model(name, hidden):
+    if name == "resnet50":
+        import torchvision
+        return torchvision.models.resnet50(num_classes=10)
     if name == "resnet18":
         import torchvision
         return torchvision.models.resnet18(num_classes=10)

@@ -255,6 +255,8 @@ std::string DeviceTypeName(v1::DeviceType type) {
       return "cpu";
     case v1::DEVICE_TYPE_CUDA:
       return "cuda";
+    case v1::DEVICE_TYPE_SIM:
+      return "sim";
     default:
       return "-";
   }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds gradsync with CMake and Ninja: the same libraries, binaries and tests
 # as the Bazel build (CMakeLists.txt), for machines without Bazel.
-#   deploy/cmake_build.sh [--build_dir=DIR] [--jobs=N] [--ctest[=REGEX]] [-DVAR=VALUE ...]
+#   deploy/cmake_build.sh [--build_dir=DIR] [--jobs=N] [--ctest[=REGEX]]
+#                         [--targets=A,B,...] [-DVAR=VALUE ...]
 #
 #   --build_dir  build tree (default build/cmake; /build/ is git-ignored and
 #                Bazel ignores it, see .bazelignore)
@@ -9,6 +10,8 @@
 #   --ctest      then run the tests with ctest (each gtest case is one ctest
 #                test); =REGEX runs only the tests whose name matches, e.g.
 #                --ctest=nccl_backend_test
+#   --targets    build only these targets (CMake names, e.g.
+#                gradsync-worker,nccl_backend_test); default: everything
 #   -D...        passed to cmake, e.g. -DGRADSYNC_WITH_NCCL=ON,
 #                -DGRADSYNC_WITH_TORCH=OFF, -DCMAKE_PREFIX_PATH=...
 # First checks that the CMake files still mirror every BUILD.bazel
@@ -23,6 +26,7 @@ build_dir=build/cmake
 jobs=${JOBS:-2}
 run_ctest=0
 ctest_regex=
+targets=()
 cmake_args=()
 for arg in "$@"; do
   case "$arg" in
@@ -30,6 +34,7 @@ for arg in "$@"; do
     --jobs=*) jobs=${arg#*=} ;;
     --ctest) run_ctest=1 ;;
     --ctest=*) run_ctest=1; ctest_regex=${arg#*=} ;;
+    --targets=*) IFS=, read -r -a targets <<<"${arg#*=}" ;;
     -D*) cmake_args+=("$arg") ;;
     *) echo "cmake_build: unknown argument '$arg' (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -45,7 +50,9 @@ cmake -S . -B "$build_dir" -G Ninja "${cmake_args[@]}" >"$build_dir/configure.lo
   exit 1
 }
 grep -E '^-- gradsync:' "$build_dir/configure.log" || true
-cmake --build "$build_dir" -j "$jobs"
+target_args=()
+for t in "${targets[@]}"; do target_args+=(--target "$t"); done
+cmake --build "$build_dir" -j "$jobs" "${target_args[@]}"
 echo "cmake_build: configured and built $build_dir in $((SECONDS - start))s"
 
 [ "$run_ctest" -eq 1 ] || exit 0

@@ -3,8 +3,9 @@
 #   deploy/test.sh [extra bazel test flags]
 # bazel test //..., then the CMake build of everything and its tests
 # (deploy/cmake_build.sh --ctest, about 7 minutes from scratch on 2 cores),
-# so that the CMake build GPU machines use cannot rot, then the libFuzzer
-# harnesses for a minute (tests/fuzz/run.sh). Ends with one line
+# so that the CMake build GPU machines use cannot rot, then the GPU check's
+# dry run (deploy/gpu_run.sh --dry_run), then the libFuzzer harnesses for a
+# minute (tests/fuzz/run.sh). Ends with one line
 # "gtest: N passed, N failed, N skipped" counted from Bazel's test cases (GPU
 # tests skip on machines without a GPU), after ctest's own line.
 set -uo pipefail
@@ -38,6 +39,13 @@ done < <(grep -oE '^//[^ ]+' /tmp/gradsync-test.log | sort -u)
 deploy/cmake_build.sh --ctest 2>&1 | tee /tmp/gradsync-cmake.log
 cmake_status=${PIPESTATUS[0]}
 [ "$status" -eq 0 ] && status=$cmake_status
+
+# The GPU check's plan (deploy/gpu_run.sh --dry_run, no GPU needed): every
+# step's command line well formed, every script and binary it names there.
+deploy/gpu_run.sh --dry_run --out=/tmp/gradsync-gpu-plan \
+  --build_dir=/tmp/gradsync-gpu-plan-build 2>&1 | tee /tmp/gradsync-gpu-plan.log
+plan_status=${PIPESTATUS[0]}
+[ "$status" -eq 0 ] && status=$plan_status
 
 # The fuzzers, for a bounded time (tests/fuzz/run.sh).
 tests/fuzz/run.sh 60 2>&1 | tee /tmp/gradsync-fuzz.log

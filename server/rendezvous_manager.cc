@@ -134,9 +134,28 @@ absl::Status ValidateNodeDescriptor(const v1::NodeDescriptor& node) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// A node's processes (iterators to joiners) in local rank order
+// (PlaceLocalRanks).
+template <typename JoinerIt>
+std::vector<JoinerIt> InLocalRankOrder(const std::vector<JoinerIt>& procs) {
+  std::vector<int> slots;
+  for (const JoinerIt& p : procs) slots.push_back(p->local_slot);
+  const std::vector<int> local =
+      PlaceLocalRanks(slots, static_cast<int>(procs.size()));
+  std::vector<JoinerIt> ordered(procs.size());
+  for (size_t i = 0; i < procs.size(); ++i) ordered[local[i]] = procs[i];
+  return ordered;
+}
+
+}  // namespace
+
 bool CanUseNccl(const v1::NodeDescriptor& node) {
   return node.nccl_available() &&
-         node.device_type() == v1::DEVICE_TYPE_CUDA && node.device_count() > 0;
+         (node.device_type() == v1::DEVICE_TYPE_CUDA ||
+          node.device_type() == v1::DEVICE_TYPE_SIM) &&
+         node.device_count() > 0;
 }
 
 std::pair<int64_t, int> ChooseResumeSource(
@@ -152,13 +171,39 @@ std::pair<int64_t, int> ChooseResumeSource(
   return best;
 }
 
+std::vector<int> PlaceLocalRanks(const std::vector<int>& slots, int nproc) {
+  std::vector<int> local(slots.size(), -1);
+  std::vector<bool> taken(nproc, false);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int slot = slots[i];
+    if (slot >= 0 && slot < nproc && !taken[slot]) {
+      local[i] = slot;
+      taken[slot] = true;
+    }
+  }
+  int next_free = 0;
+  for (int& l : local) {
+    if (l >= 0) continue;
+    while (next_free < nproc && taken[next_free]) ++next_free;
+    l = next_free;
+    if (next_free < nproc) taken[next_free] = true;
+  }
+  return local;
+}
+
 v1::Backend NegotiateBackend(v1::Backend preference,
                              const std::vector<v1::NodeDescriptor>& members) {
   if (preference == v1::BACKEND_GLOO || preference == v1::BACKEND_NCCL) {
     return preference;
   }
-  bool all_nccl = !members.empty() &&
-                  std::all_of(members.begin(), members.end(), CanUseNccl);
+  // One kind of device: simulated GPUs cannot reach real ones.
+  bool all_nccl =
+      !members.empty() &&
+      std::all_of(members.begin(), members.end(),
+                  [&](const v1::NodeDescriptor& node) {
+                    return CanUseNccl(node) &&
+                           node.device_type() == members[0].device_type();
+                  });
   return all_nccl ? v1::BACKEND_NCCL : v1::BACKEND_GLOO;
 }
 
@@ -269,6 +314,10 @@ namespace {
 
 absl::Status CheckProcessJoin(const v1::JoinRequest& request) {
   GS_RETURN_IF_ERROR(ValidateNodeDescriptor(request.node()));
+  if (request.has_local_slot() && request.local_slot() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "local_slot must be >= 0, got ", request.local_slot()));
+  }
   if (request.committed_step() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "committed_step must be >= 0, got ", request.committed_step()));
@@ -315,6 +364,7 @@ absl::StatusOr<std::vector<v1::JoinRequest>> SplitNodeJoin(
     join.set_last_round(process.last_round());
     join.set_has_state(process.has_state());
     join.set_committed_step(process.committed_step());
+    if (process.has_local_slot()) join.set_local_slot(process.local_slot());
     if (!incarnations.insert(process.node().incarnation_id()).second) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a node join lists incarnation '", process.node().incarnation_id(),
@@ -541,6 +591,7 @@ void RendezvousManager::JoinLocked(JobRendezvous* job,
   joiner.node = std::move(node);
   joiner.has_state = request.has_state();
   joiner.committed_step = request.committed_step();
+  joiner.local_slot = request.has_local_slot() ? request.local_slot() : -1;
   joiner.join_time = now;
   joiner.deadline = now + FromProtoDuration(job->config.join_timeout());
   joiner.done = std::move(done);
@@ -750,8 +801,10 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
   const int world_size = num_nodes * nproc;
   std::vector<std::pair<bool, int64_t>> states(world_size);
   for (int i = 0; i < num_nodes; ++i) {
+    const std::vector<std::list<Joiner>::iterator> procs =
+        InLocalRankOrder(processes[chosen[i]]);
     for (int local = 0; local < nproc; ++local) {
-      const Joiner& joiner = *processes[chosen[i]][local];
+      const Joiner& joiner = *procs[local];
       states[node_rank[i] * nproc + local] = {joiner.has_state,
                                               joiner.committed_step};
     }
@@ -783,7 +836,8 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
   for (int i = 0; i < num_nodes; ++i) {
     job->remembered_node_rank[chosen[i]] = node_rank[i];
     job->node_rank_by_node[chosen[i]] = node_rank[i];
-    std::vector<std::list<Joiner>::iterator>& procs = processes[chosen[i]];
+    std::vector<std::list<Joiner>::iterator> procs =
+        InLocalRankOrder(processes[chosen[i]]);
     for (int local = 0; local < nproc; ++local) {
       Joiner& joiner = *procs[local];
       const int rank = node_rank[i] * nproc + local;

@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "common/failpoint.h"
 #include "common/status_macros.h"
+#include "worker/backend/nccl_faults.h"
 #include "worker/runtime/run_job.h"
 #include "worker/trainer/trainer.h"
 
@@ -69,10 +70,12 @@ ABSL_FLAG(int, max_recoveries, 3,
           "how often this process may re-form its round after losing a peer "
           "before it gives up");
 ABSL_FLAG(std::string, failpoint, "",
-          "for tests: NAME[:N] makes this process exit with code 86 on the "
-          "N-th pass (default 1) through failpoint NAME (step: after a step "
-          "committed; state_transfer: in "
-          "the middle of copying a round's training state)");
+          "for tests: NAME[:N],... fires failpoint NAME on its N-th pass "
+          "(default 1). step (after a step committed) and state_transfer (in "
+          "the middle of copying a round's training state) exit with code 86; "
+          "nccl_async_error (the N-th NCCL collective of this process fails "
+          "asynchronously after it was enqueued) and nccl_hang (it never "
+          "completes) need the NCCL backend (--device=cuda or sim)");
 ABSL_FLAG(std::string, failure_policy, "",
           "what losing a member does to the job (set by its first join): "
           "recover (re-form the round in place; the default) or fail");
@@ -80,7 +83,10 @@ ABSL_FLAG(bool, standalone, false,
           "train in this process alone: no coordinator, no gradient sync "
           "(the single-process baseline)");
 // Devices and backends.
-ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu, cuda, or sim (a simulated GPU per local rank: host memory "
+          "through every GPU code path and NCCL over shared memory, for "
+          "tests; GRADSYNC_SIM_DEVICES devices per node, default 8)");
 ABSL_FLAG(std::string, backend, "auto",
           "auto (NCCL when every member has CUDA, else Gloo), gloo or nccl");
 // Model and data.
@@ -228,6 +234,7 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s,
       {"forward_ms", ms(s.mean_forward)},
       {"backward_ms", ms(s.mean_backward)},
       {"communication_ms", ms(s.mean_communication)},
+      {"exposed_communication_ms", ms(s.mean_exposed_communication)},
       {"hidden_communication_ms", ms(s.mean_hidden_communication)},
       {"buckets", s.buckets},
       {"bucket_bytes_per_step", s.bucket_bytes_per_step},
@@ -272,7 +279,7 @@ class WorkerTrainer : public Trainer {
                 static_cast<long long>(round.number), round.backend_name.c_str());
     std::fflush(stdout);
     if (run_ == nullptr) {
-      config_.cuda_device = round.cuda_device;
+      config_.device_index = round.device_index;
       GS_ASSIGN_OR_RETURN(run_, TrainingRun::Create(config_));
     }
     TrainContext context;
@@ -297,6 +304,43 @@ class WorkerTrainer : public Trainer {
   std::unique_ptr<TrainingRun> run_;
 };
 
+// The NCCL faults the armed failpoints ask for, one pass per collective;
+// none when no NCCL failpoint is armed.
+CommFaultPlan FailpointFaults() {
+  if (!FailpointArmed(kFailpointNcclAsyncError) &&
+      !FailpointArmed(kFailpointNcclHang)) {
+    return nullptr;
+  }
+  return [](uint64_t) {
+    CommFault fault;
+    if (FailpointFires(kFailpointNcclAsyncError)) {
+      fault.kind = CommFault::Kind::kAsyncError;
+    } else if (FailpointFires(kFailpointNcclHang)) {
+      fault.kind = CommFault::Kind::kHang;
+    }
+    return fault;
+  };
+}
+
+// Arms --failpoint; the NCCL ones only where the NCCL backend can run.
+absl::Status ArmFailpointsFromFlags() {
+  const std::string spec = absl::GetFlag(FLAGS_failpoint);
+  if (spec.empty()) return absl::OkStatus();
+  GS_RETURN_IF_ERROR(ArmFailpoint(spec));
+  const bool nccl_possible = absl::GetFlag(FLAGS_device) != "cpu" &&
+                             absl::GetFlag(FLAGS_backend) != "gloo" &&
+                             !absl::GetFlag(FLAGS_standalone);
+  for (absl::string_view name : {kFailpointNcclAsyncError, kFailpointNcclHang}) {
+    if (FailpointArmed(name) && !nccl_possible) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--failpoint=", name, " injects into NCCL collectives: it needs "
+          "--device=cuda or --device=sim, a coordinator and a backend other "
+          "than gloo"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 JobOptions JobOptionsFromFlags(const TrainerConfig& config) {
   JobOptions options;
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
@@ -309,8 +353,11 @@ JobOptions JobOptionsFromFlags(const TrainerConfig& config) {
   options.address = absl::GetFlag(FLAGS_address);
   options.network_interface = absl::GetFlag(FLAGS_network_interface);
   options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
-  options.cuda = config.device == "cuda";
-  options.cuda_devices = static_cast<int>(torch::cuda::device_count());
+  options.device = config.device;
+  if (config.device == "cuda") {
+    options.device_count = static_cast<int>(torch::cuda::device_count());
+  }
+  options.nccl_faults = FailpointFaults();
   options.timeout = absl::GetFlag(FLAGS_timeout);
   options.join_timeout = absl::GetFlag(FLAGS_join_timeout);
   options.last_call_timeout = absl::GetFlag(FLAGS_last_call_timeout);
@@ -323,9 +370,7 @@ JobOptions JobOptionsFromFlags(const TrainerConfig& config) {
 }
 
 absl::Status Run() {
-  if (!absl::GetFlag(FLAGS_failpoint).empty()) {
-    GS_RETURN_IF_ERROR(ArmFailpoint(absl::GetFlag(FLAGS_failpoint)));
-  }
+  GS_RETURN_IF_ERROR(ArmFailpointsFromFlags());
   if (absl::GetFlag(FLAGS_threads) > 0) {
     torch::set_num_threads(absl::GetFlag(FLAGS_threads));
   }
@@ -341,9 +386,9 @@ absl::Status Run() {
   }
   const JobOptions options = JobOptionsFromFlags(config);
   // On the CPU the run is made now, so bad settings fail before joining; on
-  // CUDA at the first round, on the round's device.
+  // a GPU (or a simulated one) at the first round, on the process's device.
   std::unique_ptr<TrainingRun> run;
-  if (!options.cuda) {
+  if (options.device == "cpu") {
     GS_ASSIGN_OR_RETURN(run, TrainingRun::Create(config));
   }
   WorkerTrainer trainer(config, std::move(run));

@@ -10,14 +10,35 @@ using ::testing::ExitedWithCode;
 using ::testing::HasSubstr;
 
 TEST(FailpointTest, BadSpecsAreRefusedAndArmNothing) {
-  for (const char* spec : {"nope", "state_transfer:0", "state_transfer:x",
-                           "state_transfer:", "state_transfer:-1"}) {
+  for (const char* spec :
+       {"nope", "state_transfer:0", "state_transfer:x", "state_transfer:",
+        "state_transfer:-1", "step,nope", "nccl_hang:2,nccl_hang:3"}) {
     absl::Status armed = ArmFailpoint(spec);
     EXPECT_EQ(armed.code(), absl::StatusCode::kInvalidArgument) << spec;
   }
   EXPECT_THAT(ArmFailpoint("nope").message(),
-              HasSubstr("unknown failpoint 'nope' (known: state_transfer, step)"));
+              HasSubstr("unknown failpoint 'nope' (known: state_transfer, "
+                        "step, nccl_async_error, nccl_hang)"));
+  EXPECT_THAT(ArmFailpoint("nccl_hang:2,nccl_hang:3").message(),
+              HasSubstr("'nccl_hang' is listed twice"));
+  EXPECT_FALSE(FailpointArmed(kFailpointStep));  // "step,nope" armed nothing
   Failpoint(kFailpointStateTransfer);  // disarmed: passes
+}
+
+TEST(FailpointDeathTest, SeveralFaultsFireEachOnItsOwnPass) {
+  EXPECT_EXIT(
+      {
+        if (!ArmFailpoint("nccl_async_error:2,nccl_hang:1").ok()) std::_Exit(1);
+        if (!FailpointArmed(kFailpointNcclHang)) std::_Exit(2);
+        if (!FailpointFires(kFailpointNcclHang)) std::_Exit(3);
+        if (FailpointFires(kFailpointNcclHang)) std::_Exit(4);  // once only
+        if (FailpointArmed(kFailpointNcclHang)) std::_Exit(5);
+        if (FailpointFires(kFailpointNcclAsyncError)) std::_Exit(6);
+        if (!FailpointFires(kFailpointNcclAsyncError)) std::_Exit(7);
+        std::_Exit(0);
+      },
+      ExitedWithCode(0),
+      "failpoint nccl_hang hit\nfailpoint nccl_async_error hit\n");
 }
 
 TEST(FailpointDeathTest, ExitsOnTheArmedPass) {

@@ -1,17 +1,9 @@
 #include "worker/backend/nccl_backend.h"
 
-#include <cuda_runtime_api.h>
-#include <nccl.h>
-
-#include <deque>
-#include <functional>
-#include <string>
-#include <thread>
+#include <algorithm>
 #include <utility>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -20,424 +12,387 @@ namespace gradsync {
 namespace {
 
 constexpr char kUniqueIdKey[] = "nccl/unique_id";
-// How often the watchdog looks at pending collectives and async errors.
-constexpr absl::Duration kWatchdogPoll = absl::Microseconds(50);
-constexpr absl::Duration kWatchdogIdle = absl::Milliseconds(100);
+// How often the watchdog looks for asynchronous errors and timeouts: a
+// query per interval, nothing measurable; what it finds is a failure whose
+// collective never completes (the completion thread sees the others).
+constexpr absl::Duration kWatchdogInterval = absl::Milliseconds(100);
+// A non-blocking call that is still in progress is polled from this pause,
+// doubling up to kSettlePollMax.
+constexpr absl::Duration kSettlePollMin = absl::Microseconds(20);
+constexpr absl::Duration kSettlePollMax = absl::Milliseconds(2);
 
-// CUDA errors become a status at the call site, naming the call.
-absl::Status CudaStatus(cudaError_t error, const char* call) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("CUDA ", call, " failed: ",
-                                          cudaGetErrorName(error), ": ",
-                                          cudaGetErrorString(error)));
+// An argument error, named as the backend's: a finished Work that
+// consumes no sequence number.
+std::shared_ptr<Work> Invalid(const absl::Status& status) {
+  return Work::Done(0, absl::Status(status.code(),
+                                    absl::StrCat("nccl ", status.message())));
 }
-
-absl::Status NcclStatus(ncclResult_t result, ncclComm_t comm,
-                        const std::string& call) {
-  if (result == ncclSuccess) return absl::OkStatus();
-  const char* detail = ncclGetLastError(comm);
-  std::string message =
-      absl::StrCat("NCCL ", call, " failed: ", ncclGetErrorString(result),
-                   detail != nullptr && *detail != '\0'
-                       ? absl::StrCat(" (", detail, ")")
-                       : std::string());
-  switch (result) {
-    case ncclInvalidArgument:
-    case ncclInvalidUsage:
-      return absl::InvalidArgumentError(message);
-    case ncclRemoteError:
-    case ncclSystemError:
-      return absl::UnavailableError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
-#define GS_RETURN_IF_CUDA_ERROR(call) GS_RETURN_IF_ERROR(CudaStatus((call), #call))
-
-absl::StatusOr<ncclDataType_t> NcclType(DataType dtype) {
-  switch (dtype) {
-    case DataType::kFloat32:
-      return ncclFloat32;
-    case DataType::kFloat64:
-      return ncclFloat64;
-    case DataType::kFloat16:
-      return ncclFloat16;
-    case DataType::kBFloat16:
-      return ncclBfloat16;
-    case DataType::kInt32:
-      return ncclInt32;
-    case DataType::kInt64:
-      return ncclInt64;
-    case DataType::kUInt8:
-      return ncclUint8;
-  }
-  return absl::InvalidArgumentError("unknown dtype");
-}
-
-// A collective's Work with its end event, which it owns: a caller's stream
-// can wait on it (SynchronizeStream) for as long as the Work is held.
-class NcclWork final : public Work {
- public:
-  explicit NcclWork(uint64_t sequence) : Work(sequence) {}
-  ~NcclWork() override {
-    if (end_ != nullptr) cudaEventDestroy(end_);
-  }
-
-  // Set once, before the Work is handed out.
-  absl::Status CreateEnd(cudaStream_t stream) {
-    GS_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&end_, cudaEventDisableTiming));
-    return CudaStatus(cudaEventRecord(end_, stream), "cudaEventRecord");
-  }
-  cudaEvent_t end() const { return end_; }
-
-  absl::Status SynchronizeStream(void* stream,
-                                 absl::Duration timeout) const override {
-    (void)timeout;  // the GPU waits; the watchdog bounds the collective
-    if (IsCompleted()) return status();
-    return CudaStatus(
-        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), end_, 0),
-        "cudaStreamWaitEvent");
-  }
-
- private:
-  cudaEvent_t end_ = nullptr;
-};
-
-class NcclBackend final : public Backend {
- public:
-  NcclBackend(const BackendOptions& options, const NcclOptions& nccl_options)
-      : Backend(options), nccl_options_(nccl_options) {}
-
-  ~NcclBackend() override {
-    {
-      absl::MutexLock lock(&mu_);
-      stopping_ = true;
-    }
-    if (watchdog_.joinable()) watchdog_.join();
-    cudaSetDevice(nccl_options_.device_index);
-    {
-      absl::MutexLock lock(&mu_);
-      // A healthy communicator finishes its work; a broken one is aborted.
-      if (comm_ != nullptr && aborted_) {
-        ncclCommAbort(comm_);
-      } else if (comm_ != nullptr) {
-        cudaStreamSynchronize(comm_stream_);
-        ncclCommDestroy(comm_);
-      }
-      comm_ = nullptr;
-      FailPendingLocked(absl::CancelledError("the nccl backend was destroyed"));
-    }
-    if (barrier_buffer_ != nullptr) cudaFree(barrier_buffer_);
-    if (ready_event_ != nullptr) cudaEventDestroy(ready_event_);
-    if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
-  }
-
-  std::string name() const override { return "nccl"; }
-
-  // ncclCommAbort, as the watchdog does on an error.
-  void Abort() override {
-    absl::MutexLock lock(&mu_);
-    if (!aborted_) AbortLocked(absl::AbortedError("aborted by its owner"));
-  }
-
-  absl::Status Init(Store* store) {
-    GS_RETURN_IF_CUDA_ERROR(cudaSetDevice(nccl_options_.device_index));
-    GS_RETURN_IF_CUDA_ERROR(
-        cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
-    GS_RETURN_IF_CUDA_ERROR(
-        cudaEventCreateWithFlags(&ready_event_, cudaEventDisableTiming));
-    GS_RETURN_IF_CUDA_ERROR(cudaMalloc(&barrier_buffer_, sizeof(float)));
-
-    ncclUniqueId id;
-    if (rank() == 0) {
-      GS_RETURN_IF_ERROR(
-          NcclStatus(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId"));
-      GS_RETURN_IF_ERROR(store->Set(
-          kUniqueIdKey, std::string(id.internal, NCCL_UNIQUE_ID_BYTES)));
-    } else {
-      GS_ASSIGN_OR_RETURN(std::string bytes,
-                          store->Get(kUniqueIdKey, options().timeout));
-      if (bytes.size() != NCCL_UNIQUE_ID_BYTES) {
-        return absl::DataLossError(absl::StrCat(
-            "the NCCL unique id in the store has ", bytes.size(),
-            " bytes, expected ", NCCL_UNIQUE_ID_BYTES,
-            ": are all ranks using the same NCCL version?"));
-      }
-      std::copy(bytes.begin(), bytes.end(), id.internal);
-    }
-
-    // Non-blocking creation, so a missing rank cannot hang us forever.
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    ncclResult_t result = ncclCommInitRankConfig(&comm_, world_size(), id,
-                                                 rank(), &config);
-    if (result != ncclSuccess && result != ncclInProgress) {
-      return NcclStatus(result, comm_, "ncclCommInitRankConfig");
-    }
-    absl::Status settled = AwaitSettled("communicator creation");
-    if (!settled.ok()) {
-      absl::MutexLock lock(&mu_);
-      aborted_ = true;  // the destructor aborts the half-made communicator
-      return settled;
-    }
-    watchdog_ = std::thread([this] { WatchdogLoop(); });
-    return absl::OkStatus();
-  }
-
-  std::shared_ptr<Work> AllReduce(Buffer buffer, ReduceOp op) override {
-    return Launch("allreduce", buffer, [&](ncclDataType_t type,
-                                          cudaStream_t stream) {
-      return ncclAllReduce(buffer.data, buffer.data, buffer.count, type,
-                           op == ReduceOp::kSum ? ncclSum : ncclAvg, comm_,
-                           stream);
-    });
-  }
-
-  std::shared_ptr<Work> Broadcast(Buffer buffer, int root) override {
-    absl::Status valid = CheckRoot(root, world_size());
-    if (!valid.ok()) return Work::Done(0, valid);
-    return Launch("broadcast", buffer, [&](ncclDataType_t type,
-                                          cudaStream_t stream) {
-      return ncclBroadcast(buffer.data, buffer.data, buffer.count, type, root,
-                           comm_, stream);
-    });
-  }
-
-  std::shared_ptr<Work> AllGather(Buffer input, Buffer output) override {
-    absl::Status valid = CheckBuffer(output, DeviceKind::kCuda, "allgather");
-    if (valid.ok()) valid = CheckAllGatherSizes(input, output, world_size());
-    if (!valid.ok()) return Work::Done(0, valid);
-    return Launch("allgather", input, [&](ncclDataType_t type,
-                                         cudaStream_t stream) {
-      return ncclAllGather(input.data, output.data, input.count, type, comm_,
-                           stream);
-    });
-  }
-
-  std::shared_ptr<Work> Barrier() override {
-    Buffer one{barrier_buffer_, 1, DataType::kFloat32, DeviceKind::kCuda,
-               nccl_options_.device_index};
-    return Launch("barrier", one, [&](ncclDataType_t type,
-                                     cudaStream_t stream) {
-      return ncclAllReduce(barrier_buffer_, barrier_buffer_, 1, type, ncclSum,
-                           comm_, stream);
-    });
-  }
-
- private:
-  struct Pending {
-    std::shared_ptr<NcclWork> work;
-    absl::Time start;
-    std::string what;  // "allreduce #17 (rank 2 of 4, 1048576 float32)"
-  };
-
-  // Validates, orders after the caller's stream (the buffer's, else the
-  // compute stream), enqueues `op` on the comm stream and tracks its
-  // completion.
-  std::shared_ptr<Work> Launch(
-      const char* collective, const Buffer& buffer,
-      const std::function<ncclResult_t(ncclDataType_t, cudaStream_t)>& op) {
-    absl::MutexLock lock(&mu_);
-    const uint64_t sequence = ++sequence_;
-    const std::string what = absl::StrCat(
-        collective, " #", sequence, " (rank ", rank(), " of ", world_size(),
-        ", ", buffer.count, " ", DataTypeName(buffer.dtype), ")");
-    if (aborted_) {
-      return Work::Done(sequence, absl::FailedPreconditionError(absl::StrCat(
-                                      "nccl ", what,
-                                      ": the communicator was aborted after "
-                                      "an earlier error: ",
-                                      abort_status_.message())));
-    }
-    absl::Status status = CheckBuffer(buffer, DeviceKind::kCuda, collective);
-    absl::StatusOr<ncclDataType_t> type = NcclType(buffer.dtype);
-    if (status.ok()) status = type.status();
-    if (!status.ok() || buffer.count == 0) {
-      return Work::Done(sequence, status);
-    }
-    Pending pending{std::make_shared<NcclWork>(sequence), absl::Now(), what};
-    status = Enqueue(*type, op, buffer.stream, pending.work.get());
-    if (!status.ok()) {
-      return Work::Done(sequence, absl::Status(status.code(),
-                                               absl::StrCat("nccl ", what,
-                                                            ": ",
-                                                            status.message())));
-    }
-    std::shared_ptr<Work> work = pending.work;
-    pending_.push_back(std::move(pending));
-    return work;
-  }
-
-  absl::Status Enqueue(
-      ncclDataType_t type,
-      const std::function<ncclResult_t(ncclDataType_t, cudaStream_t)>& op,
-      void* caller_stream, NcclWork* work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    GS_RETURN_IF_CUDA_ERROR(cudaSetDevice(nccl_options_.device_index));
-    auto compute = static_cast<cudaStream_t>(
-        caller_stream != nullptr ? caller_stream : nccl_options_.compute_stream);
-    GS_RETURN_IF_CUDA_ERROR(cudaEventRecord(ready_event_, compute));
-    GS_RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(comm_stream_, ready_event_, 0));
-    ncclResult_t result = op(type, comm_stream_);
-    if (result == ncclInProgress) {
-      absl::Status settled = AwaitSettled("enqueue");
-      if (!settled.ok()) {
-        AbortLocked(settled);
-        return settled;
-      }
-    } else {
-      GS_RETURN_IF_ERROR(NcclStatus(result, comm_, "collective"));
-    }
-    return work->CreateEnd(comm_stream_);
-  }
-
-  // Polls a non-blocking communicator until its last call has settled.
-  absl::Status AwaitSettled(const char* what) {
-    const absl::Time deadline = absl::Now() + options().timeout;
-    for (;;) {
-      ncclResult_t state = ncclSuccess;
-      GS_RETURN_IF_ERROR(NcclStatus(ncclCommGetAsyncError(comm_, &state), comm_,
-                                    "ncclCommGetAsyncError"));
-      if (state == ncclSuccess) return absl::OkStatus();
-      if (state != ncclInProgress) {
-        return NcclStatus(state, comm_, what);
-      }
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "NCCL ", what, " of rank ", rank(), " of ", world_size(),
-            " did not complete within ", absl::FormatDuration(options().timeout),
-            ": check that every rank started and can reach the others"));
-      }
-      absl::SleepFor(kWatchdogPoll);
-    }
-  }
-
-  // Completes finished collectives; aborts on async errors and timeouts.
-  void WatchdogLoop() {
-    cudaSetDevice(nccl_options_.device_index);
-    absl::MutexLock lock(&mu_);
-    while (!stopping_) {
-      if (pending_.empty() || aborted_) {
-        auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stopping_ || (!pending_.empty() && !aborted_);
-        };
-        mu_.AwaitWithTimeout(absl::Condition(&wake), kWatchdogIdle);
-      }
-      if (stopping_ || aborted_) continue;
-      ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &state);
-      if (state != ncclSuccess && state != ncclInProgress) {
-        AbortLocked(NcclStatus(state, comm_, "asynchronous error"));
-        continue;
-      }
-      while (!pending_.empty()) {
-        Pending& front = pending_.front();
-        cudaError_t query = cudaEventQuery(front.work->end());
-        if (query == cudaSuccess) {
-          front.work->Finish(absl::OkStatus());
-          pending_.pop_front();
-          continue;
-        }
-        if (query != cudaErrorNotReady) {
-          AbortLocked(CudaStatus(query, "cudaEventQuery"));
-        } else if (absl::Now() - front.start > options().timeout) {
-          AbortLocked(absl::DeadlineExceededError(absl::StrCat(
-              "nccl ", front.what, " did not complete within ",
-              absl::FormatDuration(options().timeout),
-              ": a rank may have died or issued different collectives; the "
-              "communicator was aborted")));
-        }
-        break;
-      }
-      if (!pending_.empty()) {
-        mu_.Unlock();
-        absl::SleepFor(kWatchdogPoll);
-        mu_.Lock();
-      }
-    }
-  }
-
-  void AbortLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    GS_LOG(ERROR) << "nccl rank " << rank() << " of " << world_size()
-                  << ": aborting the communicator: " << status;
-    aborted_ = true;
-    abort_status_ = status;
-    if (comm_ != nullptr) ncclCommAbort(comm_);
-    comm_ = nullptr;
-    FailPendingLocked(status);
-  }
-
-  void FailPendingLocked(const absl::Status& status)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (Pending& pending : pending_) {
-      pending.work->Finish(absl::Status(
-          status.code(), absl::StrCat("nccl ", pending.what, ": ",
-                                      status.message())));
-    }
-    pending_.clear();
-  }
-
-  const NcclOptions nccl_options_;
-  // Set in Init, then read-only (comm_ is nulled by an abort, under mu_).
-  ncclComm_t comm_ = nullptr;
-  cudaStream_t comm_stream_ = nullptr;
-  cudaEvent_t ready_event_ = nullptr;
-  void* barrier_buffer_ = nullptr;
-  std::thread watchdog_;
-
-  absl::Mutex mu_;
-  uint64_t sequence_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
-  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status abort_status_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-};
 
 }  // namespace
 
-int CudaDeviceCount() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no driver" error
-    return 0;
+// A collective's Work with its end event, which it owns: a caller's stream
+// can wait on it (SynchronizeStream) for as long as the Work is held.
+class NcclBackend::EndedWork final : public Work {
+ public:
+  EndedWork(uint64_t sequence, NcclDevice* device)
+      : Work(sequence), device_(device) {}
+  ~EndedWork() override {
+    if (start_ != nullptr) device_->DestroyEvent(start_);
+    if (end_ != nullptr) device_->DestroyEvent(end_);
   }
-  return count;
+
+  // Once each, before the Work is handed out: the collective's start and
+  // end on `stream` (timing events).
+  absl::Status RecordStart(void* stream) {
+    GS_ASSIGN_OR_RETURN(start_, device_->CreateEvent(/*timing=*/true));
+    return device_->RecordEvent(start_, stream);
+  }
+  absl::Status RecordEnd(void* stream) {
+    GS_ASSIGN_OR_RETURN(end_, device_->CreateEvent(/*timing=*/true));
+    return device_->RecordEvent(end_, stream);
+  }
+  void* end() const { return end_; }
+
+  // Once the end is done: the run time, from the device's own events,
+  // ending now.
+  void SetRunTimeFromEvents() {
+    const absl::Time now = absl::Now();
+    absl::StatusOr<absl::Duration> ran = device_->ElapsedTime(start_, end_);
+    SetRunTime(ran.ok() ? now - *ran : now, now);
+  }
+
+  // Queues the wait on the device. The Work's own status (Wait) is what
+  // says whether the collective succeeded: a caller that commits on the
+  // data must check it.
+  absl::Status SynchronizeStream(void* stream,
+                                 absl::Duration timeout) const override {
+    (void)timeout;  // the device waits; the watchdog bounds the collective
+    if (IsCompleted()) return status();
+    return device_->StreamWaitEvent(stream, end_);
+  }
+
+ private:
+  NcclDevice* const device_;
+  void* start_ = nullptr;
+  void* end_ = nullptr;
+};
+
+NcclBackend::NcclBackend(const BackendOptions& options,
+                         const NcclOptions& nccl_options)
+    : Backend(options),
+      nccl_options_(nccl_options),
+      device_(nccl_options.device) {}
+
+absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::Create(
+    const BackendOptions& options, const NcclOptions& nccl_options) {
+  GS_RETURN_IF_ERROR(CheckBackendOptions(options, "nccl backend"));
+  if (nccl_options.device == nullptr) {
+    return absl::InvalidArgumentError("nccl backend: no device");
+  }
+  return std::unique_ptr<NcclBackend>(new NcclBackend(options, nccl_options));
 }
 
-int64_t CudaDeviceMemoryInUse(int device_index) {
-  int previous = 0;
-  if (cudaGetDevice(&previous) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
+NcclBackend::~NcclBackend() {
+  {
+    absl::MutexLock lock(&mu_);
+    // A healthy communicator with nothing pending finishes its work; one
+    // with collectives still in flight (a peer gone) is aborted.
+    if (!aborted_ && !pending_.empty()) {
+      AbortLocked(absl::CancelledError("the nccl backend was destroyed"));
+    }
+    FailPendingLocked(absl::CancelledError("the nccl backend was destroyed"));
+    stopping_ = true;
   }
-  size_t free_bytes = 0, total_bytes = 0;
-  const bool ok = cudaSetDevice(device_index) == cudaSuccess &&
-                  cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
-  cudaSetDevice(previous);
-  if (!ok) {
-    cudaGetLastError();
-    return 0;
+  if (completion_.joinable()) completion_.join();
+  if (watchdog_.joinable()) watchdog_.join();
+  std::unique_ptr<NcclComm> comm;
+  bool healthy = false;
+  {
+    absl::MutexLock lock(&mu_);
+    comm = std::move(comm_);
+    healthy = !aborted_;
   }
-  return static_cast<int64_t>(total_bytes - free_bytes);
+  if (comm != nullptr && healthy && comm_stream_ != nullptr) {
+    // Let what the stream holds (an empty collective's end, say) finish.
+    absl::StatusOr<void*> drained = device_->CreateEvent(/*timing=*/false);
+    if (drained.ok()) {
+      if (device_->RecordEvent(*drained, comm_stream_).ok()) {
+        device_->SynchronizeEvent(*drained).IgnoreError();
+      }
+      device_->DestroyEvent(*drained);
+    }
+  }
+  comm.reset();
+  if (barrier_buffer_ != nullptr) device_->Free(barrier_buffer_);
+  if (ready_event_ != nullptr) device_->DestroyEvent(ready_event_);
+  if (comm_stream_ != nullptr) device_->DestroyStream(comm_stream_);
+}
+
+void NcclBackend::Abort() {
+  absl::MutexLock lock(&mu_);
+  if (!aborted_) AbortLocked(absl::AbortedError("aborted by its owner"));
+}
+
+absl::Status NcclBackend::AllocateResources() {
+  GS_RETURN_IF_ERROR(device_->MakeCurrent());
+  GS_ASSIGN_OR_RETURN(comm_stream_, device_->CreateStream());
+  GS_ASSIGN_OR_RETURN(ready_event_, device_->CreateEvent(/*timing=*/false));
+  GS_ASSIGN_OR_RETURN(barrier_buffer_, device_->Allocate(sizeof(float)));
+  return absl::OkStatus();
+}
+
+absl::Status NcclBackend::Connect(Store* store) {
+  const absl::Time deadline = absl::Now() + options().timeout;
+  GS_RETURN_IF_ERROR(AllocateResources());
+  std::string id;
+  if (rank() == 0) {
+    GS_ASSIGN_OR_RETURN(id, device_->NewUniqueId());
+    GS_RETURN_IF_ERROR(store->Set(kUniqueIdKey, id));
+  } else {
+    GS_ASSIGN_OR_RETURN(id, store->Get(kUniqueIdKey, options().timeout));
+  }
+  GS_ASSIGN_OR_RETURN(std::unique_ptr<NcclComm> comm,
+                      device_->StartComm(id, world_size(), rank()));
+  if (nccl_options_.faults) {
+    comm = InjectCommFaults(std::move(comm), device_, nccl_options_.faults);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    comm_ = std::move(comm);
+    if (aborted_) {  // Abort() came while the id was exchanged
+      comm_->Abort();
+      return abort_status_;
+    }
+  }
+  absl::Status settled = AwaitSettled(
+      absl::StrCat("communicator creation on ", device_->name()), deadline);
+  if (!settled.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_) AbortLocked(settled);
+    return settled;
+  }
+  completion_ = std::thread([this] { CompletionLoop(); });
+  watchdog_ = std::thread([this] { WatchdogLoop(); });
+  return absl::OkStatus();
+}
+
+std::shared_ptr<Work> NcclBackend::AllReduce(Buffer buffer, ReduceOp op) {
+  return Launch("allreduce", buffer, [&](NcclComm* comm, void* stream) {
+    return comm->AllReduce(buffer.data, buffer.data, buffer.count,
+                           buffer.dtype, op, stream);
+  });
+}
+
+std::shared_ptr<Work> NcclBackend::Broadcast(Buffer buffer, int root) {
+  absl::Status valid = CheckRoot(root, world_size());
+  if (!valid.ok()) return Invalid(valid);
+  return Launch("broadcast", buffer, [&](NcclComm* comm, void* stream) {
+    return comm->Broadcast(buffer.data, buffer.data, buffer.count,
+                           buffer.dtype, root, stream);
+  });
+}
+
+std::shared_ptr<Work> NcclBackend::AllGather(Buffer input, Buffer output) {
+  absl::Status valid = CheckBuffer(input, device_->buffer_kind(), "allgather");
+  if (valid.ok()) {
+    valid = CheckBuffer(output, device_->buffer_kind(), "allgather output");
+  }
+  if (valid.ok()) valid = CheckAllGatherSizes(input, output, world_size());
+  if (!valid.ok()) return Invalid(valid);
+  return Launch("allgather", input, [&](NcclComm* comm, void* stream) {
+    return comm->AllGather(input.data, output.data, input.count, input.dtype,
+                           stream);
+  });
+}
+
+std::shared_ptr<Work> NcclBackend::Barrier() {
+  Buffer one{barrier_buffer_, 1, DataType::kFloat32, device_->buffer_kind(),
+             device_->index()};
+  return Launch("barrier", one, [&](NcclComm* comm, void* stream) {
+    return comm->AllReduce(barrier_buffer_, barrier_buffer_, 1,
+                           DataType::kFloat32, ReduceOp::kSum, stream);
+  });
+}
+
+// Validates, then (in issue order) orders the collective after the
+// caller's stream, enqueues it on the communication stream and hands the
+// Work to the completion thread.
+std::shared_ptr<Work> NcclBackend::Launch(const char* collective,
+                                          const Buffer& buffer,
+                                          const IssueFn& issue) {
+  absl::Status valid = CheckBuffer(buffer, device_->buffer_kind(), collective);
+  if (!valid.ok()) return Invalid(valid);
+  absl::MutexLock issuing(&issue_mu_);
+  uint64_t sequence = 0;
+  std::string what;
+  NcclComm* comm = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    sequence = ++sequence_;
+    what = absl::StrCat(collective, " #", sequence, " (rank ", rank(), " of ",
+                        world_size(), ", ", buffer.count, " ",
+                        DataTypeName(buffer.dtype), " on ", device_->name(),
+                        ")");
+    if (comm_ == nullptr) {
+      return Work::Done(sequence, absl::FailedPreconditionError(absl::StrCat(
+                                      "nccl ", what,
+                                      ": the backend is not connected")));
+    }
+    if (aborted_) {
+      return Work::Done(
+          sequence,
+          absl::AbortedError(absl::StrCat(
+              "nccl ", what,
+              ": the communicator was aborted after an earlier error (",
+              abort_status_.message(),
+              "); the round must be re-formed with a new one")));
+    }
+    comm = comm_.get();
+  }
+  auto work = std::make_shared<EndedWork>(sequence, device_);
+  absl::Status enqueued = Enqueue(buffer, issue, comm, work.get());
+  absl::MutexLock lock(&mu_);
+  if (enqueued.ok() && aborted_) enqueued = abort_status_;
+  if (!enqueued.ok()) {
+    return Work::Done(sequence,
+                      absl::Status(enqueued.code(),
+                                   absl::StrCat("nccl ", what, ": ",
+                                                enqueued.message())));
+  }
+  pending_.push_back(Pending{work, absl::Now(), std::move(what)});
+  return work;
+}
+
+absl::Status NcclBackend::Enqueue(const Buffer& buffer, const IssueFn& issue,
+                                  NcclComm* comm, EndedWork* work) {
+  GS_RETURN_IF_ERROR(device_->MakeCurrent());
+  void* caller = buffer.stream != nullptr ? buffer.stream
+                                          : nccl_options_.compute_stream;
+  GS_RETURN_IF_ERROR(device_->RecordEvent(ready_event_, caller));
+  GS_RETURN_IF_ERROR(device_->StreamWaitEvent(comm_stream_, ready_event_));
+  GS_RETURN_IF_ERROR(work->RecordStart(comm_stream_));
+  if (buffer.count > 0) {
+    absl::Status issued = issue(comm, comm_stream_);
+    if (issued.ok()) {
+      issued = AwaitSettled("enqueue", absl::Now() + options().timeout);
+    }
+    if (!issued.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (!aborted_) AbortLocked(issued);
+      return issued;
+    }
+  }
+  // An empty collective moves nothing but still ends in issue order.
+  return work->RecordEnd(comm_stream_);
+}
+
+absl::Status NcclBackend::AwaitSettled(const std::string& what,
+                                       absl::Time deadline) {
+  NcclComm* comm = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    comm = comm_.get();
+  }
+  absl::Duration pause = kSettlePollMin;
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (aborted_) return abort_status_;
+    }
+    absl::StatusOr<bool> settled = comm->Settled();
+    if (!settled.ok()) return settled.status();
+    if (*settled) return absl::OkStatus();
+    const absl::Time now = absl::Now();
+    if (now > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "NCCL ", what, " of rank ", rank(), " of ", world_size(),
+          " did not complete within ", absl::FormatDuration(options().timeout),
+          ": check that every rank started and can reach the others"));
+    }
+    absl::SleepFor(std::min(pause, deadline - now));
+    pause = std::min(pause * 2, kSettlePollMax);
+  }
+}
+
+// Finishes each pending Work once its end event is done and the
+// communicator reports no error: the host learns a collective's outcome
+// here, never before the device has finished it.
+void NcclBackend::CompletionLoop() {
+  device_->MakeCurrent().IgnoreError();
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_ || !pending_.empty();
+    };
+    mu_.Await(absl::Condition(&wake));
+    if (pending_.empty()) return;  // stopping
+    std::shared_ptr<EndedWork> work = pending_.front().work;
+    mu_.Unlock();
+    absl::Status ended = device_->SynchronizeEvent(work->end());
+    mu_.Lock();
+    if (pending_.empty() || pending_.front().work != work) continue;
+    if (!ended.ok()) {
+      AbortLocked(ended);
+      continue;
+    }
+    absl::StatusOr<bool> settled = comm_->Settled();
+    if (!settled.ok()) {
+      AbortLocked(settled.status());
+      continue;
+    }
+    work->SetRunTimeFromEvents();
+    work->Finish(absl::OkStatus());
+    pending_.pop_front();
+  }
+}
+
+// Aborts on an asynchronous error or a collective older than the timeout.
+void NcclBackend::WatchdogLoop() {
+  device_->MakeCurrent().IgnoreError();
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), kWatchdogInterval);
+    if (stopping_ || aborted_ || pending_.empty()) continue;
+    absl::StatusOr<bool> settled = comm_->Settled();
+    if (!settled.ok()) {
+      AbortLocked(settled.status());
+      continue;
+    }
+    const Pending& front = pending_.front();
+    if (absl::Now() - front.start > options().timeout) {
+      AbortLocked(absl::DeadlineExceededError(absl::StrCat(
+          "nccl ", front.what, " did not complete within ",
+          absl::FormatDuration(options().timeout),
+          ": a rank may have died, hung or issued different collectives; the "
+          "communicator was aborted")));
+    }
+  }
+}
+
+void NcclBackend::AbortLocked(absl::Status status) {
+  GS_LOG(ERROR) << "nccl rank " << rank() << " of " << world_size() << " on "
+                << device_->name() << ": aborting the communicator: " << status;
+  aborted_ = true;
+  abort_status_ = status;
+  if (comm_ != nullptr) comm_->Abort();
+  FailPendingLocked(status);
+}
+
+void NcclBackend::FailPendingLocked(const absl::Status& status) {
+  for (Pending& pending : pending_) {
+    pending.work->Finish(absl::Status(
+        status.code(),
+        absl::StrCat("nccl ", pending.what, ": ", status.message())));
+  }
+  pending_.clear();
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(
     const BackendOptions& options, Store* store,
     const NcclOptions& nccl_options) {
-  const int devices = CudaDeviceCount();
-  if (devices == 0) {
-    return absl::FailedPreconditionError(
-        "the nccl backend needs a CUDA device and this process sees none: "
-        "use the gloo backend on CPU");
-  }
-  if (nccl_options.device_index < 0 || nccl_options.device_index >= devices) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CUDA device ", nccl_options.device_index, " does not exist (",
-        devices, " visible)"));
-  }
-  auto backend = std::make_unique<NcclBackend>(options, nccl_options);
-  absl::Status initialized = backend->Init(store);
-  if (!initialized.ok()) return initialized;
+  GS_ASSIGN_OR_RETURN(std::unique_ptr<NcclBackend> backend,
+                      NcclBackend::Create(options, nccl_options));
+  GS_RETURN_IF_ERROR(backend->Connect(store));
   return std::unique_ptr<Backend>(std::move(backend));
 }
 

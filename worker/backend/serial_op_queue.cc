@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace gradsync {
 
@@ -64,7 +65,10 @@ void SerialOpQueue::Loop(const std::function<void()>& on_thread_start) {
       op = std::move(queue_.front());
       queue_.pop_front();
     }
-    op.work->Finish(Run(op));
+    const absl::Time started = absl::Now();
+    absl::Status status = Run(op);
+    op.work->SetRunTime(started, absl::Now());
+    op.work->Finish(std::move(status));
   }
 }
 

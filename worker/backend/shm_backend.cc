@@ -275,7 +275,9 @@ class Segment {
   // Bootstrap, in this order: record this rank's pid and count it in; wait
   // until every rank has; watch the peers' processes.
   absl::Status Attach(int rank, const std::string& where);
-  absl::Status WaitForAll(const std::string& where);
+  // `cancel` (may be null) ends the wait with CANCELLED once set.
+  absl::Status WaitForAll(const std::string& where,
+                          const std::atomic<bool>* cancel);
   absl::Status WatchPeers(const std::string& where);
 
   // Publishes the collective this rank starts.
@@ -510,13 +512,19 @@ absl::Status Segment::Attach(int rank, const std::string& where) {
   return absl::OkStatus();
 }
 
-absl::Status Segment::WaitForAll(const std::string& where) {
+absl::Status Segment::WaitForAll(const std::string& where,
+                                 const std::atomic<bool>* cancel) {
   const absl::Time deadline = absl::Now() + timeout_;
   std::atomic<uint32_t>& attached = header().attached;
   bool slept = false;
   for (;;) {
     const uint32_t count = attached.load(std::memory_order_acquire);
     if (count == static_cast<uint32_t>(world_size_)) return absl::OkStatus();
+    if (cancel != nullptr && cancel->load()) {
+      return absl::CancelledError(
+          absl::StrCat(where, ": cancelled while ", count, " of ", world_size_,
+                       " ranks had attached"));
+    }
     const absl::Time now = absl::Now();
     if (now < deadline) {
       GS_RETURN_IF_ERROR(CheckNobodyLeft(where));
@@ -984,7 +992,7 @@ absl::StatusOr<std::unique_ptr<ShmBackend>> ShmBackend::Create(
                                options.timeout, where));
   }
   absl::Status attached = segment->Attach(options.rank, where);
-  if (attached.ok()) attached = segment->WaitForAll(where);
+  if (attached.ok()) attached = segment->WaitForAll(where, shm_options.cancel);
   // Every rank is in (or the bootstrap failed): the name is no longer needed,
   // and without it nothing is left in /dev/shm however the processes end.
   // Any rank removes it, in case rank 0 died meanwhile.

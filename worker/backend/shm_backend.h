@@ -32,6 +32,10 @@ struct ShmOptions {
   // /dev/shm fails Create instead of crashing a collective with SIGBUS).
   // Every rank must pass the same value.
   size_t slot_bytes = size_t{4} << 20;
+  // When given, Create stops waiting for the other ranks to attach once it
+  // is set (CANCELLED), e.g. from a thread that aborts a bootstrap. Must
+  // outlive Create.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // A Backend over shared memory, for ranks on one host.

@@ -34,6 +34,22 @@ absl::Status Work::status() const {
   return status_;
 }
 
+absl::Time Work::started() const {
+  absl::MutexLock lock(&mu_);
+  return started_;
+}
+
+absl::Time Work::ended() const {
+  absl::MutexLock lock(&mu_);
+  return ended_;
+}
+
+void Work::SetRunTime(absl::Time started, absl::Time ended) {
+  absl::MutexLock lock(&mu_);
+  started_ = started;
+  ended_ = ended;
+}
+
 void Work::Finish(absl::Status status) {
   absl::MutexLock lock(&mu_);
   GS_CHECK(!done_) << "collective #" << sequence_ << " finished twice";

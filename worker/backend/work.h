@@ -32,12 +32,15 @@ class Work {
   // DEADLINE_EXCEEDED when `timeout` passes first (the operation goes on).
   absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration()) const;
 
-  // Orders `stream` (a cudaStream_t) after the collective, on the GPU,
-  // without blocking the host (c10d's Work::wait for NCCL): work queued on
-  // `stream` after this call runs once the collective ended. A CPU
-  // backend's Work waits on the host (Wait(timeout)). The collective's error
-  // when it already failed; one that comes later fails the Work as usual
-  // (and the NCCL watchdog aborts the communicator, which ends the wait).
+  // Orders `stream` (a device stream: a cudaStream_t; nullptr is the
+  // default stream) after the collective, on the device, without blocking
+  // the host (c10d's Work::wait for NCCL): work queued on `stream` after
+  // this call runs once the collective ended, successfully or not. A CPU
+  // backend's Work waits on the host (Wait(timeout)) and returns its status.
+  // A device Work returns the collective's error only when it already
+  // failed: one that comes later fails the Work (Wait, status) but not the
+  // stream's work, so a caller that commits what the collective produced
+  // must check Wait() first.
   virtual absl::Status SynchronizeStream(void* stream,
                                          absl::Duration timeout) const {
     (void)stream;
@@ -49,6 +52,16 @@ class Work {
 
   uint64_t sequence() const { return sequence_; }
 
+  // When the operation itself ran, on its transport or device: from its
+  // start to its end, not the time it waited behind earlier ones. Both
+  // absl::InfiniteFuture() until the backend set them (before Finish), and
+  // for a Work that never ran (an argument error, an abort before it
+  // started).
+  absl::Time started() const;
+  absl::Time ended() const;
+  // Called by the backend before Finish, once the operation ran.
+  void SetRunTime(absl::Time started, absl::Time ended);
+
   // Called by the backend once: records the outcome and wakes waiters.
   void Finish(absl::Status status);
 
@@ -57,6 +70,8 @@ class Work {
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::Time started_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Time ended_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
 };
 
 }  // namespace gradsync

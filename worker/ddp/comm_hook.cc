@@ -36,8 +36,8 @@ absl::StatusOr<torch::Tensor> BucketFuture::Wait(absl::Duration timeout,
   const absl::Time deadline = absl::Now() + timeout;
   while (work_ != nullptr) {
     absl::Status status =
-        stream != nullptr ? work_->SynchronizeStream(stream, deadline - absl::Now())
-                          : work_->Wait(deadline - absl::Now());
+        work_->SynchronizeStream(stream, deadline - absl::Now());
+    issued_.push_back(work_);
     std::shared_ptr<Work> done = std::move(work_);
     Continuation then = std::move(then_);
     work_ = nullptr;
@@ -50,8 +50,10 @@ absl::StatusOr<torch::Tensor> BucketFuture::Wait(absl::Duration timeout,
     }
     if (!next.ok()) return next.status();
     const uint64_t first = sequence_;
+    std::vector<std::shared_ptr<Work>> issued = std::move(issued_);
     *this = std::move(*next);
     sequence_ = first;
+    issued_.insert(issued_.begin(), issued.begin(), issued.end());
   }
   return value_;
 }

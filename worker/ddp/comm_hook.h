@@ -60,13 +60,19 @@ class BucketFuture {
   static BucketFuture After(std::shared_ptr<Work> work, Continuation then);
 
   // Runs the chain to its end and returns the reduced bucket, or the first
-  // error: a collective's status (UNAVAILABLE when a peer left, ...), or
-  // DEADLINE_EXCEEDED when the whole chain took longer than `timeout`. With
-  // a `stream` (a cudaStream_t: CUDA buckets), each collective is waited
-  // for on that stream, not on the host (Work::SynchronizeStream), so the
-  // stages after it are queued behind it.
+  // error known by then: a collective's status (UNAVAILABLE when a peer
+  // left, ...), or DEADLINE_EXCEEDED when the whole chain took longer than
+  // `timeout`. Each collective is waited for through
+  // Work::SynchronizeStream(stream): a CPU backend's on the host, with its
+  // status; a device backend's (NCCL) only orders `stream` (the bucket's
+  // stream; nullptr: the default one) after it, so the stages after it are
+  // queued behind it and the host does not learn whether it succeeded:
+  // check works() before using the result for good (Reducer::CheckStep).
   absl::StatusOr<torch::Tensor> Wait(absl::Duration timeout,
                                      void* stream = nullptr);
+
+  // The collectives Wait went through, in order.
+  const std::vector<std::shared_ptr<Work>>& works() const { return issued_; }
 
   // Waits (at most `timeout`) for the collective in flight without starting
   // the chain's later stages: for dropping a future whose step failed, so
@@ -85,6 +91,7 @@ class BucketFuture {
   Continuation then_;
   absl::StatusOr<torch::Tensor> value_;
   uint64_t sequence_ = 0;
+  std::vector<std::shared_ptr<Work>> issued_;
 };
 
 // Reduces buckets across ranks. The reducer calls Run once per bucket per

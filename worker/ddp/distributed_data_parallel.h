@@ -161,6 +161,14 @@ class DistributedDataParallel {
 
   const Reducer& reducer() const { return *reducer_; }
 
+  // Before applying a step (optimizer.step()): whether every gradient
+  // collective of its synchronized backward completed without error
+  // (Reducer::CheckStepCollectives). On a device backend the backward only
+  // ordered the streams after the all-reduces; this is where the host
+  // learns their outcome. The backend's status when one failed: the step
+  // must be dropped.
+  absl::Status CheckStep() { return reducer_->CheckStepCollectives(); }
+
   // The collective error behind the last failed step (a buffer broadcast
   // before forward, a gradient all-reduce, a SyncBatchNorm's statistics),
   // so the caller can tell a lost peer (UNAVAILABLE, DEADLINE_EXCEEDED,

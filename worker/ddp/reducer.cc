@@ -87,6 +87,57 @@ std::string Reducer::comm_hook_name() const {
   return hook_->name();
 }
 
+void Reducer::CompleteTimingsLocked() {
+  StepTimings& t = last_timings_;
+  absl::Duration ran;
+  absl::Time last_end = absl::InfinitePast();
+  for (BucketTiming& b : t.bucket_timings) b.allreduce = absl::ZeroDuration();
+  for (const IssuedWork& issued : step_works_) {
+    if (!issued.work->IsCompleted()) return;  // not yet known
+  }
+  for (const IssuedWork& issued : step_works_) {
+    const absl::Time started = issued.work->started();
+    const absl::Time ended = issued.work->ended();
+    if (started == absl::InfiniteFuture() || ended == absl::InfiniteFuture()) {
+      continue;  // never ran (it failed before)
+    }
+    ran += ended - started;
+    last_end = std::max(last_end, ended);
+    for (BucketTiming& b : t.bucket_timings) {
+      if (b.index == static_cast<int>(issued.bucket)) b.allreduce += ended - started;
+    }
+  }
+  t.communication = ran;
+  t.exposed_communication =
+      last_end == absl::InfinitePast()
+          ? absl::ZeroDuration()
+          : std::max(absl::ZeroDuration(), last_end - last_hook_wall_);
+  t.hidden_communication =
+      std::max(absl::ZeroDuration(), t.communication - t.exposed_communication);
+}
+
+absl::Status Reducer::CheckStepCollectives() {
+  absl::MutexLock lock(&mu_);
+  for (const IssuedWork& issued : step_works_) {
+    issued.work->Wait(options_.timeout).IgnoreError();
+  }
+  CompleteTimingsLocked();
+  std::vector<IssuedWork> works = std::move(step_works_);
+  step_works_.clear();
+  for (const IssuedWork& issued : works) {
+    const std::shared_ptr<Work>& work = issued.work;
+    absl::Status status = work->Wait(options_.timeout);
+    if (status.ok()) continue;
+    status = absl::Status(
+        status.code(), absl::StrCat("a gradient collective of this step (#",
+                                    work->sequence(), ") failed: ",
+                                    status.message()));
+    if (communication_error_.ok()) communication_error_ = status;
+    return status;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Reducer::communication_error() const {
   absl::MutexLock lock(&mu_);
   return communication_error_;
@@ -149,6 +200,7 @@ void Reducer::MarkVariableReady(size_t variable) {
   }
   ready_[variable] = true;
   last_hook_ = clock_->Now();
+  last_hook_wall_ = absl::Now();
 
   torch::NoGradGuard no_grad;
   const Slot& slot = slots_[variable];
@@ -214,6 +266,9 @@ absl::Status Reducer::AwaitBuckets(const std::vector<torch::Tensor>& contents,
     // On CUDA the caller's stream waits for the collective, not the host.
     absl::StatusOr<torch::Tensor> reduced =
         bucket.future->Wait(options_.timeout, CurrentStream(contents[b]));
+    for (const std::shared_ptr<Work>& work : bucket.future->works()) {
+      step_works_.push_back({b, work});
+    }
     bucket.future.reset();
     absl::Status status = reduced.status();
     if (status.ok() && !reduced->is_same(contents[b])) {
@@ -233,9 +288,9 @@ absl::Status Reducer::AwaitBuckets(const std::vector<torch::Tensor>& contents,
                                        status.message()));
     }
     if (timings != nullptr) {
+      // The run time comes from the Works (CompleteTimingsLocked).
       timings->bucket_timings.push_back({static_cast<int>(b), bucket.wire_bytes,
-                                         sequence,
-                                         clock_->Now() - bucket.launched});
+                                         sequence, absl::ZeroDuration()});
     }
   }
   return absl::OkStatus();
@@ -272,8 +327,6 @@ void Reducer::FinalizeBackward() {
     communication_error_ = reduced;
     FailBackward(reduced.ToString());
   }
-  const absl::Time end = clock_->Now();
-
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Slot& slot = slots_[i];
@@ -289,14 +342,12 @@ void Reducer::FinalizeBackward() {
 
   timings.forward = forward_;
   timings.backward_compute = last_hook_ - backward_start_;
-  timings.communication = end - first_launch_;
-  absl::Duration exposed =
-      std::min(timings.communication, std::max(absl::ZeroDuration(),
-                                               end - last_hook_));
-  timings.hidden_communication = timings.communication - exposed;
   timings.buckets = static_cast<int>(buckets_.size());
   timings.first_bucket_ready = first_launch_;
   last_timings_ = std::move(timings);
+  // A CPU backend's collectives are done by now; a device's are not until
+  // CheckStepCollectives, which completes the timings then.
+  CompleteTimingsLocked();
 
   if (!rebuilt_) {
     absl::Status rebuilt = RebuildBuckets();
@@ -328,6 +379,11 @@ absl::Status Reducer::ShadowBackward(int64_t divisor) {
     }
   }
   absl::Status status = AwaitBuckets(zeros, nullptr);
+  std::vector<IssuedWork> works = std::move(step_works_);
+  step_works_.clear();
+  for (const IssuedWork& issued : works) {
+    if (status.ok()) status = issued.work->Wait(options_.timeout);
+  }
   if (status.ok() && !rebuilt_) status = RebuildBuckets();
   communication_error_ = status;
   return status;

@@ -85,6 +85,16 @@ class Reducer {
   // Whether buckets have been rebuilt in gradient-ready order.
   bool buckets_rebuilt() const;
 
+  // Whether every collective of the synchronized backward passes since the
+  // last call (each bucket's, through the hook) completed without error,
+  // waiting on the host for those still in flight. A device backend's
+  // stream waits say nothing about that (Work::SynchronizeStream): an NCCL
+  // all-reduce aborted half way still lets the stream run on, so a step must
+  // not be applied unless this is OK. OK, or the first failure (the
+  // backend's status), which also becomes communication_error(). Clears the
+  // record.
+  absl::Status CheckStepCollectives();
+
   // The collective error that failed the last backward (the backend's
   // status: UNAVAILABLE when a peer left, ...); OK when it did not fail
   // that way. Reset by PrepareForBackward.
@@ -119,6 +129,9 @@ class Reducer {
                             StepTimings* timings)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinalizeBackward();
+  // Fills last_timings_'s communication figures from the step's Works once
+  // every one has finished (else leaves them for CheckStepCollectives).
+  void CompleteTimingsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Assigns parameters, taken in `order`, to buckets.
   void InitializeBuckets(const std::vector<size_t>& order)
@@ -167,6 +180,16 @@ class Reducer {
   absl::Time first_launch_ ABSL_GUARDED_BY(mu_);
   StepTimings last_timings_ ABSL_GUARDED_BY(mu_);
   absl::Status communication_error_ ABSL_GUARDED_BY(mu_);
+  // The collectives waited for since the last CheckStepCollectives, with
+  // their bucket.
+  struct IssuedWork {
+    size_t bucket = 0;
+    std::shared_ptr<Work> work;
+  };
+  std::vector<IssuedWork> step_works_ ABSL_GUARDED_BY(mu_);
+  // The last gradient hook on the real clock, which the Works' run times
+  // are on (last_hook_ is on clock_).
+  absl::Time last_hook_wall_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradsync

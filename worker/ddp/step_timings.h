@@ -17,9 +17,9 @@ struct BucketTiming {
   int64_t bytes = 0;
   // The backend's sequence number of the all-reduce (Work::sequence()).
   uint64_t sequence = 0;
-  // From launch until FinalizeBackward saw it complete (an upper bound when
-  // it completed while an earlier bucket was being waited for); on CUDA,
-  // until the caller's stream was ordered after it (the host does not wait).
+  // How long its collectives ran, each from its own start to its end on
+  // the transport or device (a GPU's timing events), not counting the time
+  // it waited behind earlier ones.
   absl::Duration allreduce;
 };
 
@@ -28,9 +28,16 @@ struct StepTimings {
   absl::Duration forward;
   // From the end of forward to the last gradient hook.
   absl::Duration backward_compute;
-  // From the first bucket's all-reduce start to the last one's end.
+  // How long the step's collectives ran (the sum of their own run times;
+  // they run one at a time).
   absl::Duration communication;
-  // The part of `communication` that overlapped backward compute.
+  // What the step waited for communication after its last gradient was
+  // ready: from then to the last collective's true end (on a GPU, when the
+  // device finished it, not when a stream was ordered after it).
+  absl::Duration exposed_communication;
+  // communication - exposed_communication, at least 0: the part of the
+  // collectives' run time that overlapped backward compute (a lower bound:
+  // exposed time may include waiting, not only running).
   absl::Duration hidden_communication;
   int buckets = 0;
   // When the first bucket became ready and its all-reduce started: across

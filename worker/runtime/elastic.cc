@@ -1,6 +1,7 @@
 #include "worker/runtime/elastic.h"
 
 #include <memory>
+#include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -18,26 +19,62 @@ double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
 // The process group of the round being trained in, so that another thread
 // (the heartbeat reporter, told that the round is over) can abort it while
-// the training thread is blocked in a collective. Thread-safe; shared with
-// the reporter's callback, which may outlive the round.
+// the training thread is blocked in a collective or in the group's
+// bootstrap. The abort runs on a thread of its own: an NCCL abort can take
+// seconds, and the reporter must go on heartbeating meanwhile. Thread-safe;
+// shared with the reporter's callback, which may outlive the round.
 class RoundInTraining {
  public:
+  ~RoundInTraining() { Close(); }
+
+  // The backend to abort from now on (nullptr: none, e.g. before it is
+  // destroyed; waits for an abort of the previous one in progress). A
+  // backend set after an abort was asked for is aborted at once.
   void Set(Backend* backend) {
     absl::MutexLock lock(&mu_);
     backend_ = backend;
+    if (backend_ != nullptr && abort_requested_) AbortLocked();
   }
+
+  // Asks for the abort and returns at once.
   void Abort(const absl::Status& why) {
     absl::MutexLock lock(&mu_);
+    if (closed_ || abort_requested_) return;
+    abort_requested_ = true;
+    why_ = why;
+    aborter_ = std::thread([this] {
+      absl::MutexLock lock(&mu_);
+      AbortLocked();
+    });
+  }
+
+  // No abort after this; waits for one in progress. Called by the training
+  // thread once the round is over.
+  void Close() {
+    {
+      absl::MutexLock lock(&mu_);
+      closed_ = true;
+      backend_ = nullptr;
+    }
+    if (aborter_.joinable()) aborter_.join();
+  }
+
+ private:
+  void AbortLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (backend_ == nullptr) return;
-    GS_LOG(WARNING) << "the coordinator ended this member (" << why
+    GS_LOG(WARNING) << "the coordinator ended this member (" << why_
                     << "): aborting the " << backend_->name()
                     << " process group";
     backend_->Abort();
   }
 
- private:
   absl::Mutex mu_;
   Backend* backend_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool abort_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status why_ ABSL_GUARDED_BY(mu_);
+  // Started once, under mu_, by Abort; joined by Close.
+  std::thread aborter_;
 };
 
 // Joins the next round: with the trainer's state, and as a member of
@@ -67,9 +104,10 @@ absl::Status TrainInRound(CoordinatorClient* client,
                           const ElasticOptions& options, RoundTrainer* trainer,
                           RoundInTraining* round) {
   const absl::Time start = absl::Now();
-  GS_ASSIGN_OR_RETURN(
-      std::unique_ptr<Backend> backend,
-      CreateProcessGroup(client, assignment, options.process_group));
+  ProcessGroupOptions group = options.process_group;
+  group.on_backend = [round](Backend* backend) { round->Set(backend); };
+  GS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+                      CreateProcessGroup(client, assignment, group));
   const absl::Duration took = absl::Now() - start;
   GS_LOG(INFO) << "round " << assignment.round() << ": " << backend->name()
                << " process group of " << assignment.world_size()
@@ -102,12 +140,18 @@ absl::Status RunElastic(CoordinatorClient* client, v1::JoinRequest request,
       GS_ASSIGN_OR_RETURN(assignment,
                           JoinRound(client, &request, previous, *trainer));
     }
-    if (options.on_assignment) options.on_assignment(assignment);
+    if (options.keep_local_rank && !request.has_local_slot()) {
+      request.set_local_slot(assignment.local_rank());
+    }
+    if (options.on_assignment) {
+      GS_RETURN_IF_ERROR(options.on_assignment(assignment));
+    }
     auto round = std::make_shared<RoundInTraining>();
     reporter->Start(assignment, request.node().incarnation_id(),
                     [round](const absl::Status& why) { round->Abort(why); });
     absl::Status trained =
         TrainInRound(client, assignment, options, trainer, round.get());
+    round->Close();
     previous = assignment.round();
     if (trained.ok()) {
       absl::Status reported = reporter->Finish(true, 0, "");

@@ -51,8 +51,12 @@ struct ElasticOptions {
   // How often this process may re-form its round after a failure before it
   // gives up.
   int max_recoveries = 3;
-  // Called after every join with the new assignment (e.g. to print it).
-  std::function<void(const v1::Assignment&)> on_assignment;
+  // Called after every join with the new assignment (e.g. to print it, or
+  // to check it fits the process); an error ends RunElastic with it.
+  std::function<absl::Status(const v1::Assignment&)> on_assignment;
+  // The process keeps its first round's local rank (JoinRequest.local_slot
+  // in every rejoin): set for a process on a GPU, whose device follows it.
+  bool keep_local_rank = false;
   // The first round's assignment when it arrived already (gradsync launch
   // joined for this process, launched_process.h): used instead of the first
   // join.

@@ -6,31 +6,40 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "worker/backend/gloo_backend.h"
 #include "worker/backend/shm_backend.h"
-#include "worker/runtime/coordinator_store.h"
-#ifdef GRADSYNC_HAS_NCCL
 #include "worker/backend/nccl_backend.h"
-#endif
+#include "worker/runtime/coordinator_store.h"
 
 namespace gradsync {
+namespace {
 
-bool NcclUsable() {
-#ifdef GRADSYNC_HAS_NCCL
-  return CudaDeviceCount() > 0;
-#else
-  return false;
-#endif
+// An NCCL backend on `options.nccl_device`, abortable while it connects.
+absl::StatusOr<std::unique_ptr<Backend>> CreateNccl(
+    const BackendOptions& backend_options, Store* store,
+    const ProcessGroupOptions& options) {
+  if (options.nccl_device == nullptr) {
+    return absl::FailedPreconditionError(
+        "the round chose NCCL but this process trains on the CPU: start it "
+        "with --device=cuda (or --device=sim), or join with --backend=gloo");
+  }
+  NcclOptions nccl;
+  nccl.device = options.nccl_device;
+  nccl.compute_stream = options.stream;
+  nccl.faults = options.nccl_faults;
+  GS_ASSIGN_OR_RETURN(std::unique_ptr<NcclBackend> backend,
+                      NcclBackend::Create(backend_options, nccl));
+  if (options.on_backend) options.on_backend(backend.get());
+  absl::Status connected = backend->Connect(store);
+  if (!connected.ok()) {
+    if (options.on_backend) options.on_backend(nullptr);
+    return connected;
+  }
+  return std::unique_ptr<Backend>(std::move(backend));
 }
 
-int64_t CudaMemoryInUse(int cuda_device) {
-#ifdef GRADSYNC_HAS_NCCL
-  return CudaDeviceMemoryInUse(cuda_device);
-#else
-  (void)cuda_device;
-  return 0;
-#endif
-}
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateProcessGroup(
     CoordinatorClient* client, const v1::Assignment& assignment,
@@ -83,18 +92,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateProcessGroup(
       if (!backend.ok()) return backend.status();
       return std::unique_ptr<Backend>(std::move(*backend));
     }
-    case v1::BACKEND_NCCL: {
-#ifdef GRADSYNC_HAS_NCCL
-      NcclOptions nccl;
-      nccl.device_index = options.cuda_device;
-      nccl.compute_stream = options.cuda_stream;
-      return CreateNcclBackend(backend_options, &store, nccl);
-#else
-      return absl::FailedPreconditionError(
-          "the round chose NCCL but this gradsync was built without it "
-          "(no CUDA/NCCL found at build time); join with --backend=gloo");
-#endif
-    }
+    case v1::BACKEND_NCCL:
+      return CreateNccl(backend_options, &store, options);
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "the coordinator assigned backend ", name,

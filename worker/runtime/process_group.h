@@ -3,6 +3,7 @@
 #ifndef GRADSYNC_WORKER_RUNTIME_PROCESS_GROUP_H_
 #define GRADSYNC_WORKER_RUNTIME_PROCESS_GROUP_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -10,6 +11,8 @@
 #include "absl/time/time.h"
 #include "proto/gradsync/v1/job.pb.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/nccl_device.h"
+#include "worker/backend/nccl_faults.h"
 #include "worker/client/coordinator_client.h"
 
 namespace gradsync {
@@ -27,10 +30,18 @@ struct ProcessGroupOptions {
   // (ShmBackend) instead of TCP loopback. Every rank
   // of the round must pass the same value.
   bool shared_memory = true;
-  // NCCL: the CUDA device of this process and the cudaStream_t its
-  // collectives wait for (nullptr: the default stream, LibTorch's default).
-  int cuda_device = 0;
-  void* cuda_stream = nullptr;
+  // NCCL: the device of this process (a GPU or a simulated one; it must
+  // outlive the backend), the stream its collectives wait for when a buffer
+  // names none (nullptr: the default stream, LibTorch's default), and faults
+  // to inject (failpoints).
+  NcclDevice* nccl_device = nullptr;
+  void* stream = nullptr;
+  CommFaultPlan nccl_faults;
+  // Called with the backend as soon as it exists, before it connects, so
+  // that another thread can Abort() a bootstrap that waits for a rank that
+  // never comes (NCCL's communicator creation); and with nullptr before the
+  // backend is destroyed because it failed to connect.
+  std::function<void(Backend*)> on_backend;
 };
 
 // Creates the backend `assignment` names (Gloo or NCCL) for its rank and
@@ -38,19 +49,12 @@ struct ProcessGroupOptions {
 // on a single-node round, the shared-memory backend (see
 // `options.shared_memory`).
 // Collective: every member of the round calls it. FAILED_PRECONDITION when
-// the round chose NCCL and this build has none; ABORTED when the round has
-// been superseded; otherwise the backend's own errors.
+// the round chose NCCL and this process has no NCCL device; ABORTED when the
+// round has been superseded or the bootstrap was aborted; otherwise the
+// backend's own errors.
 absl::StatusOr<std::unique_ptr<Backend>> CreateProcessGroup(
     CoordinatorClient* client, const v1::Assignment& assignment,
     const ProcessGroupOptions& options);
-
-// Whether this build has the NCCL backend and this process sees a CUDA
-// device.
-bool NcclUsable();
-
-// Memory in use on CUDA device `cuda_device` (see CudaDeviceMemoryInUse);
-// 0 in builds without CUDA.
-int64_t CudaMemoryInUse(int cuda_device);
 
 }  // namespace gradsync
 

@@ -5,12 +5,14 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/token_file.h"
 #include "worker/backend/observed_backend.h"
 #include "worker/client/coordinator_client.h"
+#include "worker/runtime/device.h"
 #include "worker/runtime/elastic.h"
 #include "worker/runtime/health_reporter.h"
 #include "worker/runtime/join.h"
@@ -26,12 +28,10 @@ namespace {
 // telemetry (heartbeats with the loop's steps) and the coordinator's asks.
 class RoundAdapter final : public RoundTrainer {
  public:
-  RoundAdapter(Trainer* trainer, HealthReporter* reporter, bool cuda,
-               const int* cuda_device)
-      : trainer_(trainer),
-        reporter_(reporter),
-        cuda_(cuda),
-        cuda_device_(cuda_device) {}
+  // `device`: the process's NCCL device, once opened (null on the CPU).
+  RoundAdapter(Trainer* trainer, HealthReporter* reporter,
+               const std::unique_ptr<NcclDevice>* device)
+      : trainer_(trainer), reporter_(reporter), device_(device) {}
 
   bool has_state() const override { return trainer_->has_state(); }
   int64_t committed_step() const override { return trainer_->committed_step(); }
@@ -40,8 +40,9 @@ class RoundAdapter final : public RoundTrainer {
                           absl::Duration process_group_time) override {
     ObservedBackend observed(backend);
     std::function<int64_t()> gpu_memory;
-    if (cuda_) {
-      gpu_memory = [device = *cuda_device_] { return CudaMemoryInUse(device); };
+    NcclDevice* device = device_->get();
+    if (device != nullptr) {
+      gpu_memory = [device] { return device->MemoryInUse(); };
     }
     Telemetry telemetry(reporter_, &observed, std::move(gpu_memory));
     Round round;
@@ -54,7 +55,10 @@ class RoundAdapter final : public RoundTrainer {
     round.backend_name = BackendName(assignment.backend());
     round.source_rank = assignment.source_rank();
     round.backend = &observed;
-    round.cuda_device = *cuda_device_;
+    if (device != nullptr) {
+      round.device_index = device->index();
+      round.device_name = device->name();
+    }
     round.report_step = [&telemetry](const StepReport& report, int64_t samples) {
       return telemetry.OnStep(report, samples);
     };
@@ -86,14 +90,13 @@ class RoundAdapter final : public RoundTrainer {
  private:
   Trainer* const trainer_;
   HealthReporter* const reporter_;
-  const bool cuda_;
-  const int* const cuda_device_;  // set for each round's assignment
+  const std::unique_ptr<NcclDevice>* const device_;
 };
 
 // The join request: the launcher's, or one built from `options`.
 absl::StatusOr<v1::JoinRequest> MakeRequest(
     const JobOptions& options, const std::optional<LaunchedProcess>& launched,
-    std::string* address) {
+    std::string* address, v1::DeviceType device_type, int device_count) {
   if (launched.has_value()) {
     if (launched->request.node().addresses_size() > 0) {
       *address = launched->request.node().addresses(0);
@@ -110,12 +113,35 @@ absl::StatusOr<v1::JoinRequest> MakeRequest(
   join.join_timeout = options.join_timeout;
   join.last_call_timeout = options.last_call_timeout;
   join.address = *address;
-  if (options.cuda) {
-    join.device_type = v1::DEVICE_TYPE_CUDA;
-    join.device_count = options.cuda_devices;
-    join.nccl_available = NcclUsable();
+  if (device_type != v1::DEVICE_TYPE_CPU) {
+    join.device_type = device_type;
+    join.device_count = device_count;
+    join.nccl_available = NcclAvailable(device_type);
   }
   return BuildJoinRequest(join);
+}
+
+// On a GPU (or a simulated one): opens the process's device at its first
+// assignment, from that assignment's local rank, and keeps it for every
+// later round, whatever local rank those give.
+absl::Status KeepDevice(v1::DeviceType type, int device_count,
+                        const v1::Assignment& assignment,
+                        std::unique_ptr<NcclDevice>* device) {
+  if (type == v1::DEVICE_TYPE_CPU) return absl::OkStatus();
+  const int wanted = assignment.local_rank() % device_count;
+  if (*device == nullptr) {
+    GS_ASSIGN_OR_RETURN(*device, OpenNcclDevice(type, wanted));
+  } else if ((*device)->index() != wanted) {
+    // The coordinator keeps a process's local rank (JoinRequest.local_slot):
+    // another means another process of the round may be on this device.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "round ", assignment.round(), " gave this process local rank ",
+        assignment.local_rank(), " (device ", wanted, "), but it trains on ",
+        (*device)->name(), " since its first round and cannot move"));
+  }
+  GS_LOG(INFO) << "round " << assignment.round() << ": rank "
+               << assignment.rank() << " on " << (*device)->name();
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -125,9 +151,16 @@ absl::Status RunJob(const JobOptions& options, Trainer* trainer) {
   if (options.max_recoveries < 0) {
     return absl::InvalidArgumentError("max_recoveries must be >= 0");
   }
-  if (options.cuda && options.cuda_devices < 1) {
-    return absl::FailedPreconditionError(
-        "the job trains on CUDA but this process sees no GPU");
+  GS_ASSIGN_OR_RETURN(const v1::DeviceType device_type,
+                      ParseDeviceType(options.device));
+  int device_count = options.device_count;
+  if (device_count == 0) {
+    GS_ASSIGN_OR_RETURN(device_count, VisibleDevices(device_type));
+  }
+  if (device_type != v1::DEVICE_TYPE_CPU && device_count < 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job trains on ", options.device,
+        " but this process sees no such device"));
   }
   GS_ASSIGN_OR_RETURN(std::optional<LaunchedProcess> launched,
                       LaunchedProcessFromEnvironment());
@@ -136,8 +169,9 @@ absl::Status RunJob(const JobOptions& options, Trainer* trainer) {
   std::string address = options.address.empty()
                             ? DefaultWorkerAddress(coordinator)
                             : options.address;
-  GS_ASSIGN_OR_RETURN(v1::JoinRequest request,
-                      MakeRequest(options, launched, &address));
+  GS_ASSIGN_OR_RETURN(
+      v1::JoinRequest request,
+      MakeRequest(options, launched, &address, device_type, device_count));
 
   ClientOptions client_options;
   client_options.target = coordinator;
@@ -145,22 +179,26 @@ absl::Status RunJob(const JobOptions& options, Trainer* trainer) {
   GS_ASSIGN_OR_RETURN(client_options.token, ClientToken(options.token_file));
   GS_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Create(client_options));
 
+  std::unique_ptr<NcclDevice> device;  // outlives every round's backend
   ElasticOptions elastic;
   if (launched.has_value()) elastic.first_assignment = launched->assignment;
   elastic.max_recoveries = options.max_recoveries;
+  elastic.keep_local_rank = device_type != v1::DEVICE_TYPE_CPU;
   ProcessGroupOptions& pg = elastic.process_group;
   pg.timeout = options.timeout;
   pg.address = address;
   pg.network_interface = options.network_interface;
   pg.shared_memory = options.shared_memory;
-  elastic.on_assignment = [&pg, &options](const v1::Assignment& assignment) {
-    if (options.cuda) {
-      pg.cuda_device = assignment.local_rank() % options.cuda_devices;
-    }
+  pg.nccl_faults = options.nccl_faults;
+  elastic.on_assignment = [&](const v1::Assignment& assignment) {
+    GS_RETURN_IF_ERROR(
+        KeepDevice(device_type, device_count, assignment, &device));
+    pg.nccl_device = device.get();
+    return absl::OkStatus();
   };
 
   HealthReporter reporter(client.get());
-  RoundAdapter adapter(trainer, &reporter, options.cuda, &pg.cuda_device);
+  RoundAdapter adapter(trainer, &reporter, &device);
   absl::Status trained =
       RunElastic(client.get(), request, elastic, &reporter, &adapter);
   if (!trained.ok()) {

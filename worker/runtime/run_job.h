@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/nccl_faults.h"
 #include "worker/runtime/step_report.h"
 
 namespace gradsync {
@@ -50,11 +51,19 @@ struct JobOptions {
   std::string network_interface;
   // Gloo rounds on one host run over shared memory.
   bool shared_memory = true;
-  // The process trains on CUDA: it advertises its `cuda_devices` GPUs (and
-  // NCCL when it loads), and each round's process group uses GPU
-  // local_rank % cuda_devices.
-  bool cuda = false;
-  int cuda_devices = 0;
+  // Where the process trains: "cpu", "cuda", or "sim" (a simulated GPU:
+  // host memory through the GPU code paths and NCCL over shared memory, for
+  // tests without a GPU). On "cuda" and "sim" it advertises its devices and
+  // NCCL, picks its device once (its first assignment's local rank, which is
+  // the launcher's for a launched process, modulo the devices it sees) and
+  // keeps it for its whole life.
+  std::string device = "cpu";
+  // Devices visible; 0: as the device type finds them (CUDA's count,
+  // GRADSYNC_SIM_DEVICES).
+  int device_count = 0;
+  // Faults injected into the NCCL backend's collectives (failpoints, tests);
+  // none when empty.
+  CommFaultPlan nccl_faults;
   // Process group bootstrap and per-collective timeout; the rendezvous's.
   absl::Duration timeout = absl::Minutes(5);
   absl::Duration join_timeout = absl::Minutes(10);
@@ -88,8 +97,10 @@ struct Round {
   int source_rank = 0;
   // The round's process group (collectives are recorded for heartbeats).
   Backend* backend = nullptr;
-  // On CUDA: the device this process uses.
-  int cuda_device = 0;
+  // On "cuda" and "sim": the device this process uses, the same in every
+  // round, and its name ("cuda:0", "sim:3").
+  int device_index = 0;
+  std::string device_name;
   // Call after every committed step (cheap): heartbeats carry it, and the
   // coordinator's diagnosis of stragglers, hangs and desyncs uses it. An
   // error (the coordinator failed the job) means: stop training with it.

@@ -83,8 +83,8 @@ absl::Status Telemetry::OnStep(const StepReport& report, int64_t samples) {
     t->set_step_seconds(seconds);
     t->set_forward_seconds(absl::ToDoubleSeconds(report.ddp.forward));
     t->set_backward_seconds(absl::ToDoubleSeconds(report.ddp.backward_compute));
-    t->set_communication_seconds(absl::ToDoubleSeconds(
-        report.ddp.communication - report.ddp.hidden_communication));
+    t->set_communication_seconds(
+        absl::ToDoubleSeconds(report.ddp.exposed_communication));
     t->set_hidden_communication_seconds(
         absl::ToDoubleSeconds(report.ddp.hidden_communication));
 

@@ -68,13 +68,14 @@ absl::Status ValidateConfig(const TrainerConfig& config) {
     return absl::InvalidArgumentError(
         "--lr must be positive and --momentum not negative");
   }
-  if (config.device != "cpu" && config.device != "cuda") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device must be cpu or cuda, got '", config.device, "'"));
+  if (config.device != "cpu" && config.device != "cuda" &&
+      config.device != "sim") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the device must be cpu, cuda or sim, got '", config.device, "'"));
   }
   if (config.device == "cuda" && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError(
-        "--device=cuda, but this LibTorch has no CUDA or sees no GPU");
+        "the device is cuda, but this LibTorch has no CUDA or sees no GPU");
   }
   if (!config.rank_batches.empty()) {
     if (config.accumulate != 1 || config.steps != 0) {
@@ -175,6 +176,7 @@ class StepStats {
     forward_ += report.ddp.forward;
     backward_ += report.ddp.backward_compute;
     communication_ += report.ddp.communication;
+    exposed_ += report.ddp.exposed_communication;
     hidden_ += report.ddp.hidden_communication;
     last_ = report.ddp;
   }
@@ -192,6 +194,7 @@ class StepStats {
     summary->mean_forward = forward_ / n;
     summary->mean_backward = backward_ / n;
     summary->mean_communication = communication_ / n;
+    summary->mean_exposed_communication = exposed_ / n;
     summary->mean_hidden_communication = hidden_ / n;
     summary->buckets = last_.buckets;
     summary->bucket_bytes_per_step = 0;
@@ -202,7 +205,7 @@ class StepStats {
 
  private:
   std::vector<absl::Duration> step_times_;
-  absl::Duration forward_, backward_, communication_, hidden_;
+  absl::Duration forward_, backward_, communication_, exposed_, hidden_;
   StepTimings last_;
 };
 
@@ -320,7 +323,7 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Create(
   try {
     GS_RETURN_IF_ERROR(ValidateConfig(config));
     const torch::Device device =
-        config.device == "cuda" ? torch::Device(torch::kCUDA, config.cuda_device)
+        config.device == "cuda" ? torch::Device(torch::kCUDA, config.device_index)
                                 : torch::Device(torch::kCPU);
     torch::manual_seed(config.seed);
     GS_ASSIGN_OR_RETURN(torch::nn::Sequential model, MakeModel(config.model));
@@ -593,7 +596,12 @@ torch::Tensor TrainingRun::Impl::NextBatch(const TrainContext& context,
 
 // One optimizer step: `accumulate` micro-batches (all but the last under
 // no_sync), then the update. The step commits (the position advances) only
-// once the update is applied; an error before leaves the state as it was.
+// once the update is applied, and the update is applied only once every
+// gradient collective of the step is known to have completed without error
+// on this rank (DistributedDataParallel::CheckStep: on a GPU the backward
+// only ordered the streams after them); an error before leaves the state as
+// it was. The host waits for the device once per step, there; the loss is
+// summed on the device meanwhile.
 absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
                                         DistributedDataParallel* ddp,
                                         Division* division,
@@ -613,6 +621,7 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
   for (auto& p : model_->parameters()) {
     if (p.grad().defined()) p.mutable_grad().zero_();
   }
+  torch::Tensor step_loss = torch::zeros({}, torch::TensorOptions(device_));
   for (int64_t m = 0; m < micro_in_step; ++m) {
     torch::Tensor batch = NextBatch(context, division, &cursor, report.step);
     report.epoch = division->epoch;
@@ -632,10 +641,11 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
     torch::Tensor loss = torch::nn::functional::cross_entropy(output, y) /
                          static_cast<double>(micro_in_step);
     loss.backward();
-    report.loss += loss.item<double>();
+    step_loss += loss.detach();
   }
+  if (ddp != nullptr) GS_RETURN_IF_ERROR(ddp->CheckStep());
+  report.loss = step_loss.item<double>();
   optimizer_->step();
-  if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
   cursor.step = report.step;
   position_ = cursor;  // committed
   // Under uneven inputs the last checkpoint waits for every rank.
@@ -681,13 +691,10 @@ absl::Status TrainingRun::Impl::Report(const TrainContext& context,
       Ms(report.step_time));
   if (context.backend != nullptr) {
     const StepTimings& t = report.ddp;
-    const double hidden =
-        t.communication > absl::ZeroDuration()
-            ? 100.0 * absl::FDivDuration(t.hidden_communication, t.communication)
-            : 100.0;
     absl::StrAppendFormat(
-        &line, " (forward %.1f, backward %.1f, comm %.1f, %.0f%% hidden)",
-        Ms(t.forward), Ms(t.backward_compute), Ms(t.communication), hidden);
+        &line, " (forward %.1f, backward %.1f, comm %.1f, exposed %.1f)",
+        Ms(t.forward), Ms(t.backward_compute), Ms(t.communication),
+        Ms(t.exposed_communication));
   }
   std::fprintf(context.progress, "%s\n", line.c_str());
   std::fflush(context.progress);

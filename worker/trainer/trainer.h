@@ -46,9 +46,11 @@ struct TrainerConfig {
   bool drop_last = false;
   // Seeds parameter initialization, the synthetic data and the shuffle.
   uint64_t seed = 0;
-  // "cpu" or "cuda".
+  // "cpu", "cuda", or "sim" (a simulated GPU: the tensors stay in host
+  // memory, every GPU code path of the loop and of DDP is taken).
   std::string device = "cpu";
-  int cuda_device = 0;
+  // The GPU (or simulated device) of this process.
+  int device_index = 0;
   // Micro-batches per optimizer step: all but the last run under no_sync,
   // and each micro-batch's loss is divided by their number.
   int accumulate = 1;
@@ -102,6 +104,7 @@ struct TrainSummary {
   absl::Duration mean_forward;
   absl::Duration mean_backward;
   absl::Duration mean_communication;
+  absl::Duration mean_exposed_communication;
   absl::Duration mean_hidden_communication;
   // Gradient buckets and the bytes this rank put into their collectives,
   // per synchronized step (the last one; with a compressing hook, less than

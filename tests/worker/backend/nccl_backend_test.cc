@@ -1,197 +1,462 @@
-// NCCL backend tests. Without a GPU only the "no device" behaviour runs; the
-// rest skip. A single GPU runs world size 1 (NCCL refuses two ranks on one
-// device), which still exercises bootstrap, streams, events, the watchdog
-// and every collective's plumbing.
+// The NCCL backend's own logic, multi-rank, on the simulated device (CUDA's
+// asynchrony in host memory, collectives over shared memory): ranks as
+// threads of this process and as forked processes, world sizes 1-8 and
+// element counts including 0, checked against closed forms; and what a GPU
+// job meets when things fail: a hung peer, an asynchronous error after the
+// host moved on, an abort mid-collective and during creation, and many
+// abort + re-create cycles that must leave nothing behind.
 #include "worker/backend/nccl_backend.h"
 
-#include <cuda_runtime_api.h>
+#include <dirent.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
-#include <numeric>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/worker/backend/backend_test_util.h"
+#include "worker/backend/file_store.h"
+#include "worker/backend/nccl_device.h"
+#include "worker/backend/nccl_faults.h"
+#include "worker/backend/sim_device.h"
 #include "worker/backend/store.h"
 
 namespace gradsync {
 namespace {
 
+using ::gradsync::testing::BufferOf;
+using ::gradsync::testing::ExpectAllOk;
+using ::gradsync::testing::ExpectElements;
+using ::gradsync::testing::kBig;
+using ::gradsync::testing::kBound;
+using ::gradsync::testing::kHealthyTimeout;
+using ::gradsync::testing::OnEveryRank;
+using ::gradsync::testing::OptionsFor;
+using ::gradsync::testing::Pointers;
+using ::gradsync::testing::RankSum;
+using ::testing::AnyOf;
+using ::testing::Combine;
 using ::testing::HasSubstr;
+using ::testing::Values;
 
-#define SKIP_WITHOUT_GPU()                                 \
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device"
+// The simulated devices of one node, one per rank (index = rank).
+std::vector<std::unique_ptr<NcclDevice>> Devices(int world_size) {
+  std::vector<std::unique_ptr<NcclDevice>> devices;
+  for (int rank = 0; rank < world_size; ++rank) {
+    auto device = CreateSimDevice(rank);
+    EXPECT_TRUE(device.ok()) << device.status();
+    devices.push_back(device.ok() ? *std::move(device) : nullptr);
+  }
+  return devices;
+}
 
-// A device copy of `host` that frees itself.
-template <typename T>
-class DeviceVector {
- public:
-  explicit DeviceVector(const std::vector<T>& host) : count_(host.size()) {
-    EXPECT_EQ(cudaMalloc(&data_, std::max<size_t>(1, count_) * sizeof(T)),
-              cudaSuccess);
-    if (count_ > 0) {
-      EXPECT_EQ(cudaMemcpy(data_, host.data(), count_ * sizeof(T),
-                           cudaMemcpyHostToDevice),
-                cudaSuccess);
+// Connects the NCCL backends of `world_size` ranks on `devices`, each on its
+// own thread; `faults(rank)` gives a rank's fault plan.
+std::vector<std::unique_ptr<NcclBackend>> StartGroup(
+    const std::vector<std::unique_ptr<NcclDevice>>& devices, Store* store,
+    absl::Duration timeout = kHealthyTimeout,
+    const std::function<CommFaultPlan(int rank)>& faults = nullptr) {
+  const int world_size = static_cast<int>(devices.size());
+  return testing::StartGroup<NcclBackend>(
+      world_size,
+      [&](int rank) -> absl::StatusOr<std::unique_ptr<NcclBackend>> {
+        NcclOptions nccl;
+        nccl.device = devices[rank].get();
+        if (faults) nccl.faults = faults(rank);
+        auto backend = NcclBackend::Create(
+            OptionsFor(rank, world_size, timeout), nccl);
+        if (!backend.ok()) return backend.status();
+        absl::Status connected = (*backend)->Connect(store);
+        if (!connected.ok()) return connected;
+        return backend;
+      });
+}
+
+// A plan that gives collective `n` of every communicator `fault`.
+CommFaultPlan FaultAt(uint64_t n, CommFault::Kind kind) {
+  return [n, kind](uint64_t collective) {
+    CommFault fault;
+    if (collective == n) fault.kind = kind;
+    return fault;
+  };
+}
+
+// ---------------------------------------------------------------------------
+// Results against closed forms.
+
+constexpr size_t kCounts[] = {0, 1, 7, 1000, (1 << 18) + 3};
+
+class NcclSimCollectivesTest
+    : public ::testing::TestWithParam<std::tuple<int, size_t>> {};
+
+TEST_P(NcclSimCollectivesTest, EveryCollectiveMatchesItsClosedForm) {
+  const auto [world, count] = GetParam();
+  auto devices = Devices(world);
+  InMemoryStore store;
+  auto group = StartGroup(devices, &store);
+  ASSERT_EQ(group.size(), static_cast<size_t>(world));
+  OnEveryRank(world, [&, world = world, count = count](int rank) {
+    Backend& b = *group[rank];
+    std::vector<float> sum(count), avg(count);
+    std::vector<int64_t> ints(count);
+    std::vector<double> bcast(count, rank);
+    std::vector<int32_t> mine(count, rank + 1);
+    std::vector<int32_t> all(count * world, -1);
+    for (size_t i = 0; i < count; ++i) {
+      sum[i] = avg[i] = static_cast<float>(rank * 3 + i % 17);
+      ints[i] = rank * kBig + static_cast<int64_t>(i);
     }
-  }
-  ~DeviceVector() { cudaFree(data_); }
-  std::vector<T> ToHost() const {
-    std::vector<T> host(count_);
-    if (count_ > 0) {
-      EXPECT_EQ(cudaMemcpy(host.data(), data_, count_ * sizeof(T),
-                           cudaMemcpyDeviceToHost),
-                cudaSuccess);
-    }
-    return host;
-  }
-  Buffer buffer(DataType dtype) {
-    return Buffer{data_, count_, dtype, DeviceKind::kCuda, 0};
-  }
+    ExpectAllOk({b.AllReduce(BufferOf(sum), ReduceOp::kSum),
+                 b.AllReduce(BufferOf(avg), ReduceOp::kAverage),
+                 b.AllReduce(BufferOf(ints), ReduceOp::kSum),
+                 b.Broadcast(BufferOf(bcast), world - 1),
+                 b.AllGather(BufferOf(mine), BufferOf(all)), b.Barrier()});
+    ExpectElements(sum, [&](size_t i) {
+      return 3.0 * RankSum(world) + world * static_cast<double>(i % 17);
+    }, "allreduce sum");
+    ExpectElements(avg, [&](size_t i) {
+      return (3.0 * RankSum(world) + world * static_cast<double>(i % 17)) /
+             world;
+    }, "allreduce average");
+    ExpectElements(ints, [&](size_t i) {
+      return kBig * RankSum(world) + world * static_cast<int64_t>(i);
+    }, "allreduce int64");
+    ExpectElements(bcast, [&](size_t) { return world - 1; }, "broadcast");
+    ExpectElements(all, [&](size_t i) { return 1 + i / count; }, "allgather");
+  });
+}
 
- private:
-  void* data_ = nullptr;
-  size_t count_;
+INSTANTIATE_TEST_SUITE_P(
+    Sim, NcclSimCollectivesTest,
+    Combine(Values(1, 2, 3, 5, 8), ::testing::ValuesIn(kCounts)),
+    testing::WorldAndCountName);
+
+// The scenarios every backend passes.
+class NcclSimScenariosTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    devices_ = Devices(GetParam());
+    group_ = StartGroup(devices_, &store_);
+    ASSERT_EQ(group_.size(), static_cast<size_t>(GetParam()));
+  }
+  std::vector<std::unique_ptr<NcclDevice>> devices_;
+  InMemoryStore store_;
+  std::vector<std::unique_ptr<NcclBackend>> group_;
 };
 
-std::unique_ptr<Backend> MakeSingleRank() {
+TEST_P(NcclSimScenariosTest, BroadcastFromEveryRoot) {
+  testing::ExpectBroadcastFromEveryRoot(Pointers(group_), 1001);
+}
+TEST_P(NcclSimScenariosTest, AllGatherInRankOrder) {
+  testing::ExpectAllGatherInRankOrder(Pointers(group_), 513);
+}
+TEST_P(NcclSimScenariosTest, ManyCollectivesCompleteInOrder) {
+  testing::ExpectManyCollectivesCompleteInOrder(Pointers(group_), 40, 3000);
+}
+TEST_P(NcclSimScenariosTest, EmptyCollectiveWaitsForEarlierOnes) {
+  testing::ExpectEmptyCollectiveWaitsForEarlierOnes(Pointers(group_));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sim, NcclSimScenariosTest, Values(2, 4, 8),
+                         testing::WorldName);
+
+TEST(NcclSimTest, BarrierWaitsForEveryRank) {
+  auto devices = Devices(3);
   InMemoryStore store;
-  BackendOptions options;
-  options.timeout = absl::Seconds(30);
-  auto backend = CreateNcclBackend(options, &store, NcclOptions());
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  return backend.ok() ? *std::move(backend) : nullptr;
+  auto group = StartGroup(devices, &store);
+  ASSERT_EQ(group.size(), 3u);
+  testing::ExpectBarrierWaitsForEveryRank(Pointers(group));
 }
 
-TEST(NcclBackendTest, CreatingWithoutAGpuIsFailedPrecondition) {
-  if (CudaDeviceCount() > 0) GTEST_SKIP() << "this machine has a GPU";
+TEST(NcclSimTest, BadArgumentsFailAtOnce) {
+  auto devices = Devices(2);
   InMemoryStore store;
-  auto backend = CreateNcclBackend(BackendOptions(), &store, NcclOptions());
-  EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(backend.status().message(), HasSubstr("gloo"));
+  auto group = StartGroup(devices, &store);
+  ASSERT_EQ(group.size(), 2u);
+  testing::ExpectBadArgumentsFailAtOnce(Pointers(group));
 }
 
-class NcclCollectivesTest : public ::testing::TestWithParam<size_t> {};
-
-TEST_P(NcclCollectivesTest, SingleRankCollectivesKeepOrCopyTheData) {
-  SKIP_WITHOUT_GPU();
-  const size_t count = GetParam();
-  std::unique_ptr<Backend> backend = MakeSingleRank();
-  ASSERT_NE(backend, nullptr);
-  std::vector<float> values(count);
-  std::iota(values.begin(), values.end(), 1.0f);
-  std::vector<int64_t> ints(count);
-  std::iota(ints.begin(), ints.end(), int64_t{-3});
-
-  DeviceVector<float> sum(values), avg(values), bcast(values), in(values),
-      out(values);
-  DeviceVector<int64_t> int_sum(ints);
-  std::vector<std::shared_ptr<Work>> works = {
-      backend->AllReduce(sum.buffer(DataType::kFloat32), ReduceOp::kSum),
-      backend->AllReduce(avg.buffer(DataType::kFloat32), ReduceOp::kAverage),
-      backend->AllReduce(int_sum.buffer(DataType::kInt64), ReduceOp::kSum),
-      backend->Broadcast(bcast.buffer(DataType::kFloat32), 0),
-      backend->AllGather(in.buffer(DataType::kFloat32),
-                         out.buffer(DataType::kFloat32)),
-      backend->Barrier(),
-  };
-  for (const auto& work : works) {
-    ASSERT_TRUE(work->Wait(absl::Seconds(30)).ok()) << work->status();
-  }
-  EXPECT_EQ(sum.ToHost(), values);
-  EXPECT_EQ(avg.ToHost(), values);
-  EXPECT_EQ(int_sum.ToHost(), ints);
-  EXPECT_EQ(bcast.ToHost(), values);
-  EXPECT_EQ(out.ToHost(), values);
-}
-
-INSTANTIATE_TEST_SUITE_P(Counts, NcclCollectivesTest,
-                         ::testing::Values(0, 1, 7, 1000, (1 << 20) + 3));
-
-TEST(NcclBackendTest, ManyCollectivesBackToBackCompleteInOrder) {
-  SKIP_WITHOUT_GPU();
-  std::unique_ptr<Backend> backend = MakeSingleRank();
-  ASSERT_NE(backend, nullptr);
-  DeviceVector<float> data(std::vector<float>(4096, 2.0f));
-  std::vector<std::shared_ptr<Work>> works;
-  for (int i = 0; i < 200; ++i) {
-    works.push_back(
-        backend->AllReduce(data.buffer(DataType::kFloat32), ReduceOp::kSum));
-  }
-  ASSERT_TRUE(works.back()->Wait(absl::Seconds(60)).ok());
-  for (size_t i = 0; i < works.size(); ++i) {
-    EXPECT_TRUE(works[i]->IsCompleted()) << "collective " << i;
-    EXPECT_EQ(works[i]->sequence(), i + 1);
-  }
-}
-
-// A buffer's stream (the caller's current stream) orders the collective
-// after the work queued on it, and SynchronizeStream makes a stream wait for
-// the collective: an all-gather queued behind a long memset on the caller's
-// stream reads the memset's zeros, and a copy queued on that stream after
-// SynchronizeStream reads the gathered zeros.
-TEST(NcclBackendTest, OrdersAfterTheCallersStreamAndLetsAStreamWait) {
-  SKIP_WITHOUT_GPU();
-  std::unique_ptr<Backend> backend = MakeSingleRank();
-  ASSERT_NE(backend, nullptr);
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  void* busy = nullptr;
-  const size_t busy_bytes = size_t{512} << 20;
-  ASSERT_EQ(cudaMalloc(&busy, busy_bytes), cudaSuccess);
-  DeviceVector<float> in(std::vector<float>(1024, 3.0f));
-  DeviceVector<float> out(std::vector<float>(1024, 5.0f));
-  ASSERT_EQ(cudaMemsetAsync(busy, 1, busy_bytes, stream), cudaSuccess);
-  Buffer input = in.buffer(DataType::kFloat32);
-  ASSERT_EQ(cudaMemsetAsync(input.data, 0, input.bytes(), stream), cudaSuccess);
-  input.stream = stream;
-  std::shared_ptr<Work> work =
-      backend->AllGather(input, out.buffer(DataType::kFloat32));
-  ASSERT_TRUE(work->SynchronizeStream(stream, absl::Seconds(30)).ok());
-  std::vector<float> host(1024, -1.0f);
-  ASSERT_EQ(cudaMemcpyAsync(host.data(), out.buffer(DataType::kFloat32).data,
-                            host.size() * sizeof(float), cudaMemcpyDeviceToHost,
-                            stream),
-            cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  EXPECT_EQ(host, std::vector<float>(1024, 0.0f));
-  EXPECT_TRUE(work->Wait(absl::Seconds(30)).ok());
-  cudaFree(busy);
-  cudaStreamDestroy(stream);
-}
-
-TEST(NcclBackendTest, BadArgumentsAreInvalidArgument) {
-  SKIP_WITHOUT_GPU();
-  std::unique_ptr<Backend> backend = MakeSingleRank();
-  ASSERT_NE(backend, nullptr);
-  std::vector<float> host(8, 1.0f);
-  Buffer cpu{host.data(), host.size(), DataType::kFloat32, DeviceKind::kCpu, 0};
-  EXPECT_EQ(backend->AllReduce(cpu, ReduceOp::kSum)->Wait().code(),
-            absl::StatusCode::kInvalidArgument);
-  DeviceVector<float> in(host), out(host);
-  EXPECT_EQ(backend->Broadcast(in.buffer(DataType::kFloat32), 1)->Wait().code(),
-            absl::StatusCode::kInvalidArgument);
-  Buffer short_out = out.buffer(DataType::kFloat32);
-  short_out.count = 3;
-  EXPECT_EQ(backend->AllGather(in.buffer(DataType::kFloat32), short_out)
-                ->Wait()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-}
-
-TEST(NcclBackendTest, CreationFailsWithinTheTimeoutWhenARankNeverArrives) {
-  SKIP_WITHOUT_GPU();
+// A slow rank delays the others' collectives but changes no result.
+TEST(NcclSimTest, ASlowRankDelaysButDoesNotChangeResults) {
+  auto devices = Devices(3);
   InMemoryStore store;
-  BackendOptions options;
-  options.rank = 0;
-  options.world_size = 2;  // rank 1 never comes
-  options.timeout = absl::Seconds(3);
+  auto group = StartGroup(devices, &store, kHealthyTimeout, [](int rank) {
+    return [rank](uint64_t) {
+      CommFault fault;
+      if (rank == 1) {
+        fault.kind = CommFault::Kind::kDelay;
+        fault.delay = absl::Milliseconds(30);
+      }
+      return fault;
+    };
+  });
+  ASSERT_EQ(group.size(), 3u);
   const absl::Time start = absl::Now();
-  auto backend = CreateNcclBackend(options, &store, NcclOptions());
-  EXPECT_EQ(backend.status().code(), absl::StatusCode::kDeadlineExceeded)
-      << backend.status();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  OnEveryRank(3, [&](int rank) {
+    std::vector<float> data(100, rank + 1.0f);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(group[rank]->AllReduce(BufferOf(data), ReduceOp::kSum)
+                      ->Wait(kBound)
+                      .ok());
+    }
+    ExpectElements(data, [](size_t) { return 6 * 3 * 3; }, "sums");
+  });
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(90));
+}
+
+// ---------------------------------------------------------------------------
+// Failures.
+
+// Rank 2 issues only the first of three all-reduces: the others' second is
+// found hung by their watchdogs at the timeout, every pending Work fails
+// (the third too, without waiting another timeout), and nothing hangs.
+TEST(NcclSimFailureTest, AHungPeerFailsEveryPendingWorkWithinTheTimeout) {
+  constexpr absl::Duration kTimeout = absl::Seconds(1);
+  auto devices = Devices(3);
+  InMemoryStore store;
+  auto group = StartGroup(devices, &store, kTimeout);
+  ASSERT_EQ(group.size(), 3u);
+  std::vector<std::vector<float>> data(3, std::vector<float>(64, 1.0f));
+  std::vector<std::shared_ptr<Work>> first, later;
+  const absl::Time start = absl::Now();
+  for (int rank = 0; rank < 3; ++rank) {
+    first.push_back(group[rank]->AllReduce(BufferOf(data[rank]), ReduceOp::kSum));
+  }
+  ExpectAllOk(first);
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int i = 0; i < 2; ++i) {
+      later.push_back(
+          group[rank]->AllReduce(BufferOf(data[rank]), ReduceOp::kSum));
+    }
+  }
+  for (const auto& work : later) {
+    absl::Status status = work->Wait(kTimeout + kBound);
+    EXPECT_THAT(status.code(), AnyOf(absl::StatusCode::kDeadlineExceeded,
+                                     absl::StatusCode::kUnavailable,
+                                     absl::StatusCode::kAborted))
+        << status;
+  }
+  EXPECT_THAT(later[0]->status().message(), HasSubstr("did not complete within"));
+  EXPECT_LT(absl::Now() - start, kTimeout + kBound);
+  // After the abort every collective fails at once with ABORTED (the round
+  // must be re-formed, which is recoverable), naming the first error.
+  absl::Status after =
+      group[0]->AllReduce(BufferOf(data[0]), ReduceOp::kSum)->Wait(kBound);
+  EXPECT_EQ(after.code(), absl::StatusCode::kAborted) << after;
+  EXPECT_THAT(after.message(), HasSubstr("re-formed"));
+  group.clear();  // nothing hangs while destroying
+}
+
+// Rank 1's third collective fails asynchronously after the host moved on:
+// the call returned a pending Work; the Work then fails (the error the
+// device reported), the communicator is aborted, and the peers, waiting in
+// that collective for rank 1, fail promptly rather than at their timeout.
+TEST(NcclSimFailureTest, AnAsyncErrorAfterTheHostMovedOnFailsThatWork) {
+  auto devices = Devices(3);
+  InMemoryStore store;
+  auto group = StartGroup(devices, &store, kHealthyTimeout, [](int rank) {
+    return rank == 1 ? FaultAt(3, CommFault::Kind::kAsyncError) : nullptr;
+  });
+  ASSERT_EQ(group.size(), 3u);
+  std::vector<std::vector<float>> data(3, std::vector<float>(4096, 1.0f));
+  std::vector<std::shared_ptr<Work>> third(3);
+  const absl::Time start = absl::Now();
+  OnEveryRank(3, [&](int rank) {
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(group[rank]->AllReduce(BufferOf(data[rank]), ReduceOp::kSum)
+                      ->Wait(kBound)
+                      .ok());
+    }
+    third[rank] = group[rank]->AllReduce(BufferOf(data[rank]), ReduceOp::kSum);
+  });
+  absl::Status failed = third[1]->Wait(kBound);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
+  EXPECT_THAT(failed.message(), HasSubstr("injected asynchronous error"));
+  // Rank 1's buffer was not reduced: a step built on it must not count.
+  ExpectElements(data[1], [](size_t) { return 9; }, "rank 1's unreduced data");
+  for (int rank : {0, 2}) {
+    absl::Status peer = third[rank]->Wait(kBound);
+    EXPECT_FALSE(peer.ok()) << "rank " << rank;
+  }
+  EXPECT_LT(absl::Now() - start, kBound);
+}
+
+// An injected hang holds the stream until the owner aborts: Abort() ends
+// the collective in flight at once and the peers' with it.
+TEST(NcclSimFailureTest, AbortEndsAHungCollectiveAndThePeers) {
+  auto devices = Devices(2);
+  InMemoryStore store;
+  auto group = StartGroup(devices, &store, kHealthyTimeout, [](int rank) {
+    return rank == 0 ? FaultAt(1, CommFault::Kind::kHang) : nullptr;
+  });
+  ASSERT_EQ(group.size(), 2u);
+  std::vector<std::vector<float>> data(2, std::vector<float>(16, 1.0f));
+  auto hung = group[0]->AllReduce(BufferOf(data[0]), ReduceOp::kSum);
+  auto peer = group[1]->AllReduce(BufferOf(data[1]), ReduceOp::kSum);
+  EXPECT_EQ(hung->Wait(absl::Milliseconds(100)).code(),
+            absl::StatusCode::kDeadlineExceeded);  // still hung
+  const absl::Time start = absl::Now();
+  group[0]->Abort();
+  EXPECT_EQ(hung->Wait(kBound).code(), absl::StatusCode::kAborted);
+  EXPECT_FALSE(peer->Wait(kBound).ok());
+  EXPECT_LT(absl::Now() - start, kBound);
+}
+
+// Rank 1 never creates its communicator: rank 0's creation fails at its
+// timeout, naming the wait, or at once when aborted from another thread.
+TEST(NcclSimFailureTest, CreationEndsAtTheTimeoutOrAtAnAbort) {
+  auto devices = Devices(2);
+  {
+    InMemoryStore store;
+    auto backend = NcclBackend::Create(OptionsFor(0, 2, absl::Seconds(1)),
+                                       NcclOptions{devices[0].get()});
+    ASSERT_TRUE(backend.ok());
+    absl::Status connected = (*backend)->Connect(&store);
+    EXPECT_EQ(connected.code(), absl::StatusCode::kDeadlineExceeded)
+        << connected;
+    EXPECT_THAT(connected.message(),
+                HasSubstr("communicator creation on sim:0"));
+  }
+  InMemoryStore store;
+  auto backend = NcclBackend::Create(OptionsFor(0, 2, kHealthyTimeout),
+                                     NcclOptions{devices[0].get()});
+  ASSERT_TRUE(backend.ok());
+  const absl::Time start = absl::Now();
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    (*backend)->Abort();
+  });
+  absl::Status connected = (*backend)->Connect(&store);
+  aborter.join();
+  EXPECT_EQ(connected.code(), absl::StatusCode::kAborted) << connected;
+  EXPECT_LT(absl::Now() - start, kBound);
+}
+
+// What this process holds: threads, file descriptors.
+int CountEntries(const char* dir) {
+  int n = 0;
+  if (DIR* d = opendir(dir)) {
+    while (readdir(d) != nullptr) ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+// 20 times: a group of 3 reduces, rank 0 aborts while the others wait in a
+// collective with it, and a new group on the same devices reduces again.
+// Afterwards this process holds the threads, descriptors and device memory
+// it held before.
+TEST(NcclSimFailureTest, AbortAndRecreateLeavesNothingBehind) {
+  auto devices = Devices(3);
+  auto cycle = [&] {
+    InMemoryStore store;
+    auto group = StartGroup(devices, &store);
+    ASSERT_EQ(group.size(), 3u);
+    std::vector<std::vector<float>> data(3, std::vector<float>(1000, 1.0f));
+    OnEveryRank(3, [&](int rank) {
+      ASSERT_TRUE(group[rank]->AllReduce(BufferOf(data[rank]), ReduceOp::kSum)
+                      ->Wait(kBound)
+                      .ok());
+    });
+    auto waiting1 = group[1]->AllReduce(BufferOf(data[1]), ReduceOp::kSum);
+    auto waiting2 = group[2]->AllReduce(BufferOf(data[2]), ReduceOp::kSum);
+    group[0]->Abort();
+    EXPECT_FALSE(waiting1->Wait(kBound).ok());
+    EXPECT_FALSE(waiting2->Wait(kBound).ok());
+  };
+  cycle();  // the first cycle may create what lives for the process
+  const int threads = CountEntries("/proc/self/task");
+  const int fds = CountEntries("/proc/self/fd");
+  std::vector<int64_t> memory;
+  for (const auto& device : devices) memory.push_back(device->MemoryInUse());
+  for (int i = 0; i < 20; ++i) {
+    SCOPED_TRACE(absl::StrCat("cycle ", i));
+    cycle();
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  EXPECT_EQ(CountEntries("/proc/self/task"), threads);
+  EXPECT_EQ(CountEntries("/proc/self/fd"), fds);
+  for (size_t d = 0; d < devices.size(); ++d) {
+    EXPECT_EQ(devices[d]->MemoryInUse(), memory[d]) << devices[d]->name();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Ranks as processes: each process has its own simulated device and they
+// share the transport's memory across processes.
+
+// A fixed list of collectives, each checked; 0 when all are right, else the
+// number of the first wrong one.
+int RunProcessRank(int rank, int world_size, Store* store) {
+  auto device = CreateSimDevice(rank);
+  if (!device.ok()) return 100;
+  auto backend = CreateNcclBackend(OptionsFor(rank, world_size, kHealthyTimeout),
+                                   store, NcclOptions{device->get()});
+  if (!backend.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank,
+                 backend.status().ToString().c_str());
+    return 101;
+  }
+  Backend& b = **backend;
+  const int n = world_size;
+  constexpr size_t kCount = 50'001;
+  std::vector<float> floats(kCount);
+  for (size_t i = 0; i < kCount; ++i) floats[i] = rank * 1000.0f + i;
+  if (!b.AllReduce(BufferOf(floats), ReduceOp::kSum)->Wait(kBound).ok()) return 1;
+  for (size_t i = 0; i < kCount; ++i) {
+    if (floats[i] != n * static_cast<float>(i) + 1000.0f * RankSum(n)) return 1;
+  }
+  std::vector<double> doubles(kCount, rank);
+  if (!b.Broadcast(BufferOf(doubles), n - 1)->Wait(kBound).ok()) return 2;
+  for (double d : doubles) {
+    if (d != n - 1) return 2;
+  }
+  std::vector<int32_t> mine(100, rank), all(100 * n, -1);
+  if (!b.AllGather(BufferOf(mine), BufferOf(all))->Wait(kBound).ok()) return 3;
+  for (size_t k = 0; k < all.size(); ++k) {
+    if (all[k] != static_cast<int32_t>(k / 100)) return 3;
+  }
+  if (!b.Barrier()->Wait(kBound).ok()) return 4;
+  return 0;
+}
+
+TEST(NcclSimProcessTest, RanksInSeparateProcessesAgree) {
+  constexpr int kWorld = 3;
+  absl::StatusOr<std::string> dir = FileStore::MakeDirectory("nccl_sim_test");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  FileStore store(*dir);
+  std::vector<pid_t> children;
+  std::fflush(nullptr);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int code = RunProcessRank(rank, kWorld, &store);
+      std::fflush(nullptr);
+      _exit(code);
+    }
+    ASSERT_GT(pid, 0);
+    children.push_back(pid);
+  }
+  for (int rank = 0; rank < kWorld; ++rank) {
+    int wstatus = 0;
+    ASSERT_EQ(waitpid(children[rank], &wstatus, 0), children[rank]);
+    ASSERT_TRUE(WIFEXITED(wstatus)) << "rank " << rank;
+    EXPECT_EQ(WEXITSTATUS(wstatus), 0)
+        << "rank " << rank << " failed at collective " << WEXITSTATUS(wstatus);
+  }
 }
 
 }  // namespace

@@ -37,6 +37,7 @@
 #include "tests/testing/eventually.h"
 #include "tests/worker/backend/backend_test_util.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/file_store.h"
 #include "worker/backend/float16.h"
 #include "worker/backend/store.h"
 #include "worker/backend/work.h"
@@ -755,60 +756,10 @@ TEST(ShmBackendFailureTest, DestroyingCancelsCollectivesPromptly) {
 // ---------------------------------------------------------------------------
 // Ranks as processes.
 
-// A Store in files of one directory, shared by forked processes: Set writes
-// a file and renames it into place; Get and Wait poll for it.
-class FileStore final : public Store {
- public:
-  explicit FileStore(std::string dir) : dir_(std::move(dir)) {}
-
-  absl::Status Set(const std::string& key, const std::string& value) override {
-    const std::string temp = absl::StrCat(Path(key), ".", getpid(), ".tmp");
-    std::ofstream(temp, std::ios::binary) << value;
-    if (rename(temp.c_str(), Path(key).c_str()) != 0) {
-      return absl::InternalError(absl::StrCat("rename to ", Path(key)));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<std::string> Get(const std::string& key,
-                                  absl::Duration timeout) override {
-    absl::Status waited = Wait({key}, timeout);
-    if (!waited.ok()) return waited;
-    std::ifstream file(Path(key), std::ios::binary);
-    std::stringstream value;
-    value << file.rdbuf();
-    return value.str();
-  }
-
-  absl::Status Wait(const std::vector<std::string>& keys,
-                    absl::Duration timeout) override {
-    const absl::Time deadline = absl::Now() + timeout;
-    for (const std::string& key : keys) {
-      while (access(Path(key).c_str(), F_OK) != 0) {
-        if (absl::Now() >= deadline) {
-          return absl::DeadlineExceededError(absl::StrCat("missing: ", key));
-        }
-        absl::SleepFor(absl::Milliseconds(1));
-      }
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  std::string Path(const std::string& key) const {
-    return absl::StrCat(dir_, "/", key);
-  }
-  const std::string dir_;
-};
-
 // A fresh directory for a FileStore.
 std::string MakeStoreDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string pattern = absl::StrCat(base ? base : "/tmp", "/shm_store.XXXXXX");
-  std::vector<char> buffer(pattern.begin(), pattern.end());
-  buffer.push_back('\0');
-  const char* dir = mkdtemp(buffer.data());
-  return dir ? std::string(dir) : std::string();
+  absl::StatusOr<std::string> dir = FileStore::MakeDirectory("shm_store");
+  return dir.ok() ? *dir : std::string();
 }
 
 // Forks a child that runs `body` as rank `rank` and exits with what it

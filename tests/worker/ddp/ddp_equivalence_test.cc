@@ -282,6 +282,13 @@ TEST(DdpTest, StepTimingsAreConsistent) {
     EXPECT_GE(t.communication, absl::ZeroDuration());
     EXPECT_GE(t.hidden_communication, absl::ZeroDuration());
     EXPECT_LE(t.hidden_communication, t.communication);
+    EXPECT_GE(t.exposed_communication, absl::ZeroDuration());
+    // The collectives' own run times, bucket by bucket, add up to the
+    // step's communication.
+    EXPECT_GT(t.communication, absl::ZeroDuration());
+    absl::Duration buckets;
+    for (const BucketTiming& b : t.bucket_timings) buckets += b.allreduce;
+    EXPECT_EQ(buckets, t.communication);
     EXPECT_GE(t.buckets, 1);
   });
 }

@@ -93,6 +93,7 @@ class ElasticTest : public ::testing::Test {
     options.process_group.timeout = absl::Seconds(30);
     options.on_assignment = [this](const v1::Assignment& a) {
       announced_.push_back(a.round());
+      return absl::OkStatus();
     };
     HealthReporter reporter(client_.get());
     absl::Status status =

@@ -1,12 +1,18 @@
 // In-place recovery with real processes: gradsync-workers and a real
-// coordinator, over shared memory and over Gloo's TCP. A rank is killed with
-// SIGKILL at a random step; the survivors never exit:
+// coordinator, over shared memory, over Gloo's TCP, and through the GPU path
+// on simulated devices (--device=sim: the NCCL backend over the simulated
+// NCCL). A rank is killed with SIGKILL at a random step; the survivors never
+// exit:
 //  - with a spare waiting, the spare takes the lost rank, the world size
 //    stays 3, and the final parameters equal those of an uninterrupted
 //    3-rank run of the same config (relative error <= 1e-5);
 //  - without one (--nnodes=2:3), the job goes on at world size 2, and the
 //    sample logs show every sample of every epoch used exactly once across
 //    ranks and rounds.
+// On the simulated GPUs also: an NCCL collective that fails asynchronously
+// after the host moved on, and one that hangs, are healed without applying
+// the failed step (the final parameters equal an uninterrupted run's); and
+// processes keep their devices through a replacement, no two on one.
 #include <signal.h>
 #include <torch/torch.h>
 
@@ -54,7 +60,10 @@ struct Worker {
   std::string sample_log;
 };
 
-class RecoveryProcessTest : public ::testing::TestWithParam<bool> {
+// How the ranks communicate.
+enum class Transport { kSharedMemory, kGloo, kSimulatedGpu };
+
+class RecoveryProcessTest : public ::testing::TestWithParam<Transport> {
  protected:
   static void SetUpTestSuite() {
     coordinator_ = new CoordinatorProcess();
@@ -67,9 +76,27 @@ class RecoveryProcessTest : public ::testing::TestWithParam<bool> {
     coordinator_ = nullptr;
   }
 
-  bool shared_memory() const { return GetParam(); }
   std::string Job(const std::string& base) const {
-    return absl::StrCat(base, shared_memory() ? "-shm" : "-gloo");
+    switch (GetParam()) {
+      case Transport::kSharedMemory:
+        return base + "-shm";
+      case Transport::kGloo:
+        return base + "-gloo";
+      case Transport::kSimulatedGpu:
+        break;
+    }
+    return base + "-sim";
+  }
+  std::string TransportFlag() const {
+    switch (GetParam()) {
+      case Transport::kSharedMemory:
+        return "--shared_memory=true";
+      case Transport::kGloo:
+        return "--shared_memory=false";
+      case Transport::kSimulatedGpu:
+        break;
+    }
+    return "--device=sim";
   }
 
   // Model, data and optimizer flags shared by the workers and the reference.
@@ -78,18 +105,21 @@ class RecoveryProcessTest : public ::testing::TestWithParam<bool> {
             "--momentum=0.5", "--seed=7", "--threads=1"};
   }
 
-  // Starts worker `index` of `job` as its own node ("n<index>").
+  // Starts worker `index` of `job` as its own node ("n<index>"), or on
+  // node `node` when given.
   void StartWorker(const std::string& job, int index, const std::string& nnodes,
-                   const std::vector<std::string>& flags) {
+                   const std::vector<std::string>& flags,
+                   const std::string& node = "") {
     Worker& w = workers_.emplace_back();
     w.sample_log = TempPath(absl::StrCat(job, "-", index, ".samples"));
     std::vector<std::string> argv = {
         Runfile("worker/gradsync-worker"),
         absl::StrCat("--coordinator=", coordinator_->address()),
         absl::StrCat("--job=", job), absl::StrCat("--nnodes=", nnodes),
-        absl::StrCat("--node_id=n", index), "--timeout=20s",
-        "--join_timeout=60s", "--last_call_timeout=30s", "--log_every=1",
-        absl::StrCat("--shared_memory=", shared_memory() ? "true" : "false"),
+        node.empty() ? absl::StrCat("--node_id=n", index)
+                     : absl::StrCat("--node_id=", node),
+        "--timeout=20s", "--join_timeout=60s", "--last_call_timeout=30s",
+        "--log_every=1", TransportFlag(),
         absl::StrCat("--sample_log=", w.sample_log)};
     argv.insert(argv.end(), flags.begin(), flags.end());
     ASSERT_TRUE(w.child->Start(argv, /*capture=*/true));
@@ -220,12 +250,18 @@ class RecoveryProcessTest : public ::testing::TestWithParam<bool> {
     std::cerr << "killing when rank 0 reports step " << step << "\n";
     return step;
   }
-  static int RandomRank() {
+  // A rank in [low, high], drawn at random; `what` is logged with it.
+  static int RandomRank(int low = 0, int high = 2,
+                        const char* what = "killing rank") {
     std::random_device device;
-    const int rank = std::uniform_int_distribution<int>(0, 2)(device);
-    std::cerr << "killing rank " << rank << "\n";
+    const int rank = std::uniform_int_distribution<int>(low, high)(device);
+    std::cerr << what << " " << rank << "\n";
     return rank;
   }
+
+  // 3 members and a spare; one member is killed at a random step: the
+  // spare takes its place and the result is the uninterrupted run's.
+  void ExpectSpareReplacesAKilledRank();
 
   static CoordinatorProcess* coordinator_;
   std::vector<Worker> workers_;
@@ -234,6 +270,10 @@ class RecoveryProcessTest : public ::testing::TestWithParam<bool> {
 CoordinatorProcess* RecoveryProcessTest::coordinator_ = nullptr;
 
 TEST_P(RecoveryProcessTest, SpareReplacesAKilledRankWithoutChangingTheResult) {
+  ExpectSpareReplacesAKilledRank();
+}
+
+void RecoveryProcessTest::ExpectSpareReplacesAKilledRank() {
   const std::string job = Job("spare");
   ComparedRun run = StartReference(job);
   // 3 members and a spare (the fourth to join).
@@ -528,10 +568,127 @@ TEST_P(RecoveryProcessTest, GrowsWhenANodeJoinsBelowMax) {
   ExpectEverySampleUsedOnce(workers_, kSamples, kEpochs, /*padding=*/2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Trainer, RecoveryProcessTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "SharedMemory" : "Gloo";
-                         });
+std::string TransportName(const ::testing::TestParamInfo<Transport>& info) {
+  switch (info.param) {
+    case Transport::kSharedMemory:
+      return "SharedMemory";
+    case Transport::kGloo:
+      return "Gloo";
+    case Transport::kSimulatedGpu:
+      break;
+  }
+  return "SimulatedGpu";
+}
+
+INSTANTIATE_TEST_SUITE_P(Trainer, RecoveryProcessTest,
+                         ::testing::Values(Transport::kSharedMemory,
+                                           Transport::kGloo),
+                         TransportName);
+
+// ---------------------------------------------------------------------------
+// The GPU path on simulated devices: gradsync-worker --device=sim, the NCCL
+// backend over the simulated NCCL.
+class SimulatedGpuRecoveryTest : public RecoveryProcessTest {
+ protected:
+  // A 3-rank job whose rank `victim` gets `failpoint`, beside its
+  // uninterrupted reference: it heals in place (the three processes
+  // re-form the round) and ends with the reference's parameters.
+  void ExpectHealedWithTheUninterruptedResult(const std::string& job,
+                                              const std::string& failpoint,
+                                              int victim) {
+    ComparedRun run = StartReference(job);
+    std::vector<std::string> flags = run.flags;
+    flags.insert(flags.end(), {"--timeout=3s", "--log_every=0"});
+    for (int i = 0; i < 3; ++i) {
+      std::vector<std::string> mine = flags;
+      if (i == victim) mine.push_back("--failpoint=" + failpoint);
+      StartWorker(job, i, "3", mine);
+    }
+    ExpectSurvivorsSucceeded({}, 2);
+    EXPECT_THAT(workers_[victim].child->err(),
+                HasSubstr(absl::StrCat("failpoint ",
+                                       failpoint.substr(0, failpoint.find(':')),
+                                       " hit")))
+        << workers_[victim].child->describe();
+    v1::JobStatus status = JobStatus(job);
+    EXPECT_EQ(status.state(), v1::JOB_STATE_SUCCEEDED) << status.reason();
+    EXPECT_EQ(status.round(), 2);
+    EXPECT_EQ(status.world_size(), 3);
+    EXPECT_EQ(status.backend(), v1::BACKEND_NCCL);
+    ExpectSameParametersAsTheReference(&run);
+  }
+};
+
+TEST_P(SimulatedGpuRecoveryTest, SpareReplacesAKilledRankWithoutChangingTheResult) {
+  ExpectSpareReplacesAKilledRank();
+}
+
+// The 40th NCCL collective of one rank (a gradient bucket's all-reduce, well
+// into training) fails asynchronously after the host moved on: that rank
+// and its peers drop the step instead of applying half-reduced gradients,
+// re-form the round and end where an uninterrupted run ends.
+TEST_P(SimulatedGpuRecoveryTest, AnAsyncNcclErrorIsHealedWithoutApplyingTheStep) {
+  ExpectHealedWithTheUninterruptedResult(
+      Job("async"), "nccl_async_error:40",
+      RandomRank(0, 2, "the failpoint goes to rank"));
+}
+
+// The 40th NCCL collective of one rank never completes: the watchdogs
+// (--timeout=3s) abort the communicators, and the job heals the same way.
+TEST_P(SimulatedGpuRecoveryTest, AHungNcclCollectiveIsHealed) {
+  ExpectHealedWithTheUninterruptedResult(
+      Job("hang"), "nccl_hang:40", RandomRank(0, 2, "the failpoint goes to rank"));
+}
+
+// "round R: rank K on sim:D" lines of a worker's log: round -> device.
+std::map<int64_t, std::string> DevicesByRound(const std::string& log) {
+  std::map<int64_t, std::string> devices;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    const size_t at = line.find("round ");
+    const size_t on = line.find(" on sim:");
+    if (at == absl::string_view::npos || on == absl::string_view::npos) continue;
+    int64_t round = 0;
+    const absl::string_view number =
+        line.substr(at + 6, line.find(':', at) - at - 6);
+    if (!absl::SimpleAtoi(number, &round)) continue;
+    devices[round] = std::string(line.substr(on + 4));
+  }
+  return devices;
+}
+
+// Four processes of one node on four simulated devices; one is killed and a
+// new process replaces it: every survivor keeps its device, the newcomer
+// gets the one the lost process left, and no two ranks of a round share one.
+TEST_P(SimulatedGpuRecoveryTest, ProcessesKeepTheirDevicesThroughAReplacement) {
+  const std::string job = Job("devices");
+  std::vector<std::string> flags = ModelFlags();
+  flags.insert(flags.end(), {"--synthetic_size=96", "--steps=150",
+                             "--batch_size=4", "--nproc_per_node=4"});
+  workers_.reserve(5);
+  for (int i = 0; i < 4; ++i) StartWorker(job, i, "1", flags, "node");
+  Worker* killed = KillAtStep(1, RandomRank(1, 3), 4, RandomStep(10, 60));
+  ASSERT_NE(killed, nullptr);
+  StartWorker(job, 4, "1", flags, "node");
+  ExpectSurvivorsSucceeded({killed}, 2);
+  std::map<int64_t, std::set<std::string>> used;  // round -> devices
+  for (const Worker& w : workers_) {
+    const std::map<int64_t, std::string> mine = DevicesByRound(w.child->err());
+    ASSERT_FALSE(mine.empty()) << w.child->describe();
+    std::set<std::string> distinct;
+    for (const auto& [round, device] : mine) {
+      distinct.insert(device);
+      EXPECT_TRUE(used[round].insert(device).second)
+          << device << " twice in round " << round << "\n" << Describe();
+    }
+    EXPECT_EQ(distinct.size(), 1u) << "moved: " << w.child->describe();
+  }
+  EXPECT_EQ(used[1].size(), 4u) << Describe();
+  EXPECT_EQ(used[2], used[1]) << Describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Trainer, SimulatedGpuRecoveryTest,
+                         ::testing::Values(Transport::kSimulatedGpu),
+                         TransportName);
 
 }  // namespace
 }  // namespace gradsync
