@@ -117,6 +117,10 @@ class ExampleTrainer : public gradsync::Trainer {
         absl::Status lost = (*ddp)->communication_error();
         return lost.ok() ? absl::InternalError(e.what_without_backtrace()) : lost;
       }
+      // On a GPU the backward only ordered the streams after the
+      // all-reduces: apply the step only once each is known to be good.
+      absl::Status reduced = (*ddp)->CheckStep();
+      if (!reduced.ok()) return reduced;
       optimizer_->step();
       ++step_;
       gradsync::StepReport report;

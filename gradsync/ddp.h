@@ -7,6 +7,7 @@
 //   (*ddp)->RegisterCommHook(std::make_shared<gradsync::CompressHook>(torch::kHalf));
 //   torch::Tensor loss = loss_fn((*ddp)->forward(x), y);        // ddp(x)
 //   loss.backward();                                            // averaged, overlapped
+//   GS_RETURN_IF_ERROR((*ddp)->CheckStep());  // every all-reduce good (GPUs)
 //   optimizer.step();
 //
 // What it holds:

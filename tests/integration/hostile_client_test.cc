@@ -69,8 +69,10 @@ using testing::TempPath;
 // How long the clients attack.
 constexpr absl::Duration kLoad = absl::Seconds(20);
 constexpr int kGrpcClients = 4;
-// How long after its deadline a call may end on a loaded 2-core machine.
-constexpr absl::Duration kLateBound = absl::Seconds(10);
+// How long after its deadline a call may end on a loaded 2-core machine
+// (13.6 s was seen while the whole suite ran beside it; a call the
+// coordinator never ended would take forever).
+constexpr absl::Duration kLateBound = absl::Seconds(30);
 // The most resident memory the attack may leave the coordinator with.
 constexpr int64_t kRssGrowthBound = int64_t{200} << 20;
 // The coordinator's gRPC message limit (Coordinator::Start).

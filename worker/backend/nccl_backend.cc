@@ -34,8 +34,8 @@ std::shared_ptr<Work> Invalid(const absl::Status& status) {
 // can wait on it (SynchronizeStream) for as long as the Work is held.
 class NcclBackend::EndedWork final : public Work {
  public:
-  EndedWork(uint64_t sequence, NcclDevice* device)
-      : Work(sequence), device_(device) {}
+  EndedWork(uint64_t sequence, NcclDevice* device, void* stream)
+      : Work(sequence), device_(device), stream_(stream) {}
   ~EndedWork() override {
     if (start_ != nullptr) device_->DestroyEvent(start_);
     if (end_ != nullptr) device_->DestroyEvent(end_);
@@ -71,8 +71,11 @@ class NcclBackend::EndedWork final : public Work {
     return device_->StreamWaitEvent(stream, end_);
   }
 
+  void* stream() const override { return stream_; }
+
  private:
   NcclDevice* const device_;
+  void* const stream_;
   void* start_ = nullptr;
   void* end_ = nullptr;
 };
@@ -249,7 +252,7 @@ std::shared_ptr<Work> NcclBackend::Launch(const char* collective,
     }
     comm = comm_.get();
   }
-  auto work = std::make_shared<EndedWork>(sequence, device_);
+  auto work = std::make_shared<EndedWork>(sequence, device_, comm_stream_);
   absl::Status enqueued = Enqueue(buffer, issue, comm, work.get());
   absl::MutexLock lock(&mu_);
   if (enqueued.ok() && aborted_) enqueued = abort_status_;

@@ -47,6 +47,12 @@ class Work {
     return Wait(timeout);
   }
 
+  // The device stream the collective runs on (a cudaStream_t: NCCL's
+  // communication stream), so that a caller can tell a caching allocator
+  // that its tensors are in use there until then (recordStream); nullptr
+  // for a host backend.
+  virtual void* stream() const { return nullptr; }
+
   // The status once completed; UNKNOWN before.
   absl::Status status() const;
 

@@ -70,7 +70,11 @@ std::shared_ptr<Work> AllReduceTensor(Backend* backend,
                                       ReduceOp op) {
   absl::StatusOr<Buffer> buffer = ToBuffer(tensor);
   if (!buffer.ok()) return Work::Done(0, buffer.status());
-  return backend->AllReduce(*buffer, op);
+  std::shared_ptr<Work> work = backend->AllReduce(*buffer, op);
+  // The reducer only orders the streams after it: the tensor (a hook's
+  // temporary, say) may be freed before the device is done with it.
+  RecordStream(tensor, *work);
+  return work;
 }
 
 BucketFuture AllReduceHook::Run(Backend* backend, GradBucket& bucket) {

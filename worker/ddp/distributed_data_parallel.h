@@ -6,6 +6,7 @@
 //   auto ddp = DistributedDataParallel::Create(model, backend, options);
 //   torch::Tensor loss = loss_fn((*ddp)->forward(x), y);   // PyTorch's ddp(x)
 //   loss.backward();
+//   GS_RETURN_IF_ERROR((*ddp)->CheckStep());  // before applying the step
 //   optimizer.step();
 //
 // A backward pass that no forward through the wrapper prepared (the module

@@ -1,6 +1,7 @@
 #include "worker/ddp/tensor_buffer.h"
 
 #ifdef GRADSYNC_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -59,6 +60,19 @@ void* CurrentStream(const torch::Tensor& tensor) {
 #endif
   (void)tensor;
   return nullptr;
+}
+
+void RecordStream(const torch::Tensor& tensor, const Work& work) {
+#ifdef GRADSYNC_TORCH_CUDA
+  if (tensor.is_cuda() && work.stream() != nullptr) {
+    c10::cuda::CUDACachingAllocator::recordStream(
+        tensor.storage().data_ptr(),
+        c10::cuda::getStreamFromExternal(
+            static_cast<cudaStream_t>(work.stream()), tensor.get_device()));
+  }
+#endif
+  (void)tensor;
+  (void)work;
 }
 
 }  // namespace gradsync

@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/work.h"
 
 namespace gradsync {
 
@@ -21,6 +22,13 @@ absl::StatusOr<Buffer> ToBuffer(const torch::Tensor& tensor);
 // without CUDA (GRADSYNC_TORCH_CUDA unset: the backend's compute stream is
 // used then).
 void* CurrentStream(const torch::Tensor& tensor);
+
+// Tells LibTorch's CUDA caching allocator that `tensor`'s memory is in use
+// on the stream `work` runs on (Work::stream(): NCCL's communication
+// stream) until the work queued there now has run, so that freeing the
+// tensor meanwhile cannot hand its memory to another kernel
+// (c10d's recordStream). Nothing for CPU tensors or host backends.
+void RecordStream(const torch::Tensor& tensor, const Work& work);
 
 }  // namespace gradsync
 

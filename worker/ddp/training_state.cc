@@ -1,6 +1,7 @@
 #include "worker/ddp/training_state.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 
 #include <mutex>
 #include <sstream>
@@ -67,10 +68,12 @@ absl::Status BroadcastOptimizer(Backend* backend, int root,
   return absl::OkStatus();
 }
 
+// Copies root's state of `generator` to every rank, through a tensor on
+// `device` (the state itself is a CPU byte tensor).
 absl::Status BroadcastGenerator(Backend* backend, int root,
+                                at::Generator generator,
                                 const torch::Device& device,
                                 absl::Duration timeout) {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
   torch::Tensor state;
   {
     std::lock_guard<std::mutex> lock(generator.mutex());
@@ -109,7 +112,13 @@ absl::Status BroadcastTrainingState(Backend* backend, int root,
   Failpoint(kFailpointStateTransfer);
   GS_RETURN_IF_ERROR(BroadcastTensors(backend, tensors, timeout, root));
   GS_RETURN_IF_ERROR(BroadcastOptimizer(backend, root, optimizer, device, timeout));
-  return BroadcastGenerator(backend, root, device, timeout);
+  GS_RETURN_IF_ERROR(BroadcastGenerator(
+      backend, root, at::detail::getDefaultCPUGenerator(), device, timeout));
+  if (!device.is_cuda()) return absl::OkStatus();
+  // The GPU's own generator (dropout and random ops on it).
+  return BroadcastGenerator(backend, root,
+                            at::globalContext().defaultGenerator(device),
+                            device, timeout);
 }
 
 }  // namespace gradsync

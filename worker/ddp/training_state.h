@@ -25,7 +25,9 @@ namespace gradsync {
 //  - the optimizer's state (e.g. SGD momentum), serialized with torch::save
 //    on root and loaded on the others onto the parameters' device, so any
 //    LibTorch optimizer works; the other ranks' old state is dropped first;
-//  - the default CPU generator's state (dropout and other random ops).
+//  - the default CPU generator's state (dropout and other random ops), and
+//    on a GPU also that device's default generator (a simulated GPU's
+//    tensors are on the CPU: its generator is the CPU's).
 // Errors: INVALID_ARGUMENT for a root outside the world; the backend's
 // status (UNAVAILABLE when a peer left, ...); INTERNAL when the optimizer
 // state cannot be (de)serialized. Each collective waits at most `timeout`.
