@@ -122,13 +122,19 @@ absl::StatusOr<v1::JoinRequest> MakeRequest(
 }
 
 // On a GPU (or a simulated one): opens the process's device at its first
-// assignment, from that assignment's local rank, and keeps it for every
-// later round, whatever local rank those give.
+// assignment, the one its local rank names, and keeps it for every later
+// round (the coordinator keeps the local rank, JoinRequest.local_slot).
 absl::Status KeepDevice(v1::DeviceType type, int device_count,
                         const v1::Assignment& assignment,
                         std::unique_ptr<NcclDevice>* device) {
   if (type == v1::DEVICE_TYPE_CPU) return absl::OkStatus();
-  const int wanted = assignment.local_rank() % device_count;
+  const int wanted = assignment.local_rank();
+  if (wanted >= device_count) {
+    // Two ranks on one device would deadlock NCCL or share its memory.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "local rank ", wanted, " has no device of its own: this process sees ",
+        device_count, " device(s); run at most that many processes per node"));
+  }
   if (*device == nullptr) {
     GS_ASSIGN_OR_RETURN(*device, OpenNcclDevice(type, wanted));
   } else if ((*device)->index() != wanted) {

@@ -54,9 +54,9 @@ struct JobOptions {
   // Where the process trains: "cpu", "cuda", or "sim" (a simulated GPU:
   // host memory through the GPU code paths and NCCL over shared memory, for
   // tests without a GPU). On "cuda" and "sim" it advertises its devices and
-  // NCCL, picks its device once (its first assignment's local rank, which is
-  // the launcher's for a launched process, modulo the devices it sees) and
-  // keeps it for its whole life.
+  // NCCL, picks its device once (the one its first assignment's local rank
+  // names, the launcher's for a launched process; a local rank past the
+  // devices it sees fails) and keeps it for its whole life.
   std::string device = "cpu";
   // Devices visible; 0: as the device type finds them (CUDA's count,
   // GRADSYNC_SIM_DEVICES).
