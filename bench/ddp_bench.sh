@@ -185,7 +185,7 @@ if [ "$hooks" = 1 ]; then
     "from step $powersgd_start: measured steps before it do not"
   hook_names=(allreduce fp16_compress powersgd)
   powersgd_flags=(--powersgd_rank="$powersgd_rank" --powersgd_start_iter="$powersgd_start")
-  declare -A h_gs h_t h_bytes h_tbytes h_hidden h_gloss h_tloss
+  declare -A h_gs h_t h_bytes h_tbytes h_hidden h_comm h_exposed h_gloss h_tloss
   for round in $(seq "$rounds"); do
     for hook in "${hook_names[@]}"; do
       flags=(--comm_hook="$hook")
@@ -197,6 +197,8 @@ s = json.load(open(sys.argv[1]))
 c = s['communication_ms']
 print(s['hidden_communication_ms'] / c if c > 0 else 0)" "$work/gs.json")
       h_gs[$hook]+=" $ms" h_bytes[$hook]+=" $bytes" h_hidden[$hook]+=" $hidden_fraction"
+      h_comm[$hook]+=" $(json_field communication_ms "$work/gs.json")"
+      h_exposed[$hook]+=" $(json_field exposed_communication_ms "$work/gs.json")"
       h_gloss[$hook]+=" $(json_field final_loss "$work/gs.json")"
       tms=$(torch_run "${flags[@]}")
       tbytes=$(result_field bytes_per_step "$work/t.out")
@@ -206,26 +208,30 @@ print(s['hidden_communication_ms'] / c if c > 0 else 0)" "$work/gs.json")
            "torch ddp $tms ms ($tbytes bytes/step)"
     done
   done
-  printf "%-14s %11s %11s %7s %15s %10s %10s %15s\n" hook "gradsync ms" "pytorch ms" \
-    ratio "gradsync B/step" "of allred." "hidden" "pytorch B/step"
+  printf "%-14s %11s %11s %7s %15s %10s %9s %10s %10s %15s\n" hook "gradsync ms" "pytorch ms" \
+    ratio "gradsync B/step" "of allred." "comm ms" "exposed ms" "hidden" "pytorch B/step"
   base=$(echo "${h_bytes[allreduce]}" | median)
   for hook in "${hook_names[@]}"; do
     awk -v hook="$hook" -v g="$(echo "${h_gs[$hook]}" | median)" \
         -v t="$(echo "${h_t[$hook]}" | median)" \
         -v b="$(echo "${h_bytes[$hook]}" | median)" -v base="$base" \
         -v hf="$(echo "${h_hidden[$hook]}" | median)" \
+        -v cm="$(echo "${h_comm[$hook]}" | median)" \
+        -v ex="$(echo "${h_exposed[$hook]}" | median)" \
         -v tb="$(echo "${h_tbytes[$hook]}" | median)" \
         -v gloss="$(echo "${h_gloss[$hook]}" | median)" \
         -v tloss="$(echo "${h_tloss[$hook]}" | median)" 'BEGIN {
       f = base > 0 ? b / base : 0
-      printf "%-14s %11.2f %11.2f %7.3f %15d %9.2f%% %9.1f%% %15d\n", hook, g, t, g / t, b, 100 * f, 100 * hf, tb
-      printf "RESULT hook=%s gradsync_ms=%.3f torch_ms=%.3f step_ratio=%.3f gradsync_bytes_per_step=%d bytes_fraction=%.4f hidden_comm_fraction=%.3f torch_bytes_per_step=%d gradsync_final_loss=%.4f torch_final_loss=%.4f\n", hook, g, t, g / t, b, f, hf, tb, gloss, tloss
+      printf "%-14s %11.2f %11.2f %7.3f %15d %9.2f%% %9.2f %10.2f %9.1f%% %15d\n", hook, g, t, g / t, b, 100 * f, cm, ex, 100 * hf, tb
+      printf "RESULT hook=%s gradsync_ms=%.3f torch_ms=%.3f step_ratio=%.3f gradsync_bytes_per_step=%d bytes_fraction=%.4f comm_ms=%.3f exposed_comm_ms=%.3f hidden_comm_fraction=%.3f torch_bytes_per_step=%d gradsync_final_loss=%.4f torch_final_loss=%.4f\n", hook, g, t, g / t, b, f, cm, ex, hf, tb, gloss, tloss
     }' >>"$work/hooks.out"
   done
   grep -v '^RESULT' "$work/hooks.out"
   grep '^RESULT' "$work/hooks.out"
   echo "(ratio: gradsync/pytorch step time; of allred.: gradsync's bytes over its" \
-       "allreduce bytes; hidden: gradsync's communication that overlapped backward;" \
+       "allreduce bytes; comm ms: how long gradsync's collectives ran, each from its" \
+       "own start to its end; exposed ms: from the last gradient to the last" \
+       "collective's end; hidden: (comm - exposed) / comm, a lower bound;" \
        "pytorch B/step, counted at its dist.all_reduce, checks gradsync's)"
 fi
 
