@@ -662,8 +662,10 @@ std::map<int64_t, std::string> DevicesByRound(const std::string& log) {
 TEST_P(SimulatedGpuRecoveryTest, ProcessesKeepTheirDevicesThroughAReplacement) {
   const std::string job = Job("devices");
   std::vector<std::string> flags = ModelFlags();
+  // --backend=nccl: forced, as a GPU job may force it (auto picks it too).
   flags.insert(flags.end(), {"--synthetic_size=96", "--steps=150",
-                             "--batch_size=4", "--nproc_per_node=4"});
+                             "--batch_size=4", "--nproc_per_node=4",
+                             "--backend=nccl"});
   workers_.reserve(5);
   for (int i = 0; i < 4; ++i) StartWorker(job, i, "1", flags, "node");
   Worker* killed = KillAtStep(1, RandomRank(1, 3), 4, RandomStep(10, 60));
@@ -684,6 +686,7 @@ TEST_P(SimulatedGpuRecoveryTest, ProcessesKeepTheirDevicesThroughAReplacement) {
   }
   EXPECT_EQ(used[1].size(), 4u) << Describe();
   EXPECT_EQ(used[2], used[1]) << Describe();
+  EXPECT_EQ(JobStatus(job).backend(), v1::BACKEND_NCCL);
 }
 
 INSTANTIATE_TEST_SUITE_P(Trainer, SimulatedGpuRecoveryTest,
