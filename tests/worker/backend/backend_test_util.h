@@ -203,6 +203,13 @@ void ExpectManyCollectivesCompleteInOrder(const std::vector<Backend*>& backends,
 void ExpectEmptyCollectiveWaitsForEarlierOnes(
     const std::vector<Backend*>& backends);
 
+// What one rank of a group of processes runs: an all-reduce sum of 50,001
+// float32, an all-reduce average of int64, a broadcast from the last rank, an
+// all-gather and a barrier, each checked against its closed form. 0 when
+// every one is right, else the number (1-5) of the first that failed or was
+// wrong (a process's exit code).
+int CheckCollectivesOfAProcessRank(Backend& b);
+
 // Every argument error every backend checks (buffers on the wrong device or
 // without data, allgather sizes, broadcast roots) fails at once with
 // INVALID_ARGUMENT and consumes no sequence number. Needs 2 ranks.

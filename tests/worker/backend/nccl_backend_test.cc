@@ -398,8 +398,8 @@ TEST(NcclSimFailureTest, AbortAndRecreateLeavesNothingBehind) {
 // Ranks as processes: each process has its own simulated device and they
 // share the transport's memory across processes.
 
-// A fixed list of collectives, each checked; 0 when all are right, else the
-// number of the first wrong one.
+// One process-rank: its own simulated device and backend, then the shared
+// list of checked collectives; 0 when all are right (the exit code).
 int RunProcessRank(int rank, int world_size, Store* store) {
   auto device = CreateSimDevice(rank);
   if (!device.ok()) return 100;
@@ -410,27 +410,7 @@ int RunProcessRank(int rank, int world_size, Store* store) {
                  backend.status().ToString().c_str());
     return 101;
   }
-  Backend& b = **backend;
-  const int n = world_size;
-  constexpr size_t kCount = 50'001;
-  std::vector<float> floats(kCount);
-  for (size_t i = 0; i < kCount; ++i) floats[i] = rank * 1000.0f + i;
-  if (!b.AllReduce(BufferOf(floats), ReduceOp::kSum)->Wait(kBound).ok()) return 1;
-  for (size_t i = 0; i < kCount; ++i) {
-    if (floats[i] != n * static_cast<float>(i) + 1000.0f * RankSum(n)) return 1;
-  }
-  std::vector<double> doubles(kCount, rank);
-  if (!b.Broadcast(BufferOf(doubles), n - 1)->Wait(kBound).ok()) return 2;
-  for (double d : doubles) {
-    if (d != n - 1) return 2;
-  }
-  std::vector<int32_t> mine(100, rank), all(100 * n, -1);
-  if (!b.AllGather(BufferOf(mine), BufferOf(all))->Wait(kBound).ok()) return 3;
-  for (size_t k = 0; k < all.size(); ++k) {
-    if (all[k] != static_cast<int32_t>(k / 100)) return 3;
-  }
-  if (!b.Barrier()->Wait(kBound).ok()) return 4;
-  return 0;
+  return testing::CheckCollectivesOfAProcessRank(**backend);
 }
 
 TEST(NcclSimProcessTest, RanksInSeparateProcessesAgree) {

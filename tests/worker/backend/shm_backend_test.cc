@@ -786,46 +786,7 @@ int RunProcessRank(int rank, int world_size, Store* store) {
                  backend.status().ToString().c_str());
     return 100;
   }
-  ShmBackend& b = **backend;
-  const int n = world_size;
-  constexpr size_t kCount = 50'001;
-  auto ok = [&](const std::shared_ptr<Work>& work) {
-    absl::Status status = work->Wait(kBound);
-    if (!status.ok()) {
-      std::fprintf(stderr, "rank %d: %s\n", rank, status.ToString().c_str());
-    }
-    return status.ok();
-  };
-  // 1: allreduce sum of float32.
-  std::vector<float> floats(kCount);
-  for (size_t i = 0; i < kCount; ++i) floats[i] = rank * 1000.0f + i;
-  if (!ok(b.AllReduce(BufferOf(floats), ReduceOp::kSum))) return 1;
-  for (size_t i = 0; i < kCount; ++i) {
-    if (floats[i] != n * static_cast<float>(i) + 1000.0f * RankSum(n)) return 1;
-  }
-  // 2: allreduce average of int64.
-  std::vector<int64_t> ints(kCount);
-  for (size_t i = 0; i < kCount; ++i) ints[i] = rank * kBig + i;
-  if (!ok(b.AllReduce(BufferOf(ints), ReduceOp::kAverage))) return 2;
-  for (size_t i = 0; i < kCount; ++i) {
-    if (ints[i] != static_cast<int64_t>(i) + kBig * RankSum(n) / n) return 2;
-  }
-  // 3: broadcast from the last rank.
-  std::vector<double> doubles(kCount, rank);
-  if (!ok(b.Broadcast(BufferOf(doubles), n - 1))) return 3;
-  for (double d : doubles) {
-    if (d != n - 1) return 3;
-  }
-  // 4: allgather.
-  std::vector<int32_t> mine(kCount / 10, rank);
-  std::vector<int32_t> all(n * mine.size(), -1);
-  if (!ok(b.AllGather(BufferOf(mine), BufferOf(all)))) return 4;
-  for (size_t k = 0; k < all.size(); ++k) {
-    if (all[k] != static_cast<int32_t>(k / mine.size())) return 4;
-  }
-  // 5: barrier.
-  if (!ok(b.Barrier())) return 5;
-  return 0;
+  return testing::CheckCollectivesOfAProcessRank(**backend);
 }
 
 // Three processes (this one as rank 0) run collectives through one segment:
