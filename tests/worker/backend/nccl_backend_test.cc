@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -249,7 +250,14 @@ TEST(NcclSimFailureTest, AHungPeerFailsEveryPendingWorkWithinTheTimeout) {
                                      absl::StatusCode::kAborted))
         << status;
   }
-  EXPECT_THAT(later[0]->status().message(), HasSubstr("did not complete within"));
+  // Whichever rank's watchdog fires first names the timeout; the other may
+  // see that rank leave first (UNAVAILABLE).
+  bool named = false;
+  for (const auto& work : later) {
+    named = named || absl::StrContains(work->status().message(),
+                                       "did not complete within");
+  }
+  EXPECT_TRUE(named) << later[0]->status() << "; " << later[2]->status();
   EXPECT_LT(absl::Now() - start, kTimeout + kBound);
   // After the abort every collective fails at once with ABORTED (the round
   // must be re-formed, which is recoverable), naming the first error.
