@@ -9,10 +9,16 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/status_macros.h"
 
 namespace gradsync {
 namespace {
+
+// How long a healthy communicator's finalization may take before it is
+// aborted instead.
+constexpr absl::Duration kFinalizeBound = absl::Seconds(10);
 
 absl::Status CudaStatus(cudaError_t error, const char* call) {
   if (error == cudaSuccess) return absl::OkStatus();
@@ -72,11 +78,23 @@ absl::StatusOr<ncclDataType_t> NcclType(DataType dtype) {
 class CudaNcclComm final : public NcclComm {
  public:
   CudaNcclComm(ncclComm_t comm, int device) : comm_(comm), device_(device) {}
+  // A healthy communicator is finalized first (for a non-blocking one that
+  // may be in progress: polled, at most kFinalizeBound, else aborted), then
+  // destroyed.
   ~CudaNcclComm() override {
     absl::MutexLock lock(&mu_);
-    if (comm_ != nullptr) {
-      cudaSetDevice(device_);
+    if (comm_ == nullptr) return;
+    cudaSetDevice(device_);
+    ncclResult_t state = ncclCommFinalize(comm_);
+    const absl::Time deadline = absl::Now() + kFinalizeBound;
+    while (state == ncclInProgress && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
+    }
+    if (state == ncclSuccess) {
       ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
     }
   }
 
