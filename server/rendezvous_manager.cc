@@ -7,6 +7,7 @@
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "server/local_placement.h"
 
 namespace gradsync {
 namespace {
@@ -169,26 +170,6 @@ std::pair<int64_t, int> ChooseResumeSource(
     found = true;
   }
   return best;
-}
-
-std::vector<int> PlaceLocalRanks(const std::vector<int>& slots, int nproc) {
-  std::vector<int> local(slots.size(), -1);
-  std::vector<bool> taken(nproc, false);
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const int slot = slots[i];
-    if (slot >= 0 && slot < nproc && !taken[slot]) {
-      local[i] = slot;
-      taken[slot] = true;
-    }
-  }
-  int next_free = 0;
-  for (int& l : local) {
-    if (l >= 0) continue;
-    while (next_free < nproc && taken[next_free]) ++next_free;
-    l = next_free;
-    if (next_free < nproc) taken[next_free] = true;
-  }
-  return local;
 }
 
 v1::Backend NegotiateBackend(v1::Backend preference,

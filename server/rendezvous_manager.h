@@ -286,15 +286,6 @@ absl::Status ValidateNodeDescriptor(const v1::NodeDescriptor& node);
 
 // The backend a round uses: NCCL when every member can use it (or the job
 // forces it), GLOO otherwise.
-// The local rank of each of a node's processes, given the local rank each
-// keeps from earlier rounds (`slots[i]`, -1 for none): a process keeps its
-// slot when it is in [0, nproc) and no earlier process of the list claimed
-// it; the others take the free local ranks in list (join) order. Local
-// ranks stay put across rounds, so a process on a GPU keeps its device and a
-// replacement gets the one a lost process left free. `slots` holds nproc
-// entries.
-std::vector<int> PlaceLocalRanks(const std::vector<int>& slots, int nproc);
-
 v1::Backend NegotiateBackend(v1::Backend preference,
                              const std::vector<v1::NodeDescriptor>& members);
 

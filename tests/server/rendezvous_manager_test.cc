@@ -1277,17 +1277,6 @@ TEST(NegotiateBackendTest, SimulatedGpusUseNcclButNeverWithRealOnes) {
   EXPECT_EQ(NegotiateBackend(v1::BACKEND_AUTO, {sim, gpu}), v1::BACKEND_GLOO);
 }
 
-TEST(PlaceLocalRanksTest, ProcessesKeepTheirSlotsAndNewOnesTakeTheFreeOnes) {
-  // No slots: join order.
-  EXPECT_EQ(PlaceLocalRanks({-1, -1, -1}, 3), (std::vector<int>{0, 1, 2}));
-  // Survivors keep 3, 0 and 2; the replacement takes the 1 its lost
-  // predecessor left free, wherever it joined.
-  EXPECT_EQ(PlaceLocalRanks({3, -1, 0, 2}, 4), (std::vector<int>{3, 1, 0, 2}));
-  // A slot claimed twice, or out of range, goes to the first claimant only;
-  // the others take free slots.
-  EXPECT_EQ(PlaceLocalRanks({1, 1, 7}, 3), (std::vector<int>{1, 0, 2}));
-}
-
 TEST(CanUseNcclTest, NeedsCudaDevicesAndNccl) {
   EXPECT_TRUE(CanUseNccl(Node("h", "i", Device::kCudaNccl)));
   EXPECT_FALSE(CanUseNccl(Node("h", "i", Device::kCpu)));

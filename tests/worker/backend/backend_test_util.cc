@@ -1,5 +1,7 @@
 #include "tests/worker/backend/backend_test_util.h"
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -223,6 +225,17 @@ void ExpectEmptyCollectiveWaitsForEarlierOnes(
         data[r], [n](size_t) { return static_cast<float>(n); },
         absl::StrCat("rank ", r));
   }
+}
+
+pid_t ForkRank(const std::function<int()>& body) {
+  std::fflush(nullptr);  // or the child would print the parent's buffers
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int code = body();
+    std::fflush(nullptr);
+    _exit(code);
+  }
+  return pid;
 }
 
 int CheckCollectivesOfAProcessRank(Backend& b) {

@@ -4,6 +4,8 @@
 #ifndef GRADSYNC_TESTS_WORKER_BACKEND_BACKEND_TEST_UTIL_H_
 #define GRADSYNC_TESTS_WORKER_BACKEND_BACKEND_TEST_UTIL_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -202,6 +204,11 @@ void ExpectManyCollectivesCompleteInOrder(const std::vector<Backend*>& backends,
 // a collective issued earlier.
 void ExpectEmptyCollectiveWaitsForEarlierOnes(
     const std::vector<Backend*>& backends);
+
+// Forks a child that runs `body` and exits with what it returns (0:
+// success); the parent gets its pid (-1 when fork failed). Call it before
+// starting threads of one's own.
+pid_t ForkRank(const std::function<int()>& body);
 
 // What one rank of a group of processes runs: an all-reduce sum of 50,001
 // float32, an all-reduce average of int64, a broadcast from the last rank, an

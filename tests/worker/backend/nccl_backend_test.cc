@@ -427,16 +427,10 @@ TEST(NcclSimProcessTest, RanksInSeparateProcessesAgree) {
   ASSERT_TRUE(dir.ok()) << dir.status();
   FileStore store(*dir);
   std::vector<pid_t> children;
-  std::fflush(nullptr);
   for (int rank = 0; rank < kWorld; ++rank) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const int code = RunProcessRank(rank, kWorld, &store);
-      std::fflush(nullptr);
-      _exit(code);
-    }
-    ASSERT_GT(pid, 0);
-    children.push_back(pid);
+    children.push_back(testing::ForkRank(
+        [&, rank] { return RunProcessRank(rank, kWorld, &store); }));
+    ASSERT_GT(children.back(), 0);
   }
   for (int rank = 0; rank < kWorld; ++rank) {
     int wstatus = 0;

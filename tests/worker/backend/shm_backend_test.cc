@@ -762,19 +762,6 @@ std::string MakeStoreDir() {
   return dir.ok() ? *dir : std::string();
 }
 
-// Forks a child that runs `body` as rank `rank` and exits with what it
-// returns (0: success). The caller must not hold other threads.
-pid_t ForkRank(const std::function<int()>& body) {
-  std::fflush(nullptr);  // or the child would print the parent's buffers
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int code = body();
-    std::fflush(nullptr);
-    _exit(code);
-  }
-  return pid;
-}
-
 // What one process-rank does: a fixed list of collectives, each checked;
 // returns 0 when every one is right, else the number of the first wrong one.
 // Small slots: many chunks, so many futex waits across processes.
@@ -799,7 +786,7 @@ TEST(ShmBackendProcessTest, RanksInSeparateProcessesAgree) {
   std::vector<pid_t> children;
   for (int rank = 1; rank < kWorld; ++rank) {
     children.push_back(
-        ForkRank([&, rank] { return RunProcessRank(rank, kWorld, &store); }));
+        testing::ForkRank([&, rank] { return RunProcessRank(rank, kWorld, &store); }));
     ASSERT_GT(children.back(), 0);
   }
   EXPECT_EQ(RunProcessRank(0, kWorld, &store), 0);
@@ -823,7 +810,7 @@ TEST(ShmBackendProcessTest, KilledProcessFailsItsPeersPromptly) {
   FileStore store(dir);
   int ready[2];
   ASSERT_EQ(pipe(ready), 0);
-  const pid_t child = ForkRank([&] {
+  const pid_t child = testing::ForkRank([&] {
     auto backend =
         ShmBackend::Create(OptionsFor(1, 2, kHealthyTimeout), &store);
     if (!backend.ok()) return 100;
@@ -892,7 +879,7 @@ TEST(ShmBackendProcessTest,
   ASSERT_FALSE(dir.empty());
   FileStore store(dir);
   // Ranks 0 and 1 of 3; rank 2 never comes, so both wait.
-  const pid_t child = ForkRank([&] {
+  const pid_t child = testing::ForkRank([&] {
     return ShmBackend::Create(OptionsFor(1, 3, kHealthyTimeout), &store).ok();
   });
   ASSERT_GT(child, 0);
