@@ -25,6 +25,8 @@ void CompletionQueues::AddTo(grpc::ServerBuilder* builder, int count) {
 
 void CompletionQueues::Start() {
   for (auto& queue : queues_) {
+    queue->keepalive_.alarm.Set(queue->cq(), gpr_inf_future(GPR_CLOCK_REALTIME),
+                                &queue->keepalive_);
     threads_.emplace_back([queue = queue.get()] { Drain(queue); });
     queue->probe_.Arm();
   }
@@ -73,13 +75,25 @@ void CompletionQueues::Drain(Queue* queue) {
 }
 
 void CompletionQueues::Shutdown() {
+  std::vector<Queue*> closing;
   for (auto& queue : queues_) {
     absl::MutexLock lock(&queue->mu_);
     if (!queue->open_) continue;
     queue->open_ = false;
     queue->probe_.Cancel();
-    queue->cq_->Shutdown();
+    closing.push_back(queue.get());
   }
+  if (!threads_.empty()) {
+    // The keepalives hold every queue open until each thread ran what was
+    // queued before its marker (the class comment says why).
+    for (Queue* queue : closing) {
+      queue->marker_.alarm.Set(queue->cq(), gpr_now(GPR_CLOCK_REALTIME),
+                               &queue->marker_);
+    }
+    for (Queue* queue : closing) queue->marker_.ran.WaitForNotification();
+    for (Queue* queue : closing) queue->keepalive_.alarm.Cancel();
+  }
+  for (Queue* queue : closing) queue->cq_->Shutdown();
   for (std::thread& t : threads_) t.join();
   if (threads_.empty()) {
     // Never started (the server failed to start): drain here, as a queue

@@ -16,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 
 namespace gradsync {
@@ -32,12 +33,17 @@ namespace gradsync {
 // `count` queues divide that cost.
 //
 // Shutdown: gRPC aborts the process when an operation is started on a
-// completion queue that is shut down, and events of cancelled calls keep
-// arriving after the server's Shutdown() returned. So every operation
-// starts under its queue's lock, only while the queue is open (StartOp),
-// and Shutdown() closes each queue under that lock before shutting it
-// down; a call whose operation is refused simply waits for the events it
-// already has outstanding.
+// completion queue whose shutdown has completed, and events of cancelled
+// calls keep arriving after the server's Shutdown() returned. So every
+// operation of ours starts under its queue's lock, only while the queue is
+// open (StartOp), and Shutdown() closes each queue under that lock; a call
+// whose operation is refused simply waits for the events it already has
+// outstanding. gRPC++ also starts one operation itself, outside our lock:
+// handing back an accepted call (Next()) starts that call's completion
+// batch. So each queue holds a keepalive alarm, due never, that keeps its
+// shutdown from completing; Shutdown() posts a marker alarm (due now) on
+// each closed queue and cancels the keepalives only after every queue's
+// thread ran its marker, i.e. consumed every call accepted before it.
 //
 // Queue delay: each queue runs a probe, an alarm set kProbePeriod ahead
 // that, once run on the queue's thread, sets the next; Delay() is how late
@@ -94,10 +100,22 @@ class CompletionQueues {
       std::atomic<int64_t> late_ns_{0};
     };
 
+    // An alarm whose run (ok or cancelled) notifies `ran`.
+    class Signal final : public Tag {
+     public:
+      void Run(bool /*ok*/) override { ran.Notify(); }
+      grpc::Alarm alarm;
+      absl::Notification ran;
+    };
+
     std::unique_ptr<grpc::ServerCompletionQueue> cq_;
     absl::Mutex mu_;
     bool open_ ABSL_GUARDED_BY(mu_) = true;
     Probe probe_{this};
+    // Set at Start(), cancelled at the end of Shutdown() (class comment).
+    Signal keepalive_;
+    // Set by Shutdown() once the queue is closed (class comment).
+    Signal marker_;
   };
 
   // How often each queue's probe runs.
@@ -117,8 +135,9 @@ class CompletionQueues {
   // How late the queues run what is due now: the largest delay of any
   // queue (see the class comment); zero before Start().
   absl::Duration Delay(absl::Time now) const;
-  // Shuts the queues down, then drains them and joins their threads.
-  // Idempotent.
+  // Closes the queues, lets each thread run what was queued up to now,
+  // shuts the queues down, then drains them and joins their threads (see
+  // the class comment). Call after the server's Shutdown(). Idempotent.
   void Shutdown();
 
  private:

@@ -271,13 +271,16 @@ void Coordinator::PollLoop() {
                                       monitor_service_.PacingDelay()));
     health_.Poll();
     jobs_service_.PollWatches();
-    for (const std::string& job_id :
-         jobs_.ForgetEndedBefore(clock_->Now() - config_.retention)) {
-      GS_LOG(INFO) << "job '" << job_id << "' forgotten: it ended more than "
-                   << absl::FormatDuration(config_.retention) << " ago";
+    // The job record goes last (JobManager::ForgetIfEndedBefore says why).
+    const absl::Time cutoff = clock_->Now() - config_.retention;
+    for (const std::string& job_id : jobs_.EndedBefore(cutoff)) {
       rendezvous_.ForgetJob(job_id);
       kv_.ForgetJob(job_id);
       health_.Forget(job_id);
+      if (jobs_.ForgetIfEndedBefore(job_id, cutoff)) {
+        GS_LOG(INFO) << "job '" << job_id << "' forgotten: it ended more than "
+                     << absl::FormatDuration(config_.retention) << " ago";
+      }
     }
   }
 }

@@ -366,21 +366,29 @@ absl::Status JobManager::RecordHealth(absl::string_view job_id, int64_t round,
   return absl::OkStatus();
 }
 
-std::vector<std::string> JobManager::ForgetEndedBefore(absl::Time cutoff) {
+std::vector<std::string> JobManager::EndedBefore(absl::Time cutoff) const {
   absl::MutexLock lock(&mu_);
-  std::vector<std::string> forgotten;
-  for (auto it = jobs_.begin(); it != jobs_.end();) {
-    const v1::JobStatus& record = it->second;
-    if (!IsTerminal(record.state()) ||
-        FromProtoTime(record.end_time()) >= cutoff ||
-        !storage_->Delete(StorageKey(it->first)).ok()) {
-      ++it;
-      continue;
+  std::vector<std::string> ended;
+  for (const auto& [id, record] : jobs_) {
+    if (IsTerminal(record.state()) &&
+        FromProtoTime(record.end_time()) < cutoff) {
+      ended.push_back(id);
     }
-    forgotten.push_back(it->first);
-    it = jobs_.erase(it);
   }
-  return forgotten;
+  return ended;
+}
+
+bool JobManager::ForgetIfEndedBefore(absl::string_view job_id,
+                                     absl::Time cutoff) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || !IsTerminal(it->second.state()) ||
+      FromProtoTime(it->second.end_time()) >= cutoff ||
+      !storage_->Delete(StorageKey(it->first)).ok()) {
+    return false;
+  }
+  jobs_.erase(it);
+  return true;
 }
 
 absl::Status JobManager::PersistLocked(const v1::JobStatus& record) {

@@ -187,9 +187,15 @@ class JobManager {
   absl::Status RecordHealth(absl::string_view job_id, int64_t round,
                             const HealthUpdate& update);
 
-  // Removes the jobs that ended (SUCCEEDED or FAILED) before `cutoff` and
-  // returns their ids, so the other managers can forget them too.
-  std::vector<std::string> ForgetEndedBefore(absl::Time cutoff);
+  // The ids of the jobs that ended (SUCCEEDED or FAILED) before `cutoff`.
+  std::vector<std::string> EndedBefore(absl::Time cutoff) const;
+
+  // Removes the job if it ended before `cutoff`; whether it did. Forget a
+  // job here after every other manager forgot it: until then it stays
+  // ended, which refuses joins, so no manager can start its id afresh
+  // while another still holds the old job (and NOT_FOUND from Get() means
+  // every manager forgot it).
+  bool ForgetIfEndedBefore(absl::string_view job_id, absl::Time cutoff);
 
  private:
   absl::Status PersistLocked(const v1::JobStatus& record)

@@ -83,7 +83,7 @@ class JobsService::Watch final
 
   void MaybeSend(absl::Time now) {
     absl::MutexLock lock(&mu_);
-    if (finishing_ || writing_ || now < next_send_) return;
+    if (finishing_ || writing_ || cancelled_ || now < next_send_) return;
     v1::JobStatus status;
     absl::Status read =
         refused_.ok()
@@ -105,7 +105,12 @@ class JobsService::Watch final
     absl::MutexLock lock(&mu_);
     writing_ = false;
     if (finishing_) return;
-    if (!ok || final_) {
+    if (cancelled_) {
+      // A write in flight at the cancel may still complete OK: the stream
+      // must end here all the same, or the server's shutdown waits for it.
+      finishing_ = true;
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
+    } else if (!ok || final_) {
       finishing_ = true;
       Finish(ok ? grpc::Status::OK
                 : grpc::Status(grpc::StatusCode::CANCELLED, "watch ended"));
@@ -156,7 +161,8 @@ class JobsService::Watch final
 
   void OnCancel() override {
     absl::MutexLock lock(&mu_);
-    if (finishing_ || writing_) return;  // a write in flight fails and finishes
+    cancelled_ = true;
+    if (finishing_ || writing_) return;  // the write's OnWriteDone finishes
     finishing_ = true;
     Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
   }
@@ -177,6 +183,7 @@ class JobsService::Watch final
   absl::Status refused_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // OnCancel ran
   bool final_ ABSL_GUARDED_BY(mu_) = false;  // the status in flight is terminal
   absl::Time next_send_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // What the client was sent: the status but its members, the round, and

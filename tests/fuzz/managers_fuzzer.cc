@@ -254,10 +254,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     m.rendezvous.Poll();
     m.kv.Poll();
     m.health.Poll();
-    for (const std::string& job : m.jobs.ForgetEndedBefore(absl::InfiniteFuture())) {
+    for (const std::string& job : m.jobs.EndedBefore(absl::InfiniteFuture())) {
       m.rendezvous.ForgetJob(job);
       m.kv.ForgetJob(job);
       m.health.Forget(job);
+      m.jobs.ForgetIfEndedBefore(job, absl::InfiniteFuture());
     }
     for (const v1::JobStatus& job : m.jobs.List()) {
       m.rendezvous.ForgetJob(job.config().job_id());

@@ -366,12 +366,13 @@ TEST_F(HealthManagerTest, EndedJobsAreForgottenAfterRetention) {
   StartJob(1);
   ASSERT_TRUE(Complete(0, true, 0, "").ok());
   clock_.Advance(absl::Minutes(30));
-  EXPECT_THAT(jobs_.ForgetEndedBefore(clock_.Now() - absl::Hours(1)),
-              IsEmpty());
+  EXPECT_THAT(jobs_.EndedBefore(clock_.Now() - absl::Hours(1)), IsEmpty());
+  EXPECT_FALSE(jobs_.ForgetIfEndedBefore(kJob, clock_.Now() - absl::Hours(1)));
   clock_.Advance(absl::Minutes(31));
-  EXPECT_EQ(jobs_.ForgetEndedBefore(clock_.Now() - absl::Hours(1)),
+  EXPECT_EQ(jobs_.EndedBefore(clock_.Now() - absl::Hours(1)),
             std::vector<std::string>{kJob});
   health_.Forget(kJob);
+  EXPECT_TRUE(jobs_.ForgetIfEndedBefore(kJob, clock_.Now() - absl::Hours(1)));
   EXPECT_EQ(jobs_.Get(kJob).status().code(), absl::StatusCode::kNotFound);
   sessions_.clear();
   EXPECT_EQ(Beat(0).status().code(), absl::StatusCode::kNotFound);
