@@ -12,6 +12,7 @@
 #include "common/keepalive.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "server/malformed_request.h"
 #include "server/metrics.h"
 #include "server/status_page.h"
 #include "server/storage/in_memory_storage.h"
@@ -175,6 +176,8 @@ absl::Status Coordinator::Start() {
   std::vector<
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
+  // First, so the statistics count the status it gives.
+  interceptors.push_back(NewMalformedRequestInterceptorFactory());
   interceptors.push_back(rpc_stats_.NewInterceptorFactory());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.AddListeningPort(config_.listen_address,

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "server/malformed_request.h"
 
 namespace gradsync {
 namespace {
@@ -31,6 +32,7 @@ class MemberProtocol {
  public:
   using Request = v1::HeartbeatRequest;
   using Response = v1::HeartbeatResponse;
+  static constexpr const char* kMethod = "/gradsync.v1.Monitor/Heartbeat";
   // Heartbeats in one message.
   static int Heartbeats(const Request&) { return 1; }
 
@@ -64,6 +66,7 @@ class NodeProtocol {
  public:
   using Request = v1::NodeHeartbeatRequest;
   using Response = v1::NodeHeartbeatResponse;
+  static constexpr const char* kMethod = "/gradsync.v1.Monitor/NodeHeartbeat";
   static int Heartbeats(const Request& r) { return r.heartbeats_size(); }
 
   explicit NodeProtocol(HealthManager* health) : health_(health) {}
@@ -190,9 +193,11 @@ class MonitorService::StreamCall {
  public:
   using Request = typename Protocol::Request;
   using Response = typename Protocol::Response;
+  // The raw method's (the stream parses its messages itself, so bytes that
+  // do not parse end it with MalformedRequest()).
   using Requester = void (MonitorService::*)(
       grpc::ServerContext*,
-      grpc::ServerAsyncReaderWriter<Response, Request>*,
+      grpc::ServerAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>*,
       grpc::CompletionQueue*, grpc::ServerCompletionQueue*, void*);
 
   // An event of this call on its queue.
@@ -251,10 +256,14 @@ class MonitorService::StreamCall {
         return;
       case Event::kRead:
         --pending_;
-        if (ok) {
-          OnRead();
-        } else {  // the worker closed its side, or the stream broke
+        if (!ok) {  // the worker closed its side, or the stream broke
           FinishWith(grpc::Status::OK);
+        } else if (grpc::SerializationTraits<Request>::Deserialize(
+                       &request_bytes_, &request_)
+                       .ok()) {
+          OnRead();
+        } else {
+          FinishWith(MalformedRequest(Protocol::kMethod));
         }
         break;
       case Event::kPaced:
@@ -292,7 +301,7 @@ class MonitorService::StreamCall {
   // Each operation starts only while the queue is open (see the class
   // comment of CompletionQueues); one refused is simply not pending.
   void Read() {
-    if (queue_->StartOp([&] { stream_.Read(&request_, &read_tag_); })) {
+    if (queue_->StartOp([&] { stream_.Read(&request_bytes_, &read_tag_); })) {
       ++pending_;
     }
   }
@@ -337,8 +346,15 @@ class MonitorService::StreamCall {
     Read();
   }
 
-  void Write(Response response) {
-    outgoing_ = std::move(response);
+  void Write(const Response& response) {
+    outgoing_.Clear();  // the last write's bytes (its write completed)
+    bool own_buffer = false;
+    grpc::Status serialized = grpc::SerializationTraits<Response>::Serialize(
+        response, &outgoing_, &own_buffer);
+    if (!serialized.ok()) {
+      FinishWith(serialized);
+      return;
+    }
     if (queue_->StartOp([&] { stream_.Write(outgoing_, &written_tag_); })) {
       writing_ = true;
       ++pending_;
@@ -363,14 +379,15 @@ class MonitorService::StreamCall {
   const Requester requester_;
   CompletionQueues::Queue* const queue_;
   grpc::ServerContext context_;
-  grpc::ServerAsyncReaderWriter<Response, Request> stream_;
+  grpc::ServerAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer> stream_;
   Protocol protocol_;
   // Who opened the stream (from its metadata, when it was accepted).
   absl::StatusOr<Caller> caller_ = absl::UnauthenticatedError("not accepted");
   // Its place among its connection's streams.
   ConnectionLimits::Lease lease_;
+  grpc::ByteBuffer request_bytes_;  // emptied by parsing it into request_
   Request request_;
-  Response outgoing_;
+  grpc::ByteBuffer outgoing_;  // the response in flight, serialized
   std::optional<Response> next_;
   std::optional<grpc::Status> finish_;
   bool writing_ = false;

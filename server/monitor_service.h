@@ -25,8 +25,8 @@ namespace gradsync {
 // Shutdown() ends every stream. `health`, `auth`, `limits` and `queues`
 // must outlive it. Thread-safe.
 class MonitorService final
-    : public v1::Monitor::WithAsyncMethod_Heartbeat<
-          v1::Monitor::WithAsyncMethod_NodeHeartbeat<
+    : public v1::Monitor::WithRawMethod_Heartbeat<
+          v1::Monitor::WithRawMethod_NodeHeartbeat<
               v1::Monitor::WithCallbackMethod_ReportCompletion<
                   v1::Monitor::Service>>> {
  public:

@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "server/completion_queues.h"
+#include "server/malformed_request.h"
 
 namespace gradsync {
 
@@ -25,27 +26,38 @@ namespace gradsync {
 // the work when the client goes away (cancels, or its deadline passes)
 // first.
 //
+// The method is served raw (the generated WithRawMethod_<Method>): the call
+// parses its request itself, so bytes that do not parse are answered
+// INVALID_ARGUMENT naming the method and type (MalformedRequest()) without
+// reaching the handler; gRPC would cancel such a call with INTERNAL.
+//
 // Lifetime: owned by gRPC's events; deletes itself once the handler has
 // returned, the call is done and its answer (if any) was sent or refused.
 // Thread-safe.
 template <typename Request, typename Response>
 class PendingCall final {
  public:
-  // Asks gRPC for the next call of the method on a queue: the generated
-  // Request<Method> of the service (context, request, responder, cq, cq,
-  // tag).
+  // Asks gRPC for the next call of the method on a queue: the raw
+  // Request<Method> of the service (context, request bytes, responder, cq,
+  // cq, tag).
   using Requester = std::function<void(
-      grpc::ServerContext*, Request*, grpc::ServerAsyncResponseWriter<Response>*,
+      grpc::ServerContext*, grpc::ByteBuffer*,
+      grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>*,
       grpc::ServerCompletionQueue*, grpc::ServerCompletionQueue*, void*)>;
   using Handler = std::function<void(PendingCall*)>;
 
-  // Keeps a call of the method waiting on every queue of `queues`. Both
-  // functions must outlive the queues' Shutdown().
-  static void Serve(const CompletionQueues& queues, const Requester* requester,
-                    const Handler* handler) {
-    for (const auto& queue : queues.queues()) {
-      Accept(queue.get(), requester, handler);
-    }
+  // What Serve() needs of a method: its name ("/package.Service/Method")
+  // and how to request and handle its calls. Must outlive the queues'
+  // Shutdown().
+  struct Method {
+    const char* name;
+    Requester requester;
+    Handler handler;
+  };
+
+  // Keeps a call of `method` waiting on every queue of `queues`.
+  static void Serve(const CompletionQueues& queues, const Method* method) {
+    for (const auto& queue : queues.queues()) Accept(queue.get(), method);
   }
 
   const grpc::ServerContext& context() const { return context_; }
@@ -57,7 +69,15 @@ class PendingCall final {
       absl::MutexLock lock(&mu_);
       const bool started = queue_->StartOp([&] {
         if (status.ok()) {
-          responder_.Finish(response, status, &finished_tag_);
+          grpc::ByteBuffer bytes;
+          bool own_buffer = false;
+          grpc::Status serialized = grpc::SerializationTraits<Response>::Serialize(
+              response, &bytes, &own_buffer);
+          if (serialized.ok()) {
+            responder_.Finish(bytes, status, &finished_tag_);
+          } else {
+            responder_.FinishWithError(serialized, &finished_tag_);
+          }
         } else {
           responder_.FinishWithError(status, &finished_tag_);
         }
@@ -89,22 +109,17 @@ class PendingCall final {
     const Event event;
   };
 
-  PendingCall(CompletionQueues::Queue* queue, const Requester* requester,
-              const Handler* handler)
-      : queue_(queue),
-        requester_(requester),
-        handler_(handler),
-        responder_(&context_) {
+  PendingCall(CompletionQueues::Queue* queue, const Method* method)
+      : queue_(queue), method_(method), responder_(&context_) {
     context_.AsyncNotifyWhenDone(&done_tag_);
   }
 
-  static void Accept(CompletionQueues::Queue* queue, const Requester* requester,
-                     const Handler* handler) {
-    auto* call = new PendingCall(queue, requester, handler);
+  static void Accept(CompletionQueues::Queue* queue, const Method* method) {
+    auto* call = new PendingCall(queue, method);
     grpc::ServerCompletionQueue* cq = queue->cq();
     if (!queue->StartOp([&] {
-          (*requester)(&call->context_, &call->request_, &call->responder_,
-                       cq, cq, &call->accepted_tag_);
+          method->requester(&call->context_, &call->request_bytes_,
+                            &call->responder_, cq, cq, &call->accepted_tag_);
         })) {
       delete call;  // the queue is closed: gRPC never saw it
     }
@@ -117,13 +132,19 @@ class PendingCall final {
           delete this;
           return;
         }
-        Accept(queue_, requester_, handler_);  // the next call
+        Accept(queue_, method_);  // the next call
         // References: the done event's, and the handler's until Finish().
         {
           absl::MutexLock lock(&mu_);
           refs_ = 2;
         }
-        (*handler_)(this);
+        if (grpc::SerializationTraits<Request>::Deserialize(&request_bytes_,
+                                                            &request_)
+                .ok()) {
+          method_->handler(this);
+        } else {
+          Finish(Response(), MalformedRequest(method_->name));
+        }
         return;
       case Event::kFinished:
         break;
@@ -152,11 +173,11 @@ class PendingCall final {
   }
 
   CompletionQueues::Queue* const queue_;
-  const Requester* const requester_;
-  const Handler* const handler_;
+  const Method* const method_;
   grpc::ServerContext context_;
+  grpc::ByteBuffer request_bytes_;  // emptied by parsing it into request_
   Request request_;
-  grpc::ServerAsyncResponseWriter<Response> responder_;
+  grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> responder_;
   Tag accepted_tag_{this, Event::kAccepted};
   Tag finished_tag_{this, Event::kFinished};
   Tag done_tag_{this, Event::kDone};

@@ -11,14 +11,16 @@ RendezvousService::RendezvousService(RendezvousManager* rendezvous,
                                      const Authenticator* auth)
     : rendezvous_(rendezvous),
       auth_(auth),
-      join_requester_([this](auto... args) { RequestJoin(args...); }),
-      join_handler_([this](JoinCall* call) { ServeJoin(call); }),
-      join_node_requester_([this](auto... args) { RequestJoinNode(args...); }),
-      join_node_handler_([this](JoinNodeCall* call) { ServeJoinNode(call); }) {}
+      join_{"/gradsync.v1.Rendezvous/Join",
+            [this](auto... args) { RequestJoin(args...); },
+            [this](JoinCall* call) { ServeJoin(call); }},
+      join_node_{"/gradsync.v1.Rendezvous/JoinNode",
+                 [this](auto... args) { RequestJoinNode(args...); },
+                 [this](JoinNodeCall* call) { ServeJoinNode(call); }} {}
 
 void RendezvousService::Start(const CompletionQueues& queues) {
-  JoinCall::Serve(queues, &join_requester_, &join_handler_);
-  JoinNodeCall::Serve(queues, &join_node_requester_, &join_node_handler_);
+  JoinCall::Serve(queues, &join_);
+  JoinNodeCall::Serve(queues, &join_node_);
 }
 
 void RendezvousService::ServeJoin(JoinCall* call) {

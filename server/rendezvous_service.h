@@ -13,17 +13,17 @@ namespace gradsync {
 
 // gRPC handlers of gradsync.v1.Rendezvous; all logic is in
 // RendezvousManager. Joins wait for their round without holding a thread,
-// served with the asynchronous API on the coordinator's CompletionQueues
-// (they exist by the ten thousand at once: see CompletionQueues); Leave
-// uses the callback API.
+// served raw with the asynchronous API on the coordinator's
+// CompletionQueues (they exist by the ten thousand at once: see
+// CompletionQueues; PendingCall parses them); Leave uses the callback API.
 //
 // Lifetime: construct; Start() once the server is built and before the
 // queues start; the queues' Shutdown() ends every waiting join (the server's
 // Shutdown() cancels them). `rendezvous`, `auth` and the queues must outlive
 // it. Thread-safe.
 class RendezvousService final
-    : public v1::Rendezvous::WithAsyncMethod_Join<
-          v1::Rendezvous::WithAsyncMethod_JoinNode<
+    : public v1::Rendezvous::WithRawMethod_Join<
+          v1::Rendezvous::WithRawMethod_JoinNode<
               v1::Rendezvous::WithCallbackMethod_Leave<
                   v1::Rendezvous::Service>>> {
  public:
@@ -46,10 +46,8 @@ class RendezvousService final
 
   RendezvousManager* const rendezvous_;
   const Authenticator* const auth_;
-  const JoinCall::Requester join_requester_;
-  const JoinCall::Handler join_handler_;
-  const JoinNodeCall::Requester join_node_requester_;
-  const JoinNodeCall::Handler join_node_handler_;
+  const JoinCall::Method join_;
+  const JoinNodeCall::Method join_node_;
 };
 
 }  // namespace gradsync

@@ -27,7 +27,7 @@ library=(
   server/completion_queues.cc server/connection_limits.cc server/coordinator.cc
   server/health_manager.cc server/heartbeat_shedder.cc server/job_manager.cc
   server/jobs_service.cc server/kv_manager.cc server/kv_service.cc
-  server/local_placement.cc
+  server/local_placement.cc server/malformed_request.cc
   server/metrics.cc server/metrics_http_server.cc server/monitor_service.cc
   server/prometheus_text.cc server/rendezvous_manager.cc
   server/rendezvous_service.cc server/rpc_stats.cc server/status_page.cc

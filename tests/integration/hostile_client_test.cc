@@ -43,6 +43,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -739,7 +740,9 @@ class GrpcClient {
         grpc::ByteBuffer request(&slice, 1);
         grpc::ByteBuffer response;
         const std::string method = c.Pick(kMethods);
-        Unary("raw bytes", [&](auto* ctx, auto done) {
+        const bool ours = absl::StartsWith(method, "/gradsync.v1.") &&
+                          method != "/gradsync.v1.Jobs/NoSuchMethod";
+        Unary(ours ? "raw bytes" : "raw bytes, not our method", [&](auto* ctx, auto done) {
           s.generic->UnaryCall(ctx, method, grpc::StubOptions(), &request, &response,
                                std::move(done));
         });
@@ -970,6 +973,17 @@ TEST_F(HostileClientTest, EveryCallEndsWithAStatusByItsDeadline) {
         "Delete", "List", "CreateJob", "GetJob", "ListJobs", "WatchJob",
         "Heartbeat", "NodeHeartbeat", "ReportCompletion", "raw bytes"}) {
     EXPECT_GT(tally_->outcomes[rpc].size(), 0u) << rpc << " was never called";
+  }
+}
+
+// Bytes to one of our methods get an answer about them (INVALID_ARGUMENT
+// when they do not parse, else one on their merits), never gRPC's own
+// UNIMPLEMENTED or INTERNAL ("Unable to parse request") or UNKNOWN.
+TEST_F(HostileClientTest, RawBytesAreNeverAnsweredAsAServerFault) {
+  ASSERT_GT(tally_->outcomes["raw bytes"].size(), 0u);
+  EXPECT_GT(tally_->outcomes["raw bytes"]["INVALID_ARGUMENT"], 0);
+  for (const char* fault : {"UNIMPLEMENTED", "INTERNAL", "UNKNOWN"}) {
+    EXPECT_EQ(tally_->outcomes["raw bytes"][fault], 0) << fault;
   }
 }
 
