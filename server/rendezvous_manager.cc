@@ -800,8 +800,60 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
   const int64_t resume_step = shape.resume_step;
   const int source_rank = shape.source_rank;
 
-  job->round += 1;
+  // The round is recorded first; nothing here changes unless it was
+  // (JobManager::RecordRoundClosed changes nothing when it fails).
+  const int64_t round = job->round + 1;
+  const absl::Time now = clock_->Now();
+  std::vector<std::vector<std::list<Joiner>::iterator>> procs_of(num_nodes);
+  std::vector<v1::Member> records(world_size);
+  for (int i = 0; i < num_nodes; ++i) {
+    procs_of[i] = InLocalRankOrder(processes[chosen[i]]);
+    for (int local = 0; local < nproc; ++local) {
+      const Joiner& joiner = *procs_of[i][local];
+      const int rank = node_rank[i] * nproc + local;
+      v1::Member& record = records[rank];
+      record.set_rank(rank);
+      record.set_local_rank(local);
+      record.set_node_rank(node_rank[i]);
+      *record.mutable_node() = joiner.node;
+      record.set_state(v1::MEMBER_STATE_ACTIVE);
+      *record.mutable_last_seen() = ToProtoTime(now);
+    }
+  }
+  std::optional<v1::Recovery> recovery = job->recovery;
+  if (recovery.has_value()) {
+    recovery->set_new_round(round);
+    recovery->set_new_world_size(world_size);
+    recovery->set_resume_step(resume_step);
+    recovery->set_source_rank(source_rank);
+    *recovery->mutable_round_close_time() = ToProtoTime(now);
+    *recovery->mutable_rendezvous() =
+        ToProtoDuration(now - FromProtoTime(recovery->detect_time()));
+  }
+  const absl::Status recorded = jobs_->RecordRoundClosed(
+      job_id, round, backend, std::move(records),
+      recovery.has_value() ? &*recovery : nullptr);
+  if (!recorded.ok()) {
+    // No assignment leaves unrecorded: a restart would restore the older
+    // round. The chosen joins are refused (their clients retry); the rest
+    // of the job is as it was.
+    GS_LOG(ERROR) << "job '" << job_id << "': could not record round "
+                  << round << ", so it did not close: " << recorded;
+    const absl::Status refusal = absl::UnavailableError(absl::StrCat(
+        "job '", job_id, "': round ", round,
+        " could not be recorded, so it did not close (", recorded.message(),
+        "); join again"));
+    for (const auto& procs : procs_of) {
+      for (const auto& it : procs) {
+        completions->emplace_back(RemovePendingLocked(job, it), refusal);
+      }
+    }
+    return;
+  }
+
+  job->round = round;
   job->running = true;
+  job->recovery.reset();
   job->members.assign(world_size, Member());
   job->member_by_incarnation.clear();
   job->node_rank_by_node.clear();
@@ -812,54 +864,24 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
     last_calls_.erase({*job->last_call_deadline, job_id});
     job->last_call_deadline.reset();
   }
-  absl::Time now = clock_->Now();
-  std::vector<v1::Member> records(world_size);
+  // The KV round opens before any assignment leaves (they leave once the
+  // lock is released).
+  kv_->OpenRound(job_id, job->round);
   for (int i = 0; i < num_nodes; ++i) {
     job->remembered_node_rank[chosen[i]] = node_rank[i];
     job->node_rank_by_node[chosen[i]] = node_rank[i];
-    std::vector<std::list<Joiner>::iterator> procs =
-        InLocalRankOrder(processes[chosen[i]]);
     for (int local = 0; local < nproc; ++local) {
-      Joiner& joiner = *procs[local];
+      Joiner& joiner = *procs_of[i][local];
       const int rank = node_rank[i] * nproc + local;
       Member& member = job->members[rank];
       member.node = joiner.node;
       member.joined = joiner.join_time;
       member.assignment = AssignmentFor(config, shape, rank, node_rank[i]);
-      const v1::Assignment& a = member.assignment;
       job->member_by_incarnation[joiner.node.incarnation_id()] = rank;
       job->node_of_rank[rank] = chosen[i];
-
-      v1::Member& record = records[rank];
-      record.set_rank(rank);
-      record.set_local_rank(local);
-      record.set_node_rank(node_rank[i]);
-      *record.mutable_node() = joiner.node;
-      record.set_state(v1::MEMBER_STATE_ACTIVE);
-      *record.mutable_last_seen() = ToProtoTime(now);
-
-      completions->emplace_back(RemovePendingLocked(job, procs[local]),
-                                a);
+      completions->emplace_back(RemovePendingLocked(job, procs_of[i][local]),
+                                member.assignment);
     }
-  }
-  kv_->OpenRound(job_id, job->round);
-  if (job->recovery.has_value()) {
-    v1::Recovery& r = *job->recovery;
-    r.set_new_round(job->round);
-    r.set_new_world_size(world_size);
-    r.set_resume_step(resume_step);
-    r.set_source_rank(source_rank);
-    *r.mutable_round_close_time() = ToProtoTime(now);
-    *r.mutable_rendezvous() =
-        ToProtoDuration(now - FromProtoTime(r.detect_time()));
-  }
-  absl::Status recorded = jobs_->RecordRoundClosed(
-      job_id, job->round, backend, std::move(records),
-      job->recovery.has_value() ? &*job->recovery : nullptr);
-  job->recovery.reset();
-  if (!recorded.ok()) {
-    GS_LOG(ERROR) << "job '" << job_id << "': could not record round "
-                  << job->round << ": " << recorded;
   }
   GS_LOG(INFO) << "job '" << job_id << "' round " << job->round << " closed: "
                << num_nodes << " node(s), world size " << world_size

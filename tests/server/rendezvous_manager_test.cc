@@ -669,6 +669,95 @@ TEST_F(RendezvousManagerTest, SpareTakesTheLostPlaceAndTheMostAdvancedIsSource) 
       << "1.5 s falls in the (1, 2.5] bucket";
 }
 
+// Storage whose writes fail while `failing` is set (reads still work).
+class FailingWrites final : public Storage {
+ public:
+  bool failing = false;
+
+  absl::Status Put(absl::string_view key, absl::string_view value) override {
+    if (failing) return absl::UnavailableError("disk gone");
+    return inner_.Put(key, value);
+  }
+  absl::StatusOr<std::string> Get(absl::string_view key) const override {
+    return inner_.Get(key);
+  }
+  absl::StatusOr<bool> Delete(absl::string_view key) override {
+    if (failing) return absl::UnavailableError("disk gone");
+    return inner_.Delete(key);
+  }
+  absl::StatusOr<std::vector<Entry>> Scan(absl::string_view prefix,
+                                          bool keys_only) const override {
+    return inner_.Scan(prefix, keys_only);
+  }
+  absl::StatusOr<int64_t> DeletePrefix(absl::string_view prefix) override {
+    if (failing) return absl::UnavailableError("disk gone");
+    return inner_.DeletePrefix(prefix);
+  }
+  absl::Status Apply(const std::vector<Mutation>& batch) override {
+    if (failing) return absl::UnavailableError("disk gone");
+    return inner_.Apply(batch);
+  }
+
+ private:
+  InMemoryStorage inner_;
+};
+
+// No assignment leaves for a round that is not recorded: the joins that
+// would have formed it are refused UNAVAILABLE (clients retry) and nothing
+// else changes: no round, no KV round, no event; once storage works, the
+// same processes form round 1.
+TEST(RendezvousDurableCloseTest, AnUnrecordedRoundIsNotAnswered) {
+  FailingWrites storage;
+  FakeClock clock;
+  JobManager jobs(&storage, &clock);
+  KvManager kv(&storage, &clock, &jobs);
+  int events = 0;
+  RendezvousManager rdzv(
+      &jobs, &kv, &clock,
+      [&](const std::string&, int64_t, RendezvousManager::RoundEvent) {
+        ++events;
+      });
+  auto request = [](const std::string& host) {
+    v1::JoinRequest r;
+    r.set_job_id(kJob);
+    *r.mutable_config() = Config(ConfigSpec().Min(2).Max(2));
+    *r.mutable_node() = Node(host, "inc-" + host);
+    return r;
+  };
+  JoinOutcome a, b;
+  rdzv.Join(request("host-a"), a.Callback());
+  ASSERT_FALSE(a.done());
+  storage.failing = true;
+  rdzv.Join(request("host-b"), b.Callback());
+  ASSERT_TRUE(a.done());
+  ASSERT_TRUE(b.done());
+  for (const JoinOutcome* o : {&a, &b}) {
+    EXPECT_EQ(o->status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_THAT(o->status().message(), HasSubstr("could not be recorded"));
+    EXPECT_THAT(o->status().message(), HasSubstr("disk gone"));
+  }
+  absl::StatusOr<v1::JobStatus> job = jobs.Get(kJob);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->round(), 0);
+  EXPECT_EQ(job->state(), v1::JOB_STATE_WAITING);
+  EXPECT_EQ(kv.Get({kJob, 1}, "k").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(events, 0);
+  v1::JobStatus waiting;
+  rdzv.DescribeWaiting(kJob, &waiting);
+  EXPECT_EQ(waiting.waiting_size(), 0) << "the refused joins left";
+
+  storage.failing = false;
+  JoinOutcome a2, b2;
+  rdzv.Join(request("host-a"), a2.Callback());
+  rdzv.Join(request("host-b"), b2.Callback());
+  ASSERT_TRUE(a2.done() && b2.done());
+  EXPECT_EQ(a2.assignment().round(), 1);
+  EXPECT_EQ(b2.assignment().round(), 1);
+  EXPECT_EQ(jobs.Get(kJob)->round(), 1);
+  EXPECT_TRUE(kv.Set({kJob, 1}, "k", "v").ok());
+}
+
 TEST(RendezvousRoundEndedTest, ASupersededRoundIsReportedAfterTheCall) {
   InMemoryStorage storage;
   FakeClock clock;
