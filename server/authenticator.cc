@@ -126,6 +126,23 @@ absl::StatusOr<std::string> Authenticator::IssueToken(const std::string& job_id)
   return token;
 }
 
+absl::Status Authenticator::Forget(const std::string& job_id) {
+  GS_RETURN_IF_ERROR(
+      storage_->Delete(absl::StrCat(kAuthPrefix, job_id)).status());
+  absl::MutexLock lock(&mu_);
+  for (auto it = job_by_hash_.begin(); it != job_by_hash_.end();) {
+    it = it->second == job_id ? job_by_hash_.erase(it) : std::next(it);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> Authenticator::JobsWithTokens() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> jobs;
+  for (const auto& [hash, job_id] : job_by_hash_) jobs.push_back(job_id);
+  return jobs;
+}
+
 absl::StatusOr<std::string> AdminToken(const std::string& mode,
                                        const std::string& file) {
   if (mode == "none") {

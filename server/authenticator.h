@@ -17,6 +17,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -71,6 +72,15 @@ class Authenticator {
   // A fresh token for job `job_id` (replacing its earlier one), with its
   // hash stored. FAILED_PRECONDITION when tokens are off.
   absl::StatusOr<std::string> IssueToken(const std::string& job_id);
+
+  // Removes job `job_id`'s token (its hash, in memory and in storage), so
+  // that it authenticates nothing any more: a forgotten job's old token
+  // cannot re-create the id (--create_jobs_on_join). A no-op for a job
+  // without one.
+  absl::Status Forget(const std::string& job_id);
+
+  // The jobs that hold a token.
+  std::vector<std::string> JobsWithTokens() const;
 
  private:
   Storage* const storage_;

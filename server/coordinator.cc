@@ -249,6 +249,10 @@ void Coordinator::Shutdown() {
 absl::Status Coordinator::RestoreFromStorage() {
   GS_RETURN_IF_ERROR(auth_.LoadFromStorage());
   GS_RETURN_IF_ERROR(jobs_.LoadFromStorage());
+  // Tokens of jobs forgotten before tokens went with their jobs.
+  for (const std::string& job_id : auth_.JobsWithTokens()) {
+    if (!jobs_.Exists(job_id)) GS_RETURN_IF_ERROR(auth_.Forget(job_id));
+  }
   for (const v1::JobStatus& job : jobs_.List()) {
     if (job.round() < 1) continue;
     // A WAITING job with a round had that round superseded: it stays
@@ -280,6 +284,13 @@ void Coordinator::PollLoop() {
       rendezvous_.ForgetJob(job_id);
       kv_.ForgetJob(job_id);
       health_.Forget(job_id);
+      absl::Status token_gone = auth_.Forget(job_id);
+      if (!token_gone.ok()) {
+        // Kept, retried at the next poll: the token must not outlive it.
+        GS_LOG(WARNING) << "job '" << job_id
+                        << "': could not remove its token: " << token_gone;
+        continue;
+      }
       if (jobs_.ForgetIfEndedBefore(job_id, cutoff)) {
         GS_LOG(INFO) << "job '" << job_id << "' forgotten: it ended more than "
                      << absl::FormatDuration(config_.retention) << " ago";

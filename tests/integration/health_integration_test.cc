@@ -490,6 +490,63 @@ TEST_F(HealthIntegrationTest, EndedJobIsForgottenAfterRetentionAndItsIdReused) {
   EXPECT_EQ(Job("again").state(), v1::JOB_STATE_RUNNING);
 }
 
+// A job's token goes with the job: once the job is forgotten, the old token
+// authenticates nothing, so it cannot re-create the id by joining (jobs are
+// created on join here).
+TEST(ForgottenJobTokenTest, AnOldTokenCannotRecreateTheJob) {
+  FakeClock clock;
+  CoordinatorConfig config;
+  config.listen_address = "127.0.0.1:0";
+  config.poll_interval = absl::Milliseconds(2);
+  config.retention = kRetention;
+  config.clock = &clock;
+  config.admin_token = "admin-secret";
+  config.completion_queues = 2;
+  Coordinator coordinator(config);
+  ASSERT_TRUE(coordinator.Start().ok());
+  ClientOptions options;
+  options.target = absl::StrCat("127.0.0.1:", coordinator.port());
+  options.token = "admin-secret";
+  std::unique_ptr<CoordinatorClient> admin = *CoordinatorClient::Create(options);
+  v1::JobConfig job;
+  job.set_job_id("tokened");
+  job.set_min_nodes(1);
+  job.set_max_nodes(1);
+  absl::StatusOr<v1::CreateJobResponse> created = admin->CreateJob(job);
+  ASSERT_TRUE(created.ok()) << created.status();
+  options.token = created->token();
+  options.retry.max_attempts = 1;
+  std::unique_ptr<CoordinatorClient> worker = *CoordinatorClient::Create(options);
+  v1::JoinRequest join;
+  join.set_job_id("tokened");
+  *join.mutable_node() = LocalNodeDescriptor();
+  absl::StatusOr<v1::Assignment> a = worker->Join(join, kPromptly);
+  ASSERT_TRUE(a.ok()) << a.status();
+  v1::ReportCompletionRequest done;
+  done.mutable_member()->set_job_id("tokened");
+  done.mutable_member()->set_round(a->round());
+  done.mutable_member()->set_rank(a->rank());
+  done.mutable_member()->set_incarnation_id(join.node().incarnation_id());
+  done.set_success(true);
+  ASSERT_EQ(*worker->ReportCompletion(done), v1::JOB_STATE_SUCCEEDED);
+
+  clock.Advance(kRetention + absl::Seconds(1));
+  ASSERT_TRUE(Eventually([&] {
+    return admin->GetJob("tokened").status().code() ==
+           absl::StatusCode::kNotFound;
+  }));
+  v1::JoinRequest again = join;
+  *again.mutable_node() = LocalNodeDescriptor();
+  again.mutable_config()->set_job_id("tokened");
+  again.mutable_config()->set_min_nodes(1);
+  EXPECT_EQ(worker->Join(again, kPromptly).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(admin->GetJob("tokened").status().code(),
+            absl::StatusCode::kNotFound)
+      << "the refused join created nothing";
+  coordinator.Shutdown();
+}
+
 TEST_F(HealthIntegrationTest, FailedMemberFailsTheJob) {
   std::vector<v1::Assignment> a = JoinAll("crash", 2);
   v1::ReportCompletionRequest failure = Completion(a[1], false, 137);

@@ -1,6 +1,7 @@
 #include "server/authenticator.h"
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -77,6 +78,24 @@ TEST(AuthenticatorTest, OnlyHashesAreStoredAndTheyOutliveARestart) {
   absl::StatusOr<Caller> caller = restarted.Identify(&bearer_a);
   ASSERT_TRUE(caller.ok()) << caller.status();
   EXPECT_EQ(caller->job_id, "a");
+}
+
+TEST(AuthenticatorTest, AForgottenJobsTokenAuthenticatesNothingEvenAfterARestart) {
+  InMemoryStorage storage;
+  Authenticator auth(&storage, "admin-secret");
+  const std::string a = Bearer(*auth.IssueToken("a"));
+  const std::string b = Bearer(*auth.IssueToken("b"));
+  ASSERT_TRUE(auth.Forget("a").ok());
+  EXPECT_TRUE(absl::IsUnauthenticated(auth.Identify(&a).status()));
+  EXPECT_EQ(auth.Identify(&b)->job_id, "b") << "other jobs keep theirs";
+  EXPECT_EQ(auth.JobsWithTokens(), std::vector<std::string>{"b"});
+  EXPECT_TRUE(absl::IsNotFound(storage.Get("auth/a").status()));
+  EXPECT_TRUE(auth.Forget("never-had-one").ok());
+
+  Authenticator restarted(&storage, "admin-secret");
+  ASSERT_TRUE(restarted.LoadFromStorage().ok());
+  EXPECT_TRUE(absl::IsUnauthenticated(restarted.Identify(&a).status()));
+  EXPECT_TRUE(restarted.Identify(&b).ok());
 }
 
 TEST(AuthenticatorTest, AdminTokenSettingsAreChecked) {
