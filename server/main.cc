@@ -90,6 +90,10 @@ ABSL_FLAG(std::string, etcd_prefix, "/gradsync/",
           "started with the same --etcd and prefix are replicas: one leads "
           "and serves, the others stand by (answering every call with the "
           "leader's address) and take over when it stops");
+ABSL_FLAG(int64_t, etcd_max_request_bytes, 1536 * 1024,
+          "with --etcd: the largest request the etcd cluster accepts (its "
+          "--max-request-bytes; etcd does not report it): writes are split "
+          "under it, and a single value above it is refused naming it");
 ABSL_FLAG(std::string, advertise, "",
           "with --etcd: the address this coordinator publishes when it leads "
           "(default: --listen)");
@@ -317,6 +321,7 @@ int main(int argc, char** argv) {
   spec.state_dir = absl::GetFlag(FLAGS_state_dir);
   spec.etcd = absl::GetFlag(FLAGS_etcd);
   spec.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
+  spec.etcd_max_request_bytes = absl::GetFlag(FLAGS_etcd_max_request_bytes);
   spec.etcd_tls = {absl::GetFlag(FLAGS_etcd_tls_ca),
                    absl::GetFlag(FLAGS_etcd_tls_cert),
                    absl::GetFlag(FLAGS_etcd_tls_key)};

@@ -16,6 +16,10 @@ namespace {
 
 // etcd's default --max-txn-ops.
 constexpr size_t kMaxTxnOps = 128;
+// What a transaction's request holds beside its operations (the fence's
+// comparison, framing), and each operation beside its own bytes, at most.
+constexpr int64_t kTxnOverheadBytes = 1024;
+constexpr int64_t kOpOverheadBytes = 16;
 // Keys read per Range call of a scan.
 constexpr int64_t kScanPage = 1000;
 
@@ -178,9 +182,14 @@ absl::StatusOr<int64_t> EtcdStorage::DeletePrefix(absl::string_view prefix) {
 absl::Status EtcdStorage::Apply(const std::vector<Mutation>& batch) {
   std::vector<etcdserverpb::RequestOp> ops;
   std::vector<std::pair<std::string, std::string>> spans;
+  int64_t bytes = kTxnOverheadBytes;
   for (const Mutation& m : batch) {
     std::pair<std::string, std::string> span = Span(m, data_prefix_);
-    bool conflict = ops.size() >= kMaxTxnOps;
+    const int64_t op_bytes = static_cast<int64_t>(
+        span.first.size() + span.second.size() + m.value.size()) +
+        kOpOverheadBytes;
+    bool conflict = ops.size() >= kMaxTxnOps ||
+                    (!ops.empty() && bytes + op_bytes > options_.max_request_bytes);
     for (size_t i = 0; !conflict && i < spans.size(); ++i) {
       conflict = Overlap(spans[i], span);
     }
@@ -188,7 +197,9 @@ absl::Status EtcdStorage::Apply(const std::vector<Mutation>& batch) {
       GS_RETURN_IF_ERROR(Commit("transaction", std::move(ops)).status());
       ops.clear();
       spans.clear();
+      bytes = kTxnOverheadBytes;
     }
+    bytes += op_bytes;
     etcdserverpb::RequestOp op;
     if (m.kind == Mutation::Kind::kPut) {
       op.mutable_request_put()->set_key(span.first);
@@ -266,6 +277,21 @@ absl::StatusOr<etcdserverpb::TxnResponse> EtcdStorage::Commit(
     leads->set_create_revision(options_.fence_revision);
   }
   for (etcdserverpb::RequestOp& op : ops) *request.add_success() = std::move(op);
+  const int64_t size = static_cast<int64_t>(request.ByteSizeLong());
+  if (size + kOpOverheadBytes > options_.max_request_bytes) {
+    const std::string subject =
+        request.success_size() == 1 && request.success(0).has_request_put()
+            ? absl::StrCat("the value of '",
+                           absl::string_view(request.success(0).request_put().key())
+                               .substr(data_prefix_.size()),
+                           "'")
+            : absl::StrCat(request.success_size(), " operation(s)");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "etcd at ", etcd_.endpoints(), ": ", what, " not sent: ", subject,
+        " makes a request of ", size, " bytes, more than etcd accepts (",
+        options_.max_request_bytes,
+        " bytes, --etcd_max_request_bytes; etcd's --max-request-bytes)"));
+  }
   etcdserverpb::TxnResponse response;
   grpc::Status status = kv_->Txn(etcd_.Context().get(), request, &response);
   if (!status.ok()) return etcd_.Failed(what, status);

@@ -24,6 +24,9 @@
 
 namespace gradsync {
 
+// etcd's default --max-request-bytes.
+inline constexpr int64_t kEtcdDefaultMaxRequestBytes = 1536 * 1024;
+
 struct EtcdOptions {
   // The cluster's client endpoints, "HOST:PORT" (the channel fails over
   // between them; see FailoverTarget for names).
@@ -34,6 +37,11 @@ struct EtcdOptions {
   absl::Duration call_timeout = absl::Seconds(5);
   // TLS toward etcd (plaintext when tls.ca is empty).
   ClientTls tls;
+  // The largest request the cluster accepts: etcd's --max-request-bytes
+  // (1.5 MiB by default), which etcd does not report. Apply splits its
+  // transactions under it; a single write above it is refused before it is
+  // sent (RESOURCE_EXHAUSTED naming the key and the limit).
+  int64_t max_request_bytes = kEtcdDefaultMaxRequestBytes;
   // Fencing (see EtcdLeadership): when fence_revision > 0, every write is a
   // transaction that applies only while the key `fence_key` still has that
   // create revision, i.e. while this replica's leadership lasts. Otherwise
@@ -74,9 +82,10 @@ class EtcdStorage final : public Storage {
   absl::StatusOr<std::vector<Entry>> Scan(absl::string_view prefix,
                                           bool keys_only) const override;
   absl::StatusOr<int64_t> DeletePrefix(absl::string_view prefix) override;
-  // etcd refuses a transaction that writes one key twice or holds more than
-  // 128 operations: such a batch is split into transactions run in order,
-  // so an error may leave the batch's first part applied.
+  // etcd refuses a transaction that writes one key twice, holds more than
+  // 128 operations or is larger than max_request_bytes: such a batch is
+  // split into transactions run in order, so an error may leave the batch's
+  // first part applied.
   absl::Status Apply(const std::vector<Mutation>& batch) override;
 
  private:

@@ -29,6 +29,12 @@ absl::StatusOr<EtcdOptions> EtcdNamespace(const StorageSpec& spec) {
   options.endpoints = *std::move(endpoints);
   options.prefix = spec.etcd_prefix;
   options.tls = spec.etcd_tls;
+  if (spec.etcd_max_request_bytes < 64 * 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--etcd_max_request_bytes must be at least 65536 (etcd's default is ",
+        kEtcdDefaultMaxRequestBytes, "), not ", spec.etcd_max_request_bytes));
+  }
+  options.max_request_bytes = spec.etcd_max_request_bytes;
   return options;
 }
 #endif

@@ -19,6 +19,8 @@ struct StorageSpec {
   std::string state_dir;
   std::string etcd;  // "HOST:PORT[,HOST:PORT...]"
   std::string etcd_prefix = "/gradsync/";
+  // etcd's --max-request-bytes (--etcd_max_request_bytes; see EtcdOptions).
+  int64_t etcd_max_request_bytes = 1536 * 1024;
   // TLS toward etcd: its CA, and this coordinator's client certificate and
   // key when etcd asks for one (--etcd_tls_ca, --etcd_tls_cert,
   // --etcd_tls_key).

@@ -10,6 +10,7 @@
 #include <memory>
 #include <thread>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -81,6 +82,37 @@ class EtcdNamespaceTest : public ::testing::Test {
   testing::EtcdProcess etcd_;
   std::unique_ptr<etcdserverpb::KV::Stub> kv_;
 };
+
+// etcd refuses a request above its --max-request-bytes (1.5 MiB by
+// default): a batch larger than that, of values each below it, is split
+// and stored whole; one value above it is refused before it is sent,
+// naming the key and the limit, and nothing of it is stored.
+TEST_F(EtcdNamespaceTest, RequestsStayUnderEtcdsSizeLimit) {
+  absl::StatusOr<std::unique_ptr<EtcdStorage>> opened = Open("/sized/");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EtcdStorage& storage = **opened;
+  std::vector<Storage::Mutation> batch;
+  for (int i = 0; i < 6; ++i) {  // 6 x 700 KiB: 4.2 MiB in one batch
+    Storage::Mutation put;
+    put.key = absl::StrCat("big/", i);
+    put.value = std::string(700 * 1024, static_cast<char>('a' + i));
+    batch.push_back(std::move(put));
+  }
+  absl::Status applied = storage.Apply(batch);
+  ASSERT_TRUE(applied.ok()) << applied;
+  for (int i = 0; i < 6; ++i) {
+    absl::StatusOr<std::string> got = storage.Get(absl::StrCat("big/", i));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, batch[i].value);
+  }
+
+  const absl::Status too_big =
+      storage.Put("huge", std::string(2 * 1024 * 1024, 'x'));
+  EXPECT_EQ(too_big.code(), absl::StatusCode::kResourceExhausted) << too_big;
+  EXPECT_THAT(too_big.message(), HasSubstr("'huge'"));
+  EXPECT_THAT(too_big.message(), HasSubstr("--etcd_max_request_bytes"));
+  EXPECT_TRUE(absl::IsNotFound(storage.Get("huge").status()));
+}
 
 // etcd serving its client API over TLS with client certificates
 // (--client-cert-auth): the coordinator's storage with the CA and a client
