@@ -64,7 +64,7 @@
 #include "absl/time/time.h"
 #include "common/job_config.h"
 #include "common/logging.h"
-#include "bench/resident_memory.h"
+#include "common/process_usage.h"
 #include "proto/gradsync/v1/health.grpc.pb.h"
 #include "proto/gradsync/v1/jobs.grpc.pb.h"
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"

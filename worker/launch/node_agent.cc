@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
+#include "common/process_usage.h"
 #include "worker/launch/gpus.h"
 #include "worker/runtime/coordinator_store.h"
 #include "worker/runtime/join.h"
@@ -51,33 +52,6 @@ absl::StatusOr<int> PickFreePort() {
         absl::StrCat("cannot pick a port for MASTER_PORT: ", strerror(error)));
   }
   return ntohs(address.sin_port);
-}
-
-// The resident memory of process `pid`, 0 when it cannot be read.
-int64_t ResidentBytes(pid_t pid) {
-  std::ifstream statm(absl::StrCat("/proc/", pid, "/statm"));
-  int64_t pages = 0, resident = 0;
-  if (!(statm >> pages >> resident)) return 0;
-  return resident * sysconf(_SC_PAGESIZE);
-}
-
-// The CPU time (user + system) process `pid` has used, 0 when unknown.
-double CpuSeconds(pid_t pid) {
-  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-  std::string line;
-  if (!std::getline(stat, line)) return 0;
-  // Fields after the command (which may hold spaces) in parentheses:
-  // state is field 3, utime 14 and stime 15.
-  const size_t close = line.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::vector<std::string> fields =
-      absl::StrSplit(line.substr(close + 2), ' ', absl::SkipEmpty());
-  double utime = 0, stime = 0;
-  if (fields.size() < 13 || !absl::SimpleAtod(fields[11], &utime) ||
-      !absl::SimpleAtod(fields[12], &stime)) {
-    return 0;
-  }
-  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 absl::Status MakeDirectories(const std::string& path) {

@@ -1,22 +1,14 @@
 #include "worker/runtime/telemetry.h"
 
-#include <unistd.h>
 
-#include <fstream>
 #include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
+#include "common/process_usage.h"
 
 namespace gradsync {
-
-int64_t ResidentSetBytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  if (!(statm >> size >> resident)) return 0;
-  return resident * sysconf(_SC_PAGESIZE);
-}
 
 Telemetry::Telemetry(HealthReporter* reporter, ObservedBackend* backend,
                      std::function<int64_t()> gpu_memory,
@@ -47,7 +39,7 @@ void Telemetry::PublishLocked() {
       static_cast<int64_t>(backend_->last_started()));
   metrics_.set_last_finished_collective(
       static_cast<int64_t>(backend_->last_finished()));
-  metrics_.set_rss_bytes(ResidentSetBytes());
+  metrics_.set_rss_bytes(ResidentBytes(0));
   if (gpu_memory_) metrics_.set_gpu_memory_bytes(gpu_memory_());
   reporter_->Update(metrics_);
   // Events go out once.

@@ -70,9 +70,6 @@ class Telemetry {
   std::thread refresher_;
 };
 
-// This process's resident set size in bytes (0 when unknown).
-int64_t ResidentSetBytes();
-
 }  // namespace gradsync
 
 #endif  // GRADSYNC_WORKER_RUNTIME_TELEMETRY_H_
