@@ -745,11 +745,4 @@ absl::StatusOr<TrainSummary> Train(const TrainerConfig& config,
   return run->TrainRound(context);
 }
 
-absl::StatusOr<int64_t> CountParameters(const ModelConfig& config) {
-  GS_ASSIGN_OR_RETURN(torch::nn::Sequential model, MakeModel(config));
-  int64_t count = 0;
-  for (const auto& p : model->parameters()) count += p.numel();
-  return count;
-}
-
 }  // namespace gradsync

@@ -193,9 +193,6 @@ class TrainingRun {
 absl::StatusOr<TrainSummary> Train(const TrainerConfig& config,
                                    const TrainContext& context);
 
-// The parameter count `config.model` has.
-absl::StatusOr<int64_t> CountParameters(const ModelConfig& config);
-
 }  // namespace gradsync
 
 #endif  // GRADSYNC_WORKER_TRAINER_TRAINER_H_
