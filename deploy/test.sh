@@ -53,9 +53,9 @@ fuzz_status=${PIPESTATUS[0]}
 [ "$status" -eq 0 ] && status=$fuzz_status
 
 # Name what failed last, where a log's tail still shows it.
-grep -E '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' /tmp/gradsync-test.log \
+grep -E '^//[^ ]+ +(\(cached\) +)?(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' /tmp/gradsync-test.log \
   | sed 's/^/bazel: /' || true
-grep -E '^ *[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Not Run)\)' \
+grep -E '^[[:space:]]*[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Not Run)\)' \
   /tmp/gradsync-cmake.log | sed 's/^/ctest: /' || true
 echo "gtest: ${passed} passed, ${failed} failed, ${skipped} skipped"
 exit "$status"
