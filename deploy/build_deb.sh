@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the gradsync Debian package: gradsync-coordinator, the gradsync
 # command (status, watch, launch), the systemd unit with its flags file, a
-# postinst that creates the gradsync system user, and the README.
+# postinst that creates the gradsync system user, the README and docs/.
 #   deploy/build_deb.sh [--out=DIR] [--version=X.Y.Z] [--no_build]
 # The binaries come from $GRADSYNC_BIN (default: bazel-bin, built here with
 # Bazel unless --no_build). Depends: are the Debian packages that own the
@@ -41,6 +41,7 @@ install -m 644 deploy/debian/gradsync-coordinator.service "$root/lib/systemd/sys
 install -m 644 deploy/debian/gradsync-coordinator.default \
   "$root/etc/default/gradsync-coordinator"
 install -m 644 README.md "$root/usr/share/doc/gradsync/README.md"
+install -m 644 docs/*.md "$root/usr/share/doc/gradsync/"
 install -m 755 deploy/debian/postinst deploy/debian/prerm "$root/DEBIAN/"
 echo /etc/default/gradsync-coordinator >"$root/DEBIAN/conffiles"
 

@@ -23,7 +23,8 @@ control_files=$(dpkg-deb --ctrl-tarfile "$deb" | tar -t)
 grep -q conffiles <<<"$control_files" || fail "no conffiles"
 for f in usr/bin/gradsync-coordinator usr/bin/gradsync \
     lib/systemd/system/gradsync-coordinator.service \
-    etc/default/gradsync-coordinator usr/share/doc/gradsync/README.md; do
+    etc/default/gradsync-coordinator usr/share/doc/gradsync/README.md \
+    usr/share/doc/gradsync/operating.md; do
   [ -e "$root/$f" ] || fail "$f is not in the package"
 done
 sh -n deploy/debian/postinst && sh -n deploy/debian/prerm

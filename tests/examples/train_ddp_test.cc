@@ -1,4 +1,4 @@
-// examples/train_ddp, the public library's example, run as the README shows
+// examples/train_ddp, the public library's example, run as docs/cpp.md shows
 // it: two processes of a job through a real coordinator train, checkpoint,
 // and a second run resumes from the newest checkpoint.
 #include <memory>
