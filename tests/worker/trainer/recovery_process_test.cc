@@ -533,9 +533,14 @@ TEST_P(RecoveryProcessTest, HungRankIsReplacedAndNeverRejoinsItsOldRound) {
 // node, world size 2 -> 3; no step is run twice and none is a recovery.
 TEST_P(RecoveryProcessTest, GrowsWhenANodeJoinsBelowMax) {
   const std::string job = Job("grow");
-  // Long enough (2,400 steps at world size 2) that the third process, which
-  // starts once round 1 runs, joins mid-training.
-  constexpr int kSamples = 9600;
+  // Long enough that the third process, which starts once round 1 runs
+  // (a LibTorch process start and a join: 3.5 s seen on a loaded machine),
+  // joins mid-training and is admitted at a heartbeat (1 s) before the end:
+  // 2,400 steps at world size 2 over Gloo (the test took 9-18 s here), 3
+  // times as many over shared memory, whose steps are faster (the 2,400
+  // took 4 s there, which a loaded machine's third process missed).
+  const int kSamples =
+      GetParam() == Transport::kSharedMemory ? 3 * 9600 : 9600;
   constexpr int kEpochs = 2;
   std::vector<std::string> flags = ModelFlags();
   flags.insert(flags.end(), {absl::StrCat("--synthetic_size=", kSamples),
