@@ -34,7 +34,7 @@ def main():
     print("PID %d %d" % (rank, os.getpid()), flush=True)
     dist.init_process_group("gloo")
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(make_model(args.hidden))
+    model = nn.parallel.DistributedDataParallel(make_model("mlp", args.hidden))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     start = 0
     if os.path.exists(args.checkpoint):

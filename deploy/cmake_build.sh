@@ -2,7 +2,8 @@
 # Builds gradsync with CMake and Ninja: the same libraries, binaries and tests
 # as the Bazel build (CMakeLists.txt), for machines without Bazel.
 #   deploy/cmake_build.sh [--build_dir=DIR] [--jobs=N] [--ctest[=REGEX]]
-#                         [--targets=A,B,...] [-DVAR=VALUE ...]
+#                         [--ctest_exclude=REGEX] [--targets=A,B,...]
+#                         [-DVAR=VALUE ...]
 #
 #   --build_dir  build tree (default build/cmake; /build/ is git-ignored and
 #                Bazel ignores it, see .bazelignore)
@@ -10,6 +11,7 @@
 #   --ctest      then run the tests with ctest (each gtest case is one ctest
 #                test); =REGEX runs only the tests whose name matches, e.g.
 #                --ctest=nccl_backend_test
+#   --ctest_exclude  with --ctest, skip the tests whose name matches (ctest -E)
 #   --targets    build only these targets (CMake names, e.g.
 #                gradsync-worker,nccl_backend_test); default: everything
 #   -D...        passed to cmake, e.g. -DGRADSYNC_WITH_NCCL=ON,
@@ -26,6 +28,7 @@ build_dir=build/cmake
 jobs=${JOBS:-2}
 run_ctest=0
 ctest_regex=
+ctest_exclude=
 targets=()
 cmake_args=()
 for arg in "$@"; do
@@ -34,6 +37,7 @@ for arg in "$@"; do
     --jobs=*) jobs=${arg#*=} ;;
     --ctest) run_ctest=1 ;;
     --ctest=*) run_ctest=1; ctest_regex=${arg#*=} ;;
+    --ctest_exclude=*) ctest_exclude=${arg#*=} ;;
     --targets=*) IFS=, read -r -a targets <<<"${arg#*=}" ;;
     -D*) cmake_args+=("$arg") ;;
     *) echo "cmake_build: unknown argument '$arg' (see the header of $0)" >&2; exit 2 ;;
@@ -60,6 +64,7 @@ junit="$build_dir/ctest-junit.xml"
 rm -f "$junit"
 ctest_args=(--test-dir "$build_dir" -j "$jobs" --output-on-failure --output-junit "$(basename "$junit")")
 [ -n "$ctest_regex" ] && ctest_args+=(-R "$ctest_regex")
+[ -n "$ctest_exclude" ] && ctest_args+=(-E "$ctest_exclude")
 status=0
 ctest "${ctest_args[@]}" || status=$?
 # Counts from ctest's JUnit report (one test case per gtest case).

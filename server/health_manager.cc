@@ -18,6 +18,8 @@ constexpr int kMaxEvents = 256;
 constexpr int kMaxBuckets = 4096;
 constexpr size_t kMaxErrorBytes = 4096;
 constexpr size_t kMaxNameBytes = 64;
+constexpr absl::string_view kStreamBroke =
+    "heartbeat stream broke (process killed or connection lost)";
 
 absl::Status ValidateMemberRef(const v1::MemberRef& member) {
   GS_RETURN_IF_ERROR(ValidateJobId(member.job_id()));
@@ -149,7 +151,10 @@ HealthManager::HealthManager(JobManager* jobs, Clock* clock,
 HealthManager::~HealthManager() = default;
 
 std::unique_ptr<HealthManager::Session> HealthManager::NewSession() {
-  return std::make_unique<Session>();
+  static std::atomic<uint64_t> next_id{1};
+  auto session = std::make_unique<Session>();
+  session->id = next_id.fetch_add(1, std::memory_order_relaxed);
+  return session;
 }
 
 absl::Status HealthManager::CheckRound(const v1::MemberRef& member,
@@ -215,6 +220,8 @@ HealthManager::FindOrStart(const v1::MemberRef& member,
                           ? FromProtoDuration(c.hang_timeout())
                           : config_.hang_timeout;
   job->late_after = job->interval * config_.shedding.late_ratio;
+  job->reconnect_grace =
+      config_.reconnect_grace.value_or(job->interval * job->missed);
   const size_t world = round.incarnations.size();
   const absl::Time now = clock_->Now();
   job->not_lost_before = now + grace_windows * job->interval * job->missed;
@@ -361,12 +368,23 @@ absl::StatusOr<bool> HealthManager::Heartbeat(Session* session,
     return absl::AbortedError(RoundOver(job->job_id, job->round));
   }
   MemberHealth& m = job->members[session->rank];
+  // Lateness is measured between heartbeats of one stream: the first one on
+  // a new stream waited for the reconnection, not for the coordinator.
+  const bool same_stream = m.stream == session->id;
+  if (!same_stream) {
+    if (m.stream_broke != absl::InfiniteFuture() &&
+        m.state == v1::MEMBER_STATE_ACTIVE) {
+      job->reconnected.push_back(session->rank);  // logged by PollJob
+    }
+    m.stream = session->id;
+    m.stream_broke = absl::InfiniteFuture();
+  }
   const v1::WorkerMetrics& in = request->metrics();
   // For the shedder: was this heartbeat handled late after the member's
   // previous one, judged by the interval the member was asked for?
   HeartbeatShedder::Counts& load = job->load;
   ++load.heartbeats;
-  if (m.heard) {
+  if (m.heard && same_stream) {
     const bool late = now - m.last_seen > job->late_after * m.allowed_factor;
     ++load.samples;
     load.late += late ? 1 : 0;
@@ -525,6 +543,7 @@ void HealthManager::ReportLosses(const std::vector<Loss>& losses) {
 }
 
 absl::Status HealthManager::Transition(JobHealth* job, HealthUpdate update) {
+  if (IsTerminal(update.job_state)) AddBrokenStreams(job, &update);
   absl::Status recorded = jobs_->RecordHealth(job->job_id, job->round, update);
   if (!recorded.ok()) {
     // The round ended meanwhile: superseded (RoundEnded is on its way) or
@@ -582,29 +601,75 @@ void HealthManager::StreamBroken(Session* session) {
   {
     absl::MutexLock lock(&job->mu);
     MemberHealth& m = job->members[session->rank];
-    if (m.state != v1::MEMBER_STATE_ACTIVE) return;
-    const std::string why =
-        "heartbeat stream broke (process killed or connection lost)";
+    // A member that never heartbeated on this stream, or did so on a newer
+    // one since, lost nothing.
+    if (m.state != v1::MEMBER_STATE_ACTIVE || m.stream != session->id) return;
+    const std::string who =
+        absl::StrCat("rank ", session->rank, " (", m.host, ")");
     if (!job->detecting()) {
       // The round was superseded (or ended) before this member's stream
       // broke: nothing to record, but a re-forming round need not wait.
       if (!job->live() && job->policy != v1::FAILURE_POLICY_FAIL) {
         losses.push_back(Loss{job->job_id, job->round, session->rank,
-                              absl::StrCat("rank ", session->rank, " (",
-                                           m.host, ") lost: ", why),
+                              absl::StrCat(who, " lost: ", kStreamBroke),
                               absl::ZeroDuration()});
       }
+    } else if (job->reconnect_grace > absl::ZeroDuration()) {
+      m.stream_broke = clock_->Now();
+      job->broke.push_back(session->rank);  // logged by PollJob
     } else {
       HealthUpdate update;
-      update.members.push_back({session->rank, v1::MEMBER_STATE_LOST, why});
-      ApplyPolicy(job,
-                  absl::StrCat("rank ", session->rank, " (", m.host,
-                               ") lost: ", why),
-                  &update, &losses);
+      update.members.push_back(
+          {session->rank, v1::MEMBER_STATE_LOST, std::string(kStreamBroke)});
+      ApplyPolicy(job, absl::StrCat(who, " lost: ", kStreamBroke), &update,
+                  &losses);
       Transition(job, std::move(update)).IgnoreError();  // it logs why not
     }
   }
   ReportLosses(losses);
+}
+
+void HealthManager::AddBrokenStreams(JobHealth* job, HealthUpdate* update) {
+  std::vector<int> broken;
+  for (size_t r = 0; r < job->members.size(); ++r) {
+    const MemberHealth& m = job->members[r];
+    if (m.state != v1::MEMBER_STATE_ACTIVE ||
+        m.stream_broke == absl::InfiniteFuture()) {
+      continue;
+    }
+    const bool changed = std::any_of(
+        update->members.begin(), update->members.end(),
+        [r](const HealthUpdate::MemberChange& c) {
+          return c.rank == static_cast<int>(r);
+        });
+    if (changed) continue;
+    broken.push_back(static_cast<int>(r));
+    update->members.push_back(
+        {static_cast<int>(r), v1::MEMBER_STATE_LOST,
+         absl::StrCat(kStreamBroke,
+                      " and the job ended before it heartbeat again")});
+  }
+  if (!broken.empty()) {
+    absl::StrAppend(&update->reason, " (the heartbeat stream of rank(s) ",
+                    FormatRanks(broken), " had broken before)");
+  }
+}
+
+void HealthManager::ReportBrokenStreams(JobHealth* job,
+                                        std::vector<Loss>* losses) {
+  for (size_t r = 0; r < job->members.size(); ++r) {
+    MemberHealth& m = job->members[r];
+    if (m.state != v1::MEMBER_STATE_ACTIVE ||
+        m.stream_broke == absl::InfiniteFuture()) {
+      continue;
+    }
+    m.stream_broke = absl::InfiniteFuture();
+    if (job->policy == v1::FAILURE_POLICY_FAIL) continue;
+    losses->push_back(Loss{job->job_id, job->round, static_cast<int>(r),
+                           absl::StrCat("rank ", r, " (", m.host,
+                                        ") lost: ", kStreamBroke),
+                           absl::ZeroDuration()});
+  }
 }
 
 absl::StatusOr<v1::JobState> HealthManager::ReportCompletion(
@@ -717,6 +782,7 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now, int factor,
   if (job->superseded.load()) {
     job->current = false;
     ++job->generation;
+    ReportBrokenStreams(job, losses);
     return;
   }
   if (!job->detecting()) return;
@@ -730,6 +796,7 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now, int factor,
       std::min(allowance, limit * config_.shedding.max_factor);
   // Below both bounds a member is neither overdue nor lost (most are).
   const absl::Duration quiet = std::min(job->late_after, limit);
+  LogReconnects(job);
   if (now < job->not_lost_before) {
     DiagnoseHang(job, now);
     return;
@@ -742,8 +809,18 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now, int factor,
     ++active;
     const absl::Duration silent_for = now - m.last_seen;
     if (m.heard) ++backlog->members;
-    if (silent_for <= quiet) continue;
     const int slowdown = std::max(factor, m.allowed_factor);
+    if (m.stream_broke != absl::InfiniteFuture()) {
+      // In its reconnect grace: only the grace decides.
+      const absl::Duration grace = job->reconnect_grace * slowdown;
+      if (now - m.stream_broke <= grace) continue;
+      update.members.push_back(
+          {static_cast<int>(r), v1::MEMBER_STATE_LOST,
+           absl::StrCat(kStreamBroke, " and it did not heartbeat again within ",
+                        absl::FormatDuration(grace))});
+      continue;
+    }
+    if (silent_for <= quiet) continue;
     if (m.heard && silent_for > job->late_after * slowdown) ++backlog->overdue;
     if (silent_for <= limit * slowdown + extra) continue;
     const std::string silent = absl::FormatDuration(
@@ -783,6 +860,23 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now, int factor,
     Transition(job, std::move(update)).IgnoreError();  // it logs why not
   }
   DiagnoseHang(job, now);
+}
+
+void HealthManager::LogReconnects(JobHealth* job) {
+  if (!job->broke.empty()) {
+    GS_LOG(INFO) << "job '" << job->job_id << "' round " << job->round
+                 << ": the heartbeat stream of rank(s) "
+                 << FormatRanks(job->broke)
+                 << " broke; each is LOST unless it heartbeats again within "
+                 << absl::FormatDuration(job->reconnect_grace);
+    job->broke.clear();
+  }
+  if (!job->reconnected.empty()) {
+    GS_LOG(INFO) << "job '" << job->job_id << "' round " << job->round
+                 << ": rank(s) " << FormatRanks(job->reconnected)
+                 << " heartbeat again on a new stream, inside their grace";
+    job->reconnected.clear();
+  }
 }
 
 void HealthManager::DiagnoseHang(JobHealth* job, absl::Time now) {
@@ -856,6 +950,15 @@ void HealthManager::Describe(v1::JobStatus* status, bool with_buckets) const {
     }
     if (m.lag > absl::ZeroDuration()) {
       *out->mutable_lag() = ToProtoDuration(m.lag);
+    }
+    if (m.state == v1::MEMBER_STATE_ACTIVE &&
+        m.stream_broke != absl::InfiniteFuture()) {
+      out->set_state_reason(absl::StrCat(
+          kStreamBroke, " at ",
+          absl::FormatTime("%H:%M:%E3S UTC", m.stream_broke,
+                           absl::UTCTimeZone()),
+          ": LOST unless it heartbeats again within ",
+          absl::FormatDuration(job->reconnect_grace)));
     }
   }
   *status->mutable_diagnosis() = job->diagnosis;

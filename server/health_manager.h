@@ -25,12 +25,23 @@
 //    it has been behind, or the longest its queues held heartbeats; at most
 //    missed x interval x max_factor): so at most 2 x missed x interval x
 //    max_factor after its last heartbeat was handled. The allowance covers
-//    the onset too, before any member was told to slow down. A broken
-//    stream is still LOST at once.
+//    the onset too, before any member was told to slow down.
 //  - Describe() reports it in the diagnosis (JobDiagnosis.overload), and
 //    shedding() gives the state for metrics.
 // Heartbeats already queued in a connection when a member stops are still
 // read, and count, before its silence does.
+//
+// A broken heartbeat stream (a killed process, or a connection reset, proxy
+// restart or keepalive timeout) starts the member's reconnect grace
+// (HealthConfig::reconnect_grace; the job's missed-heartbeat window by
+// default, stretched by the shedding factor like the silence limit): a
+// heartbeat on a new stream within it keeps the member's place, silently;
+// past it the member is LOST. The silence limit does not apply meanwhile.
+// A stream that breaks after a newer one of the same member heartbeated
+// changes nothing. When the round is superseded (its survivors rejoined,
+// most often because a collective with the broken member failed), members
+// in their grace are reported lost at once, so the round that replaces it
+// does not wait for them.
 //
 // Hot path: a heartbeat takes one per-job lock and swaps the reported metrics
 // into the member's slot (no allocation in steady state); low-rate state
@@ -42,6 +53,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +77,10 @@ struct HealthConfig {
   int missed_heartbeats = 3;
   absl::Duration straggler_threshold = absl::Milliseconds(100);
   absl::Duration hang_timeout = absl::Seconds(30);
+  // How long a member whose heartbeat stream broke may take to heartbeat
+  // again on a new one before it is LOST; unset: the job's missed-heartbeat
+  // window (interval x missed heartbeats); zero: LOST at once.
+  std::optional<absl::Duration> reconnect_grace;
   // Slowing heartbeats down past the coordinator's capacity.
   HeartbeatSheddingConfig shedding;
 };
@@ -90,7 +106,8 @@ class HealthManager {
     int rank = 0;
     std::string reason;  // "rank 2 (host) lost: heartbeat stream broke ..."
     // How long the member had been silent when it was found lost; zero
-    // when its stream broke.
+    // when its stream broke and its round was already re-forming (or there
+    // is no reconnect grace).
     absl::Duration detection;
   };
   // Told about every such loss, without any of the manager's locks held;
@@ -130,7 +147,8 @@ class HealthManager {
                                  v1::HeartbeatResponse* response);
 
   // The stream of `session` broke (cancelled, connection reset): its member
-  // is LOST unless it already exited or detection is stopped.
+  // starts its reconnect grace (LOST at once without one), unless it already
+  // exited, heartbeats on a newer stream, or detection is stopped.
   void StreamBroken(Session* session);
 
   // Records a member's completion; returns the job's state after it.
@@ -242,6 +260,11 @@ class HealthManager {
     // have been waiting on the older interval), then the last told.
     int told_factor = 1;
     int allowed_factor = 1;
+    // Session::id of the stream it last heartbeated on (0: none yet).
+    uint64_t stream = 0;
+    // When that stream broke; InfiniteFuture while it is fine. The member
+    // is LOST once the job's reconnect grace passed since.
+    absl::Time stream_broke = absl::InfiniteFuture();
   };
   // The first fingerprint reported for one collective sequence number.
   struct CollectiveSlot {
@@ -266,6 +289,8 @@ class HealthManager {
     v1::FailurePolicy policy = v1::FAILURE_POLICY_DEGRADE;
     absl::Duration straggler_threshold;
     absl::Duration hang_timeout;
+    // How long a member whose stream broke may take to heartbeat again.
+    absl::Duration reconnect_grace;
     // A heartbeat later than this x its member's factor after the member's
     // previous one is late (interval x the shedder's late_ratio).
     absl::Duration late_after;
@@ -295,6 +320,10 @@ class HealthManager {
     v1::JobDiagnosis diagnosis ABSL_GUARDED_BY(mu);
     // Heartbeats counted for the shedder since the last Poll.
     HeartbeatShedder::Counts load ABSL_GUARDED_BY(mu);
+    // Ranks whose stream broke, and ranks that heartbeated again in their
+    // grace, since the last Poll (which logs them, one line each).
+    std::vector<int> broke ABSL_GUARDED_BY(mu);
+    std::vector<int> reconnected ABSL_GUARDED_BY(mu);
 
     // Set by RoundEnded the moment the rendezvous supersedes the round, so
     // its members are turned away at once; the next Poll clears `current`.
@@ -359,8 +388,18 @@ class HealthManager {
   // state; empty when the coordinator keeps up.
   std::string OverloadText(const HeartbeatShedder::State& state,
                            absl::Duration interval, int missed) const;
+  // When the job ends: its members still in their reconnect grace are
+  // LOST (no round is left to reconnect to); the reason names them.
+  void AddBrokenStreams(JobHealth* job, HealthUpdate* update)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // A superseded round's members whose stream broke, as losses (the round
+  // replacing it need not wait for them).
+  void ReportBrokenStreams(JobHealth* job, std::vector<Loss>* losses)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // Tells on_loss_ about `losses`; no lock held.
   void ReportLosses(const std::vector<Loss>& losses);
+  // Logs (and clears) the job's broken streams and reconnections.
+  void LogReconnects(JobHealth* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // Sets or clears the hang diagnosis.
   void DiagnoseHang(JobHealth* job, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
@@ -395,6 +434,7 @@ class HealthManager {
 class HealthManager::Session {
  private:
   friend class HealthManager;
+  uint64_t id = 0;  // unique per stream (NewSession); 0 for a one-off call
   std::shared_ptr<JobHealth> job;
   std::string job_id;
   int64_t round = 0;

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -47,6 +48,12 @@ ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1),
 ABSL_FLAG(int, missed_heartbeats, 3,
           "a member that misses this many heartbeat intervals is LOST (jobs "
           "may set their own)");
+ABSL_FLAG(std::optional<absl::Duration>, reconnect_grace, std::nullopt,
+          "how long a member whose heartbeat stream broke (a killed process, "
+          "or a connection reset or proxy restart) may take to heartbeat "
+          "again on a new stream before it is LOST; unset: the job's "
+          "missed-heartbeat window (interval x missed heartbeats); 0: LOST at "
+          "once");
 ABSL_FLAG(absl::Duration, straggler_threshold, absl::Milliseconds(100),
           "a rank whose first gradient bucket is consistently later than the "
           "earliest rank's by more than this is flagged as a straggler");
@@ -259,6 +266,7 @@ int main(int argc, char** argv) {
   config.health.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
   config.health.straggler_threshold = absl::GetFlag(FLAGS_straggler_threshold);
   config.health.hang_timeout = absl::GetFlag(FLAGS_hang_timeout);
+  config.health.reconnect_grace = absl::GetFlag(FLAGS_reconnect_grace);
   config.health.shedding.enabled = absl::GetFlag(FLAGS_shed_heartbeats);
   config.health.shedding.max_factor = absl::GetFlag(FLAGS_max_heartbeat_slowdown);
   config.max_heartbeat_rate = absl::GetFlag(FLAGS_max_heartbeat_rate);
@@ -275,9 +283,12 @@ int main(int argc, char** argv) {
       config.health.missed_heartbeats < 1 || config.retention < absl::ZeroDuration() ||
       config.shutdown_grace < absl::ZeroDuration() ||
       config.max_streams_per_connection < 0 ||
-      config.health.shedding.max_factor < 1 || config.max_heartbeat_rate < 0) {
+      config.health.shedding.max_factor < 1 || config.max_heartbeat_rate < 0 ||
+      config.health.reconnect_grace.value_or(absl::ZeroDuration()) <
+          absl::ZeroDuration()) {
     GS_LOG(ERROR) << "--heartbeat_interval must be > 0, --missed_heartbeats "
                      ">= 1, --retention >= 0, --shutdown_grace >= 0, "
+                     "--reconnect_grace >= 0, "
                      "--max_streams_per_connection >= 0, "
                      "--max_heartbeat_slowdown >= 1 and --max_heartbeat_rate "
                      ">= 0";

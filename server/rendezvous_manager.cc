@@ -532,12 +532,13 @@ void RendezvousManager::JoinLocked(JobRendezvous* job,
         completions->emplace_back(std::move(done), m.assignment);
         return;
       }
+      const bool planned = !job->reform_reason.empty();
       SupersedeLocked(
-          job, !job->reform_reason.empty()
-                   ? job->reform_reason
-                   : absl::StrCat("rank ", m.assignment.rank(), " (",
-                                  DescribeProcess(m.node),
-                                  ") rejoined after round ", job->round));
+          job, planned ? job->reform_reason
+                       : absl::StrCat("rank ", m.assignment.rank(), " (",
+                                      DescribeProcess(m.node),
+                                      ") rejoined after round ", job->round));
+      job->cause_is_rejoin = !planned;
     } else if (job->node_rank_by_node.contains(node.node_id())) {
       SupersedeLocked(job, absl::StrCat(DescribeProcess(node),
                                         " restarted: a new process joined "
@@ -601,6 +602,7 @@ void RendezvousManager::SupersedeLocked(JobRendezvous* job,
   const std::string& job_id = job->config.job_id();
   job->running = false;
   job->reform_reason.clear();
+  job->cause_is_rejoin = false;
   v1::Recovery& recovery = job->recovery.emplace();
   recovery.set_failed_round(job->round);
   recovery.set_cause(reason);
@@ -713,7 +715,14 @@ void RendezvousManager::MemberLost(const std::string& job_id, int64_t round,
         rank >= static_cast<int>(job->node_of_rank.size())) {
       return;
     }
-    if (job->running) SupersedeLocked(job, reason, detection);
+    if (job->running) {
+      SupersedeLocked(job, reason, detection);
+    } else if (job->cause_is_rejoin && job->recovery.has_value()) {
+      // The survivors rejoined first; this loss is why.
+      job->recovery->set_cause(reason);
+      *job->recovery->mutable_detection() = ToProtoDuration(detection);
+      job->cause_is_rejoin = false;
+    }
     const std::string& node_id = job->node_of_rank[rank];
     if (job->awaited_nodes.erase(node_id) > 0) {
       GS_LOG(INFO) << "job '" << job_id << "': round " << round + 1

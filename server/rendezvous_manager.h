@@ -182,6 +182,10 @@ class RendezvousManager {
     // Set when `round` is superseded; completed and recorded when the next
     // round closes.
     std::optional<v1::Recovery> recovery;
+    // Whether `recovery`'s cause is only that a survivor rejoined: a member
+    // of the round found lost before the next round closes (most often the
+    // one whose failure made the survivors rejoin) becomes the cause.
+    bool cause_is_rejoin = false;
     // While `round` runs: why its members were asked to re-form at a step
     // boundary (a node waits to join); empty when they were not.
     std::string reform_reason;

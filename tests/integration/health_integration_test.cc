@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -171,6 +172,33 @@ class HealthIntegrationTest : public ::testing::Test {
     return status.ok() ? *status : v1::JobStatus();
   }
 
+  // Waits until the coordinator has seen the stream of `rank` break (the
+  // member, still ACTIVE, is in its reconnect grace).
+  bool InGrace(const std::string& job, int rank) {
+    return Eventually([&] {
+      const v1::JobStatus status = Job(job);
+      return status.members_size() > rank &&
+             status.members(rank).state() == v1::MEMBER_STATE_ACTIVE &&
+             absl::StrContains(status.members(rank).state_reason(),
+                               "heartbeat stream broke");
+    });
+  }
+
+  // Steps the fake clock `seconds` times by 1 s; after each step `stream`
+  // heartbeats for `member` and the coordinator has handled it.
+  void AdvanceBeating(int seconds, HeartbeatStream* stream,
+                      const v1::Assignment& member) {
+    for (int i = 0; i < seconds; ++i) {
+      clock_.Advance(absl::Seconds(1));
+      ASSERT_TRUE(stream->Send(Heartbeat(member)));
+      ASSERT_TRUE(Eventually([&] {
+        return FromProtoTime(
+                   Job(member.job_id()).members(member.rank()).last_seen()) ==
+               clock_.Now();
+      }));
+    }
+  }
+
   FakeClock clock_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<CoordinatorClient> client_;
@@ -250,20 +278,32 @@ TEST_F(HealthIntegrationTest, SilentMemberIsLostAfterThreeIntervals) {
   EXPECT_EQ(s0->ended()->code(), absl::StatusCode::kAborted) << *s0->ended();
 }
 
-TEST_F(HealthIntegrationTest, BrokenStreamIsLostAtOnceAndClosedStreamIsNot) {
+TEST_F(HealthIntegrationTest, BrokenStreamIsLostAfterTheGraceAndClosedIsNot) {
   std::vector<v1::Assignment> a = JoinAll("broken", 2);
   std::vector<std::unique_ptr<Beater>> beaters = StartBeating(a);
-  // A clean close (half-close, then the coordinator's OK) marks nothing.
+  // A clean close (half-close, then the coordinator's OK) starts no grace;
+  // the member goes on on a new stream.
   EXPECT_TRUE(beaters[0]->stream->Close(kPromptly).ok());
+  beaters[0] = std::move(StartBeating({a[0]})[0]);
   // Destroying an open stream cancels it, as a killed process's would be.
   beaters[1]->stream.reset();
+  ASSERT_TRUE(InGrace("broken", 1));
+  EXPECT_THAT(Job("broken").members(1).state_reason(),
+              HasSubstr("LOST unless it heartbeats again within 3s"));
+  EXPECT_THAT(Job("broken").members(0).state_reason(),
+              ::testing::Not(HasSubstr("stream broke")));
+  AdvanceBeating(3, beaters[0]->stream.get(), a[0]);
+  EXPECT_EQ(Job("broken").state(), v1::JOB_STATE_RUNNING) << "in the grace";
+  clock_.Advance(absl::Milliseconds(100));
   // LOST first (the job DEGRADED), then WAITING once the rendezvous has
   // superseded the round for rank 0 to re-form it.
   ASSERT_TRUE(Eventually(
       [&] { return Job("broken").state() == v1::JOB_STATE_WAITING; }));
   v1::JobStatus job = Job("broken");
   EXPECT_EQ(job.members(1).state(), v1::MEMBER_STATE_LOST);
-  EXPECT_THAT(job.members(1).state_reason(), HasSubstr("stream broke"));
+  EXPECT_THAT(job.members(1).state_reason(),
+              HasSubstr("stream broke (process killed or connection lost) and "
+                        "it did not heartbeat again within 3s"));
   EXPECT_EQ(job.members(0).state(), v1::MEMBER_STATE_ACTIVE);
   EXPECT_EQ(job.state(), v1::JOB_STATE_WAITING) << "re-forming without rank 1";
   EXPECT_THAT(job.reason(), HasSubstr("lost: heartbeat stream broke"));
@@ -307,6 +347,46 @@ class NodeAnswers {
   std::map<int, std::vector<v1::MemberHeartbeatResponse>> by_rank_
       ABSL_GUARDED_BY(mu_);
 };
+
+// A blip (a proxy restart, reset connections) breaks every member's stream
+// at once; each heartbeats again on a new stream 2 s later, inside the
+// reconnect grace (3 s): at 1,000 members nobody is LOST and the job does
+// not re-form. A one-member job whose stream breaks at the same moment and
+// stays away is LOST once the grace ends, which shows detection ran past it.
+TEST_F(HealthIntegrationTest, BlipsShorterThanTheGraceLoseNobodyAt1000Members) {
+  constexpr int kWorld = 1000;
+  std::vector<v1::Assignment> sentinel = JoinAll("sentinel", 1);
+  std::vector<std::unique_ptr<Beater>> sentinel_beater = StartBeating(sentinel);
+  std::vector<v1::Assignment> a = JoinAll("blips", kWorld);
+  std::vector<std::unique_ptr<Beater>> beaters = StartBeating(a);
+
+  sentinel_beater.clear();  // cancelled, as by a reset
+  beaters.clear();
+  ASSERT_TRUE(InGrace("sentinel", 0));
+  ASSERT_TRUE(Eventually([&] {
+    const v1::JobStatus job = Job("blips");
+    for (const v1::Member& m : job.members()) {
+      if (!absl::StrContains(m.state_reason(), "stream broke")) return false;
+    }
+    return true;
+  }));
+  clock_.Advance(absl::Seconds(2));
+  beaters = StartBeating(a);  // reconnected
+  clock_.Advance(absl::Milliseconds(1500));
+  ASSERT_TRUE(Eventually([&] {
+    return Job("sentinel").members(0).state() == v1::MEMBER_STATE_LOST;
+  }));
+  const v1::JobStatus job = Job("blips");
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.round(), 1);
+  EXPECT_EQ(job.recovery_count(), 0);
+  int active = 0;
+  for (const v1::Member& m : job.members()) {
+    active += m.state() == v1::MEMBER_STATE_ACTIVE ? 1 : 0;
+    EXPECT_THAT(m.state_reason(), ::testing::Not(HasSubstr("stream broke")));
+  }
+  EXPECT_EQ(active, kWorld);
+}
 
 TEST_F(HealthIntegrationTest, NodeStreamAnswersEachMemberAndAnErrorEndsOnlyItsPlace) {
   std::vector<v1::Assignment> a = JoinAll("node", 3);
@@ -385,6 +465,13 @@ TEST_F(HealthIntegrationTest, BrokenNodeStreamLosesItsMembersButNotClosedOnes) {
   ASSERT_TRUE(answers.WaitFor(1));
   EXPECT_EQ(Job("node-broken").state(), v1::JOB_STATE_RUNNING);
   stream.reset();  // cancels it
+  ASSERT_TRUE(InGrace("node-broken", 1));
+  EXPECT_THAT(Job("node-broken").members(0).state_reason(),
+              ::testing::Not(HasSubstr("stream broke")));
+  Beater zero;  // rank 0 heartbeats on through the grace
+  zero.stream = client_->OpenHeartbeatStream(zero.answers.Callback());
+  AdvanceBeating(3, zero.stream.get(), a[0]);
+  clock_.Advance(absl::Milliseconds(100));
   ASSERT_TRUE(Eventually(
       [&] { return Job("node-broken").state() == v1::JOB_STATE_WAITING; }));
   v1::JobStatus job = Job("node-broken");

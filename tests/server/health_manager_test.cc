@@ -183,29 +183,106 @@ TEST_F(HealthManagerTest, PerJobIntervalOverridesTheDefault) {
   EXPECT_EQ(Status().state(), v1::JOB_STATE_DEGRADED);
 }
 
-TEST_F(HealthManagerTest, BrokenStreamIsLostAtOnce) {
+TEST_F(HealthManagerTest, BrokenStreamIsLostWhenItDoesNotReconnectInTheGrace) {
   StartJob(2);
   BeatAll();
   health_.StreamBroken(sessions_[1].get());
+  // The grace is the missed-heartbeat window (3 x 1 s); rank 0 beats on.
+  for (int i = 0; i < 3; ++i) {
+    Advance(absl::Seconds(1));
+    ASSERT_TRUE(Beat(0).ok());
+  }
+  EXPECT_EQ(Status().members(1).state(), v1::MEMBER_STATE_ACTIVE);
+  Advance(absl::Milliseconds(10));
   v1::JobStatus status = Status();
   EXPECT_EQ(status.members(1).state(), v1::MEMBER_STATE_LOST);
   EXPECT_THAT(status.members(1).state_reason(),
-              HasSubstr("heartbeat stream broke"));
+              HasSubstr("heartbeat stream broke (process killed or connection "
+                        "lost) and it did not heartbeat again within 3s"));
   EXPECT_EQ(status.state(), v1::JOB_STATE_DEGRADED);
+}
+
+TEST_F(HealthManagerTest, AMemberThatReconnectsWithinTheGraceKeepsItsPlace) {
+  StartJob(2, v1::FAILURE_POLICY_RECOVER);
+  BeatAll();
+  health_.StreamBroken(sessions_[1].get());
+  Advance(absl::Seconds(1));
+  ASSERT_TRUE(Beat(0).ok());
+  Advance(absl::Seconds(1));
+  sessions_[1] = HealthManager::NewSession();  // the worker reconnected
+  ASSERT_TRUE(Beat(1).ok());
+  for (int i = 0; i < 10; ++i) {
+    Advance(absl::Seconds(1));
+    BeatAll();
+  }
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(status.members(1).state(), v1::MEMBER_STATE_ACTIVE);
+  EXPECT_THAT(losses_, IsEmpty());
+  // Its new stream has a grace of its own.
+  health_.StreamBroken(sessions_[1].get());
+  Advance(absl::Seconds(2));
+  ASSERT_TRUE(Beat(0).ok());
+  Advance(absl::Seconds(1) + absl::Milliseconds(10));
+  EXPECT_EQ(Status().members(1).state(), v1::MEMBER_STATE_LOST);
+  ASSERT_EQ(losses_.size(), 1u);
+  EXPECT_EQ(losses_[0].rank, 1);
+}
+
+TEST_F(HealthManagerTest, AnOldStreamBreakingAfterANewOneBeatChangesNothing) {
+  StartJob(2);
+  BeatAll();
+  // The worker saw its stream fail first and heartbeats on a new one; the
+  // coordinator notices the old one's end only later.
+  std::unique_ptr<HealthManager::Session> old = std::move(sessions_[1]);
+  ASSERT_TRUE(Beat(1).ok());
+  health_.StreamBroken(old.get());
+  for (int i = 0; i < 10; ++i) {
+    Advance(absl::Seconds(1));
+    BeatAll();
+  }
+  EXPECT_EQ(Status().members(1).state(), v1::MEMBER_STATE_ACTIVE);
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(HealthManagerTest, WithoutAGraceABrokenStreamIsLostAtOnce) {
+  StartJob(2, v1::FAILURE_POLICY_RECOVER);
+  HealthConfig config;
+  config.reconnect_grace = absl::ZeroDuration();
+  std::vector<HealthManager::Loss> losses;
+  HealthManager health(&jobs_, &clock_, config,
+                       [&](const HealthManager::Loss& l) { losses.push_back(l); });
+  std::unique_ptr<HealthManager::Session> session = HealthManager::NewSession();
+  v1::HeartbeatRequest request;
+  *request.mutable_member() = Ref(1);
+  v1::HeartbeatResponse response;
+  ASSERT_TRUE(health.Heartbeat(session.get(), &request, &response).ok());
+  health.StreamBroken(session.get());
+  ASSERT_EQ(losses.size(), 1u);
+  EXPECT_EQ(losses[0].detection, absl::ZeroDuration());
+  EXPECT_THAT(losses[0].reason,
+              HasSubstr("rank 1 (host-1) lost: heartbeat stream broke"));
 }
 
 TEST_F(HealthManagerTest, LossesUnderRecoverAreReportedToTheCallback) {
   StartJob(3, v1::FAILURE_POLICY_RECOVER);
   BeatAll();
   health_.StreamBroken(sessions_[1].get());
+  EXPECT_THAT(losses_, IsEmpty()) << "in its reconnect grace";
+  Advance(absl::Seconds(2));
+  ASSERT_TRUE(Beat(0).ok());
+  ASSERT_TRUE(Beat(2).ok());
+  Advance(absl::Seconds(1) + absl::Milliseconds(10));
   ASSERT_EQ(losses_.size(), 1u);
   EXPECT_EQ(losses_[0].job_id, kJob);
   EXPECT_EQ(losses_[0].round, 1);
   EXPECT_EQ(losses_[0].rank, 1);
   EXPECT_THAT(losses_[0].reason,
               HasSubstr("rank 1 (host-1) lost: heartbeat stream broke"));
+  EXPECT_EQ(losses_[0].detection, absl::Seconds(3) + absl::Milliseconds(10))
+      << "silent since its last heartbeat";
   // A silent member is reported once, when it is found lost.
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 3; ++i) {
     Advance(absl::Seconds(1));
     ASSERT_TRUE(Beat(0).ok());
   }
@@ -231,10 +308,30 @@ TEST_F(HealthManagerTest, FailPolicyReportsNoLoss) {
   StartJob(2, v1::FAILURE_POLICY_FAIL);
   BeatAll();
   health_.StreamBroken(sessions_[1].get());
+  Advance(absl::Seconds(2));
+  ASSERT_TRUE(Beat(0).ok());
+  Advance(absl::Seconds(1) + absl::Milliseconds(10));
   EXPECT_EQ(Status().state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(losses_, IsEmpty());
   ASSERT_EQ(ended_.size(), 1u);
   EXPECT_THAT(ended_[0], HasSubstr("failed: rank 1 (host-1) lost"));
+}
+
+TEST_F(HealthManagerTest, AMemberInItsGraceWhenTheJobFailsIsLost) {
+  StartJob(2, v1::FAILURE_POLICY_FAIL);
+  BeatAll();
+  // Rank 1 was killed; rank 0's collective with it failed and it exits.
+  health_.StreamBroken(sessions_[1].get());
+  ASSERT_TRUE(Complete(0, false, 1, "gloo allreduce: connection reset").ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(status.reason(),
+              HasSubstr("rank 0 (host-0) failed with exit code 1: gloo "
+                        "allreduce: connection reset (the heartbeat stream of "
+                        "rank(s) 1 had broken before)"));
+  EXPECT_EQ(status.members(1).state(), v1::MEMBER_STATE_LOST);
+  EXPECT_THAT(status.members(1).state_reason(),
+              HasSubstr("and the job ended before it heartbeat again"));
 }
 
 TEST_F(HealthManagerTest, StreamBreakingAfterTheRoundWasSupersededIsReported) {
@@ -249,6 +346,26 @@ TEST_F(HealthManagerTest, StreamBreakingAfterTheRoundWasSupersededIsReported) {
   EXPECT_EQ(losses_[0].rank, 1);
   EXPECT_EQ(losses_[0].round, 1);
   EXPECT_EQ(Status().state(), v1::JOB_STATE_WAITING) << "nothing recorded";
+}
+
+TEST_F(HealthManagerTest, SupersedingReportsMembersInTheirGraceAtOnce) {
+  StartJob(3, v1::FAILURE_POLICY_RECOVER);
+  BeatAll();
+  // Rank 1 was killed: its stream broke, then the survivors' collective
+  // failed and they rejoined.
+  health_.StreamBroken(sessions_[1].get());
+  Advance(absl::Milliseconds(10));
+  EXPECT_THAT(losses_, IsEmpty());
+  Supersede(1, "rank 0 rejoined");
+  Advance(absl::Milliseconds(10));
+  ASSERT_EQ(losses_.size(), 1u);
+  EXPECT_EQ(losses_[0].rank, 1);
+  EXPECT_EQ(losses_[0].round, 1);
+  EXPECT_EQ(losses_[0].detection, absl::ZeroDuration());
+  EXPECT_THAT(losses_[0].reason,
+              HasSubstr("rank 1 (host-1) lost: heartbeat stream broke"));
+  Advance(absl::Seconds(10));
+  EXPECT_EQ(losses_.size(), 1u) << "reported once";
 }
 
 TEST_F(HealthManagerTest, BrokenStreamsDuringShutdownMarkNothing) {
@@ -291,6 +408,11 @@ TEST_F(HealthManagerTest, AnsweringFirstHeartbeatAndStateChangesOnly) {
   EXPECT_FALSE(*Beat(0));
   ASSERT_TRUE(Beat(1).ok());
   health_.StreamBroken(sessions_[1].get());
+  for (int i = 0; i < 3; ++i) {
+    Advance(absl::Seconds(1));
+    EXPECT_FALSE(*Beat(0)) << "nothing changed in the grace";
+  }
+  Advance(absl::Milliseconds(10));
   absl::StatusOr<bool> after = Beat(0);
   ASSERT_TRUE(after.ok());
   EXPECT_TRUE(*after);
@@ -918,16 +1040,55 @@ TEST_F(OverloadTest, AMemberThatStopsIsStillLostByTheSlowedInterval) {
   EXPECT_EQ(Lost(), 1);
 }
 
-TEST_F(OverloadTest, ABrokenStreamIsLostAtOnceWhileShedding) {
+TEST_F(OverloadTest, ABrokenStreamsGraceStretchesLikeTheSilenceLimit) {
   Start(/*shedding=*/true);
-  Run(absl::Seconds(5));
-  ASSERT_GT(health_->shedding().factor, 1);
+  Run(absl::Seconds(60));
+  ASSERT_EQ(health_->shedding().factor, 8);
+  members_[3].sending = false;  // killed: its stream broke
   health_->StreamBroken(sessions_[3].get());
+  const absl::Time broke = clock_.Now();
+  while (Status().members(3).state() == v1::MEMBER_STATE_ACTIVE &&
+         clock_.Now() - broke < absl::Seconds(60)) {
+    Step();
+  }
   v1::JobStatus status = Status();
-  EXPECT_EQ(status.members(3).state(), v1::MEMBER_STATE_LOST);
+  ASSERT_EQ(status.members(3).state(), v1::MEMBER_STATE_LOST);
+  EXPECT_GT(clock_.Now() - broke, absl::Seconds(24));
+  EXPECT_LE(clock_.Now() - broke, absl::Seconds(24) + 2 * kStep);
   EXPECT_THAT(status.members(3).state_reason(),
-              HasSubstr("heartbeat stream broke"));
+              HasSubstr("heartbeat stream broke (process killed or connection "
+                        "lost) and it did not heartbeat again within 24s"));
   EXPECT_EQ(Lost(), 1);
+}
+
+// Every member's stream breaks once (a blip: a proxy restart, a reset
+// connection) and the member heartbeats again on a new stream a random
+// time later, shorter than the grace: nobody is lost, while shedding too.
+TEST_F(OverloadTest, BlipsShorterThanTheGraceLoseNobody) {
+  Start(/*shedding=*/true);
+  Run(absl::Seconds(20));
+  ASSERT_GT(health_->shedding().factor, 1);
+  std::vector<absl::Time> back(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    // Broken at once, each back 0.1-2.9 s later (the reporter reconnects
+    // at its next heartbeat after at most 0.5 s of backoff).
+    health_->StreamBroken(sessions_[r].get());
+    back[r] = clock_.Now() + absl::Milliseconds(100 + (r * 7919) % 2800);
+    members_[r].sending = false;
+  }
+  const absl::Time end = clock_.Now() + absl::Seconds(30);
+  while (clock_.Now() < end) {
+    for (int r = 0; r < kWorld; ++r) {
+      if (!members_[r].sending && clock_.Now() >= back[r]) {
+        sessions_[r] = HealthManager::NewSession();
+        members_[r].sending = true;
+        members_[r].next_send = clock_.Now();
+      }
+    }
+    Step();
+  }
+  EXPECT_EQ(Lost(), 0);
+  EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
 }
 
 TEST_F(OverloadTest, WhenTheLoadEasesMembersGoBackToTheJobInterval) {

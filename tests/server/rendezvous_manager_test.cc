@@ -605,6 +605,34 @@ TEST_F(RendezvousManagerTest, ReturningNodesTakePlacesBeforeSpares) {
   EXPECT_EQ(status.spares(0).node().incarnation_id(), "inc-d");
 }
 
+// A killed member's stream breaks into its reconnect grace, the survivors'
+// collective fails and one of them rejoins first: the loss reported next
+// (health reports members in their grace when the round is superseded) is
+// the recovery's cause, not the rejoin.
+TEST_F(RendezvousManagerTest, ALossAfterASurvivorsRejoinBecomesTheCause) {
+  UseConfig(ConfigSpec().Min(2).Max(3));
+  JoinOutcome a, b, c;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  Join(Node("host-c", "inc-c"), &c);
+  AdvanceAndPoll(absl::Seconds(60));
+  ASSERT_TRUE(a.done() && b.done() && c.done());
+  ASSERT_EQ(b.assignment().rank(), 1);
+
+  JoinOutcome a2, c2;
+  Rejoin(Node("host-a", "inc-a"), &a2, 1, /*committed_step=*/5);
+  EXPECT_THAT(Status().reason(), HasSubstr("rejoined after round 1"));
+  rdzv_.MemberLost(kJob, 1, /*rank=*/1,
+                   "rank 1 (host-b) lost: heartbeat stream broke");
+  Rejoin(Node("host-c", "inc-c"), &c2, 1, /*committed_step=*/5);
+  ASSERT_TRUE(a2.done() && c2.done()) << "b is not waited for";
+  v1::JobStatus status = Status();
+  ASSERT_EQ(status.recoveries_size(), 1);
+  EXPECT_EQ(status.recoveries(0).cause(),
+            "rank 1 (host-b) lost: heartbeat stream broke");
+  EXPECT_EQ(status.recoveries(0).new_world_size(), 2);
+}
+
 TEST_F(RendezvousManagerTest, DescribeWaitingOfUnknownJobIsANoOp) {
   v1::JobStatus status;
   rdzv_.DescribeWaiting("nope", &status);

@@ -277,8 +277,9 @@ TEST_P(KilledRankTest, FailsTheOthersWithinTheTimeout) {
 
   rank1->Signal(SIGKILL);
   const absl::Time killed = absl::Now();
-  // The coordinator marks the killed rank LOST: at once when its heartbeat
-  // stream breaks, at the latest after 3 missed 1 s heartbeats.
+  // The coordinator marks the killed rank LOST: when rank 0's collective
+  // with it fails and the job fails (the killed rank's stream broke before),
+  // at the latest when its reconnect grace (3 s) ends.
   ClientOptions options;
   options.target = coordinator_->address();
   auto client = CoordinatorClient::Create(options);
