@@ -83,9 +83,18 @@ class KeyValue:
               metadata=self._metadata)
 
     def delete(self, key):
-        _call("delete", self._stub.Delete,
-              kv_pb2.DeleteRequest(scope=self._scope, key=key),
-              timeout=self._timeout, metadata=self._metadata)
+        """Deletes `key`; whether it existed."""
+        return _call("delete", self._stub.Delete,
+                     kv_pb2.DeleteRequest(scope=self._scope, key=key),
+                     timeout=self._timeout, metadata=self._metadata).existed
+
+    def keys(self, prefix=""):
+        """The keys that start with `prefix`, sorted."""
+        r = _call("list", self._stub.List,
+                  kv_pb2.ListRequest(scope=self._scope, prefix=prefix,
+                                     keys_only=True),
+                  timeout=self._timeout, metadata=self._metadata)
+        return [e.key for e in r.entries]
 
 
 def apply_watch_response(update, job):

@@ -42,41 +42,83 @@ def _keep(store):
     return store
 
 
+# torch 2.x raises DistStoreError (a RuntimeError) from its stores.
+_StoreErrorBase = getattr(dist, "DistStoreError", RuntimeError)
+
+
+class StoreError(_StoreErrorBase):
+    """A store call the coordinator refused or could not answer: a
+    RuntimeError (torch 2.x: DistStoreError), as torch's own stores raise.
+    `code` is the gRPC status code name."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
+
+
+class StoreTimeout(StoreError):
+    """get() or wait() gave up: the message says "timeout" and names the
+    keys still missing."""
+
+
+def _bytes(value):
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
 class Store(dist.Store):
     """A torch.distributed.Store backed by the key-value store of round
-    `round` of job `job_id` on `client`'s coordinator. get() and wait()
-    block until the keys exist, up to the store's timeout. Keep a reference
-    to a Store you hand to torch.distributed yourself for as long as its
-    process group lives (torch keeps only a C++ handle to it)."""
+    `round` of job `job_id` on `client`'s coordinator, under the prefix
+    "torch/". get() and wait() block until the keys exist, up to the store's
+    timeout (set_timeout, also through a PrefixStore over it), then raise
+    StoreTimeout; other failures raise StoreError (both RuntimeErrors).
+    Keys and values may be str or bytes; values come back as bytes. Keep a
+    reference to a Store you hand to torch.distributed yourself for as long
+    as its process group lives (torch keeps only a C++ handle to it)."""
 
     def __init__(self, client, job_id, round,
                  timeout=datetime.timedelta(minutes=5)):
         super().__init__()
         self._kv = client.kv(job_id, round)
-        self._timeout = timeout
+        self.set_timeout(timeout)  # torch's own: PrefixStore sets it there
 
-    def set_timeout(self, timeout):
-        self._timeout = timeout
+    def _do(self, fn, *args):
+        try:
+            return fn(*args)
+        except Error as e:
+            raise StoreError(f"gradsync store: {e}", e.code) from None
 
     def set(self, key, value):
-        self._kv.set(_PREFIX + key, value)
+        self._do(self._kv.set, _PREFIX + key, _bytes(value))
 
     def get(self, key):
-        self._kv.wait([_PREFIX + key], self._timeout.total_seconds())
-        return self._kv.get(_PREFIX + key)
+        self.wait([key])
+        return self._do(self._kv.get, _PREFIX + key)
 
     def add(self, key, value):
-        return self._kv.add(_PREFIX + key, value)
+        return self._do(self._kv.add, _PREFIX + key, int(value))
 
     def compare_set(self, key, expected, desired):
-        expected = bytes(expected) if expected else None
-        _, value = self._kv.compare_and_set(_PREFIX + key, expected,
-                                            bytes(desired))
-        return value if value is not None else bytes(expected or b"")
+        """As TCPStore: sets `desired` when the key holds `expected` (or is
+        absent and `expected` is empty); returns the value now stored, or
+        `expected` when the key is absent and stays so."""
+        expected = _bytes(expected)
+        _, value = self._do(self._kv.compare_and_set, _PREFIX + key,
+                            expected or None, _bytes(desired))
+        return value if value is not None else expected
 
     def wait(self, keys, timeout=None):
-        seconds = (timeout or self._timeout).total_seconds()
-        self._kv.wait([_PREFIX + k for k in keys], seconds)
+        timeout = self.timeout if timeout is None else timeout
+        seconds = timeout.total_seconds()
+        try:
+            self._kv.wait([_PREFIX + k for k in keys], seconds)
+        except Error as e:
+            if e.code != "DEADLINE_EXCEEDED":
+                raise StoreError(f"gradsync store: {e}", e.code) from None
+            missing = [k for k in keys if not self.check([k])]
+            raise StoreTimeout(
+                f"gradsync store: timeout after {seconds:g}s waiting for "
+                f"key(s) {', '.join(repr(k) for k in missing or keys)}",
+                e.code) from None
 
     def check(self, keys):
         try:
@@ -85,12 +127,21 @@ class Store(dist.Store):
         except Error as e:
             if e.code == "NOT_FOUND":
                 return False
-            raise
+            raise StoreError(f"gradsync store: {e}", e.code) from None
         return True
 
     def delete_key(self, key):
-        self._kv.delete(_PREFIX + key)
-        return True
+        """Deletes `key`; whether it existed."""
+        return self._do(self._kv.delete, _PREFIX + key)
+
+    def num_keys(self):
+        """The keys this store holds (those under its prefix)."""
+        return len(self._do(self._kv.keys, _PREFIX))
+
+    # torch 1.13's trampoline for a Python store looks these two up by their
+    # C++ names (a PrefixStore over this store calls them so).
+    getNumKeys = num_keys
+    deleteKey = delete_key
 
 
 def _int_setting(query, name, env):

@@ -1,0 +1,170 @@
+"""gradsync.torch.Store against PyTorch's Store contract: the cases of
+PyTorch's StoreTestBase (test/distributed/test_store.py) and the timeout
+behaviour torch relies on, run on the installed torch against
+gradsync.torch.Store directly and behind dist.PrefixStore, with TCPStore
+(direct and behind PrefixStore) run beside it as the control: every case
+must hold for all four."""
+import datetime
+import itertools
+import os
+import re
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import gradsync.torch as gtorch
+from conftest import running_coordinator
+from gradsync.client import Client
+from gradsync._proto import job_pb2, rendezvous_pb2, rendezvous_pb2_grpc
+
+SHORT = datetime.timedelta(milliseconds=300)
+_jobs = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def coordinator_client():
+    with running_coordinator() as address:
+        client = Client(address)
+        yield client
+        client.close()
+
+
+def _round_of_new_job(client):
+    """Joins a new one-process job; (job id, round)."""
+    job = f"store-{next(_jobs)}"
+    config = job_pb2.JobConfig(job_id=job, min_nodes=1, max_nodes=1,
+                               nproc_per_node=1)
+    request = rendezvous_pb2.JoinRequest(
+        job_id=job, config=config,
+        node=job_pb2.NodeDescriptor(
+            node_id="node", hostname="host", pid=os.getpid(),
+            incarnation_id=os.urandom(16).hex(),
+            device_type=job_pb2.DEVICE_TYPE_CPU, device_count=1))
+    stub = rendezvous_pb2_grpc.RendezvousStub(client.channel)
+    return job, stub.Join(request, timeout=30).assignment.round
+
+
+@pytest.fixture(params=["tcp", "tcp+prefix", "gradsync", "gradsync+prefix"])
+def store(request, coordinator_client):
+    kind = request.param
+    if kind.startswith("tcp"):
+        base = dist.TCPStore("127.0.0.1", 0, 1, True,
+                             timeout=datetime.timedelta(seconds=30))
+    else:
+        job, round_ = _round_of_new_job(coordinator_client)
+        base = gtorch.Store(coordinator_client, job, round_,
+                            timeout=datetime.timedelta(seconds=30))
+    store = dist.PrefixStore("prefix", base) if kind.endswith("+prefix") \
+        else base
+    yield store  # this frame keeps `base` alive beside a PrefixStore
+
+
+def test_set_get_check(store):
+    before = store.num_keys()
+    store.add("key", 1)
+    store.add("key", 2)
+    store.add("key", 3)
+    store.set("key0", "value0")
+    store.add("key3", 1)
+    store.set("key1", "value1")
+    store.add("key3", 2)
+    store.set("key2", "value2")
+    for delta in (3, 4, 5, 6):
+        store.add("key3", delta)
+    assert store.num_keys() == before + 5
+    assert store.get("key") == b"6"
+    assert store.get("key0") == b"value0"
+    assert store.get("key1") == b"value1"
+    assert store.get("key2") == b"value2"
+    assert store.get("key3") == b"21"
+    if hasattr(store, "check"):  # torch 1.13 binds check() for none of its own
+        assert store.check(["key3"])
+        assert not store.check(["Randomkey3"])
+    store.set("-key3", "7")
+    assert store.get("-key3") == b"7"
+    assert store.delete_key("-key3")
+    assert store.num_keys() == before + 5
+
+
+def test_compare_set(store):
+    assert store.compare_set("cs_key0", "wrong_old_value",
+                             "new_value0") == b"wrong_old_value"
+    store.set("cs_key0", "value0")
+    assert store.get("cs_key0") == b"value0"
+    assert store.compare_set("cs_key0", "wrong_old_value",
+                             "new_value0") == b"value0"
+    assert store.get("cs_key0") == b"value0"
+    assert store.compare_set("cs_key0", "value0", "new_value0") == \
+        b"new_value0"
+    assert store.get("cs_key0") == b"new_value0"
+    assert store.compare_set("cs_key1", "", "new_value1") == b"new_value1"
+    assert store.get("cs_key1") == b"new_value1"
+
+
+def test_compare_set_takes_bytes_as_torch_2_does(store):
+    store.set("b_key", b"\x00\x01")
+    assert store.compare_set("b_key", b"\x00\x01", b"\x02") == b"\x02"
+    assert store.get("b_key") == b"\x02"
+
+
+def test_delete_key_says_whether_the_key_existed(store):
+    store.set("d_key", "v")
+    assert store.delete_key("d_key") is True
+    assert store.delete_key("d_key") is False
+
+
+def _timeout_error(call):
+    """Runs `call`, which must time out; the error and how long it took."""
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as caught:
+        call()
+    return caught.value, time.monotonic() - start
+
+
+def test_get_of_a_missing_key_times_out_with_a_runtime_error(store):
+    store.set_timeout(SHORT)
+    error, took = _timeout_error(lambda: store.get("never_set"))
+    assert re.search("[Tt]imeout", str(error)), error
+    assert took < 10, "the timeout set (also through PrefixStore) is used"
+
+
+def test_wait_with_its_own_timeout_raises_a_runtime_error(store):
+    store.set("present", "1")
+    error, took = _timeout_error(
+        lambda: store.wait(["present", "absent"], SHORT))
+    assert re.search("[Tt]imeout", str(error)), error
+    assert took < 10
+    store.wait(["present"], SHORT)
+
+
+def test_a_process_group_initialises_through_it(store):
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        t = torch.ones(4)
+        dist.all_reduce(t)
+        assert t.tolist() == [1.0] * 4
+    finally:
+        dist.destroy_process_group()
+
+
+# What only gradsync's store promises beyond the contract.
+
+def test_a_timeout_names_the_missing_keys(coordinator_client):
+    job, round_ = _round_of_new_job(coordinator_client)
+    store = gtorch.Store(coordinator_client, job, round_, timeout=SHORT)
+    store.set("here", "1")
+    with pytest.raises(gtorch.StoreTimeout) as caught:
+        store.wait(["here", "gone"])
+    assert "timeout after 0.3s waiting for key(s) 'gone'" in str(caught.value)
+    assert caught.value.code == "DEADLINE_EXCEEDED"
+
+
+def test_refusals_are_store_errors_with_the_code(coordinator_client):
+    store = gtorch.Store(coordinator_client, "no-such-job", 1)
+    with pytest.raises(gtorch.StoreError) as caught:
+        store.set("k", "v")
+    assert isinstance(caught.value, RuntimeError)
+    assert caught.value.code in ("NOT_FOUND", "FAILED_PRECONDITION"), \
+        caught.value
