@@ -57,6 +57,7 @@ Coordinator::Coordinator(CoordinatorConfig config)
       stream_limits_(config_.max_streams_per_connection),
       jobs_service_(&jobs_, &rendezvous_, &health_, clock_, &auth_,
                     &stream_limits_),
+      tokens_service_(&jobs_, &auth_),
       monitor_service_(&health_, &auth_, &stream_limits_,
                        config_.max_heartbeat_rate),
       metrics_(HttpRoutes()) {}
@@ -195,6 +196,7 @@ absl::Status Coordinator::Start() {
   builder.RegisterService(&rendezvous_service_);
   builder.RegisterService(&kv_service_);
   builder.RegisterService(&jobs_service_);
+  builder.RegisterService(&tokens_service_);
   builder.RegisterService(&monitor_service_);
   queues_.AddTo(&builder, config_.completion_queues);
   server_ = builder.BuildAndStart();

@@ -29,6 +29,7 @@
 #include "server/rendezvous_service.h"
 #include "server/rpc_stats.h"
 #include "server/storage/storage.h"
+#include "server/tokens_service.h"
 
 namespace gradsync {
 
@@ -140,6 +141,7 @@ class Coordinator {
   RendezvousService rendezvous_service_;
   KvService kv_service_;
   JobsService jobs_service_;
+  TokensService tokens_service_;
   MonitorService monitor_service_;
   CompletionQueues queues_;  // shut down before the services go
   MetricsHttpServer metrics_;

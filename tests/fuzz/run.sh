@@ -31,6 +31,7 @@ library=(
   server/metrics.cc server/metrics_http_server.cc server/monitor_service.cc
   server/prometheus_text.cc server/rendezvous_manager.cc
   server/rendezvous_service.cc server/rpc_stats.cc server/status_page.cc
+  server/tokens_service.cc
   server/storage/in_memory_storage.cc
 )
 # cpp-httplib's defines as third_party/system/BUILD sets them (its classes'

@@ -3,7 +3,8 @@
 // or with an unknown one is UNAUTHENTICATED; job A's token cannot join B,
 // read, write or wait on B's keys, read B's status or create jobs
 // (PERMISSION_DENIED, B unchanged) and lists only A; a worker with A's
-// token trains A to SUCCEEDED; tokens outlive a restart on the same state.
+// token trains A to SUCCEEDED; tokens outlive a restart on the same state;
+// the admin rotates and revokes a job's token (`gradsync token`).
 #include <httplib.h>
 
 #include <fstream>
@@ -80,6 +81,19 @@ class AuthProcessTest : public ::testing::Test {
                                   std::regex("\"token\": \"([0-9a-f]{64})\"")))
         << out;
     return token.size() > 1 ? token[1].str() : "";
+  }
+
+  // `gradsync ARGS...` as the admin; its stdout (empty when it failed).
+  std::string AdminCli(const std::vector<std::string>& args) {
+    Child cli;
+    std::vector<std::string> argv = {Runfile("worker/cli/gradsync"),
+                                     "--coordinator=" + coordinator_->address(),
+                                     "--token_file=" + admin_file_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    EXPECT_TRUE(cli.Start(argv, /*capture=*/true));
+    EXPECT_TRUE(WaitAll({&cli}, kBound));
+    EXPECT_EQ(cli.exit_code(), 0) << cli.describe();
+    return cli.exit_code() == 0 ? cli.out() : "";
   }
 
   // GET `path` on the HTTP port with `token` (none when empty): its status.
@@ -175,6 +189,52 @@ TEST_F(AuthProcessTest, AJobsTokenActsOnlyInItsJob) {
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_TRUE(absl::IsPermissionDenied(Client(a)->GetJob("b").status()));
+}
+
+TEST_F(AuthProcessTest, TheAdminRotatesAndRevokesAJobsToken) {
+  const std::string old_token = Create("r", 1);
+  ASSERT_FALSE(old_token.empty());
+  std::smatch match;
+  const std::string rotated = AdminCli({"token", "rotate", "r"});
+  ASSERT_TRUE(std::regex_search(rotated, match, std::regex("^([0-9a-f]{64})\n$")))
+      << rotated;
+  const std::string new_token = match[1].str();
+  EXPECT_NE(new_token, old_token);
+  EXPECT_TRUE(absl::IsUnauthenticated(Client(old_token)->GetJob("r").status()));
+  ASSERT_TRUE(Client(new_token)->GetJob("r").ok());
+
+  // Only the admin, only for jobs that exist.
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      Client(new_token)->RotateToken("r").status()));
+  EXPECT_TRUE(absl::IsPermissionDenied(Client(new_token)->RevokeToken("r")));
+  auto admin = Client("admin-secret-0123");
+  EXPECT_TRUE(absl::IsNotFound(admin->RotateToken("nobody").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(admin->RevokeToken("no such/id")));
+
+  EXPECT_THAT(AdminCli({"token", "revoke", "r"}),
+              HasSubstr("job 'r': token revoked"));
+  EXPECT_TRUE(absl::IsUnauthenticated(Client(new_token)->GetJob("r").status()));
+  EXPECT_TRUE(admin->GetJob("r").ok());
+  EXPECT_TRUE(admin->RevokeToken("r").ok()) << "revoking again is OK";
+
+  // Both kept with the durable state; a revoked job can get a token again.
+  ASSERT_TRUE(coordinator_->Stop());
+  StartCoordinator("auth-rotated");
+  EXPECT_TRUE(absl::IsUnauthenticated(Client(new_token)->GetJob("r").status()));
+  absl::StatusOr<std::string> again = Client("admin-secret-0123")->RotateToken("r");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(Client(*again)->GetJob("r").ok());
+
+  // A coordinator without tokens has none to rotate.
+  CoordinatorProcess open;
+  ASSERT_TRUE(open.Start(Runfile("server/gradsync-coordinator"), "open"));
+  ClientOptions options;
+  options.target = open.address();
+  absl::StatusOr<std::string> none =
+      (*CoordinatorClient::Create(options))->RotateToken("r");
+  EXPECT_TRUE(absl::IsFailedPrecondition(none.status())) << none.status();
+  EXPECT_THAT(none.status().message(), HasSubstr("--auth=none"));
+  EXPECT_TRUE(open.Stop());
 }
 
 }  // namespace

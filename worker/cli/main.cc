@@ -7,6 +7,8 @@
 //       [--ranks=FIRST-LAST | --unhealthy | --all]
 //   gradsync --coordinator=HOST:PORT create JOB --nnodes=N[:M]
 //       [--nproc_per_node=P] [--json]   (prints the job's token)
+//   gradsync --coordinator=HOST:PORT token rotate|revoke JOB
+//       (the admin: a new token for the job, printed; or none)
 //   gradsync launch [torchrun-style flags] [--] PROGRAM [ARGS...]
 //     (the node agent: worker/launch/node_agent.h; its own flags)
 //
@@ -83,6 +85,12 @@ constexpr char kUsage[] =
     "  gradsync --coordinator=HOST:PORT create JOB --nnodes=N[:M]\n"
     "      [--nproc_per_node=P] [--json]\n"
     "    (with the admin's token; prints the job's token for its workers)\n"
+    "  gradsync --coordinator=HOST:PORT token rotate JOB\n"
+    "    (with the admin's token: prints a new token for the job; its old\n"
+    "    token authenticates no new call)\n"
+    "  gradsync --coordinator=HOST:PORT token revoke JOB\n"
+    "    (with the admin's token: the job keeps no token; only the admin\n"
+    "    acts in it until a rotate)\n"
     "  gradsync launch --coordinator=HOST:PORT --job=ID [FLAGS] PROGRAM ...\n"
     "    (start this node's processes of a job; gradsync launch --help)";
 
@@ -183,6 +191,18 @@ int main(int argc, char** argv) {
     if (!created.ok()) return Fail(std::string(created.status().message()), 1);
     std::cout << (json ? gradsync::CreatedJobToJson(*created)
                        : gradsync::FormatCreatedJob(*created));
+    return 0;
+  }
+  if (command == "token" && args.size() == 4 && args[2] == std::string("rotate")) {
+    auto rotated = (*client)->RotateToken(args[3]);
+    if (!rotated.ok()) return Fail(std::string(rotated.status().message()), 1);
+    std::cout << *rotated << "\n";
+    return 0;
+  }
+  if (command == "token" && args.size() == 4 && args[2] == std::string("revoke")) {
+    absl::Status revoked = (*client)->RevokeToken(args[3]);
+    if (!revoked.ok()) return Fail(std::string(revoked.message()), 1);
+    std::cout << "job '" << args[3] << "': token revoked\n";
     return 0;
   }
   absl::StatusOr<gradsync::v1::MemberQuery> flags_query =

@@ -280,7 +280,8 @@ CoordinatorClient::Route::Route(
       rendezvous(v1::Rendezvous::NewStub(channel)),
       kv(v1::KeyValue::NewStub(channel)),
       jobs(v1::Jobs::NewStub(channel)),
-      monitor(v1::Monitor::NewStub(channel)) {}
+      monitor(v1::Monitor::NewStub(channel)),
+      tokens(v1::Tokens::NewStub(channel)) {}
 
 CoordinatorClient::CoordinatorClient(
     ClientOptions options, grpc::ChannelArguments args,
@@ -567,6 +568,30 @@ absl::StatusOr<v1::CreateJobResponse> CoordinatorClient::CreateJob(
       });
   if (!status.ok()) return status;
   return response;
+}
+
+absl::StatusOr<std::string> CoordinatorClient::RotateToken(
+    const std::string& job_id) {
+  v1::RotateTokenRequest request;
+  request.set_job_id(job_id);
+  v1::RotateTokenResponse response;
+  absl::Status status = Call(
+      "rotate token", options_.call_timeout,
+      [&](grpc::ClientContext* c, const Route& r) {
+        return r.tokens->RotateToken(c, request, &response);
+      });
+  if (!status.ok()) return status;
+  return std::move(*response.mutable_token());
+}
+
+absl::Status CoordinatorClient::RevokeToken(const std::string& job_id) {
+  v1::RevokeTokenRequest request;
+  request.set_job_id(job_id);
+  v1::RevokeTokenResponse response;
+  return Call("revoke token", options_.call_timeout,
+              [&](grpc::ClientContext* c, const Route& r) {
+                return r.tokens->RevokeToken(c, request, &response);
+              });
 }
 
 absl::StatusOr<v1::JobStatus> CoordinatorClient::GetJob(

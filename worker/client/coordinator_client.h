@@ -30,6 +30,7 @@
 #include "proto/gradsync/v1/jobs.grpc.pb.h"
 #include "proto/gradsync/v1/kv.grpc.pb.h"
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
+#include "proto/gradsync/v1/tokens.grpc.pb.h"
 
 namespace gradsync {
 
@@ -124,6 +125,10 @@ class CoordinatorClient {
   // The created job and, from a coordinator with --auth=token (the admin's
   // token only), the job's token.
   absl::StatusOr<v1::CreateJobResponse> CreateJob(const v1::JobConfig& config);
+  // Admin only (Tokens service): a new token for job `job_id`, replacing its
+  // old one; and the revocation of its token.
+  absl::StatusOr<std::string> RotateToken(const std::string& job_id);
+  absl::Status RevokeToken(const std::string& job_id);
   // With `with_buckets`, members' metrics include their per-bucket stats.
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job_id,
                                        bool with_buckets = false);
@@ -172,6 +177,7 @@ class CoordinatorClient {
     std::unique_ptr<v1::KeyValue::Stub> kv;
     std::unique_ptr<v1::Jobs::Stub> jobs;
     std::unique_ptr<v1::Monitor::Stub> monitor;
+    std::unique_ptr<v1::Tokens::Stub> tokens;
   };
   using Attempt =
       std::function<grpc::Status(grpc::ClientContext*, const Route&)>;
