@@ -43,6 +43,11 @@
 // in their grace are reported lost at once, so the round that replaces it
 // does not wait for them.
 //
+// Implemented in health_manager.cc (monitoring, heartbeat ingest, completion,
+// transitions), health_detection.cc (broken streams, Poll: silence, hangs)
+// and health_views.cc (what status, the page and Prometheus show); the wire
+// checks are server/health_wire.h.
+//
 // Hot path: a heartbeat takes one per-job lock and swaps the reported metrics
 // into the member's slot (no allocation in steady state); low-rate state
 // changes are recorded in JobManager.
@@ -229,6 +234,9 @@ class HealthManager {
   void Forget(const std::string& job_id);
 
  private:
+  // Why a member whose heartbeat stream broke is, or may become, LOST.
+  static constexpr char kStreamBroke[] =
+      "heartbeat stream broke (process killed or connection lost)";
   // Desync detection remembers this many recent collective sequence numbers
   // and straggler detection this many recent steps.
   static constexpr int kCollectiveWindow = 1024;

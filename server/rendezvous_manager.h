@@ -36,6 +36,12 @@
 
 namespace gradsync {
 
+// Implemented in rendezvous_manager.cc (joins, closing, superseding and
+// ending rounds), rendezvous_restore.cc (a restart on durable state) and
+// rendezvous_views.cc (who waits, for status and metrics); a
+// join's checks are server/join_request.h, the placement decisions
+// server/round_placement.h.
+//
 // Thread-safe. Lock order: holds its lock while calling JobManager and
 // KvManager, which never call back. Join callbacks and the round-ended
 // callback always run without the lock held. `jobs`, `kv` and `clock` must
@@ -284,23 +290,6 @@ class RendezvousManager {
   };
   std::vector<PendingEvent> round_events_ ABSL_GUARDED_BY(mu_);
 };
-
-// Checks a node descriptor from a join; INVALID_ARGUMENT naming the field.
-absl::Status ValidateNodeDescriptor(const v1::NodeDescriptor& node);
-
-// The backend a round uses: NCCL when every member can use it (or the job
-// forces it), GLOO otherwise.
-v1::Backend NegotiateBackend(v1::Backend preference,
-                             const std::vector<v1::NodeDescriptor>& members);
-
-// Whether a process can take part in an NCCL round.
-bool CanUseNccl(const v1::NodeDescriptor& node);
-
-// Where a round resumes: the most steps committed among `joins` that hold
-// state, and the first such member (by index) as the source; (0, 0) when
-// none holds state. `joins` are (has_state, committed_step) in rank order.
-std::pair<int64_t, int> ChooseResumeSource(
-    const std::vector<std::pair<bool, int64_t>>& joins);
 
 }  // namespace gradsync
 

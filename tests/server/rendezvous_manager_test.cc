@@ -21,7 +21,9 @@
 #include "proto/gradsync/v1/job.pb.h"
 #include "proto/gradsync/v1/rendezvous.pb.h"
 #include "server/job_manager.h"
+#include "server/join_request.h"
 #include "server/kv_manager.h"
+#include "server/round_placement.h"
 #include "server/storage/in_memory_storage.h"
 #include "tests/testing/outcome.h"
 

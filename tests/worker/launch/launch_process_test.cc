@@ -161,7 +161,8 @@ TEST_F(LaunchProcessTest, AFailedProcessRestartsTheGroup) {
   const std::vector<std::string> program = {"/bin/sh", "-c", FlakyProgram(1)};
   std::unique_ptr<Child> a = Agent("flaky", 0, 2, 2, {"--max_restarts=2"}, program);
   std::unique_ptr<Child> b = Agent("flaky", 1, 2, 2, {"--max_restarts=2"}, program);
-  ASSERT_TRUE(WaitAll({a.get(), b.get()}, kBound));
+  ASSERT_TRUE(WaitAll({a.get(), b.get()}, kBound))
+      << a->describe() << "\n" << b->describe();
   EXPECT_EQ(a->exit_code(), 0) << a->describe();
   EXPECT_EQ(b->exit_code(), 0) << b->describe();
   // Every rank ran again with the next restart count, in round 2, even

@@ -1,0 +1,293 @@
+// HealthManager's failure detection: broken streams and their reconnect
+// grace, the periodic Poll (silent members, superseded rounds, hangs) and the
+// transitions it leads to (see health_manager.h).
+#include "server/health_manager.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/job_config.h"
+#include "common/logging.h"
+
+namespace gradsync {
+
+void HealthManager::StreamBroken(Session* session) {
+  if (session->job == nullptr || stopped_.load()) return;
+  JobHealth* job = session->job.get();
+  std::vector<Loss> losses;
+  {
+    absl::MutexLock lock(&job->mu);
+    MemberHealth& m = job->members[session->rank];
+    // A member that never heartbeated on this stream, or did so on a newer
+    // one since, lost nothing.
+    if (m.state != v1::MEMBER_STATE_ACTIVE || m.stream != session->id) return;
+    const std::string who =
+        absl::StrCat("rank ", session->rank, " (", m.host, ")");
+    if (!job->detecting()) {
+      // The round was superseded (or ended) before this member's stream
+      // broke: nothing to record, but a re-forming round need not wait.
+      if (!job->live() && job->policy != v1::FAILURE_POLICY_FAIL) {
+        losses.push_back(Loss{job->job_id, job->round, session->rank,
+                              absl::StrCat(who, " lost: ", kStreamBroke),
+                              absl::ZeroDuration()});
+      }
+    } else if (job->reconnect_grace > absl::ZeroDuration()) {
+      m.stream_broke = clock_->Now();
+      job->broke.push_back(session->rank);  // logged by PollJob
+    } else {
+      HealthUpdate update;
+      update.members.push_back(
+          {session->rank, v1::MEMBER_STATE_LOST, std::string(kStreamBroke)});
+      ApplyPolicy(job, absl::StrCat(who, " lost: ", kStreamBroke), &update,
+                  &losses);
+      Transition(job, std::move(update)).IgnoreError();  // it logs why not
+    }
+  }
+  ReportLosses(losses);
+}
+
+void HealthManager::AddBrokenStreams(JobHealth* job, HealthUpdate* update) {
+  std::vector<int> broken;
+  for (size_t r = 0; r < job->members.size(); ++r) {
+    const MemberHealth& m = job->members[r];
+    if (m.state != v1::MEMBER_STATE_ACTIVE ||
+        m.stream_broke == absl::InfiniteFuture()) {
+      continue;
+    }
+    const bool changed = std::any_of(
+        update->members.begin(), update->members.end(),
+        [r](const HealthUpdate::MemberChange& c) {
+          return c.rank == static_cast<int>(r);
+        });
+    if (changed) continue;
+    broken.push_back(static_cast<int>(r));
+    update->members.push_back(
+        {static_cast<int>(r), v1::MEMBER_STATE_LOST,
+         absl::StrCat(kStreamBroke,
+                      " and the job ended before it heartbeat again")});
+  }
+  if (!broken.empty()) {
+    absl::StrAppend(&update->reason, " (the heartbeat stream of rank(s) ",
+                    FormatRanks(broken), " had broken before)");
+  }
+}
+
+void HealthManager::ReportBrokenStreams(JobHealth* job,
+                                        std::vector<Loss>* losses) {
+  for (size_t r = 0; r < job->members.size(); ++r) {
+    MemberHealth& m = job->members[r];
+    if (m.state != v1::MEMBER_STATE_ACTIVE ||
+        m.stream_broke == absl::InfiniteFuture()) {
+      continue;
+    }
+    m.stream_broke = absl::InfiniteFuture();
+    if (job->policy == v1::FAILURE_POLICY_FAIL) continue;
+    losses->push_back(Loss{job->job_id, job->round, static_cast<int>(r),
+                           absl::StrCat("rank ", r, " (", m.host,
+                                        ") lost: ", kStreamBroke),
+                           absl::ZeroDuration()});
+  }
+}
+
+std::vector<std::shared_ptr<HealthManager::JobHealth>> HealthManager::Snapshot()
+    const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<std::shared_ptr<JobHealth>> jobs;
+  jobs.reserve(jobs_health_.size());
+  for (const auto& [id, job] : jobs_health_) jobs.push_back(job);
+  return jobs;
+}
+
+void HealthManager::Poll() {
+  absl::MutexLock poll_lock(&poll_mu_);
+  const absl::Time now = clock_->Now();
+  std::vector<std::shared_ptr<JobHealth>> ended;
+  std::vector<Loss> losses;
+  const std::vector<std::shared_ptr<JobHealth>> jobs = Snapshot();
+  // First what the heartbeats since the last Poll say about the load, so
+  // that detection below already allows for an overload they show.
+  HeartbeatShedder::Counts load;
+  for (const std::shared_ptr<JobHealth>& job : jobs) {
+    absl::MutexLock lock(&job->mu);
+    load += job->load;
+    job->load = HeartbeatShedder::Counts();
+  }
+  polled_.delay = absl::Nanoseconds(queue_delay_ns_.load());
+  shedder_.Update(now, load, polled_);
+  const int factor = shedder_.factor();
+  const absl::Duration allowance = shedder_.Allowance(now);
+  polled_ = HeartbeatShedder::Backlog();
+  for (const std::shared_ptr<JobHealth>& job : jobs) {
+    absl::MutexLock lock(&job->mu);
+    PollJob(job.get(), now, factor, allowance, &losses, &polled_);
+    if (!job->current) ended.push_back(job);
+  }
+  ReportLosses(losses);
+  if (ended.empty()) return;
+  absl::MutexLock lock(&mu_);
+  for (const std::shared_ptr<JobHealth>& job : ended) {
+    auto it = jobs_health_.find(job->job_id);
+    if (it != jobs_health_.end() && it->second == job) jobs_health_.erase(it);
+  }
+}
+
+void HealthManager::PollJob(JobHealth* job, absl::Time now, int factor,
+                            absl::Duration allowance,
+                            std::vector<Loss>* losses,
+                            HeartbeatShedder::Backlog* backlog) {
+  // A round the rendezvous superseded (RoundEnded) ends its monitoring.
+  // Nothing else changes a monitored round's state behind this manager's
+  // back: it records every other transition itself (Transition).
+  if (job->superseded.load()) {
+    job->current = false;
+    ++job->generation;
+    ReportBrokenStreams(job, losses);
+    return;
+  }
+  if (!job->detecting()) return;
+
+  // Silence allowed: missed intervals at the member's factor, plus the
+  // backlog the coordinator knows it has (how long it has been behind, or
+  // the longest its queues held heartbeats), at most missed intervals at
+  // the largest factor (see the class comment).
+  const absl::Duration limit = job->interval * job->missed;
+  const absl::Duration extra =
+      std::min(allowance, limit * config_.shedding.max_factor);
+  // Below both bounds a member is neither overdue nor lost (most are).
+  const absl::Duration quiet = std::min(job->late_after, limit);
+  LogReconnects(job);
+  if (now < job->not_lost_before) {
+    DiagnoseHang(job, now);
+    return;
+  }
+  HealthUpdate update;
+  int64_t active = 0;
+  for (size_t r = 0; r < job->members.size(); ++r) {
+    const MemberHealth& m = job->members[r];
+    if (m.state != v1::MEMBER_STATE_ACTIVE) continue;
+    ++active;
+    const absl::Duration silent_for = now - m.last_seen;
+    if (m.heard) ++backlog->members;
+    const int slowdown = std::max(factor, m.allowed_factor);
+    if (m.stream_broke != absl::InfiniteFuture()) {
+      // In its reconnect grace: only the grace decides.
+      const absl::Duration grace = job->reconnect_grace * slowdown;
+      if (now - m.stream_broke <= grace) continue;
+      update.members.push_back(
+          {static_cast<int>(r), v1::MEMBER_STATE_LOST,
+           absl::StrCat(kStreamBroke, " and it did not heartbeat again within ",
+                        absl::FormatDuration(grace))});
+      continue;
+    }
+    if (silent_for <= quiet) continue;
+    if (m.heard && silent_for > job->late_after * slowdown) ++backlog->overdue;
+    if (silent_for <= limit * slowdown + extra) continue;
+    const std::string silent = absl::FormatDuration(
+        absl::Trunc(now - m.last_seen, absl::Milliseconds(1)));
+    const std::string every =
+        slowdown == 1
+            ? absl::FormatDuration(job->interval)
+            : absl::StrCat(absl::FormatDuration(job->interval * slowdown),
+                           ": the job's ", absl::FormatDuration(job->interval),
+                           " x", slowdown,
+                           " while the coordinator sheds heartbeat load");
+    update.members.push_back(
+        {static_cast<int>(r), v1::MEMBER_STATE_LOST,
+         m.heard ? absl::StrCat("missed ", job->missed, " heartbeats (every ",
+                                every, "): last heard ", silent, " ago")
+                 : absl::StrCat("sent no heartbeat in the ", silent,
+                                " since ", job->started_by)});
+  }
+  backlog->expected_rate +=
+      static_cast<double>(active) /
+      absl::ToDoubleSeconds(job->interval * factor);
+  if (!update.members.empty()) {
+    const HealthUpdate::MemberChange& first = update.members.front();
+    std::string what = absl::StrCat("rank ", first.rank, " (",
+                                    job->members[first.rank].host, ") lost: ",
+                                    first.reason);
+    if (update.members.size() > 1) {
+      absl::StrAppend(&what, " (and ", update.members.size() - 1,
+                      " more rank(s))");
+    }
+    const size_t first_loss = losses->size();
+    ApplyPolicy(job, what, &update, losses);
+    for (size_t i = first_loss; i < losses->size(); ++i) {
+      Loss& loss = (*losses)[i];
+      loss.detection = now - job->members[loss.rank].last_seen;
+    }
+    Transition(job, std::move(update)).IgnoreError();  // it logs why not
+  }
+  DiagnoseHang(job, now);
+}
+
+void HealthManager::LogReconnects(JobHealth* job) {
+  if (!job->broke.empty()) {
+    GS_LOG(INFO) << "job '" << job->job_id << "' round " << job->round
+                 << ": the heartbeat stream of rank(s) "
+                 << FormatRanks(job->broke)
+                 << " broke; each is LOST unless it heartbeats again within "
+                 << absl::FormatDuration(job->reconnect_grace);
+    job->broke.clear();
+  }
+  if (!job->reconnected.empty()) {
+    GS_LOG(INFO) << "job '" << job->job_id << "' round " << job->round
+                 << ": rank(s) " << FormatRanks(job->reconnected)
+                 << " heartbeat again on a new stream, inside their grace";
+    job->reconnected.clear();
+  }
+}
+
+void HealthManager::DiagnoseHang(JobHealth* job, absl::Time now) {
+  if (now - job->last_progress < job->hang_timeout) {
+    job->diagnosis.clear_hang();
+    return;
+  }
+  // Ranks grouped by (last finished, last started), most advanced first.
+  std::map<std::pair<int64_t, int64_t>, std::vector<int>, std::greater<>>
+      groups;
+  int64_t max_started = 0;
+  for (size_t r = 0; r < job->members.size(); ++r) {
+    const MemberHealth& m = job->members[r];
+    groups[{m.last_finished, m.last_started}].push_back(static_cast<int>(r));
+    max_started = std::max(max_started, m.last_started);
+  }
+  const auto& [only, unused] = *groups.begin();
+  if (max_started == 0 || (groups.size() == 1 && only.first == only.second)) {
+    job->diagnosis.clear_hang();  // no collective, or all ranks agree
+    return;
+  }
+  std::vector<std::string> parts;
+  constexpr size_t kMaxGroups = 4;
+  for (const auto& [position, ranks] : groups) {
+    if (parts.size() == kMaxGroups) {
+      parts.push_back("...");
+      break;
+    }
+    const auto [finished, started] = position;
+    const bool one = ranks.size() == 1;
+    std::string text = absl::StrCat(one ? "rank " : "ranks ", FormatRanks(ranks));
+    const char* number = parts.empty() ? " collective #" : " #";
+    if (started > finished) {
+      absl::StrAppend(&text, " started", number, started, " and ",
+                      one ? "has" : "have", " not finished it");
+    } else {
+      absl::StrAppend(&text, " finished", number, finished);
+      if (finished < max_started) {
+        absl::StrAppend(&text, " and ", one ? "has" : "have", " not started #",
+                        finished + 1);
+      }
+    }
+    parts.push_back(std::move(text));
+  }
+  job->diagnosis.set_hang(absl::StrCat(
+      absl::StrJoin(parts, "; "), " (no collective finished for ",
+      absl::FormatDuration(absl::Trunc(now - job->last_progress,
+                                       absl::Seconds(1))),
+      ")"));
+}
+
+}  // namespace gradsync

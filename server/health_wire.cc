@@ -1,0 +1,81 @@
+#include "server/health_wire.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_config.h"
+#include "common/status_macros.h"
+
+namespace gradsync {
+namespace {
+
+constexpr size_t kMaxIncarnationBytes = 128;
+constexpr int kMaxEvents = 256;
+constexpr int kMaxBuckets = 4096;
+constexpr size_t kMaxNameBytes = 64;
+
+}  // namespace
+
+absl::Status ValidateMemberRef(const v1::MemberRef& member) {
+  GS_RETURN_IF_ERROR(ValidateJobId(member.job_id()));
+  if (member.round() < 1 || member.rank() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "member.round must be >= 1 and member.rank >= 0, got round ",
+        member.round(), " rank ", member.rank(),
+        ": report with the Assignment of a closed round"));
+  }
+  if (member.incarnation_id().empty() ||
+      member.incarnation_id().size() > kMaxIncarnationBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "member.incarnation_id must be 1-", kMaxIncarnationBytes,
+        " bytes (the one the process joined with), got ",
+        member.incarnation_id().size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMetrics(const v1::WorkerMetrics& m) {
+  if (m.step() < 0 || m.last_started_collective() < 0 ||
+      m.last_finished_collective() < 0 || m.rss_bytes() < 0 ||
+      m.gpu_memory_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        "metrics: step, collective sequence numbers and memory sizes must be "
+        ">= 0");
+  }
+  if (m.recent_collectives_size() > kMaxEvents ||
+      m.first_bucket_ready_size() > kMaxEvents ||
+      m.buckets_size() > kMaxBuckets) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics: at most ", kMaxEvents,
+        " recent_collectives and first_bucket_ready entries and ", kMaxBuckets,
+        " buckets per heartbeat"));
+  }
+  if (m.last_error().size() > kMaxErrorBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics.last_error is at most ", kMaxErrorBytes, " bytes"));
+  }
+  for (const v1::CollectiveFingerprint& f : m.recent_collectives()) {
+    if (f.op().size() > kMaxNameBytes || f.dtype().size() > kMaxNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "metrics.recent_collectives: op and dtype are at most ",
+          kMaxNameBytes, " bytes"));
+    }
+  }
+  for (const v1::StepReady& ready : m.first_bucket_ready()) {
+    GS_RETURN_IF_ERROR(
+        CheckProtoTime("metrics.first_bucket_ready.time", ready.time()));
+  }
+  const v1::RoundStartTimings& start = m.round_start();
+  for (const auto& [field, d] :
+       {std::make_pair("metrics.round_start.process_group", &start.process_group()),
+        std::make_pair("metrics.round_start.state_transfer", &start.state_transfer()),
+        std::make_pair("metrics.round_start.first_step", &start.first_step())}) {
+    GS_RETURN_IF_ERROR(CheckProtoDuration(field, *d));
+    if (FromProtoDuration(*d) < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " is negative"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace gradsync
