@@ -5,10 +5,10 @@
 # (deploy/cmake_build.sh --ctest), so that the CMake build GPU machines use
 # cannot rot: every unit test, find_package_test and the process tests that
 # find CMake's binaries the quickest; the multi-process scenarios that Bazel
-# has just run on the same sources (CMAKE_EXCLUDE below: about 6 of ctest's
-# 9 minutes on 2 cores) are not run twice. Then the GPU check's
-# dry run (deploy/gpu_run.sh --dry_run), then the libFuzzer harnesses for a
-# minute (tests/fuzz/run.sh). Ends with one line
+# has just run on the same sources (CMAKE_EXCLUDE below: 60 cases, about
+# half of ctest's test-seconds in a full run here) are not run twice. Then
+# the GPU check's dry run (deploy/gpu_run.sh --dry_run), then the libFuzzer
+# harnesses for a minute (tests/fuzz/run.sh). Ends with one line
 # "gtest: N passed, N failed, N skipped" counted from Bazel's test cases (GPU
 # tests skip on machines without a GPU), after ctest's own line.
 set -uo pipefail
