@@ -411,7 +411,8 @@ absl::StatusOr<KvManager::JobKv*> KvManager::CheckScopeLocked(
 absl::Status KvManager::CheckKeyLocked(const std::string& key) const {
   if (key.empty() || static_cast<int64_t>(key.size()) > limits_.max_key_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "key must be 1-", limits_.max_key_bytes, " bytes, got ", key.size()));
+        "key must be 1-", limits_.max_key_bytes, " bytes, got ", key.size(),
+        " (the coordinator's --max_kv_key_bytes)"));
   }
   return absl::OkStatus();
 }
@@ -424,7 +425,8 @@ absl::StatusOr<uint64_t> KvManager::WriteLocked(const KvScope& scope,
   if (static_cast<int64_t>(value.size()) > limits_.max_value_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "value for key '", key, "' is ", value.size(),
-        " bytes; the limit is ", limits_.max_value_bytes));
+        " bytes; the limit is ", limits_.max_value_bytes,
+        " (the coordinator's --max_kv_value_bytes)"));
   }
   auto old = job->entries.find(key);
   const bool exists = old != job->entries.end();

@@ -134,6 +134,12 @@ ABSL_FLAG(int64_t, max_jobs, 10000,
           "(--retention); creating one more is RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_world_size, 1000000,
           "processes a job may have (max nodes x nproc_per_node)");
+ABSL_FLAG(int64_t, max_kv_key_bytes, 1024,
+          "the longest key a job's key-value store takes (1 to 65536)");
+ABSL_FLAG(int64_t, max_kv_value_bytes, 1 << 20,
+          "the largest value a job's key-value store takes (1 to 7 MiB: a "
+          "request carries it under the coordinator's 8 MiB message limit; "
+          "etcd's own request limit, --etcd_max_request_bytes, may be lower)");
 ABSL_FLAG(int64_t, max_kv_keys_per_job, 1000000,
           "keys in a job's key-value store");
 ABSL_FLAG(int64_t, max_kv_bytes_per_job, int64_t{1} << 30,
@@ -272,6 +278,8 @@ int main(int argc, char** argv) {
   config.max_heartbeat_rate = absl::GetFlag(FLAGS_max_heartbeat_rate);
   config.job_limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   config.job_limits.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+  config.kv_limits.max_key_bytes = absl::GetFlag(FLAGS_max_kv_key_bytes);
+  config.kv_limits.max_value_bytes = absl::GetFlag(FLAGS_max_kv_value_bytes);
   config.kv_limits.max_keys_per_round = absl::GetFlag(FLAGS_max_kv_keys_per_job);
   config.kv_limits.max_bytes_per_round =
       absl::GetFlag(FLAGS_max_kv_bytes_per_job);
@@ -315,6 +323,14 @@ int main(int argc, char** argv) {
       config.kv_limits.max_bytes_per_round < 1) {
     GS_LOG(ERROR) << "--max_jobs, --max_world_size, --max_kv_keys_per_job and "
                      "--max_kv_bytes_per_job must be >= 1";
+    return EXIT_FAILURE;
+  }
+  if (config.kv_limits.max_key_bytes < 1 ||
+      config.kv_limits.max_key_bytes > 65536 ||
+      config.kv_limits.max_value_bytes < 1 ||
+      config.kv_limits.max_value_bytes > (7 << 20)) {
+    GS_LOG(ERROR) << "--max_kv_key_bytes must be in [1, 65536] and "
+                     "--max_kv_value_bytes in [1, 7340032] (7 MiB)";
     return EXIT_FAILURE;
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =

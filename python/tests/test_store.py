@@ -168,3 +168,25 @@ def test_refusals_are_store_errors_with_the_code(coordinator_client):
     assert isinstance(caught.value, RuntimeError)
     assert caught.value.code in ("NOT_FOUND", "FAILED_PRECONDITION"), \
         caught.value
+
+
+def test_large_values_take_the_coordinators_flag(coordinator_client):
+    value = b"v" * (2 << 20)
+    job, round_ = _round_of_new_job(coordinator_client)
+    store = gtorch.Store(coordinator_client, job, round_)
+    with pytest.raises(gtorch.StoreError) as caught:
+        store.set("big", value)  # the default limit is 1 MiB
+    assert "--max_kv_value_bytes" in str(caught.value), caught.value
+    with pytest.raises(gtorch.StoreError) as caught:
+        store.set("k" * 2000, "v")  # keys: 1 KiB by default
+    assert "--max_kv_key_bytes" in str(caught.value), caught.value
+    with running_coordinator("--max_kv_value_bytes=3145728",
+                             "--max_kv_key_bytes=4096") as address:
+        client = Client(address)
+        job, round_ = _round_of_new_job(client)
+        store = gtorch.Store(client, job, round_)
+        store.set("big", value)
+        assert store.get("big") == value
+        store.set("k" * 2000, "v")
+        assert store.get("k" * 2000) == b"v"
+        client.close()
