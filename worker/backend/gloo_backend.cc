@@ -28,7 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
-#include "worker/backend/float16.h"
+#include "worker/backend/reduction.h"
 
 // Debian's libgloo-dev ships gloo/transport/tcp/pair.h without the
 // gloo/common/memory.h it includes, so that header does not compile. The one
@@ -48,6 +48,19 @@ class Pair : public ::gloo::transport::Pair {
 }  // namespace gloo
 
 namespace gradsync {
+namespace reduction {
+
+// Gloo's float16 converts with Gloo's own functions (which differ from ours
+// only in the bits of a NaN), for the division of an average.
+template <>
+struct HalfFloat<gloo::float16> {
+  static constexpr bool kIsHalf = true;
+  static float ToFloat(gloo::float16 h) { return gloo::cpu_half2float(h); }
+  static gloo::float16 FromFloat(float f) { return gloo::cpu_float2half_rn(f); }
+};
+
+}  // namespace reduction
+
 namespace {
 
 // Gloo waits with std::condition_variable::wait_for, which overflows on
@@ -204,65 +217,29 @@ absl::Status StatusFromCurrentException(const std::string& where,
   }
 }
 
-// bfloat16 as Gloo moves it: two bytes, summed through float (Debian's
-// Gloo has no bfloat16 of its own).
-struct BFloat16Bits {
-  uint16_t bits;
-};
-
-// Calls `f` with a value of the C++ type Gloo reduces `dtype` as.
+// Calls `f` with a value of the C++ type Gloo reduces `dtype` as: the
+// shared one (reduction.h), except that float16 is Gloo's own, which
+// gloo::sum adds. bfloat16 moves as two bytes, summed through float
+// (Debian's Gloo has no bfloat16 of its own).
 template <typename F>
 void VisitReducible(DataType dtype, F&& f) {
-  switch (dtype) {
-    case DataType::kFloat32:
-      return f(float{});
-    case DataType::kFloat64:
-      return f(double{});
-    case DataType::kFloat16:
-      return f(gloo::float16{});
-    case DataType::kInt32:
-      return f(int32_t{});
-    case DataType::kInt64:
-      return f(int64_t{});
-    case DataType::kUInt8:
-      return f(uint8_t{});
-    case DataType::kBFloat16:
-      return f(BFloat16Bits{});
-  }
-  GS_CHECK(false) << "dtype " << DataTypeName(dtype) << " is not reducible";
+  reduction::VisitDataType(dtype, [&](auto zero) {
+    if constexpr (std::is_same_v<decltype(zero), reduction::Float16Bits>) {
+      f(gloo::float16{});
+    } else {
+      f(zero);
+    }
+  });
 }
 
+// Gloo's reduce function for T: out = a + b, where out may be a or b.
 template <typename T>
 void SumInto(void* out, const void* a, const void* b, size_t n) {
-  if constexpr (std::is_same_v<T, BFloat16Bits>) {
-    auto* o = static_cast<BFloat16Bits*>(out);
-    const auto* x = static_cast<const BFloat16Bits*>(a);
-    const auto* y = static_cast<const BFloat16Bits*>(b);
-    for (size_t i = 0; i < n; ++i) {
-      o[i].bits = FloatToBFloat16(BFloat16ToFloat(x[i].bits) +
-                                  BFloat16ToFloat(y[i].bits));
-    }
+  if constexpr (std::is_same_v<T, reduction::BFloat16Bits>) {
+    reduction::AddThroughFloat(static_cast<T*>(out), static_cast<const T*>(a),
+                               static_cast<const T*>(b), n);
   } else {
     gloo::sum<T>(out, a, b, n);
-  }
-}
-
-// Divides each element by `divisor` (integers truncate toward zero).
-template <typename T>
-void DivideInPlace(T* data, size_t count, int divisor) {
-  if constexpr (std::is_same_v<T, gloo::float16>) {
-    const float d = static_cast<float>(divisor);
-    for (size_t i = 0; i < count; ++i) {
-      data[i] = gloo::cpu_float2half_rn(gloo::cpu_half2float(data[i]) / d);
-    }
-  } else if constexpr (std::is_same_v<T, BFloat16Bits>) {
-    const float d = static_cast<float>(divisor);
-    for (size_t i = 0; i < count; ++i) {
-      data[i].bits = FloatToBFloat16(BFloat16ToFloat(data[i].bits) / d);
-    }
-  } else {
-    const T d = static_cast<T>(divisor);
-    for (size_t i = 0; i < count; ++i) data[i] = static_cast<T>(data[i] / d);
   }
 }
 
@@ -344,7 +321,7 @@ std::shared_ptr<Work> GlooBackend::AllReduce(Buffer buffer, ReduceOp op) {
       opts.setTimeout(gloo_timeout_);
       gloo::allreduce(opts);
       if (op == ReduceOp::kAverage) {
-        DivideInPlace(data, buffer.count, world_size());
+        reduction::DivideInPlace(data, buffer.count, world_size());
       }
     });
   });

@@ -20,7 +20,7 @@
 
 namespace gradsync {
 namespace shm_internal {
-// The mapped segment and the barrier on it (shm_backend.cc).
+// The mapped segment and the barrier on it (shm_segment.h).
 class Segment;
 }  // namespace shm_internal
 
