@@ -30,17 +30,10 @@ Coordinator::Coordinator(CoordinatorConfig config)
       auth_(storage_, config_.admin_token),
       jobs_(storage_, clock_, config_.job_limits),
       kv_(storage_, clock_, &jobs_, config_.kv_limits),
-      // A superseded round's members are turned away at once; a round
-      // asked to re-form is told so with the heartbeat answers.
-      rendezvous_(&jobs_, &kv_, clock_,
-                  [this](const std::string& job_id, int64_t round,
-                         RendezvousManager::RoundEvent event) {
-                    if (event == RendezvousManager::RoundEvent::kSuperseded) {
-                      health_.RoundEnded(job_id, round);
-                    } else {
-                      health_.ReformRequested(job_id, round);
-                    }
-                  }),
+      // The round's store and its monitoring follow the rendezvous's round
+      // events, in this order (round_lifecycle.h: the store is open before
+      // any assignment leaves).
+      rendezvous_(&jobs_, clock_, {&kv_, &health_}),
       // A lost member re-forms its round (failure policy RECOVER).
       health_(&jobs_, clock_, config_.health,
               [this](const HealthManager::Loss& loss) {
@@ -283,9 +276,8 @@ void Coordinator::PollLoop() {
     // The job record goes last (JobManager::ForgetIfEndedBefore says why).
     const absl::Time cutoff = clock_->Now() - config_.retention;
     for (const std::string& job_id : jobs_.EndedBefore(cutoff)) {
+      // Tells the round's store and monitoring too (RoundEvent::kForgotten).
       rendezvous_.ForgetJob(job_id);
-      kv_.ForgetJob(job_id);
-      health_.Forget(job_id);
       absl::Status token_gone = auth_.Forget(job_id);
       if (!token_gone.ok()) {
         // Kept, retried at the next poll: the token must not outlive it.

@@ -47,6 +47,7 @@ void HealthManager::StreamBroken(Session* session) {
     }
   }
   ReportLosses(losses);
+  ReportJobEnds();
 }
 
 void HealthManager::AddBrokenStreams(JobHealth* job, HealthUpdate* update) {
@@ -126,6 +127,7 @@ void HealthManager::Poll() {
     if (!job->current) ended.push_back(job);
   }
   ReportLosses(losses);
+  ReportJobEnds();
   if (ended.empty()) return;
   absl::MutexLock lock(&mu_);
   for (const std::shared_ptr<JobHealth>& job : ended) {

@@ -66,20 +66,15 @@ std::unique_ptr<HealthManager::Session> HealthManager::NewSession() {
   return session;
 }
 
-absl::Status HealthManager::CheckRound(const v1::MemberRef& member,
-                                      const JobPhase& phase) {
-  if (member.round() < phase.round ||
-      (member.round() == phase.round &&
-       phase.state == v1::JOB_STATE_WAITING)) {
-    return absl::AbortedError(RoundOver(member.job_id(), member.round()));
-  }
-  if (member.round() > phase.round) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "round ", member.round(), " of job '", member.job_id(),
-        "' has not closed (the latest is ", phase.round, ")"));
-  }
-  return absl::OkStatus();
+namespace {
+
+// OK when `member` is of the round `phase` says is live (CheckRoundIsLive).
+absl::Status CheckRound(const v1::MemberRef& member, const JobPhase& phase) {
+  return CheckRoundIsLive(member.job_id(), member.round(), phase.round,
+                          phase.state != v1::JOB_STATE_WAITING);
 }
+
+}  // namespace
 
 absl::StatusOr<std::shared_ptr<HealthManager::JobHealth>>
 HealthManager::FindOrStart(const v1::MemberRef& member,
@@ -185,6 +180,23 @@ HealthManager::FindOrStart(const v1::MemberRef& member,
   return job;
 }
 
+void HealthManager::OnRoundEvent(const RoundEvent& event) {
+  switch (event.kind) {
+    case RoundEvent::Kind::kSuperseded:
+      RoundEnded(event.job_id, event.round);
+      break;
+    case RoundEvent::Kind::kReformRequested:
+      ReformRequested(event.job_id, event.round);
+      break;
+    case RoundEvent::Kind::kForgotten:
+      Forget(event.job_id);
+      break;
+    case RoundEvent::Kind::kClosed:    // monitored from its first heartbeat
+    case RoundEvent::Kind::kJobEnded:  // read from the job record
+      break;
+  }
+}
+
 void HealthManager::RoundEnded(const std::string& job_id, int64_t round) {
   absl::ReaderMutexLock lock(&mu_);
   auto it = jobs_health_.find(job_id);
@@ -262,6 +274,14 @@ absl::Status HealthManager::Resolve(Session* session,
 absl::StatusOr<bool> HealthManager::Heartbeat(Session* session,
                                               v1::HeartbeatRequest* request,
                                               v1::HeartbeatResponse* response) {
+  absl::StatusOr<bool> answered = HandleHeartbeat(session, request, response);
+  ReportJobEnds();  // a desync fails the job
+  return answered;
+}
+
+absl::StatusOr<bool> HealthManager::HandleHeartbeat(
+    Session* session, v1::HeartbeatRequest* request,
+    v1::HeartbeatResponse* response) {
   const v1::MemberRef& ref = request->member();
   if (session->job == nullptr || ref.rank() != session->rank ||
       ref.round() != session->round || ref.job_id() != session->job_id ||
@@ -451,6 +471,16 @@ void HealthManager::ReportLosses(const std::vector<Loss>& losses) {
   for (const Loss& loss : losses) on_loss_(loss);
 }
 
+void HealthManager::ReportJobEnds() {
+  std::vector<JobEnd> ends;
+  {
+    absl::MutexLock lock(&job_ends_mu_);
+    ends.swap(job_ends_);
+  }
+  if (!on_job_ended_) return;
+  for (const JobEnd& end : ends) on_job_ended_(end.job_id, end.state, end.reason);
+}
+
 absl::Status HealthManager::Transition(JobHealth* job, HealthUpdate update) {
   if (IsTerminal(update.job_state)) AddBrokenStreams(job, &update);
   absl::Status recorded = jobs_->RecordHealth(job->job_id, job->round, update);
@@ -496,14 +526,22 @@ absl::Status HealthManager::Transition(JobHealth* job, HealthUpdate update) {
     } else {
       GS_LOG(WARNING) << line;
     }
-    if (IsTerminal(update.job_state) && on_job_ended_) {
-      on_job_ended_(job->job_id, update.job_state, update.reason);
+    if (IsTerminal(update.job_state)) {
+      absl::MutexLock lock(&job_ends_mu_);
+      job_ends_.push_back({job->job_id, update.job_state, update.reason});
     }
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<v1::JobState> HealthManager::ReportCompletion(
+    const v1::ReportCompletionRequest& request) {
+  absl::StatusOr<v1::JobState> state = HandleCompletion(request);
+  ReportJobEnds();
+  return state;
+}
+
+absl::StatusOr<v1::JobState> HealthManager::HandleCompletion(
     const v1::ReportCompletionRequest& request) {
   Session session;
   GS_RETURN_IF_ERROR(Resolve(&session, request.member()));

@@ -73,6 +73,7 @@
 #include "proto/gradsync/v1/health.pb.h"
 #include "server/heartbeat_shedder.h"
 #include "server/job_manager.h"
+#include "server/round_lifecycle.h"
 
 namespace gradsync {
 
@@ -102,7 +103,7 @@ struct MemberSample {
   const v1::WorkerMetrics* metrics;
 };
 
-class HealthManager {
+class HealthManager : public RoundListener {
  public:
   // A member failure detection lost in a job whose policy is RECOVER.
   struct Loss {
@@ -121,8 +122,9 @@ class HealthManager {
   // superseded (the survivors re-forming need not wait for it).
   using LossCallback = std::function<void(const Loss&)>;
   // Told when a job ends (SUCCEEDED or FAILED) with the job's reason, so
-  // processes still waiting to join it can be turned away. Runs with the
-  // job's monitoring lock held: it must not call back into this manager.
+  // processes still waiting to join it can be turned away. Runs without
+  // this manager's locks held, before the call that ended the job returns
+  // (Heartbeat, StreamBroken, ReportCompletion, Poll).
   using JobEndedCallback =
       std::function<void(const std::string& job_id, v1::JobState state,
                          const std::string& reason)>;
@@ -136,7 +138,7 @@ class HealthManager {
   HealthManager(JobManager* jobs, Clock* clock, HealthConfig config,
                 LossCallback on_loss = nullptr,
                 JobEndedCallback on_job_ended = nullptr);
-  ~HealthManager();
+  ~HealthManager() override;
 
   // Creates the state of one heartbeat stream.
   static std::unique_ptr<Session> NewSession();
@@ -178,10 +180,13 @@ class HealthManager {
   void MonitorRunningRounds();
   static constexpr int kRestartGrace = 5;
 
+  // Follows the rendezvous: kSuperseded -> RoundEnded, kReformRequested ->
+  // ReformRequested, kForgotten -> Forget.
+  void OnRoundEvent(const RoundEvent& event) override;
+
   // The rendezvous superseded round `round` of `job_id`: from now on its
   // members' heartbeats and completion reports are ABORTED (they rejoin),
-  // without waiting for the next Poll. Takes no job lock, so the rendezvous
-  // may call it under its own.
+  // without waiting for the next Poll. Takes no job lock.
   void RoundEnded(const std::string& job_id, int64_t round);
 
   // The rendezvous asks the members of round `round` of `job_id` to re-form
@@ -356,10 +361,6 @@ class HealthManager {
       absl::string_view started_by = "monitoring began",
       int grace_windows = 0);
   std::vector<std::shared_ptr<JobHealth>> Snapshot() const;
-  // OK when `member` is of the round `phase` says is running: ABORTED for
-  // an older (or superseded) round, FAILED_PRECONDITION for a newer one.
-  static absl::Status CheckRound(const v1::MemberRef& member,
-                                 const JobPhase& phase);
   // The monitoring of round `round` of `job_id`; null when that round is
   // not monitored.
   std::shared_ptr<JobHealth> Monitored(const std::string& job_id,
@@ -406,6 +407,15 @@ class HealthManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // Tells on_loss_ about `losses`; no lock held.
   void ReportLosses(const std::vector<Loss>& losses);
+  // Tells on_job_ended_ about the job ends Transition queued; no job lock
+  // held.
+  void ReportJobEnds() ABSL_LOCKS_EXCLUDED(job_ends_mu_);
+  // Heartbeat and ReportCompletion, but for ReportJobEnds.
+  absl::StatusOr<bool> HandleHeartbeat(Session* session,
+                                       v1::HeartbeatRequest* request,
+                                       v1::HeartbeatResponse* response);
+  absl::StatusOr<v1::JobState> HandleCompletion(
+      const v1::ReportCompletionRequest& request);
   // Logs (and clears) the job's broken streams and reconnections.
   void LogReconnects(JobHealth* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // Sets or clears the hang diagnosis.
@@ -417,6 +427,15 @@ class HealthManager {
   const HealthConfig config_;
   const LossCallback on_loss_;
   const JobEndedCallback on_job_ended_;
+  // Job ends recorded under a job's lock, for ReportJobEnds; taken under the
+  // jobs' locks, and nothing is taken under it.
+  struct JobEnd {
+    std::string job_id;
+    v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+    std::string reason;
+  };
+  absl::Mutex job_ends_mu_;
+  std::vector<JobEnd> job_ends_ ABSL_GUARDED_BY(job_ends_mu_);
   std::atomic<bool> stopped_{false};
   std::atomic<int64_t> heartbeats_{0};
   std::atomic<int64_t> queue_delay_ns_{0};  // ReportQueueDelay

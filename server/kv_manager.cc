@@ -56,6 +56,23 @@ KvManager::~KvManager() {
   flusher_.join();
 }
 
+void KvManager::OnRoundEvent(const RoundEvent& event) {
+  switch (event.kind) {
+    case RoundEvent::Kind::kClosed:
+      OpenRound(event.job_id, event.round);
+      break;
+    case RoundEvent::Kind::kSuperseded:
+      RetireRound(event.job_id, event.round);
+      break;
+    case RoundEvent::Kind::kForgotten:
+      ForgetJob(event.job_id);
+      break;
+    case RoundEvent::Kind::kReformRequested:
+    case RoundEvent::Kind::kJobEnded:
+      break;  // the round's store serves on until it is retired
+  }
+}
+
 void KvManager::OpenRound(const std::string& job_id, int64_t round) {
   std::vector<Completion> completions;
   uint64_t reset = 0;
@@ -393,18 +410,8 @@ absl::StatusOr<KvManager::JobKv*> KvManager::CheckScopeLocked(
         absl::StrCat("job '", scope.job_id, "' not found"));
   }
   JobKv& job = it->second;
-  if (scope.round < job.round || (scope.round == job.round && !job.open)) {
-    return absl::AbortedError(absl::StrCat(
-        "round ", scope.round, " of job '", scope.job_id,
-        "' is over (latest round: ", job.round, ", ",
-        job.open ? "running" : "superseded, the next one is forming",
-        "): rejoin to get a new assignment"));
-  }
-  if (scope.round > job.round) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "round ", scope.round, " of job '", scope.job_id,
-        "' has not closed (latest closed round: ", job.round, ")"));
-  }
+  GS_RETURN_IF_ERROR(
+      CheckRoundIsLive(scope.job_id, scope.round, job.round, job.open));
   return &job;
 }
 

@@ -1,7 +1,8 @@
 // The key-value store workers bootstrap NCCL and Gloo through. Keys live in
-// the namespace of one job's round; the rendezvous manager opens a round when
-// it closes and retires it when it is superseded, which drops its keys and
-// fails its pending waits with ABORTED.
+// the namespace of one job's round; the store follows the rendezvous's round
+// events (a RoundListener): a round's store opens when the round closes and
+// is retired when it is superseded, which drops its keys and fails its
+// pending waits with ABORTED.
 #ifndef GRADSYNC_SERVER_KV_MANAGER_H_
 #define GRADSYNC_SERVER_KV_MANAGER_H_
 
@@ -22,6 +23,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "server/job_manager.h"
+#include "server/round_lifecycle.h"
 #include "server/storage/storage.h"
 
 namespace gradsync {
@@ -64,7 +66,7 @@ struct CasResult {
 // Thread-safe. Lock order: mu_ before flush_mu_; may call JobManager while
 // holding mu_, never calls the rendezvous manager. Wait callbacks run
 // without locks held. `storage`, `clock` and `jobs` must outlive it.
-class KvManager {
+class KvManager : public RoundListener {
  public:
   // Called exactly once with the outcome of a Wait.
   using WaitCallback = std::function<void(absl::Status)>;
@@ -75,9 +77,14 @@ class KvManager {
   // what is still queued and stops it.
   KvManager(Storage* storage, Clock* clock, const JobManager* jobs,
             KvLimits limits = KvLimits());
-  ~KvManager();
+  ~KvManager() override;
   KvManager(const KvManager&) = delete;
   KvManager& operator=(const KvManager&) = delete;
+
+  // Follows the rendezvous: kClosed opens the round's store (OpenRound),
+  // kSuperseded retires it (RetireRound), kForgotten drops the job
+  // (ForgetJob).
+  void OnRoundEvent(const RoundEvent& event) override;
 
   // Makes `round` the job's current round: older rounds' keys are dropped
   // and their waits fail with ABORTED.

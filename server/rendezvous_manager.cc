@@ -11,13 +11,9 @@
 
 namespace gradsync {
 
-RendezvousManager::RendezvousManager(JobManager* jobs, KvManager* kv,
-                                     Clock* clock,
-                                     RoundEventCallback on_round_event)
-    : jobs_(jobs),
-      kv_(kv),
-      clock_(clock),
-      on_round_event_(std::move(on_round_event)) {}
+RendezvousManager::RendezvousManager(JobManager* jobs, Clock* clock,
+                                     std::vector<RoundListener*> listeners)
+    : jobs_(jobs), clock_(clock), listeners_(std::move(listeners)) {}
 
 absl::StatusOr<v1::JobConfig> RendezvousManager::AdmitJoin(
     const std::vector<v1::JoinRequest>& processes) {
@@ -66,8 +62,7 @@ uint64_t RendezvousManager::Join(const v1::JoinRequest& request,
     JoinLocked(JobFor(*config), request, std::move(done), &ticket,
                &completions);
   }
-  Run(std::move(completions));
-  ReportRoundEvents();
+  Finish(std::move(completions));
   return ticket;
 }
 
@@ -155,8 +150,7 @@ std::vector<uint64_t> RendezvousManager::JoinNode(
       node->SetTicket(i, ticket);
     }
   }
-  Run(std::move(completions));
-  ReportRoundEvents();
+  Finish(std::move(completions));
   return node->Tickets();
 }
 
@@ -164,7 +158,7 @@ RendezvousManager::JobRendezvous* RendezvousManager::JobFor(
     const v1::JobConfig& config) {
   std::unique_ptr<JobRendezvous>& job = rendezvous_[config.job_id()];
   if (job == nullptr) {
-    job = std::make_unique<JobRendezvous>();
+    job = std::make_unique<JobRendezvous>(RoundPhase::kForming);
     job->config = config;
   }
   return job.get();
@@ -178,8 +172,17 @@ void RendezvousManager::JoinLocked(JobRendezvous* job,
   node.set_node_id(NodeIdOf(node));
   const std::string& incarnation = node.incarnation_id();
   const int nproc = job->config.nproc_per_node();
+  if (job->phase == RoundPhase::kEnded) {
+    // Admitted just before the job ended: nothing will form again.
+    completions->emplace_back(
+        std::move(done),
+        absl::FailedPreconditionError(absl::StrCat(
+            "job '", job->config.job_id(),
+            "' has ended; a new run needs a new job id")));
+    return;
+  }
 
-  if (job->running) {
+  if (RoundRuns(job->phase)) {
     auto member = job->member_by_incarnation.find(incarnation);
     if (member != job->member_by_incarnation.end()) {
       const Member& m = job->members[member->second];
@@ -188,7 +191,7 @@ void RendezvousManager::JoinLocked(JobRendezvous* job,
         completions->emplace_back(std::move(done), m.assignment);
         return;
       }
-      const bool planned = !job->reform_reason.empty();
+      const bool planned = job->phase == RoundPhase::kReformRequested;
       SupersedeLocked(
           job, planned ? job->reform_reason
                        : absl::StrCat("rank ", m.assignment.rank(), " (",
@@ -244,7 +247,7 @@ void RendezvousManager::JoinLocked(JobRendezvous* job,
   job->by_ticket[it->ticket] = it;
   job->by_incarnation[it->node.incarnation_id()] = it;
   GS_LOG(INFO) << "job '" << job_id << "': " << DescribeProcess(it->node)
-               << (job->running ? " joined as a spare" : " joined")
+               << (RoundRuns(job->phase) ? " joined as a spare" : " joined")
                << " (" << job->complete_nodes << " complete node(s), need "
                << job->config.min_nodes() << ":" << job->config.max_nodes()
                << ")";
@@ -256,7 +259,7 @@ void RendezvousManager::SupersedeLocked(JobRendezvous* job,
                                         const std::string& reason,
                                         absl::Duration detection) {
   const std::string& job_id = job->config.job_id();
-  job->running = false;
+  SetPhaseLocked(job, RoundPhase::kSuperseded);
   job->reform_reason.clear();
   job->cause_is_rejoin = false;
   v1::Recovery& recovery = job->recovery.emplace();
@@ -273,7 +276,6 @@ void RendezvousManager::SupersedeLocked(JobRendezvous* job,
   job->awaited_nodes = job->previous_round_nodes;
   job->node_rank_by_node.clear();
   job->members.clear();
-  kv_->RetireRound(job_id, job->round);
   absl::Status recorded = jobs_->RecordRoundSuperseded(job_id, reason);
   if (!recorded.ok()) {
     GS_LOG(ERROR) << "job '" << job_id << "': could not record the end of round "
@@ -281,24 +283,50 @@ void RendezvousManager::SupersedeLocked(JobRendezvous* job,
   }
   GS_LOG(INFO) << "job '" << job_id << "' round " << job->round
                << " superseded: " << reason;
-  round_events_.push_back({job_id, job->round, RoundEvent::kSuperseded});
+  AddEventLocked(RoundEvent::Kind::kSuperseded, *job, reason);
 }
 
-void RendezvousManager::ReportRoundEvents() {
-  std::vector<PendingEvent> events;
+void RendezvousManager::SetPhaseLocked(JobRendezvous* job, RoundPhase to) {
+  GS_CHECK(RoundPhaseMayBecome(job->phase, to))
+      << "job '" << job->config.job_id() << "': the rendezvous cannot go from "
+      << RoundPhaseName(job->phase) << " to " << RoundPhaseName(to);
+  job->phase = to;
+}
+
+void RendezvousManager::AddEventLocked(RoundEvent::Kind kind,
+                                       const JobRendezvous& job,
+                                       const std::string& reason) {
+  round_events_.push_back({kind, job.config.job_id(), job.round, reason});
+}
+
+void RendezvousManager::CancelLastCallLocked(JobRendezvous* job) {
+  if (!job->last_call_deadline.has_value()) return;
+  last_calls_.erase({*job->last_call_deadline, job->config.job_id()});
+  job->last_call_deadline.reset();
+}
+
+void RendezvousManager::Finish(std::vector<Completion> completions) {
   {
-    absl::MutexLock lock(&mu_);
-    events.swap(round_events_);
+    absl::MutexLock delivering(&deliver_mu_);
+    std::vector<RoundEvent> events;
+    {
+      absl::MutexLock lock(&mu_);
+      events.swap(round_events_);
+    }
+    for (const RoundEvent& event : events) {
+      for (RoundListener* listener : listeners_) listener->OnRoundEvent(event);
+    }
   }
-  if (!on_round_event_) return;
-  for (const PendingEvent& e : events) {
-    on_round_event_(e.job_id, e.round, e.event);
-  }
+  for (auto& [done, result] : completions) done(std::move(result));
 }
 
 void RendezvousManager::MaybeCloseLocked(JobRendezvous* job,
                                          std::vector<Completion>* completions) {
-  if (job->running) return;
+  if (job->phase != RoundPhase::kForming &&
+      job->phase != RoundPhase::kLastCall &&
+      job->phase != RoundPhase::kSuperseded) {
+    return;
+  }
   const v1::JobConfig& config = job->config;
   const bool reforming = !job->previous_round_nodes.empty();
   const bool awaited_back = !reforming || AwaitedBackLocked(*job);
@@ -314,18 +342,20 @@ void RendezvousManager::MaybeCloseLocked(JobRendezvous* job,
     return;
   }
   if (job->complete_nodes < config.min_nodes()) {
-    if (job->last_call_deadline.has_value()) {
-      last_calls_.erase({*job->last_call_deadline, config.job_id()});
-      job->last_call_deadline.reset();
+    if (job->phase == RoundPhase::kLastCall) {
+      CancelLastCallLocked(job);
+      SetPhaseLocked(job, reforming ? RoundPhase::kSuperseded
+                                    : RoundPhase::kForming);
     }
     return;
   }
   absl::Time now = clock_->Now();
-  if (!job->last_call_deadline.has_value()) {
+  if (job->phase != RoundPhase::kLastCall) {
     absl::Duration wait = FromProtoDuration(config.last_call_timeout());
     if (!awaited_back) wait = std::max(wait, kAwaitedGrace);
     job->last_call_deadline = now + wait;
     last_calls_.emplace(*job->last_call_deadline, config.job_id());
+    SetPhaseLocked(job, RoundPhase::kLastCall);
   }
   if (*job->last_call_deadline <= now) CloseLocked(job, completions);
 }
@@ -333,8 +363,7 @@ void RendezvousManager::MaybeCloseLocked(JobRendezvous* job,
 void RendezvousManager::MaybeGrowLocked(JobRendezvous* job,
                                         const std::string& node_id) {
   const int nodes = static_cast<int>(job->node_rank_by_node.size());
-  if (!job->running || !job->reform_reason.empty() ||
-      nodes >= job->config.max_nodes() ||
+  if (job->phase != RoundPhase::kRunning || nodes >= job->config.max_nodes() ||
       job->pending_per_node[node_id] != job->config.nproc_per_node()) {
     return;
   }
@@ -343,8 +372,8 @@ void RendezvousManager::MaybeGrowLocked(JobRendezvous* job,
       " of at most ", job->config.max_nodes(),
       " node(s): the round re-forms at a step boundary to admit it");
   GS_LOG(INFO) << "job '" << job->config.job_id() << "': " << job->reform_reason;
-  round_events_.push_back(
-      {job->config.job_id(), job->round, RoundEvent::kReformRequested});
+  SetPhaseLocked(job, RoundPhase::kReformRequested);
+  AddEventLocked(RoundEvent::Kind::kReformRequested, *job, job->reform_reason);
 }
 
 bool RendezvousManager::AwaitedBackLocked(const JobRendezvous& job) const {
@@ -371,7 +400,8 @@ void RendezvousManager::MemberLost(const std::string& job_id, int64_t round,
         rank >= static_cast<int>(job->node_of_rank.size())) {
       return;
     }
-    if (job->running) {
+    if (job->phase == RoundPhase::kEnded) return;
+    if (RoundRuns(job->phase)) {
       SupersedeLocked(job, reason, detection);
     } else if (job->cause_is_rejoin && job->recovery.has_value()) {
       // The survivors rejoined first; this loss is why.
@@ -387,8 +417,7 @@ void RendezvousManager::MemberLost(const std::string& job_id, int64_t round,
     }
     MaybeCloseLocked(job, &completions);
   }
-  Run(std::move(completions));
-  ReportRoundEvents();
+  Finish(std::move(completions));
 }
 
 void RendezvousManager::CloseLocked(JobRendezvous* job,
@@ -466,7 +495,8 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
   }
 
   job->round = round;
-  job->running = true;
+  CancelLastCallLocked(job);
+  SetPhaseLocked(job, RoundPhase::kRunning);
   job->recovery.reset();
   job->members.assign(world_size, Member());
   job->member_by_incarnation.clear();
@@ -474,13 +504,9 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
   job->previous_round_nodes.clear();
   job->awaited_nodes.clear();
   job->node_of_rank.assign(world_size, std::string());
-  if (job->last_call_deadline.has_value()) {
-    last_calls_.erase({*job->last_call_deadline, job_id});
-    job->last_call_deadline.reset();
-  }
-  // The KV round opens before any assignment leaves (they leave once the
-  // lock is released).
-  kv_->OpenRound(job_id, job->round);
+  // The listeners (the KV round opens) hear of it before any assignment
+  // leaves (Finish).
+  AddEventLocked(RoundEvent::Kind::kClosed, *job, std::string());
   for (int i = 0; i < num_nodes; ++i) {
     const std::string& node_id = placement.nodes[i];
     const int node_rank = placement.node_rank[i];
@@ -537,7 +563,7 @@ void RendezvousManager::CancelJoin(uint64_t ticket) {
         absl::CancelledError("the join was cancelled by its caller"));
     MaybeCloseLocked(job, &completions);
   }
-  Run(std::move(completions));
+  Finish(std::move(completions));
 }
 
 absl::Status RendezvousManager::Leave(const std::string& job_id,
@@ -572,7 +598,7 @@ absl::Status RendezvousManager::Leave(const std::string& job_id,
                              absl::CancelledError("the process left the job"));
     MaybeCloseLocked(job, &completions);
   }
-  Run(std::move(completions));
+  Finish(std::move(completions));
   return absl::OkStatus();
 }
 
@@ -583,15 +609,20 @@ void RendezvousManager::JobEnded(const std::string& job_id, v1::JobState state,
     absl::MutexLock lock(&mu_);
     auto it = rendezvous_.find(job_id);
     if (it == rendezvous_.end()) return;
+    JobRendezvous* job = it->second.get();
+    if (job->phase == RoundPhase::kEnded) return;
     FailPendingLocked(
-        it->second.get(),
+        job,
         absl::FailedPreconditionError(absl::StrCat(
             "job '", job_id, "' has ended (", JobStateName(state), ": ", reason,
             ") while this process waited to join it; a new run needs a new "
             "job id")),
         &completions);
+    SetPhaseLocked(job, RoundPhase::kEnded);
+    AddEventLocked(RoundEvent::Kind::kJobEnded, *job,
+                   absl::StrCat(JobStateName(state), ": ", reason));
   }
-  Run(std::move(completions));
+  Finish(std::move(completions));
 }
 
 void RendezvousManager::FailPendingLocked(JobRendezvous* job,
@@ -605,25 +636,28 @@ void RendezvousManager::FailPendingLocked(JobRendezvous* job,
     completions->emplace_back(RemovePendingLocked(job, job->pending.begin()),
                               status);
   }
-  if (job->last_call_deadline.has_value()) {
-    last_calls_.erase({*job->last_call_deadline, job_id});
-    job->last_call_deadline.reset();
-  }
+  CancelLastCallLocked(job);
 }
 
 void RendezvousManager::ForgetJob(const std::string& job_id) {
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
+    int64_t round = 0;
     auto it = rendezvous_.find(job_id);
-    if (it == rendezvous_.end()) return;
-    FailPendingLocked(it->second.get(),
-                      absl::FailedPreconditionError(absl::StrCat(
-                          "job '", job_id, "' has ended: start a new job id")),
-                      &completions);
-    rendezvous_.erase(it);
+    if (it != rendezvous_.end()) {
+      round = it->second->round;
+      FailPendingLocked(it->second.get(),
+                        absl::FailedPreconditionError(absl::StrCat(
+                            "job '", job_id, "' has ended: start a new job id")),
+                        &completions);
+      rendezvous_.erase(it);
+    }
+    // The other managers may hold a job this one does not (restored ended).
+    round_events_.push_back(
+        {RoundEvent::Kind::kForgotten, job_id, round, "retention ended"});
   }
-  Run(std::move(completions));
+  Finish(std::move(completions));
 }
 
 void RendezvousManager::Poll() {
@@ -650,7 +684,7 @@ void RendezvousManager::Poll() {
       MaybeCloseLocked(rendezvous_.at(job_id).get(), &completions);
     }
   }
-  Run(std::move(completions));
+  Finish(std::move(completions));
 }
 
 std::string RendezvousManager::TimeoutMessageLocked(const JobRendezvous& job,
@@ -658,7 +692,7 @@ std::string RendezvousManager::TimeoutMessageLocked(const JobRendezvous& job,
   const v1::JobConfig& config = job.config;
   std::string waited =
       absl::FormatDuration(FromProtoDuration(config.join_timeout()));
-  if (job.running) {
+  if (RoundRuns(job.phase)) {
     return absl::StrCat(
         "job '", config.job_id(), "' is running round ", job.round,
         "; this process waited ", waited,
@@ -671,10 +705,6 @@ std::string RendezvousManager::TimeoutMessageLocked(const JobRendezvous& job,
       job.pending.size(),
       " process(es) waiting): check that every node was started with the "
       "same job and can reach the coordinator");
-}
-
-void RendezvousManager::Run(std::vector<Completion> completions) {
-  for (auto& [done, result] : completions) done(std::move(result));
 }
 
 }  // namespace gradsync

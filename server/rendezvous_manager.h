@@ -1,14 +1,16 @@
 // Rendezvous: worker processes join a job; a round closes when enough nodes
 // have joined; every member then gets its ranks and the negotiated backend.
 //
-// A job's life in rounds:
-//   forming round N+1 --(max nodes, or min nodes + last call)--> round N+1
-//   running --(a member rejoins, or a new incarnation on a member's node)-->
-//   round N+1 superseded, forming round N+2 ...
-// Joiners that arrive while a round is running wait as spares for the next
-// round, unless the round has fewer than max nodes: then a joiner completing
-// a node supersedes it, so the next round admits that node (grow). Time-based transitions (last call, join timeout) happen in Poll(),
-// so tests drive them with a FakeClock.
+// A job's life in rounds is the RoundPhase of server/round_lifecycle.h,
+// which this manager alone writes: forming round N+1 --(max nodes, or min
+// nodes + last call)--> round N+1 running --(a member lost or rejoins, or a
+// new incarnation on a member's node)--> round N+1 superseded, forming round
+// N+2 ... Joiners that arrive while a round is running wait as spares for the
+// next round, unless the round has fewer than max nodes: then a joiner
+// completing a node asks the round to re-form, so the next round admits that
+// node (grow). The other managers follow the rounds as RoundListeners.
+// Time-based transitions (last call, join timeout) happen in Poll(), so
+// tests drive them with a FakeClock.
 #ifndef GRADSYNC_SERVER_RENDEZVOUS_MANAGER_H_
 #define GRADSYNC_SERVER_RENDEZVOUS_MANAGER_H_
 
@@ -32,7 +34,7 @@
 #include "common/clock.h"
 #include "proto/gradsync/v1/rendezvous.pb.h"
 #include "server/job_manager.h"
-#include "server/kv_manager.h"
+#include "server/round_lifecycle.h"
 
 namespace gradsync {
 
@@ -42,10 +44,12 @@ namespace gradsync {
 // join's checks are server/join_request.h, the placement decisions
 // server/round_placement.h.
 //
-// Thread-safe. Lock order: holds its lock while calling JobManager and
-// KvManager, which never call back. Join callbacks and the round-ended
-// callback always run without the lock held. `jobs`, `kv` and `clock` must
-// outlive it.
+// Thread-safe. Lock order: delivery before the state lock; holds the state
+// lock while calling JobManager, which never calls back. Join callbacks and
+// the listeners always run without the state lock held; the listeners get
+// every round event before the answers of the call that caused it (the
+// ordering contract in round_lifecycle.h). `jobs`, `clock` and the listeners
+// must outlive it.
 class RendezvousManager {
  public:
   // How long a round re-forming after a supersede waits for nodes of the old
@@ -56,24 +60,9 @@ class RendezvousManager {
   // Called exactly once with the outcome of a Join.
   using JoinCallback = std::function<void(absl::StatusOr<v1::Assignment>)>;
 
-  // What a round's members must be told about, besides their assignment.
-  enum class RoundEvent {
-    // The round was superseded: its members must stop and rejoin.
-    kSuperseded,
-    // A node waits to join the round, which runs below the job's MAX: its
-    // members should stop together at their next step boundary and rejoin,
-    // so that the next round admits the node and no step is lost.
-    kReformRequested,
-  };
-  // Told, without this manager's lock held, about a round's events. The
-  // composition root points it at failure detection, which passes them on
-  // to the members with their heartbeat answers (and turns the members of a
-  // superseded round away at once).
-  using RoundEventCallback = std::function<void(
-      const std::string& job_id, int64_t round, RoundEvent event)>;
-
-  RendezvousManager(JobManager* jobs, KvManager* kv, Clock* clock,
-                    RoundEventCallback on_round_event = nullptr);
+  // `listeners` are told about every round event, in this order.
+  RendezvousManager(JobManager* jobs, Clock* clock,
+                    std::vector<RoundListener*> listeners = {});
 
   // After a restart on durable state: rebuilds the rendezvous of every job
   // that has not ended from its record (JobManager), so that its rounds keep
@@ -127,12 +116,15 @@ class RendezvousManager {
                      const std::string& incarnation_id);
 
   // The job ended (SUCCEEDED or FAILED, for `reason`): joins waiting for
-  // its next round (spares) fail with FAILED_PRECONDITION saying so.
+  // its next round (spares) fail with FAILED_PRECONDITION saying so, and
+  // the listeners are told (RoundEvent::kJobEnded).
   void JobEnded(const std::string& job_id, v1::JobState state,
                 const std::string& reason);
 
   // Drops everything about `job_id` (the job ended and was forgotten after
-  // its retention period): waiting joins fail with FAILED_PRECONDITION.
+  // its retention period): waiting joins fail with FAILED_PRECONDITION, and
+  // the listeners drop theirs (RoundEvent::kForgotten, told also when this
+  // manager held nothing of the job).
   void ForgetJob(const std::string& job_id);
 
   // Counts the processes waiting for a round to form, and the spares
@@ -142,6 +134,10 @@ class RendezvousManager {
   // Closes rounds whose last call has passed and fails joins whose timeout
   // has passed. Called periodically (and by tests after stepping the clock).
   void Poll();
+
+  // The phase of `job_id`'s rendezvous; nullopt for a job it holds nothing
+  // of.
+  std::optional<RoundPhase> PhaseOf(const std::string& job_id) const;
 
   // Adds the job's waiting processes (forming round) or spares (while a
   // round runs) to `status`. A no-op for jobs without waiting processes.
@@ -168,11 +164,12 @@ class RendezvousManager {
     absl::Time joined;
   };
   struct JobRendezvous {
+    explicit JobRendezvous(RoundPhase initial) : phase(initial) {}
     v1::JobConfig config;
     int64_t round = 0;  // latest closed round; 0 before the first closes
-    // Whether `round` is running (not superseded). While it runs, joiners
-    // are spares; otherwise they form round + 1.
-    bool running = false;
+    // Written by SetPhaseLocked only. While `round` runs, joiners are
+    // spares; otherwise they form round + 1.
+    RoundPhase phase;
     std::vector<Member> members;  // of `round`, in rank order
     absl::flat_hash_map<std::string, size_t> member_by_incarnation;
     absl::flat_hash_map<std::string, int> node_rank_by_node;  // of `round`
@@ -192,8 +189,8 @@ class RendezvousManager {
     // of the round found lost before the next round closes (most often the
     // one whose failure made the survivors rejoin) becomes the cause.
     bool cause_is_rejoin = false;
-    // While `round` runs: why its members were asked to re-form at a step
-    // boundary (a node waits to join); empty when they were not.
+    // In kReformRequested: why the members were asked to re-form at a step
+    // boundary (a node waits to join); empty otherwise.
     std::string reform_reason;
     // Waiting processes in join order, indexed by ticket and incarnation.
     std::list<Joiner> pending;
@@ -202,7 +199,7 @@ class RendezvousManager {
         by_incarnation;
     absl::flat_hash_map<std::string, int> pending_per_node;
     int complete_nodes = 0;  // nodes with nproc_per_node pending processes
-    // Set while a forming round has >= min complete nodes.
+    // Set while the phase is kLastCall.
     std::optional<absl::Time> last_call_deadline;
     // node id -> node rank it held last, so a returning node gets it back.
     absl::flat_hash_map<std::string, int> remembered_node_rank;
@@ -214,6 +211,18 @@ class RendezvousManager {
   // creates their job: its config, or the error to answer with.
   absl::StatusOr<v1::JobConfig> AdmitJoin(
       const std::vector<v1::JoinRequest>& processes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Moves `job` to phase `to` (a transition RoundPhaseMayBecome allows):
+  // the one place a phase changes.
+  void SetPhaseLocked(JobRendezvous* job, RoundPhase to)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `event` for the listeners (Finish delivers it).
+  void AddEventLocked(RoundEvent::Kind kind, const JobRendezvous& job,
+                      const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the last-call deadline of `job`, if one is set (the caller moves
+  // the phase on).
+  void CancelLastCallLocked(JobRendezvous* job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The rendezvous of the job `config` describes, made on first use.
   JobRendezvous* JobFor(const v1::JobConfig& config)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -261,15 +270,20 @@ class RendezvousManager {
                                    const Joiner& joiner) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  static void Run(std::vector<Completion> completions);
-  // Tells on_round_event_ about the round events since the last call.
-  void ReportRoundEvents() ABSL_LOCKS_EXCLUDED(mu_);
+  // Delivers every queued round event to the listeners, then answers
+  // `completions` (the ordering contract of round_lifecycle.h: a caller that
+  // finds the queue taken by another thread waits until that thread has
+  // delivered it).
+  void Finish(std::vector<Completion> completions)
+      ABSL_LOCKS_EXCLUDED(mu_, deliver_mu_);
 
   JobManager* const jobs_;
-  KvManager* const kv_;
   Clock* const clock_;
-  const RoundEventCallback on_round_event_;
+  const std::vector<RoundListener*> listeners_;
 
+  // Held while round events are delivered, so that they reach the listeners
+  // in the order they happened.
+  absl::Mutex deliver_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<JobRendezvous>> rendezvous_
       ABSL_GUARDED_BY(mu_);
@@ -282,13 +296,8 @@ class RendezvousManager {
   // (last-call deadline, job id), earliest first.
   std::set<std::pair<absl::Time, std::string>> last_calls_
       ABSL_GUARDED_BY(mu_);
-  // Round events not yet reported (ReportRoundEvents), in order.
-  struct PendingEvent {
-    std::string job_id;
-    int64_t round = 0;
-    RoundEvent event = RoundEvent::kSuperseded;
-  };
-  std::vector<PendingEvent> round_events_ ABSL_GUARDED_BY(mu_);
+  // Round events not yet delivered (Finish), in order.
+  std::vector<RoundEvent> round_events_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradsync

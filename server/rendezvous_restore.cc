@@ -13,20 +13,27 @@
 namespace gradsync {
 
 absl::Status RendezvousManager::Restore() {
-  absl::MutexLock lock(&mu_);
-  for (const v1::JobStatus& listed : jobs_->List()) {
-    const std::string& job_id = listed.config().job_id();
-    if (listed.round() < 1 || IsTerminal(listed.state())) continue;
-    absl::StatusOr<v1::JobStatus> record = jobs_->Get(job_id);
-    if (!record.ok()) return record.status();
-    std::unique_ptr<JobRendezvous>& job = rendezvous_[job_id];
-    job = std::make_unique<JobRendezvous>();
-    absl::Status restored = RestoreLocked(*record, job.get());
-    if (!restored.ok()) {
-      rendezvous_.erase(job_id);
-      return restored;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const v1::JobStatus& listed : jobs_->List()) {
+      const std::string& job_id = listed.config().job_id();
+      if (listed.round() < 1 || IsTerminal(listed.state())) continue;
+      absl::StatusOr<v1::JobStatus> record = jobs_->Get(job_id);
+      if (!record.ok()) return record.status();
+      std::unique_ptr<JobRendezvous>& job = rendezvous_[job_id];
+      // Where the record says the job is: its round runs, or was superseded.
+      job = std::make_unique<JobRendezvous>(
+          record->state() == v1::JOB_STATE_WAITING ? RoundPhase::kSuperseded
+                                                   : RoundPhase::kRunning);
+      absl::Status restored = RestoreLocked(*record, job.get());
+      if (!restored.ok()) {
+        rendezvous_.erase(job_id);
+        return restored;
+      }
     }
   }
+  // The rounds recorded with a lost member were superseded just now.
+  Finish({});
   return absl::OkStatus();
 }
 
@@ -59,9 +66,9 @@ absl::Status RendezvousManager::RestoreLocked(const v1::JobStatus& record,
 
   job->config = config;
   job->round = record.round();
-  job->running = record.state() != v1::JOB_STATE_WAITING;
+  const bool running = RoundRuns(job->phase);
   job->node_of_rank.assign(world, std::string());
-  if (job->running) job->members.assign(world, Member());
+  if (running) job->members.assign(world, Member());
   std::vector<std::string> lost_nodes;
   for (int rank = 0; rank < world; ++rank) {
     const v1::Member& m = record.members(rank);
@@ -75,7 +82,7 @@ absl::Status RendezvousManager::RestoreLocked(const v1::JobStatus& record,
     job->node_of_rank[rank] = node_id;
     job->remembered_node_rank[node_id] = m.node_rank();
     if (m.state() == v1::MEMBER_STATE_LOST) lost_nodes.push_back(node_id);
-    if (job->running) {
+    if (running) {
       Member& member = job->members[rank];
       member.node = m.node();
       member.joined = FromProtoTime(record.round_close_time());
@@ -87,7 +94,7 @@ absl::Status RendezvousManager::RestoreLocked(const v1::JobStatus& record,
       job->awaited_nodes.insert(node_id);
     }
   }
-  if (!job->running) {
+  if (!running) {
     // Superseded before the restart: what the recovery record knew then,
     // but for how long detection took.
     v1::Recovery& recovery = job->recovery.emplace();
@@ -102,7 +109,7 @@ absl::Status RendezvousManager::RestoreLocked(const v1::JobStatus& record,
     job->awaited_nodes.erase(node_id);
   }
   GS_LOG(INFO) << "job '" << config.job_id() << "': round " << job->round
-               << " restored, " << (job->running ? "running" : "re-forming")
+               << " restored, " << RoundPhaseName(job->phase)
                << ", " << world << " member(s)";
   return absl::OkStatus();
 }

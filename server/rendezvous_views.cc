@@ -10,9 +10,18 @@ std::pair<int64_t, int64_t> RendezvousManager::CountPending() const {
   absl::MutexLock lock(&mu_);
   std::pair<int64_t, int64_t> counts = {0, 0};
   for (const auto& [id, job] : rendezvous_) {
-    (job->running ? counts.second : counts.first) += job->pending.size();
+    (RoundRuns(job->phase) ? counts.second : counts.first) +=
+        job->pending.size();
   }
   return counts;
+}
+
+std::optional<RoundPhase> RendezvousManager::PhaseOf(
+    const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = rendezvous_.find(job_id);
+  if (it == rendezvous_.end()) return std::nullopt;
+  return it->second->phase;
 }
 
 void RendezvousManager::DescribeWaiting(const std::string& job_id,
@@ -23,13 +32,13 @@ void RendezvousManager::DescribeWaiting(const std::string& job_id,
   const JobRendezvous& job = *it->second;
   for (const Joiner& joiner : job.pending) {
     v1::Member* member =
-        job.running ? status->add_spares() : status->add_waiting();
+        RoundRuns(job.phase) ? status->add_spares() : status->add_waiting();
     member->set_rank(-1);
     member->set_local_rank(-1);
     member->set_node_rank(-1);
     *member->mutable_node() = joiner.node;
-    member->set_state(job.running ? v1::MEMBER_STATE_SPARE
-                                  : v1::MEMBER_STATE_WAITING);
+    member->set_state(RoundRuns(job.phase) ? v1::MEMBER_STATE_SPARE
+                                           : v1::MEMBER_STATE_WAITING);
     *member->mutable_last_seen() = ToProtoTime(joiner.join_time);
   }
 }

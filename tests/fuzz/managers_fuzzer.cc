@@ -39,17 +39,9 @@ struct Managers {
   FakeClock clock;
   JobManager jobs{&storage, &clock};
   KvManager kv{&storage, &clock, &jobs};
-  HealthManager* health_ptr = nullptr;
-  RendezvousManager rendezvous{
-      &jobs, &kv, &clock,
-      [this](const std::string& job_id, int64_t round,
-             RendezvousManager::RoundEvent event) {
-        if (event == RendezvousManager::RoundEvent::kSuperseded) {
-          health_ptr->RoundEnded(job_id, round);
-        } else {
-          health_ptr->ReformRequested(job_id, round);
-        }
-      }};
+  // The store and the monitoring follow the rendezvous's round events
+  // (`health` is constructed next; only its address is taken here).
+  RendezvousManager rendezvous{&jobs, &clock, {&kv, &health}};
   HealthManager health{
       &jobs, &clock, HealthConfig(),
       [this](const HealthManager::Loss& loss) {
@@ -60,7 +52,6 @@ struct Managers {
              const std::string& reason) {
         rendezvous.JobEnded(job_id, state, reason);
       }};
-  Managers() { health_ptr = &health; }
 };
 
 // Counts answers: every callback must run exactly once.
@@ -255,14 +246,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     m.kv.Poll();
     m.health.Poll();
     for (const std::string& job : m.jobs.EndedBefore(absl::InfiniteFuture())) {
-      m.rendezvous.ForgetJob(job);
-      m.kv.ForgetJob(job);
-      m.health.Forget(job);
+      m.rendezvous.ForgetJob(job);  // and, through its event, kv and health
       m.jobs.ForgetIfEndedBefore(job, absl::InfiniteFuture());
     }
     for (const v1::JobStatus& job : m.jobs.List()) {
       m.rendezvous.ForgetJob(job.config().job_id());
-      m.kv.ForgetJob(job.config().job_id());
     }
   }
   // Every join and wait was answered, once: none left hanging when its job

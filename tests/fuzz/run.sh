@@ -32,7 +32,7 @@ library=(
   server/metrics.cc server/metrics_http_server.cc server/monitor_service.cc
   server/prometheus_text.cc server/rendezvous_manager.cc
   server/rendezvous_restore.cc server/rendezvous_views.cc
-  server/round_placement.cc
+  server/round_lifecycle.cc server/round_placement.cc
   server/rendezvous_service.cc server/rpc_stats.cc server/status_page.cc
   server/tokens_service.cc
   server/storage/in_memory_storage.cc

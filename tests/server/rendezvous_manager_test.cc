@@ -23,6 +23,7 @@
 #include "server/job_manager.h"
 #include "server/join_request.h"
 #include "server/kv_manager.h"
+#include "server/round_lifecycle.h"
 #include "server/round_placement.h"
 #include "server/storage/in_memory_storage.h"
 #include "tests/testing/outcome.h"
@@ -126,6 +127,38 @@ v1::JobConfig Config(const ConfigSpec& spec) {
   return config;
 }
 
+// Records the round events it is told about (the kind, job and round).
+class EventLog : public RoundListener {
+ public:
+  using Entry = std::tuple<std::string, int64_t, RoundEvent::Kind>;
+  void OnRoundEvent(const RoundEvent& event) override {
+    absl::MutexLock lock(&mu_);
+    entries_.emplace_back(event.job_id, event.round, event.kind);
+    reasons_.push_back(event.reason);
+  }
+  std::vector<Entry> entries() const {
+    absl::MutexLock lock(&mu_);
+    return entries_;
+  }
+  // The entries of `kind` only.
+  std::vector<Entry> Only(RoundEvent::Kind kind) const {
+    std::vector<Entry> out;
+    for (const Entry& e : entries()) {
+      if (std::get<2>(e) == kind) out.push_back(e);
+    }
+    return out;
+  }
+  std::vector<std::string> reasons() const {
+    absl::MutexLock lock(&mu_);
+    return reasons_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> reasons_ ABSL_GUARDED_BY(mu_);
+};
+
 class RendezvousManagerTest : public ::testing::Test {
  protected:
   // Sets the config the helpers join with.
@@ -180,14 +213,8 @@ class RendezvousManagerTest : public ::testing::Test {
   JobManager jobs_{&storage_, &clock_};
   KvManager kv_{&storage_, &clock_, &jobs_};
   // Round events the manager reported, in order.
-  std::vector<std::tuple<std::string, int64_t, RendezvousManager::RoundEvent>>
-      events_;
-  RendezvousManager rdzv_{
-      &jobs_, &kv_, &clock_,
-      [this](const std::string& job_id, int64_t round,
-             RendezvousManager::RoundEvent event) {
-        events_.emplace_back(job_id, round, event);
-      }};
+  EventLog events_;
+  RendezvousManager rdzv_{&jobs_, &clock_, {&kv_, &events_}};
   v1::JobConfig config_ = Config(ConfigSpec());
 };
 
@@ -741,12 +768,8 @@ TEST(RendezvousDurableCloseTest, AnUnrecordedRoundIsNotAnswered) {
   FakeClock clock;
   JobManager jobs(&storage, &clock);
   KvManager kv(&storage, &clock, &jobs);
-  int events = 0;
-  RendezvousManager rdzv(
-      &jobs, &kv, &clock,
-      [&](const std::string&, int64_t, RendezvousManager::RoundEvent) {
-        ++events;
-      });
+  EventLog events;
+  RendezvousManager rdzv(&jobs, &clock, {&kv, &events});
   auto request = [](const std::string& host) {
     v1::JoinRequest r;
     r.set_job_id(kJob);
@@ -772,7 +795,7 @@ TEST(RendezvousDurableCloseTest, AnUnrecordedRoundIsNotAnswered) {
   EXPECT_EQ(job->state(), v1::JOB_STATE_WAITING);
   EXPECT_EQ(kv.Get({kJob, 1}, "k").status().code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(events, 0);
+  EXPECT_TRUE(events.entries().empty());
   v1::JobStatus waiting;
   rdzv.DescribeWaiting(kJob, &waiting);
   EXPECT_EQ(waiting.waiting_size(), 0) << "the refused joins left";
@@ -793,14 +816,10 @@ TEST(RendezvousRoundEndedTest, ASupersededRoundIsReportedAfterTheCall) {
   FakeClock clock;
   JobManager jobs(&storage, &clock);
   KvManager kv(&storage, &clock, &jobs);
-  std::vector<std::pair<std::string, int64_t>> ended;
-  RendezvousManager rdzv(&jobs, &kv, &clock,
-                         [&](const std::string& job_id, int64_t round,
-                             RendezvousManager::RoundEvent event) {
-                           EXPECT_EQ(event,
-                                     RendezvousManager::RoundEvent::kSuperseded);
-                           ended.emplace_back(job_id, round);
-                         });
+  EventLog events;
+  RendezvousManager rdzv(&jobs, &clock, {&kv, &events});
+  using Kind = RoundEvent::Kind;
+  using Entries = std::vector<EventLog::Entry>;
   v1::JoinRequest request;
   request.set_job_id(kJob);
   *request.mutable_config() = Config(ConfigSpec().Min(1).Max(1));
@@ -808,9 +827,160 @@ TEST(RendezvousRoundEndedTest, ASupersededRoundIsReportedAfterTheCall) {
   JoinOutcome a;
   rdzv.Join(request, a.Callback());
   ASSERT_TRUE(a.done());
-  EXPECT_TRUE(ended.empty());
+  EXPECT_EQ(events.entries(), (Entries{{kJob, 1, Kind::kClosed}}));
   rdzv.MemberLost(kJob, 1, /*rank=*/0, "rank 0 (host-a) lost");
-  EXPECT_EQ(ended, (std::vector<std::pair<std::string, int64_t>>{{kJob, 1}}));
+  EXPECT_EQ(events.entries(), (Entries{{kJob, 1, Kind::kClosed},
+                                       {kJob, 1, Kind::kSuperseded}}));
+  EXPECT_EQ(events.reasons().back(), "rank 0 (host-a) lost");
+}
+
+// The one phase value walks the transitions drawn in round_lifecycle.h,
+// and every change the other managers act on is an event.
+TEST_F(RendezvousManagerTest, ThePhaseFollowsTheRoundsLife) {
+  UseConfig(ConfigSpec().Min(2).Max(3).LastCall(absl::Seconds(30)));
+  using Kind = RoundEvent::Kind;
+  using Entries = std::vector<EventLog::Entry>;
+  EXPECT_EQ(rdzv_.PhaseOf(kJob), std::nullopt);
+  JoinOutcome a, b, b_again, c;
+  Join(Node("host-a", "inc-a"), &a);
+  EXPECT_EQ(rdzv_.PhaseOf(kJob), RoundPhase::kForming);
+  Join(Node("host-b", "inc-b"), &b);
+  EXPECT_EQ(rdzv_.PhaseOf(kJob), RoundPhase::kLastCall);
+  ASSERT_TRUE(rdzv_.Leave(kJob, "inc-b").ok());
+  EXPECT_EQ(rdzv_.PhaseOf(kJob), RoundPhase::kForming) << "below min again";
+  Join(Node("host-b", "inc-b"), &b_again);
+  EXPECT_EQ(rdzv_.PhaseOf(kJob), RoundPhase::kLastCall);
+  AdvanceAndPoll(absl::Seconds(31));
+  ASSERT_TRUE(a.done() && b_again.done());
+  EXPECT_EQ(rdzv_.PhaseOf(kJob), RoundPhase::kRunning);
+  EXPECT_EQ(events_.entries(), (Entries{{kJob, 1, Kind::kClosed}}));
+
+  rdzv_.MemberLost(kJob, 1, /*rank=*/1, "rank 1 (host-b) lost");
+  EXPECT_EQ(rdzv_.PhaseOf(kJob), RoundPhase::kSuperseded);
+  JoinOutcome a2;
+  Rejoin(Node("host-a", "inc-a"), &a2, 1, 7);
+  EXPECT_EQ(rdzv_.PhaseOf(kJob), RoundPhase::kSuperseded) << "1 of min 2";
+  Join(Node("host-c", "inc-c"), &c);
+  ASSERT_TRUE(a2.done() && c.done()) << "nobody else is awaited";
+  EXPECT_EQ(rdzv_.PhaseOf(kJob), RoundPhase::kRunning);
+
+  rdzv_.JobEnded(kJob, v1::JOB_STATE_SUCCEEDED, "all done");
+  EXPECT_EQ(rdzv_.PhaseOf(kJob), RoundPhase::kEnded);
+  rdzv_.MemberLost(kJob, 2, /*rank=*/0, "late loss");
+  EXPECT_EQ(rdzv_.PhaseOf(kJob), RoundPhase::kEnded) << "nothing re-forms";
+  // A join admitted as the job ended (the job record still said running
+  // here) is refused at once instead of waiting for its timeout.
+  JoinOutcome late;
+  Join(Node("host-d", "inc-d"), &late);
+  ASSERT_TRUE(late.done());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(late.status().message(), HasSubstr("has ended"));
+  rdzv_.ForgetJob(kJob);
+  EXPECT_EQ(rdzv_.PhaseOf(kJob), std::nullopt);
+  // Told also for a job this manager held nothing of (the others may).
+  rdzv_.ForgetJob("other");
+  EXPECT_EQ(events_.entries(), (Entries{{kJob, 1, Kind::kClosed},
+                                        {kJob, 1, Kind::kSuperseded},
+                                        {kJob, 2, Kind::kClosed},
+                                        {kJob, 2, Kind::kJobEnded},
+                                        {kJob, 2, Kind::kForgotten},
+                                        {"other", 0, Kind::kForgotten}}));
+  EXPECT_EQ(events_.reasons()[1], "rank 1 (host-b) lost");
+  EXPECT_THAT(events_.reasons()[3], HasSubstr("all done"));
+}
+
+// The ordering contract: a listener hears of a closed round before any of
+// its assignments leaves, so the round's store (registered first) is open
+// when a member first uses it.
+TEST(RendezvousRoundEventTest, ListenersHearOfAClosedRoundBeforeItsAnswers) {
+  InMemoryStorage storage;
+  FakeClock clock;
+  JobManager jobs(&storage, &clock);
+  KvManager kv(&storage, &clock, &jobs);
+  JoinOutcome a, b;
+  struct Probe : RoundListener {
+    KvManager* kv = nullptr;
+    const JoinOutcome* outcomes[2] = {nullptr, nullptr};
+    int closed = 0;
+    void OnRoundEvent(const RoundEvent& event) override {
+      if (event.kind != RoundEvent::Kind::kClosed) return;
+      ++closed;
+      for (const JoinOutcome* o : outcomes) EXPECT_FALSE(o->done());
+      EXPECT_TRUE(kv->Set({event.job_id, event.round}, "k", "v").ok());
+    }
+  } probe;
+  probe.kv = &kv;
+  probe.outcomes[0] = &a;
+  probe.outcomes[1] = &b;
+  RendezvousManager rdzv(&jobs, &clock, {&kv, &probe});
+  auto request = [](const std::string& host) {
+    v1::JoinRequest r;
+    r.set_job_id(kJob);
+    *r.mutable_config() = Config(ConfigSpec().Min(2).Max(2));
+    *r.mutable_node() = Node(host, "inc-" + host);
+    return r;
+  };
+  rdzv.Join(request("host-a"), a.Callback());
+  rdzv.Join(request("host-b"), b.Callback());
+  ASSERT_TRUE(a.done() && b.done());
+  EXPECT_EQ(probe.closed, 1);
+}
+
+// Rounds closed and superseded by calls on different threads reach the
+// listener in the order they happened: per job, round r is superseded only
+// after it closed, and rounds close in increasing order.
+TEST(RendezvousRoundEventTest, EventsFromManyThreadsArriveInOrder) {
+  InMemoryStorage storage;
+  FakeClock clock;
+  JobManager jobs(&storage, &clock);
+  KvManager kv(&storage, &clock, &jobs);
+  struct OrderCheck : RoundListener {
+    absl::Mutex mu;
+    int64_t closed ABSL_GUARDED_BY(mu) = 0;
+    bool superseded ABSL_GUARDED_BY(mu) = false;
+    int violations ABSL_GUARDED_BY(mu) = 0;
+    void OnRoundEvent(const RoundEvent& event) override {
+      absl::MutexLock lock(&mu);
+      if (event.kind == RoundEvent::Kind::kClosed) {
+        if (event.round <= closed) ++violations;
+        closed = event.round;
+        superseded = false;
+      } else if (event.kind == RoundEvent::Kind::kSuperseded) {
+        if (event.round != closed || superseded) ++violations;
+        superseded = true;
+      }
+    }
+  } order;
+  RendezvousManager rdzv(&jobs, &clock, {&kv, &order});
+  v1::JoinRequest request;
+  request.set_job_id(kJob);
+  *request.mutable_config() = Config(ConfigSpec().Min(1).Max(1));
+  *request.mutable_node() = Node("host-a", "inc-a");
+  constexpr int kRejoins = 300;
+  // One thread rejoins (supersede + close of the next round in one call),
+  // another reports the latest round's member lost meanwhile.
+  std::thread rejoiner([&] {
+    v1::JoinRequest r = request;
+    for (int i = 0; i < kRejoins; ++i) {
+      JoinOutcome outcome;
+      rdzv.Join(r, outcome.Callback());
+      ASSERT_TRUE(outcome.done());
+      r.set_last_round(outcome.assignment().round());
+    }
+  });
+  std::thread loser([&] {
+    for (int i = 0; i < kRejoins; ++i) {
+      absl::StatusOr<JobPhase> phase = jobs.GetPhase(kJob);
+      if (phase.ok() && phase->round > 0) {
+        rdzv.MemberLost(kJob, phase->round, 0, "lost");
+      }
+    }
+  });
+  rejoiner.join();
+  loser.join();
+  absl::MutexLock lock(&order.mu);
+  EXPECT_EQ(order.violations, 0);
+  EXPECT_GE(order.closed, kRejoins);
 }
 
 TEST_F(RendezvousManagerTest, SurvivorsReformWithoutTheLostNodeAtOnce) {
@@ -863,10 +1033,11 @@ TEST_F(RendezvousManagerTest, NodeJoiningARoundBelowMaxIsAdmittedAtAStepBoundary
   Join(Node("host-d", "inc-d"), &d);
   EXPECT_FALSE(c.done());
   EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
-  using Event = RendezvousManager::RoundEvent;
-  using Events =
-      std::vector<std::tuple<std::string, int64_t, RendezvousManager::RoundEvent>>;
-  EXPECT_EQ(events_, (Events{{kJob, 1, Event::kReformRequested}}));
+  using Event = RoundEvent::Kind;
+  using Events = std::vector<EventLog::Entry>;
+  EXPECT_EQ(events_.entries(), (Events{{kJob, 1, Event::kClosed},
+                                       {kJob, 1, Event::kReformRequested}}));
+  EXPECT_EQ(rdzv_.PhaseOf(kJob), RoundPhase::kReformRequested);
   // The first member to stop there supersedes the round, giving the reason.
   JoinOutcome a2, b2;
   Rejoin(Node("host-a", "inc-a"), &a2, 1, 40);
@@ -876,8 +1047,11 @@ TEST_F(RendezvousManagerTest, NodeJoiningARoundBelowMaxIsAdmittedAtAStepBoundary
               HasSubstr("node 'host-c' joined while round 1 ran 2 of at most 3 "
                         "node(s): the round re-forms at a step boundary to "
                         "admit it"));
-  EXPECT_EQ(events_, (Events{{kJob, 1, Event::kReformRequested},
-                             {kJob, 1, Event::kSuperseded}}));
+  EXPECT_EQ(events_.entries(), (Events{{kJob, 1, Event::kClosed},
+                                       {kJob, 1, Event::kReformRequested},
+                                       {kJob, 1, Event::kSuperseded}}));
+  // Min nodes wait (host-c, host-d, host-a); host-b is awaited meanwhile.
+  EXPECT_EQ(rdzv_.PhaseOf(kJob), RoundPhase::kLastCall);
   Rejoin(Node("host-b", "inc-b"), &b2, 1, 40);
   ASSERT_TRUE(a2.done() && b2.done() && c.done());
   EXPECT_EQ(c.assignment().round(), 2);
@@ -902,7 +1076,7 @@ TEST_F(RendezvousManagerTest, JoinerOfAFullRoundStaysASpare) {
   // re-form, and does when its members rejoin.
   Join(Node("host-b", "inc-b1"), &b1);
   EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING);
-  EXPECT_EQ(events_.size(), 1u);
+  EXPECT_EQ(events_.Only(RoundEvent::Kind::kReformRequested).size(), 1u);
   Rejoin(Node("host-a", "inc-a0"), &a0, 1, 0);
   Rejoin(Node("host-a", "inc-a1"), &a1, 1, 0);
   ASSERT_TRUE(b1.done());
@@ -1174,7 +1348,7 @@ class Restarted {
  public:
   Restarted(Storage* storage, Clock* clock)
       : jobs_(storage, clock), kv_(storage, clock, &jobs_),
-        rdzv_(&jobs_, &kv_, clock) {}
+        rdzv_(&jobs_, clock, {&kv_}) {}
 
   absl::Status Restore() {
     absl::Status loaded = jobs_.LoadFromStorage();
