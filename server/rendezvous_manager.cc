@@ -198,6 +198,7 @@ void RendezvousManager::JoinLocked(JobRendezvous* job,
                                       DescribeProcess(m.node),
                                       ") rejoined after round ", job->round));
       job->cause_is_rejoin = !planned;
+      job->reform_as_planned = planned;
     } else if (job->node_rank_by_node.contains(node.node_id())) {
       SupersedeLocked(job, absl::StrCat(DescribeProcess(node),
                                         " restarted: a new process joined "
@@ -262,6 +263,7 @@ void RendezvousManager::SupersedeLocked(JobRendezvous* job,
   SetPhaseLocked(job, RoundPhase::kSuperseded);
   job->reform_reason.clear();
   job->cause_is_rejoin = false;
+  job->reform_as_planned = false;
   v1::Recovery& recovery = job->recovery.emplace();
   recovery.set_failed_round(job->round);
   recovery.set_cause(reason);
@@ -409,6 +411,7 @@ void RendezvousManager::MemberLost(const std::string& job_id, int64_t round,
       *job->recovery->mutable_detection() = ToProtoDuration(detection);
       job->cause_is_rejoin = false;
     }
+    job->reform_as_planned = false;  // a member failed after all
     const std::string& node_id = job->node_of_rank[rank];
     if (job->awaited_nodes.erase(node_id) > 0) {
       GS_LOG(INFO) << "job '" << job_id << "': round " << round + 1
@@ -498,6 +501,8 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
   CancelLastCallLocked(job);
   SetPhaseLocked(job, RoundPhase::kRunning);
   job->recovery.reset();
+  const bool follows_planned_reform = job->reform_as_planned;
+  job->reform_as_planned = false;
   job->members.assign(world_size, Member());
   job->member_by_incarnation.clear();
   job->node_rank_by_node.clear();
@@ -519,6 +524,7 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
       member.node = it->node;
       member.joined = it->join_time;
       member.assignment = AssignmentFor(config, shape, rank, node_rank);
+      member.assignment.set_follows_planned_reform(follows_planned_reform);
       job->member_by_incarnation[it->node.incarnation_id()] = rank;
       job->node_of_rank[rank] = node_id;
       completions->emplace_back(RemovePendingLocked(job, it),

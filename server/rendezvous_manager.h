@@ -189,6 +189,11 @@ class RendezvousManager {
     // of the round found lost before the next round closes (most often the
     // one whose failure made the survivors rejoin) becomes the cause.
     bool cause_is_rejoin = false;
+    // Whether `round` was superseded only for a planned re-form (its members
+    // stopped at a step boundary to admit a node) and none of its members
+    // was found lost since; the next round's assignments say so
+    // (Assignment.follows_planned_reform).
+    bool reform_as_planned = false;
     // In kReformRequested: why the members were asked to re-form at a step
     // boundary (a node waits to join); empty otherwise.
     std::string reform_reason;

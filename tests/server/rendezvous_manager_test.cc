@@ -997,6 +997,7 @@ TEST_F(RendezvousManagerTest, SurvivorsReformWithoutTheLostNodeAtOnce) {
   Rejoin(Node("host-b", "inc-b"), &b2, 1, 5);
   ASSERT_TRUE(a2.done() && b2.done()) << "no last call: nobody else to wait for";
   EXPECT_EQ(a2.assignment().world_size(), 2);
+  EXPECT_FALSE(a2.assignment().follows_planned_reform()) << "a recovery";
   EXPECT_EQ(b2.assignment().resume_step(), 5);
   EXPECT_EQ(b2.assignment().source_rank(), 0);
 }
@@ -1061,6 +1062,34 @@ TEST_F(RendezvousManagerTest, NodeJoiningARoundBelowMaxIsAdmittedAtAStepBoundary
   EXPECT_FALSE(c.assignment().may_grow()) << "at MAX";
   EXPECT_EQ(a2.assignment().rank(), 0);
   EXPECT_FALSE(d.done()) << "the round is full: host-d stays a spare";
+  // Every member learns that round 1 ended only for the planned re-form.
+  for (const JoinOutcome* o : {&a2, &b2, &c}) {
+    EXPECT_TRUE(o->assignment().follows_planned_reform());
+  }
+}
+
+// A member lost while the round re-forms as planned makes it a recovery:
+// the next round's assignments no longer say it followed a planned re-form.
+TEST_F(RendezvousManagerTest, AMemberLostInAPlannedReformMakesItNoLongerPlanned) {
+  UseConfig(ConfigSpec().Min(1).Max(3).LastCall(absl::ZeroDuration()));
+  JoinOutcome a, b, c;
+  Join(Node("host-a", "inc-a"), &a);
+  ASSERT_TRUE(a.done());
+  Join(Node("host-b", "inc-b"), &b);  // asks round 1 to re-form
+  JoinOutcome a2;
+  Rejoin(Node("host-a", "inc-a"), &a2, 1, 12);  // stops as planned
+  ASSERT_TRUE(a2.done() && b.done());
+  EXPECT_TRUE(a2.assignment().follows_planned_reform());
+  // Round 2 (a, b) re-forms for host-c; host-a dies in it.
+  Join(Node("host-c", "inc-c"), &c);
+  JoinOutcome b3;
+  Rejoin(Node("host-b", "inc-b"), &b3, 2, 20);
+  EXPECT_FALSE(b3.done()) << "host-a is awaited";
+  rdzv_.MemberLost(kJob, 2, /*rank=*/0, "rank 0 (host-a) lost");
+  ASSERT_TRUE(b3.done() && c.done());
+  EXPECT_EQ(b3.assignment().round(), 3);
+  EXPECT_FALSE(b3.assignment().follows_planned_reform());
+  EXPECT_FALSE(c.assignment().follows_planned_reform());
 }
 
 TEST_F(RendezvousManagerTest, JoinerOfAFullRoundStaysASpare) {

@@ -118,6 +118,13 @@ absl::Status TrainInRound(CoordinatorClient* client,
   return trained;
 }
 
+// The error RunElastic gives up with after `recoveries` re-forms.
+absl::Status GaveUp(int recoveries, const absl::Status& last) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "gave up after re-forming the round ", recoveries,
+      " time(s) (--max_recoveries); the last failure: ", last.ToString()));
+}
+
 }  // namespace
 
 bool RecoverableByRejoining(const absl::Status& status) {
@@ -130,6 +137,9 @@ absl::Status RunElastic(CoordinatorClient* client, v1::JoinRequest request,
                         HealthReporter* reporter, RoundTrainer* trainer) {
   int64_t previous = 0;
   int recoveries = 0;
+  // The failed agreement of the last round's planned re-form (reform.h):
+  // a recovery unless the round it led to follows a planned re-form.
+  absl::Status vote_failed;
   std::optional<v1::Assignment> given = options.first_assignment;
   for (;;) {
     v1::Assignment assignment;
@@ -149,6 +159,20 @@ absl::Status RunElastic(CoordinatorClient* client, v1::JoinRequest request,
     auto round = std::make_shared<RoundInTraining>();
     reporter->Start(assignment, request.node().incarnation_id(),
                     [round](const absl::Status& why) { round->Abort(why); });
+    const absl::Status last_vote =
+        std::exchange(vote_failed, absl::OkStatus());
+    if (!last_vote.ok() && !assignment.follows_planned_reform()) {
+      // Not only the planned re-form after all: a member was lost in it.
+      if (recoveries == options.max_recoveries) {
+        round->Close();
+        return GaveUp(recoveries, last_vote);
+      }
+      ++recoveries;
+      GS_LOG(WARNING) << "round " << previous << " did not end only for its "
+                      << "planned re-form (" << last_vote.message()
+                      << "): recovery " << recoveries << " of at most "
+                      << options.max_recoveries;
+    }
     absl::Status trained =
         TrainInRound(client, assignment, options, trainer, round.get());
     round->Close();
@@ -166,6 +190,12 @@ absl::Status RunElastic(CoordinatorClient* client, v1::JoinRequest request,
       ++recoveries;
       continue;
     }
+    if (IsReformVoteFailed(trained)) {
+      GS_LOG(WARNING) << "round " << assignment.round() << ": "
+                      << trained.message() << "; rejoining";
+      vote_failed = trained;
+      continue;
+    }
     if (IsReformAtStepBoundary(trained)) {
       // Planned: nothing failed and nothing is lost.
       GS_LOG(INFO) << "round " << assignment.round() << ": " << trained.message()
@@ -177,10 +207,7 @@ absl::Status RunElastic(CoordinatorClient* client, v1::JoinRequest request,
       return trained;
     }
     if (recoveries == options.max_recoveries) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "gave up after re-forming the round ", recoveries,
-          " time(s) (--max_recoveries); the last failure: ",
-          trained.ToString()));
+      return GaveUp(recoveries, trained);
     }
     ++recoveries;
     GS_LOG(WARNING) << "round " << assignment.round() << " failed on rank "

@@ -76,7 +76,9 @@ bool RecoverableByRejoining(const absl::Status& status);
 // a collective blocked on a hung peer fails at once instead of at the
 // backend's timeout. A round the trainer ends at a step boundary because
 // the coordinator asked it to re-form (IsReformAtStepBoundary) is rejoined
-// at once and is not a recovery. On a recoverable failure under the job's
+// at once and is not a recovery; when this rank's agreement to stop failed
+// (IsReformVoteFailed), it is one unless the next round follows the planned
+// re-form (Assignment.follows_planned_reform). On a recoverable failure under the job's
 // RECOVER policy it tears the process group down and rejoins, at most
 // `options.max_recoveries` times. Heartbeats go through `reporter`, restarted
 // for every round. Returns OK once training finished and the success was

@@ -708,9 +708,13 @@ absl::Status TrainingRun::Impl::AgreeOnReform(const TrainContext& context) {
                     config_.reducer.timeout);
   // A rank that saw the agreement first may already have rejoined, and the
   // coordinator ended the round under this rank's all-reduce: the step is
-  // committed all the same.
-  if (!any.ok() && !asked) return any.status();
-  if (!any.ok() || *any > 0) return ReformAtStepBoundary(position_.step);
+  // committed all the same (whether the round ended as planned, the next
+  // assignment says: reform.h).
+  if (!any.ok()) {
+    return asked ? ReformVoteFailed(position_.step, any.status())
+                 : any.status();
+  }
+  if (*any > 0) return ReformAtStepBoundary(position_.step);
   return absl::OkStatus();
 }
 

@@ -21,6 +21,8 @@
 #include "worker/client/coordinator_client.h"
 #include "tests/testing/eventually.h"
 #include "worker/runtime/health_reporter.h"
+#include "worker/runtime/process_group.h"
+#include "worker/runtime/reform.h"
 
 namespace gradsync {
 namespace {
@@ -79,11 +81,15 @@ class ElasticTest : public ::testing::Test {
   // Runs one single-process job `job` under `policy` through `trainer`.
   absl::Status Run(const std::string& job, ScriptedTrainer* trainer,
                    int max_recoveries,
-                   v1::FailurePolicy policy = v1::FAILURE_POLICY_RECOVER) {
+                   v1::FailurePolicy policy = v1::FAILURE_POLICY_RECOVER,
+                   int max_nodes = 1) {
     v1::JoinRequest request;
     request.set_job_id(job);
     request.mutable_config()->set_job_id(job);
     request.mutable_config()->set_min_nodes(1);
+    request.mutable_config()->set_max_nodes(max_nodes);
+    // Round 1 closes with this node at once.
+    request.mutable_config()->mutable_last_call_timeout()->set_seconds(0);
     request.mutable_config()->set_failure_policy(policy);
     *request.mutable_node() = LocalNodeDescriptor();
     request.mutable_node()->add_addresses("127.0.0.1");
@@ -166,6 +172,86 @@ TEST_F(ElasticTest, GivesUpAfterMaxRecoveries) {
               HasSubstr("gave up after re-forming the round 2 time(s)"));
   EXPECT_THAT(status.message(), HasSubstr("ABORTED: third"));
   EXPECT_EQ(trainer.rounds.size(), 3u);
+}
+
+// A rank whose agreement to stop for a planned re-form failed cannot tell a
+// peer that agreed and rejoined first from one that died: when the round it
+// rejoins does not follow a planned re-form (here nobody asked for one: the
+// rejoin itself superseded the round), that was a recovery.
+TEST_F(ElasticTest, AFailedReformVoteIsARecoveryUnlessTheReformWasPlanned) {
+  ScriptedTrainer gives_up(
+      {ReformVoteFailed(10, absl::UnavailableError("peer gone"))});
+  absl::Status status = Run("vote-lost", &gives_up, 0);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(),
+              HasSubstr("gave up after re-forming the round 0 time(s)"));
+  EXPECT_THAT(status.message(), HasSubstr("peer gone"));
+  EXPECT_EQ(gives_up.rounds.size(), 1u);
+
+  // Counted: with one recovery allowed, the next failure is one too many.
+  ScriptedTrainer counts(
+      {ReformVoteFailed(10, absl::UnavailableError("peer gone")),
+       absl::AbortedError("later")});
+  status = Run("vote-counted", &counts, 1);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("ABORTED: later"));
+  ASSERT_EQ(counts.rounds.size(), 2u);
+  EXPECT_FALSE(counts.rounds[1].follows_planned_reform());
+}
+
+// The same failed agreement in a re-form the coordinator asked for (a node
+// joined below MAX), with no member lost: the next round says it follows a
+// planned re-form, and nothing is counted, even with no recovery allowed.
+TEST_F(ElasticTest, AFailedVoteOfAPlannedReformIsNotARecovery) {
+  ScriptedTrainer trainer(
+      {ReformVoteFailed(10, absl::AbortedError("peer rejoined first")),
+       absl::OkStatus()});
+  std::thread second;
+  absl::Status second_done = absl::UnknownError("did not run");
+  // As round 1 ends, a second node joins (the coordinator asks round 1 to
+  // re-form); it forms round 2 with this one and finishes it.
+  trainer.before_first_return = [&] {
+    second = std::thread([&] {
+      v1::JoinRequest request;
+      request.set_job_id("planned");
+      *request.mutable_node() = LocalNodeDescriptor();
+      request.mutable_node()->set_hostname("second-node");
+      request.mutable_node()->set_node_id("second-node");
+      request.mutable_node()->add_addresses("127.0.0.1");
+      absl::StatusOr<v1::Assignment> assignment = client_->Join(request);
+      if (!assignment.ok()) {
+        second_done = assignment.status();
+        return;
+      }
+      ProcessGroupOptions group;
+      group.shared_memory = false;
+      group.timeout = absl::Seconds(30);
+      absl::StatusOr<std::unique_ptr<Backend>> backend =
+          CreateProcessGroup(client_.get(), *assignment, group);
+      if (!backend.ok()) {
+        second_done = backend.status();
+        return;
+      }
+      HealthReporter reporter(client_.get());
+      reporter.Start(*assignment, request.node().incarnation_id());
+      second_done = reporter.Finish(true, 0, "");
+    });
+    ASSERT_TRUE(Eventually([&] {
+      absl::StatusOr<v1::JobStatus> job = client_->GetJob("planned");
+      return job.ok() && job->spares_size() == 1;
+    }));
+  };
+  absl::Status status =
+      Run("planned", &trainer, 0, v1::FAILURE_POLICY_RECOVER, /*max_nodes=*/2);
+  second.join();
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_TRUE(second_done.ok()) << second_done;
+  ASSERT_EQ(trainer.rounds.size(), 2u);
+  EXPECT_TRUE(trainer.rounds[1].follows_planned_reform());
+  EXPECT_THAT(trainer.world_sizes, ElementsAre(1, 2));
+  absl::StatusOr<v1::JobStatus> job = client_->GetJob("planned");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason();
 }
 
 TEST_F(ElasticTest, ErrorsARejoinCannotFixEndAtOnce) {
