@@ -1,0 +1,120 @@
+#include "worker/trainer/trainer_setup.h"
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace gradsync {
+
+absl::StatusOr<std::shared_ptr<CommHook>> MakeCommHook(
+    const TrainerConfig& config) {
+  if (config.comm_hook == "allreduce") return std::make_shared<AllReduceHook>();
+  if (config.comm_hook == "fp16_compress") {
+    return std::make_shared<CompressHook>(torch::kHalf);
+  }
+  if (config.comm_hook == "bf16_compress") {
+    return std::make_shared<CompressHook>(torch::kBFloat16);
+  }
+  if (config.comm_hook == "powersgd") {
+    GS_ASSIGN_OR_RETURN(std::shared_ptr<PowerSgdHook> hook,
+                        PowerSgdHook::Create(config.powersgd));
+    return std::shared_ptr<CommHook>(std::move(hook));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "comm_hook must be allreduce, fp16_compress, bf16_compress or "
+      "powersgd, got '", config.comm_hook, "'"));
+}
+
+absl::Status ValidateConfig(const TrainerConfig& config) {
+  if (config.batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_size must be at least 1, got ", config.batch_size));
+  }
+  if (config.steps < 0 || (config.steps == 0 && config.epochs < 1)) {
+    return absl::InvalidArgumentError(
+        "steps must be positive, or epochs at least 1");
+  }
+  if (config.accumulate < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "accumulate must be at least 1, got ", config.accumulate));
+  }
+  if (config.lr <= 0 || config.momentum < 0) {
+    return absl::InvalidArgumentError(
+        "lr must be positive and momentum not negative");
+  }
+  if (config.device != "cpu" && config.device != "cuda" &&
+      config.device != "sim") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the device must be cpu, cuda or sim, got '", config.device, "'"));
+  }
+  if (config.device == "cuda" && !torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(
+        "the device is cuda, but this LibTorch has no CUDA or sees no GPU");
+  }
+  if (!config.rank_batches.empty()) {
+    if (config.accumulate != 1 || config.steps != 0) {
+      return absl::InvalidArgumentError(
+          "rank_batches needs accumulate 1 and epochs (not steps)");
+    }
+    for (int64_t n : config.rank_batches) {
+      if (n < 0) {
+        return absl::InvalidArgumentError("rank_batches must not be negative");
+      }
+    }
+  }
+  if (config.checkpoint_every < 0 || config.checkpoint_keep < 1) {
+    return absl::InvalidArgumentError(
+        "checkpoint_every must not be negative and checkpoint_keep must be at "
+        "least 1");
+  }
+  if ((config.checkpoint_every > 0 || config.resume) &&
+      config.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "checkpoint_every and resume need a checkpoint_dir");
+  }
+  return MakeCommHook(config).status();
+}
+
+namespace {
+
+absl::StatusOr<ImageDataset> ReadDataset(const TrainerConfig& config) {
+  if (config.dataset == "synthetic") {
+    if (config.synthetic_size < 1) {
+      return absl::InvalidArgumentError("synthetic_size must be positive");
+    }
+    return MakeSyntheticDataset(config.synthetic_size, config.seed,
+                                ModelInputShape(config.model));
+  }
+  if (config.dataset == "mnist" || config.dataset == "cifar10") {
+    if (config.data_dir.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset ", config.dataset, " needs a data_dir"));
+    }
+    return config.dataset == "mnist" ? LoadMnist(config.data_dir)
+                                     : LoadCifar10(config.data_dir);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "dataset must be synthetic, mnist or cifar10, got '", config.dataset,
+      "'"));
+}
+
+}  // namespace
+
+absl::StatusOr<ImageDataset> LoadDataset(const TrainerConfig& config) {
+  GS_ASSIGN_OR_RETURN(ImageDataset data, ReadDataset(config));
+  const std::vector<int64_t> wanted = ModelInputShape(config.model);
+  const auto shape = data.images.sizes().slice(1);
+  if (std::vector<int64_t>(shape.begin(), shape.end()) != wanted) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dataset ", config.dataset, " has images of shape ",
+        c10::str(shape), " but model ", config.model.kind, " takes ",
+        c10::str(c10::IntArrayRef(wanted))));
+  }
+  return data;
+}
+
+}  // namespace gradsync
