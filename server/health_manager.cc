@@ -14,19 +14,6 @@
 namespace gradsync {
 namespace {
 
-bool SameFingerprint(const v1::CollectiveFingerprint& a,
-                     const v1::CollectiveFingerprint& b) {
-  return a.op() == b.op() && a.dtype() == b.dtype() && a.count() == b.count() &&
-         a.bucket_index() == b.bucket_index();
-}
-
-std::string DescribeFingerprint(const v1::CollectiveFingerprint& f) {
-  std::string text =
-      absl::StrCat(f.op(), " of ", f.count(), " ", f.dtype());
-  if (f.bucket_index() >= 0) absl::StrAppend(&text, " (bucket ", f.bucket_index(), ")");
-  return text;
-}
-
 std::string RoundOver(absl::string_view job_id, int64_t round) {
   return absl::StrCat("round ", round, " of job '", job_id,
                       "' is over: rejoin to get the next round");
@@ -38,11 +25,6 @@ HealthConfig WithDefaults(HealthConfig config) {
     config.shedding.max_delay = config.heartbeat_interval / 2;
   }
   return config;
-}
-
-absl::Duration Median(std::vector<absl::Duration> samples) {
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
 }
 
 }  // namespace
@@ -140,7 +122,6 @@ HealthManager::FindOrStart(const v1::MemberRef& member,
       m.incarnation_id = std::move(round.incarnations[r]);
       m.host = std::move(round.hosts[r]);
       m.last_seen = now;
-      m.lags.assign(kLagSamples, absl::ZeroDuration());
       // Recorded before a restart: a lost member stays lost, and one that
       // exited while the job runs on had succeeded.
       m.state = round.states[r] == v1::MEMBER_STATE_UNSPECIFIED
@@ -151,11 +132,8 @@ HealthManager::FindOrStart(const v1::MemberRef& member,
         ++job->succeeded;
       }
     }
-    job->collectives.resize(kCollectiveWindow);
-    job->steps.resize(kStepWindow);
-    for (StepSlot& slot : job->steps) {
-      slot.ready.assign(world, absl::InfinitePast());
-    }
+    job->stragglers.emplace(static_cast<int>(world),
+                            job->straggler_threshold);
   }
   absl::MutexLock lock(&mu_);
   std::shared_ptr<JobHealth>& slot = jobs_health_[member.job_id()];
@@ -373,73 +351,27 @@ absl::StatusOr<bool> HealthManager::HandleHeartbeat(
 void HealthManager::RecordCollectives(JobHealth* job, int rank,
                                       const v1::WorkerMetrics& metrics) {
   for (const v1::CollectiveFingerprint& f : metrics.recent_collectives()) {
-    if (f.sequence() <= 0) continue;
-    CollectiveSlot& slot = job->collectives[f.sequence() % kCollectiveWindow];
-    if (slot.sequence < f.sequence()) {
-      slot.sequence = f.sequence();
-      slot.rank = rank;
-      slot.fingerprint = f;
-      continue;
-    }
-    if (slot.sequence > f.sequence() || slot.rank == rank ||
-        SameFingerprint(slot.fingerprint, f) ||
-        !job->diagnosis.desync().empty()) {
-      continue;
-    }
-    std::string text = absl::StrCat(
-        "collectives desynchronized at #", f.sequence(), ": rank ", slot.rank,
-        " issued ", DescribeFingerprint(slot.fingerprint), " but rank ", rank,
-        " issued ", DescribeFingerprint(f),
-        "; every rank must issue the same collectives in the same order "
-        "(look for rank-dependent control flow)");
-    job->diagnosis.set_desync(text);
+    std::optional<std::string> desync = job->desync.Observe(rank, f);
+    if (!desync.has_value()) continue;
+    job->diagnosis.set_desync(*desync);
     HealthUpdate update;
     update.job_state = v1::JOB_STATE_FAILED;
-    update.reason = std::move(text);
+    update.reason = *std::move(desync);
     Transition(job, std::move(update)).IgnoreError();  // it logs why not
-    if (!job->detecting()) return;
+    return;
   }
 }
 
 void HealthManager::RecordReadyTimes(JobHealth* job, int rank,
                                      const v1::WorkerMetrics& metrics) {
-  const int world = static_cast<int>(job->members.size());
   for (const v1::StepReady& ready : metrics.first_bucket_ready()) {
-    if (ready.step() < 0) continue;
-    StepSlot& slot = job->steps[ready.step() % kStepWindow];
-    if (slot.step > ready.step()) continue;
-    if (slot.step < ready.step()) {
-      slot.step = ready.step();
-      slot.reported = 0;
-      std::fill(slot.ready.begin(), slot.ready.end(), absl::InfinitePast());
-    }
-    if (slot.ready[rank] != absl::InfinitePast()) continue;
-    slot.ready[rank] = FromProtoTime(ready.time());
-    if (++slot.reported < world) continue;
-
-    // Every rank reported this step: each one's lag behind the earliest.
-    const absl::Time earliest =
-        *std::min_element(slot.ready.begin(), slot.ready.end());
+    std::optional<std::vector<v1::Straggler>> stragglers =
+        job->stragglers->Observe(rank, ready);
+    if (!stragglers.has_value()) continue;
     job->diagnosis.clear_stragglers();
-    for (int r = 0; r < world; ++r) {
-      MemberHealth& m = job->members[r];
-      m.lags[m.lag_count++ % kLagSamples] = slot.ready[r] - earliest;
-      const int samples = std::min(m.lag_count, kLagSamples);
-      m.lag = Median(std::vector<absl::Duration>(m.lags.begin(),
-                                                 m.lags.begin() + samples));
-      if (samples >= kMinLagSamples && m.lag > job->straggler_threshold) {
-        v1::Straggler* s = job->diagnosis.add_stragglers();
-        s->set_rank(r);
-        *s->mutable_lag() = ToProtoDuration(m.lag);
-        s->set_steps(samples);
-      }
+    for (v1::Straggler& s : *stragglers) {
+      *job->diagnosis.add_stragglers() = std::move(s);
     }
-    std::sort(job->diagnosis.mutable_stragglers()->begin(),
-              job->diagnosis.mutable_stragglers()->end(),
-              [](const v1::Straggler& a, const v1::Straggler& b) {
-                return FromProtoDuration(a.lag()) > FromProtoDuration(b.lag());
-              });
-    slot.step = -1;
   }
 }
 

@@ -71,6 +71,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "proto/gradsync/v1/health.pb.h"
+#include "server/health_detectors.h"
 #include "server/heartbeat_shedder.h"
 #include "server/job_manager.h"
 #include "server/round_lifecycle.h"
@@ -242,14 +243,6 @@ class HealthManager : public RoundListener {
   // Why a member whose heartbeat stream broke is, or may become, LOST.
   static constexpr char kStreamBroke[] =
       "heartbeat stream broke (process killed or connection lost)";
-  // Desync detection remembers this many recent collective sequence numbers
-  // and straggler detection this many recent steps.
-  static constexpr int kCollectiveWindow = 1024;
-  static constexpr int kStepWindow = 16;
-  // A rank's lag is the median of its last kLagSamples complete steps;
-  // it is flagged once it has kMinLagSamples of them.
-  static constexpr int kLagSamples = 8;
-  static constexpr int kMinLagSamples = 5;
 
   struct MemberHealth {
     std::string incarnation_id;
@@ -262,9 +255,6 @@ class HealthManager : public RoundListener {
     v1::WorkerMetrics metrics;  // latest snapshot, events and buckets cleared
     // The snapshot's buckets, kept apart: status leaves them out by default.
     google::protobuf::RepeatedPtrField<v1::BucketStats> buckets;
-    std::vector<absl::Duration> lags;  // ring of the last kLagSamples
-    int lag_count = 0;                 // samples ever recorded
-    absl::Duration lag;                // median of `lags`
     bool succeeded = false;            // reported success
     bool round_start_seen = false;     // its RoundStartTimings recorded
     // The shedding factor the member was last told (1: the job's interval),
@@ -278,18 +268,6 @@ class HealthManager : public RoundListener {
     // When that stream broke; InfiniteFuture while it is fine. The member
     // is LOST once the job's reconnect grace passed since.
     absl::Time stream_broke = absl::InfiniteFuture();
-  };
-  // The first fingerprint reported for one collective sequence number.
-  struct CollectiveSlot {
-    int64_t sequence = 0;  // 0: empty
-    int rank = 0;
-    v1::CollectiveFingerprint fingerprint;
-  };
-  // First-bucket-ready times of one step, by rank.
-  struct StepSlot {
-    int64_t step = -1;  // -1: empty
-    int reported = 0;
-    std::vector<absl::Time> ready;  // InfinitePast: not reported
   };
   // The monitoring of one round of one job.
   struct JobHealth {
@@ -328,8 +306,9 @@ class HealthManager : public RoundListener {
     int succeeded ABSL_GUARDED_BY(mu) = 0;  // members that reported success
     // When any rank last finished a collective (or monitoring started).
     absl::Time last_progress ABSL_GUARDED_BY(mu);
-    std::vector<CollectiveSlot> collectives ABSL_GUARDED_BY(mu);
-    std::vector<StepSlot> steps ABSL_GUARDED_BY(mu);
+    DesyncDetector desync ABSL_GUARDED_BY(mu);
+    // Made with the round's world size and the job's threshold.
+    std::optional<StragglerDetector> stragglers ABSL_GUARDED_BY(mu);
     v1::JobDiagnosis diagnosis ABSL_GUARDED_BY(mu);
     // Heartbeats counted for the shedder since the last Poll.
     HeartbeatShedder::Counts load ABSL_GUARDED_BY(mu);

@@ -55,9 +55,8 @@ void HealthManager::Describe(v1::JobStatus* status, bool with_buckets) const {
       out->mutable_metrics()->CopyFrom(m.metrics);
       if (with_buckets) *out->mutable_metrics()->mutable_buckets() = m.buckets;
     }
-    if (m.lag > absl::ZeroDuration()) {
-      *out->mutable_lag() = ToProtoDuration(m.lag);
-    }
+    const absl::Duration lag = job->stragglers->lag(r);
+    if (lag > absl::ZeroDuration()) *out->mutable_lag() = ToProtoDuration(lag);
     if (m.state == v1::MEMBER_STATE_ACTIVE &&
         m.stream_broke != absl::InfiniteFuture()) {
       out->set_state_reason(absl::StrCat(
@@ -126,9 +125,10 @@ void HealthManager::Summarize(v1::JobStatus* status) const {
     summary->set_min_step(any ? std::min(summary->min_step(), step) : step);
     summary->set_max_step(any ? std::max(summary->max_step(), step) : step);
     any = true;
-    if (m.lag <= absl::ZeroDuration()) continue;
-    if (slowest.size() < kSlowest || m.lag > slowest.front().first) {
-      slowest.emplace_back(m.lag, static_cast<int>(r));
+    const absl::Duration lag = job->stragglers->lag(static_cast<int>(r));
+    if (lag <= absl::ZeroDuration()) continue;
+    if (slowest.size() < kSlowest || lag > slowest.front().first) {
+      slowest.emplace_back(lag, static_cast<int>(r));
       std::push_heap(slowest.begin(), slowest.end(), later);
       if (slowest.size() > kSlowest) {
         std::pop_heap(slowest.begin(), slowest.end(), later);
@@ -172,7 +172,8 @@ void HealthManager::ForEachMember(
     for (size_t r = 0; r < job->members.size(); ++r) {
       const MemberHealth& m = job->members[r];
       fn(MemberSample{&job->job_id, static_cast<int>(r), &m.host, m.state,
-                      m.heard, now - m.last_seen, m.lag, &m.metrics});
+                      m.heard, now - m.last_seen,
+                      job->stragglers->lag(static_cast<int>(r)), &m.metrics});
     }
   }
 }

@@ -16,8 +16,6 @@ namespace {
 
 // Waits list at most this many keys, so one call cannot pin the server.
 constexpr size_t kMaxWaitKeys = 100000;
-// Failed write ranges remembered for the callers still to learn of them.
-constexpr size_t kMaxFailures = 64;
 
 std::string StorageKey(const KvScope& scope, const std::string& key) {
   return absl::StrCat(KvRoundPrefix(scope.job_id, scope.round), key);
@@ -46,15 +44,14 @@ KvManager::KvManager(Storage* storage, Clock* clock, const JobManager* jobs,
       clock_(clock),
       jobs_(jobs),
       limits_(limits),
-      flusher_([this] { FlushLoop(); }) {}
+      // A failed commit reloads the jobs it touched, with mu_ held.
+      commit_(storage, &mu_,
+              [this](const std::set<std::string>& job_ids)
+                  ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                    ReloadJobsLocked(job_ids);
+                  }) {}
 
-KvManager::~KvManager() {
-  {
-    absl::MutexLock lock(&flush_mu_);
-    stopping_ = true;
-  }
-  flusher_.join();
-}
+KvManager::~KvManager() = default;
 
 void KvManager::OnRoundEvent(const RoundEvent& event) {
   switch (event.kind) {
@@ -201,7 +198,7 @@ absl::StatusOr<std::string> KvManager::Get(const KvScope& scope,
     value = it->second;
   }
   // Only a durable value is ever shown.
-  GS_RETURN_IF_ERROR(AwaitDurable(value.seq));
+  GS_RETURN_IF_ERROR(commit_.AwaitDurable(value.seq));
   return std::move(value.data);
 }
 
@@ -266,7 +263,7 @@ absl::StatusOr<CasResult> KvManager::CompareAndSet(const KvScope& scope,
   if (cas.swapped) {
     GS_RETURN_IF_ERROR(FinishWrite(scope, key, seq));
   } else {
-    GS_RETURN_IF_ERROR(AwaitDurable(seq));
+    GS_RETURN_IF_ERROR(commit_.AwaitDurable(seq));
   }
   return cas;
 }
@@ -285,7 +282,7 @@ absl::StatusOr<bool> KvManager::Delete(const KvScope& scope,
     seq = QueueLocked(scope.job_id, {Storage::Mutation::Kind::kDelete,
                                      StorageKey(scope, key), ""});
   }
-  GS_RETURN_IF_ERROR(AwaitDurable(seq));
+  GS_RETURN_IF_ERROR(commit_.AwaitDurable(seq));
   return true;
 }
 
@@ -309,7 +306,7 @@ absl::StatusOr<std::vector<Storage::Entry>> KvManager::List(
       newest = std::max(newest, it->second.seq);
     }
   }
-  GS_RETURN_IF_ERROR(AwaitDurable(newest));
+  GS_RETURN_IF_ERROR(commit_.AwaitDurable(newest));
   return entries;
 }
 
@@ -467,15 +464,12 @@ absl::StatusOr<uint64_t> KvManager::WriteLocked(const KvScope& scope,
 uint64_t KvManager::QueueLocked(const std::string& job_id,
                                 Storage::Mutation mutation,
                                 WriteCallback done) {
-  const uint64_t seq = ++last_seq_;
-  absl::MutexLock lock(&flush_mu_);
-  queued_.push_back(Queued{seq, job_id, std::move(mutation), std::move(done)});
-  return seq;
+  return commit_.Queue(job_id, std::move(mutation), std::move(done));
 }
 
 absl::Status KvManager::FinishWrite(const KvScope& scope,
                                     const std::string& key, uint64_t seq) {
-  GS_RETURN_IF_ERROR(AwaitDurable(seq));
+  GS_RETURN_IF_ERROR(commit_.AwaitDurable(seq));
   WakeKey(scope, key);
   return absl::OkStatus();
 }
@@ -493,91 +487,13 @@ void KvManager::WakeKey(const KvScope& scope, const std::string& key) {
   Run(std::move(completions));
 }
 
-absl::Status KvManager::AwaitDurable(uint64_t seq) {
-  struct Settled {
-    const KvManager* kv;
-    uint64_t seq;
-    bool operator()() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return kv->settled_seq_ >= seq;
-    }
-  };
-  const Settled settled{this, seq};
-  absl::MutexLock lock(&flush_mu_);
-  flush_mu_.Await(absl::Condition(&settled));
-  return OutcomeLocked(seq);
-}
+int64_t KvManager::QueuedWrites() const { return commit_.QueuedWrites(); }
 
-void KvManager::FlushLoop() {
-  flush_mu_.Lock();
-  for (;;) {
-    flush_mu_.Await(absl::Condition(this, &KvManager::QueuedOrStopping));
-    if (queued_.empty()) break;  // stopping, and everything is committed
-    std::vector<Queued> batch;
-    batch.swap(queued_);
-    flush_mu_.Unlock();
-    std::vector<Storage::Mutation> mutations;
-    mutations.reserve(batch.size());
-    for (const Queued& q : batch) mutations.push_back(q.mutation);
-    const absl::Status status = storage_->Apply(mutations);
-    std::vector<Queued> failed_after;
-    if (!status.ok()) failed_after = FailBatch(batch, status);
-    flush_mu_.Lock();
-    if (status.ok()) settled_seq_ = std::max(settled_seq_, batch.back().seq);
-    const absl::Status outcome = OutcomeLocked(batch.back().seq);
-    flush_mu_.Unlock();
-    for (std::vector<Queued>* done : {&batch, &failed_after}) {
-      for (Queued& q : *done) {
-        if (q.done) q.done(outcome);
-      }
-    }
-    flush_mu_.Lock();
-  }
-  flush_mu_.Unlock();
-}
-
-std::vector<KvManager::Queued> KvManager::FailBatch(
-    const std::vector<Queued>& batch, const absl::Status& status) {
-  GS_LOG(ERROR) << "key-value storage failed " << batch.size()
-                << " write(s): " << status
-                << "; they and the writes queued after them fail";
-  absl::MutexLock lock(&mu_);
-  std::set<std::string> touched;
-  for (const Queued& q : batch) touched.insert(q.job_id);
-  std::vector<Queued> after;
-  {
-    absl::MutexLock flush_lock(&flush_mu_);
-    for (const Queued& q : queued_) touched.insert(q.job_id);
-    after.swap(queued_);
-    failures_[last_seq_] = {batch.front().seq,
-                            absl::UnavailableError(absl::StrCat(
-                                "the coordinator could not store the write: ",
-                                status.message()))};
-    if (failures_.size() > kMaxFailures) failures_.erase(failures_.begin());
-    settled_seq_ = last_seq_;
-  }
-  for (const std::string& job_id : touched) {
+void KvManager::ReloadJobsLocked(const std::set<std::string>& job_ids) {
+  for (const std::string& job_id : job_ids) {
     auto it = jobs_kv_.find(job_id);
     if (it != jobs_kv_.end()) ReloadLocked(job_id, &it->second);
   }
-  return after;
-}
-
-absl::Status KvManager::OutcomeLocked(uint64_t seq) const {
-  auto failed = failures_.lower_bound(seq);
-  if (failed != failures_.end() && failed->second.first <= seq) {
-    return failed->second.second;
-  }
-  return absl::OkStatus();
-}
-
-int64_t KvManager::QueuedWrites() const {
-  absl::MutexLock lock(&flush_mu_);
-  return static_cast<int64_t>(queued_.size());
-}
-
-uint64_t KvManager::SettledSeq() const {
-  absl::MutexLock lock(&flush_mu_);
-  return settled_seq_;
 }
 
 void KvManager::ReloadLocked(const std::string& job_id, JobKv* job) {
@@ -640,7 +556,7 @@ uint64_t KvManager::ResetJobLocked(const std::string& job_id, JobKv* job,
 }
 
 void KvManager::FinishReset(const std::string& job_id, uint64_t seq) {
-  absl::Status status = AwaitDurable(seq);
+  absl::Status status = commit_.AwaitDurable(seq);
   if (!status.ok()) {
     GS_LOG(WARNING) << "job '" << job_id
                     << "': dropping the keys of its old rounds: " << status;
@@ -657,7 +573,7 @@ void KvManager::RemoveWaiterLocked(uint64_t ticket) {
 std::vector<std::string> KvManager::MissingKeysLocked(
     const Waiter& waiter) const {
   std::vector<std::string> missing;
-  const uint64_t settled = SettledSeq();
+  const uint64_t settled = commit_.SettledSeq();
   auto job = jobs_kv_.find(waiter.job_id);
   for (const std::string& key : waiter.keys) {
     if (job == jobs_kv_.end()) {

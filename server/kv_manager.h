@@ -11,7 +11,6 @@
 #include <map>
 #include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -22,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "server/group_commit.h"
 #include "server/job_manager.h"
 #include "server/round_lifecycle.h"
 #include "server/storage/storage.h"
@@ -57,14 +57,15 @@ struct CasResult {
 // memory under the manager's lock, queued, and answered once storage has
 // made it durable; the writes queued meanwhile by other callers go to
 // storage in the same batch (Storage::Apply: one commit for all), which is
-// what makes a durable backend fast under concurrent writers. Reads are
+// what makes a durable backend fast under concurrent writers (GroupCommit,
+// server/group_commit.h). Reads are
 // answered, and waits completed, only with values that are durable, so
 // nothing anyone was told can be lost by a crash. When storage fails a
 // batch, every write queued up to then fails with its error and memory is
 // reloaded from storage.
 //
-// Thread-safe. Lock order: mu_ before flush_mu_; may call JobManager while
-// holding mu_, never calls the rendezvous manager. Wait callbacks run
+// Thread-safe. Lock order: mu_ before the group commit's; may call
+// JobManager while holding mu_, never calls the rendezvous manager. Wait callbacks run
 // without locks held. `storage`, `clock` and `jobs` must outlive it.
 class KvManager : public RoundListener {
  public:
@@ -73,8 +74,8 @@ class KvManager : public RoundListener {
   // Called exactly once with the outcome of a write (SetAsync).
   using WriteCallback = std::function<void(absl::Status)>;
 
-  // Starts the thread that commits queued writes; the destructor commits
-  // what is still queued and stops it.
+  // Starts the thread that commits queued writes (GroupCommit); the
+  // destructor commits what is still queued and stops it.
   KvManager(Storage* storage, Clock* clock, const JobManager* jobs,
             KvLimits limits = KvLimits());
   ~KvManager() override;
@@ -144,7 +145,7 @@ class KvManager : public RoundListener {
 
   // Writes applied in memory and waiting for storage to make them durable
   // (the depth of the group-commit queue).
-  int64_t QueuedWrites() const ABSL_LOCKS_EXCLUDED(flush_mu_);
+  int64_t QueuedWrites() const;
 
  private:
   struct Waiter {
@@ -169,13 +170,6 @@ class KvManager : public RoundListener {
     // key -> tickets of the waits that wait for it.
     absl::flat_hash_map<std::string, std::vector<uint64_t>> waiting_on;
   };
-  // A write applied to memory, waiting to be made durable.
-  struct Queued {
-    uint64_t seq = 0;
-    std::string job_id;
-    Storage::Mutation mutation;
-    WriteCallback done;  // may be empty: the writer waits in AwaitDurable
-  };
   using Completion = std::pair<WaitCallback, absl::Status>;
 
   // OK when `scope` names the job's open round; the precise error otherwise.
@@ -191,40 +185,23 @@ class KvManager : public RoundListener {
                                        const std::string& value,
                                        WriteCallback* done = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Queues `mutation` of `job_id` for storage, with `done` to run once it
-  // is committed; returns its sequence number.
+  // Queues `mutation` of `job_id` for storage (commit_), with `done` to run
+  // once it is committed; returns its sequence number.
   uint64_t QueueLocked(const std::string& job_id, Storage::Mutation mutation,
                        WriteCallback done = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until write `seq` of `key` is durable, then completes the waits it
   // was the last missing key of. The write's outcome.
   absl::Status FinishWrite(const KvScope& scope, const std::string& key,
-                           uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_, flush_mu_);
+                           uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_);
   // Completes the waits on `key`, whose write is now durable.
   void WakeKey(const KvScope& scope, const std::string& key)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Returns once write `seq` (and every write before it) is durable or has
-  // failed; the write's outcome.
-  absl::Status AwaitDurable(uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_, flush_mu_);
-  // The committing thread: commits everything queued as one batch, then
-  // runs the batch's callbacks, until the destructor stops it.
-  void FlushLoop() ABSL_LOCKS_EXCLUDED(mu_, flush_mu_);
-  bool QueuedOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(flush_mu_) {
-    return !queued_.empty() || stopping_;
-  }
-  // A batch failed with `status`: fails it and everything queued after it
-  // (returned, for their callbacks), and reloads the memory of the jobs they
-  // touched from storage.
-  std::vector<Queued> FailBatch(const std::vector<Queued>& batch,
-                                const absl::Status& status)
-      ABSL_LOCKS_EXCLUDED(mu_, flush_mu_);
-  // The outcome of write `seq`, known durable or failed.
-  absl::Status OutcomeLocked(uint64_t seq) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(flush_mu_);
-  // Every write up to the one returned is durable or has failed.
-  uint64_t SettledSeq() const ABSL_LOCKS_EXCLUDED(flush_mu_);
   // Reloads the open round of `job` from storage.
   void ReloadLocked(const std::string& job_id, JobKv* job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ReloadLocked for each of `job_ids` this manager holds (a commit failed).
+  void ReloadJobsLocked(const std::set<std::string>& job_ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes the waits on `key` whose keys now all exist.
   void WakeLocked(const KvScope& scope, JobKv* job, const std::string& key,
@@ -256,18 +233,9 @@ class KvManager : public RoundListener {
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   // (deadline, ticket) of every pending wait, earliest first.
   std::set<std::pair<absl::Time, uint64_t>> deadlines_ ABSL_GUARDED_BY(mu_);
-  uint64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;  // of the latest write
-
-  mutable absl::Mutex flush_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  std::vector<Queued> queued_ ABSL_GUARDED_BY(flush_mu_);  // in seq order
-  bool stopping_ ABSL_GUARDED_BY(flush_mu_) = false;
-  // Every write up to this one is durable or has failed.
-  uint64_t settled_seq_ ABSL_GUARDED_BY(flush_mu_) = 0;
-  // Failed writes: last seq of a failed range -> (first seq, error). The
-  // latest kMaxFailures ranges are kept.
-  std::map<uint64_t, std::pair<uint64_t, absl::Status>> failures_
-      ABSL_GUARDED_BY(flush_mu_);
-  std::thread flusher_;
+  // Commits the writes (declared last: its thread calls back into the
+  // members above until it is destroyed).
+  GroupCommit commit_;
 };
 
 // The storage prefix of a round's keys: "kv/<job>/<round>/".

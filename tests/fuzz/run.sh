@@ -25,13 +25,16 @@ library=(
   common/job_config.cc common/logging.cc common/token_file.cc
   server/authenticator.cc server/cancellable_reactor.cc
   server/completion_queues.cc server/connection_limits.cc server/coordinator.cc
-  server/health_detection.cc server/health_manager.cc server/health_views.cc
+  server/group_commit.cc
+  server/health_detection.cc server/health_detectors.cc
+  server/health_manager.cc server/health_views.cc
   server/health_wire.cc server/heartbeat_shedder.cc server/job_manager.cc
   server/jobs_service.cc server/kv_manager.cc server/kv_service.cc
   server/join_request.cc server/local_placement.cc server/malformed_request.cc
   server/metrics.cc server/metrics_http_server.cc server/monitor_service.cc
   server/prometheus_text.cc server/rendezvous_manager.cc
-  server/rendezvous_restore.cc server/rendezvous_views.cc
+  server/rendezvous_phase.cc server/rendezvous_restore.cc
+  server/rendezvous_views.cc
   server/round_lifecycle.cc server/round_placement.cc
   server/rendezvous_service.cc server/rpc_stats.cc server/status_page.cc
   server/tokens_service.cc

@@ -1,0 +1,205 @@
+// GroupCommit on a storage whose commits the test holds open: writes queued
+// while a commit runs share the next one; a failed commit fails its writes
+// and those queued behind it, and tells the owner under its lock; the
+// destructor commits what is still queued.
+#include "server/group_commit.h"
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/storage/in_memory_storage.h"
+
+namespace gradsync {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// In-memory storage whose Apply waits until the test opens the gate, and
+// fails while `failing`; counts the batches and their sizes.
+class GatedStorage final : public Storage {
+ public:
+  absl::Status Put(absl::string_view key, absl::string_view value) override {
+    return inner_.Put(key, value);
+  }
+  absl::StatusOr<std::string> Get(absl::string_view key) const override {
+    return inner_.Get(key);
+  }
+  absl::StatusOr<bool> Delete(absl::string_view key) override {
+    return inner_.Delete(key);
+  }
+  absl::StatusOr<std::vector<Entry>> Scan(absl::string_view prefix,
+                                          bool keys_only) const override {
+    return inner_.Scan(prefix, keys_only);
+  }
+  absl::StatusOr<int64_t> DeletePrefix(absl::string_view prefix) override {
+    return inner_.DeletePrefix(prefix);
+  }
+  absl::Status Apply(const std::vector<Mutation>& batch) override {
+    absl::MutexLock lock(&mu_);
+    ++entered_;
+    mu_.Await(absl::Condition(&open_));
+    batches_.push_back(static_cast<int>(batch.size()));
+    if (failing_) return absl::UnavailableError("disk gone");
+    return inner_.Apply(batch);
+  }
+
+  void Open() {
+    absl::MutexLock lock(&mu_);
+    open_ = true;
+  }
+  void SetFailing(bool failing) {
+    absl::MutexLock lock(&mu_);
+    failing_ = failing;
+  }
+  // Waits until `n` commits have begun.
+  void AwaitEntered(int n) {
+    absl::MutexLock lock(&mu_);
+    auto entered = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return entered_ >= n;
+    };
+    mu_.Await(absl::Condition(&entered));
+  }
+  std::vector<int> batches() {
+    absl::MutexLock lock(&mu_);
+    return batches_;
+  }
+
+ private:
+  InMemoryStorage inner_;
+  absl::Mutex mu_;
+  bool open_ ABSL_GUARDED_BY(mu_) = false;
+  bool failing_ ABSL_GUARDED_BY(mu_) = false;
+  int entered_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int> batches_ ABSL_GUARDED_BY(mu_);
+};
+
+Storage::Mutation Put(const std::string& key) {
+  return {Storage::Mutation::Kind::kPut, key, "v"};
+}
+
+// The outcomes of the writes, by index.
+struct Outcomes {
+  absl::Mutex mu;
+  std::vector<absl::Status> statuses ABSL_GUARDED_BY(mu);
+  GroupCommit::WriteCallback At(size_t i) {
+    {
+      absl::MutexLock lock(&mu);
+      if (statuses.size() <= i) {
+        statuses.resize(i + 1, absl::UnknownError("not run"));
+      }
+    }
+    return [this, i](absl::Status status) {
+      absl::MutexLock lock(&mu);
+      statuses[i] = std::move(status);
+    };
+  }
+};
+
+TEST(GroupCommitTest, WritesQueuedDuringACommitShareTheNext) {
+  GatedStorage storage;
+  absl::Mutex owner;
+  Outcomes outcomes;
+  {
+    GroupCommit commit(&storage, &owner, [](const std::set<std::string>&) {
+      ADD_FAILURE() << "nothing fails";
+    });
+    uint64_t first;
+    {
+      absl::MutexLock lock(&owner);
+      first = commit.Queue("a", Put("k0"), outcomes.At(0));
+    }
+    storage.AwaitEntered(1);  // the first commit holds the write alone
+    uint64_t last = 0;
+    for (int i = 1; i <= 10; ++i) {
+      absl::MutexLock lock(&owner);
+      last = commit.Queue("a", Put(absl::StrCat("k", i)), outcomes.At(i));
+    }
+    EXPECT_EQ(last, first + 10);
+    EXPECT_EQ(commit.QueuedWrites(), 10);
+    storage.Open();
+    EXPECT_TRUE(commit.AwaitDurable(last).ok());
+    EXPECT_GE(commit.SettledSeq(), last);
+    EXPECT_EQ(commit.QueuedWrites(), 0);
+  }
+  EXPECT_THAT(storage.batches(), ElementsAre(1, 10));
+  absl::MutexLock lock(&outcomes.mu);
+  for (const absl::Status& status : outcomes.statuses) {
+    EXPECT_TRUE(status.ok()) << status;
+  }
+  EXPECT_TRUE(storage.Get("k10").ok());
+}
+
+TEST(GroupCommitTest, AFailedCommitFailsItsWritesAndThoseQueuedBehindIt) {
+  GatedStorage storage;
+  absl::Mutex owner;
+  Outcomes outcomes;
+  std::set<std::string> told;
+  GroupCommit commit(&storage, &owner,
+                     [&](const std::set<std::string>& job_ids) {
+                       owner.AssertHeld();  // writers are kept out
+                       told = job_ids;
+                     });
+  uint64_t a, b;
+  {
+    absl::MutexLock lock(&owner);
+    a = commit.Queue("job-a", Put("a"), outcomes.At(0));
+  }
+  storage.AwaitEntered(1);
+  {
+    absl::MutexLock lock(&owner);
+    b = commit.Queue("job-b", Put("b"), outcomes.At(1));
+  }
+  storage.SetFailing(true);
+  storage.Open();
+  const absl::Status failed = commit.AwaitDurable(b);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(failed.message(),
+              HasSubstr("could not store the write: disk gone"));
+  EXPECT_EQ(commit.AwaitDurable(a).code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(told, ElementsAre("job-a", "job-b"));
+  EXPECT_EQ(storage.batches().size(), 1u) << "b was never committed";
+  // Later writes commit again.
+  storage.SetFailing(false);
+  uint64_t c;
+  {
+    absl::MutexLock lock(&owner);
+    c = commit.Queue("job-a", Put("c"), outcomes.At(2));
+  }
+  EXPECT_TRUE(commit.AwaitDurable(c).ok());
+  EXPECT_TRUE(storage.Get("c").ok());
+  EXPECT_EQ(storage.Get("b").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(GroupCommitTest, TheDestructorCommitsWhatIsStillQueued) {
+  GatedStorage storage;
+  absl::Mutex owner;
+  Outcomes outcomes;
+  {
+    GroupCommit commit(&storage, &owner, [](const std::set<std::string>&) {});
+    {
+      absl::MutexLock lock(&owner);
+      commit.Queue("a", Put("x"), outcomes.At(0));
+    }
+    storage.AwaitEntered(1);
+    {
+      absl::MutexLock lock(&owner);
+      commit.Queue("a", Put("y"), outcomes.At(1));
+    }
+    storage.Open();
+  }  // destroyed with "y" possibly still queued
+  EXPECT_TRUE(storage.Get("y").ok());
+  absl::MutexLock lock(&outcomes.mu);
+  EXPECT_TRUE(outcomes.statuses[1].ok()) << outcomes.statuses[1];
+}
+
+}  // namespace
+}  // namespace gradsync
