@@ -142,7 +142,7 @@ TEST(GroupCommitTest, AFailedCommitFailsItsWritesAndThoseQueuedBehindIt) {
   GatedStorage storage;
   absl::Mutex owner;
   Outcomes outcomes;
-  std::set<std::string> told;
+  std::set<std::string> told;  // guarded by `owner`
   GroupCommit commit(&storage, &owner,
                      [&](const std::set<std::string>& job_ids) {
                        owner.AssertHeld();  // writers are kept out
@@ -165,7 +165,12 @@ TEST(GroupCommitTest, AFailedCommitFailsItsWritesAndThoseQueuedBehindIt) {
   EXPECT_THAT(failed.message(),
               HasSubstr("could not store the write: disk gone"));
   EXPECT_EQ(commit.AwaitDurable(a).code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(told, ElementsAre("job-a", "job-b"));
+  {
+    // Told before the owner's lock is released (callers may learn of the
+    // failure just before).
+    absl::MutexLock lock(&owner);
+    EXPECT_THAT(told, ElementsAre("job-a", "job-b"));
+  }
   EXPECT_EQ(storage.batches().size(), 1u) << "b was never committed";
   // Later writes commit again.
   storage.SetFailing(false);
