@@ -170,8 +170,6 @@ void RendezvousManager::JoinLocked(JobRendezvous* job,
                                    std::vector<Completion>* completions) {
   v1::NodeDescriptor node = request.node();
   node.set_node_id(NodeIdOf(node));
-  const std::string& incarnation = node.incarnation_id();
-  const int nproc = job->config.nproc_per_node();
   if (job->phase == RoundPhase::kEnded) {
     // Admitted just before the job ended: nothing will form again.
     completions->emplace_back(
@@ -181,33 +179,76 @@ void RendezvousManager::JoinLocked(JobRendezvous* job,
             "' has ended; a new run needs a new job id")));
     return;
   }
-
-  if (RoundRuns(job->phase)) {
-    auto member = job->member_by_incarnation.find(incarnation);
-    if (member != job->member_by_incarnation.end()) {
-      const Member& m = job->members[member->second];
-      if (request.last_round() < job->round) {
-        // The answer to an earlier join was lost: repeat it.
-        completions->emplace_back(std::move(done), m.assignment);
-        return;
-      }
-      const bool planned = job->phase == RoundPhase::kReformRequested;
-      SupersedeLocked(
-          job, planned ? job->reform_reason
-                       : absl::StrCat("rank ", m.assignment.rank(), " (",
-                                      DescribeProcess(m.node),
-                                      ") rejoined after round ", job->round));
-      job->cause_is_rejoin = !planned;
-      job->reform_as_planned = planned;
-    } else if (job->node_rank_by_node.contains(node.node_id())) {
-      SupersedeLocked(job, absl::StrCat(DescribeProcess(node),
-                                        " restarted: a new process joined "
-                                        "from a node of round ",
-                                        job->round));
-    }
+  if (RoundRuns(job->phase) &&
+      JoinOfTheRunningRoundLocked(job, request, node, &done, completions)) {
+    return;
   }
+  ReplaceWaitingLocked(job, node, completions);
 
-  auto same = job->by_incarnation.find(incarnation);
+  absl::Time now = clock_->Now();
+  Joiner joiner;
+  joiner.ticket = next_ticket_++;
+  joiner.node = std::move(node);
+  joiner.has_state = request.has_state();
+  joiner.committed_step = request.committed_step();
+  joiner.local_slot = request.has_local_slot() ? request.local_slot() : -1;
+  joiner.join_time = now;
+  joiner.deadline = now + FromProtoDuration(job->config.join_timeout());
+  joiner.done = std::move(done);
+  *ticket = joiner.ticket;
+  const std::string& job_id = job->config.job_id();
+  ticket_job_[joiner.ticket] = job_id;
+  join_deadlines_.emplace(joiner.deadline, joiner.ticket);
+  if (++job->pending_per_node[joiner.node.node_id()] ==
+      job->config.nproc_per_node()) {
+    ++job->complete_nodes;
+  }
+  auto it = job->pending.insert(job->pending.end(), std::move(joiner));
+  job->by_ticket[it->ticket] = it;
+  job->by_incarnation[it->node.incarnation_id()] = it;
+  GS_LOG(INFO) << "job '" << job_id << "': " << DescribeProcess(it->node)
+               << (RoundRuns(job->phase) ? " joined as a spare" : " joined")
+               << " (" << job->complete_nodes << " complete node(s), need "
+               << job->config.min_nodes() << ":" << job->config.max_nodes()
+               << ")";
+  MaybeGrowLocked(job, it->node.node_id());
+  MaybeCloseLocked(job, completions);
+}
+
+bool RendezvousManager::JoinOfTheRunningRoundLocked(
+    JobRendezvous* job, const v1::JoinRequest& request,
+    const v1::NodeDescriptor& node, JoinCallback* done,
+    std::vector<Completion>* completions) {
+  auto member = job->member_by_incarnation.find(node.incarnation_id());
+  if (member != job->member_by_incarnation.end()) {
+    const Member& m = job->members[member->second];
+    if (request.last_round() < job->round) {
+      // The answer to an earlier join was lost: repeat it.
+      completions->emplace_back(std::move(*done), m.assignment);
+      return true;
+    }
+    const bool planned = job->phase == RoundPhase::kReformRequested;
+    SupersedeLocked(
+        job, planned ? job->reform_reason
+                     : absl::StrCat("rank ", m.assignment.rank(), " (",
+                                    DescribeProcess(m.node),
+                                    ") rejoined after round ", job->round));
+    job->cause_is_rejoin = !planned;
+    job->reform_as_planned = planned;
+  } else if (job->node_rank_by_node.contains(node.node_id())) {
+    SupersedeLocked(job, absl::StrCat(DescribeProcess(node),
+                                      " restarted: a new process joined "
+                                      "from a node of round ",
+                                      job->round));
+  }
+  return false;
+}
+
+void RendezvousManager::ReplaceWaitingLocked(
+    JobRendezvous* job, const v1::NodeDescriptor& node,
+    std::vector<Completion>* completions) {
+  const int nproc = job->config.nproc_per_node();
+  auto same = job->by_incarnation.find(node.incarnation_id());
   if (same != job->by_incarnation.end()) {
     completions->emplace_back(
         RemovePendingLocked(job, same->second),
@@ -226,34 +267,6 @@ void RendezvousManager::JoinLocked(JobRendezvous* job,
             "', which already had ", nproc,
             " waiting process(es) (nproc_per_node=", nproc, ")")));
   }
-
-  absl::Time now = clock_->Now();
-  Joiner joiner;
-  joiner.ticket = next_ticket_++;
-  joiner.node = std::move(node);
-  joiner.has_state = request.has_state();
-  joiner.committed_step = request.committed_step();
-  joiner.local_slot = request.has_local_slot() ? request.local_slot() : -1;
-  joiner.join_time = now;
-  joiner.deadline = now + FromProtoDuration(job->config.join_timeout());
-  joiner.done = std::move(done);
-  *ticket = joiner.ticket;
-  const std::string& job_id = job->config.job_id();
-  ticket_job_[joiner.ticket] = job_id;
-  join_deadlines_.emplace(joiner.deadline, joiner.ticket);
-  if (++job->pending_per_node[joiner.node.node_id()] == nproc) {
-    ++job->complete_nodes;
-  }
-  auto it = job->pending.insert(job->pending.end(), std::move(joiner));
-  job->by_ticket[it->ticket] = it;
-  job->by_incarnation[it->node.incarnation_id()] = it;
-  GS_LOG(INFO) << "job '" << job_id << "': " << DescribeProcess(it->node)
-               << (RoundRuns(job->phase) ? " joined as a spare" : " joined")
-               << " (" << job->complete_nodes << " complete node(s), need "
-               << job->config.min_nodes() << ":" << job->config.max_nodes()
-               << ")";
-  MaybeGrowLocked(job, it->node.node_id());
-  MaybeCloseLocked(job, completions);
 }
 
 void RendezvousManager::SupersedeLocked(JobRendezvous* job,
@@ -391,10 +404,6 @@ void RendezvousManager::MemberLost(const std::string& job_id, int64_t round,
 
 void RendezvousManager::CloseLocked(JobRendezvous* job,
                                     std::vector<Completion>* completions) {
-  const v1::JobConfig& config = job->config;
-  const std::string& job_id = config.job_id();
-  const int nproc = config.nproc_per_node();
-
   // Which waiting processes form the round, and how (round_placement.h).
   std::vector<std::list<Joiner>::iterator> joiners;
   std::vector<PlacementCandidate> candidates;
@@ -404,92 +413,114 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
                           it->has_state, it->committed_step});
   }
   const Placement placement =
-      PlaceRound(config, job->round + 1, candidates, job->previous_round_nodes,
-                 job->remembered_node_rank);
-  const RoundShape& shape = placement.shape;
-  const int num_nodes = shape.num_nodes;
-  const int world_size = shape.world_size;
-  const int64_t round = shape.round;
-  // The process of local rank `local` on the `i`-th chosen node.
-  const auto joiner = [&](int i, int local) {
-    return joiners[placement.processes[i][local]];
-  };
-
+      PlaceRound(job->config, job->round + 1, candidates,
+                 job->previous_round_nodes, job->remembered_node_rank);
+  // The process of local rank `local` on the `i`-th chosen node, by node.
+  ChosenProcesses chosen(placement.processes.size());
+  for (size_t i = 0; i < placement.processes.size(); ++i) {
+    for (int index : placement.processes[i]) {
+      chosen[i].push_back(joiners[index]);
+    }
+  }
   // The round is recorded first; nothing here changes unless it was
   // (JobManager::RecordRoundClosed changes nothing when it fails).
+  const absl::Status recorded = RecordCloseLocked(*job, placement, chosen);
+  if (!recorded.ok()) {
+    RefuseCloseLocked(job, placement.shape.round, chosen, recorded,
+                      completions);
+    return;
+  }
+  OpenRoundLocked(job, placement, chosen, completions);
+}
+
+absl::Status RendezvousManager::RecordCloseLocked(
+    const JobRendezvous& job, const Placement& placement,
+    const ChosenProcesses& chosen) {
+  const RoundShape& shape = placement.shape;
+  const int nproc = job.config.nproc_per_node();
   const absl::Time now = clock_->Now();
-  std::vector<v1::Member> records(world_size);
-  for (int i = 0; i < num_nodes; ++i) {
+  std::vector<v1::Member> records(shape.world_size);
+  for (size_t i = 0; i < chosen.size(); ++i) {
     for (int local = 0; local < nproc; ++local) {
       const int rank = placement.node_rank[i] * nproc + local;
       v1::Member& record = records[rank];
       record.set_rank(rank);
       record.set_local_rank(local);
       record.set_node_rank(placement.node_rank[i]);
-      *record.mutable_node() = joiner(i, local)->node;
+      *record.mutable_node() = chosen[i][local]->node;
       record.set_state(v1::MEMBER_STATE_ACTIVE);
       *record.mutable_last_seen() = ToProtoTime(now);
     }
   }
-  std::optional<v1::Recovery> recovery = job->recovery;
+  std::optional<v1::Recovery> recovery = job.recovery;
   if (recovery.has_value()) {
-    recovery->set_new_round(round);
-    recovery->set_new_world_size(world_size);
+    recovery->set_new_round(shape.round);
+    recovery->set_new_world_size(shape.world_size);
     recovery->set_resume_step(shape.resume_step);
     recovery->set_source_rank(shape.source_rank);
     *recovery->mutable_round_close_time() = ToProtoTime(now);
     *recovery->mutable_rendezvous() =
         ToProtoDuration(now - FromProtoTime(recovery->detect_time()));
   }
-  const absl::Status recorded = jobs_->RecordRoundClosed(
-      job_id, round, shape.backend, std::move(records),
-      recovery.has_value() ? &*recovery : nullptr);
-  if (!recorded.ok()) {
-    // No assignment leaves unrecorded: a restart would restore the older
-    // round. The chosen joins are refused (their clients retry); the rest
-    // of the job is as it was.
-    GS_LOG(ERROR) << "job '" << job_id << "': could not record round "
-                  << round << ", so it did not close: " << recorded;
-    const absl::Status refusal = absl::UnavailableError(absl::StrCat(
-        "job '", job_id, "': round ", round,
-        " could not be recorded, so it did not close (", recorded.message(),
-        "); join again"));
-    for (int i = 0; i < num_nodes; ++i) {
-      for (int local = 0; local < nproc; ++local) {
-        completions->emplace_back(RemovePendingLocked(job, joiner(i, local)),
-                                  refusal);
-      }
-    }
-    return;
-  }
+  return jobs_->RecordRoundClosed(job.config.job_id(), shape.round,
+                                  shape.backend, std::move(records),
+                                  recovery.has_value() ? &*recovery : nullptr);
+}
 
-  job->round = round;
+void RendezvousManager::RefuseCloseLocked(
+    JobRendezvous* job, int64_t round,
+    const ChosenProcesses& chosen,
+    const absl::Status& recorded, std::vector<Completion>* completions) {
+  // No assignment leaves unrecorded: a restart would restore the older
+  // round. The chosen joins are refused (their clients retry); the rest of
+  // the job is as it was.
+  const std::string& job_id = job->config.job_id();
+  GS_LOG(ERROR) << "job '" << job_id << "': could not record round " << round
+                << ", so it did not close: " << recorded;
+  const absl::Status refusal = absl::UnavailableError(absl::StrCat(
+      "job '", job_id, "': round ", round,
+      " could not be recorded, so it did not close (", recorded.message(),
+      "); join again"));
+  for (const auto& node : chosen) {
+    for (std::list<Joiner>::iterator it : node) {
+      completions->emplace_back(RemovePendingLocked(job, it), refusal);
+    }
+  }
+}
+
+void RendezvousManager::OpenRoundLocked(
+    JobRendezvous* job, const Placement& placement,
+    const ChosenProcesses& chosen,
+    std::vector<Completion>* completions) {
+  const RoundShape& shape = placement.shape;
+  const int nproc = job->config.nproc_per_node();
+  job->round = shape.round;
   CancelLastCallLocked(job);
   SetPhaseLocked(job, RoundPhase::kRunning);
   job->recovery.reset();
   const bool follows_planned_reform = job->reform_as_planned;
   job->reform_as_planned = false;
-  job->members.assign(world_size, Member());
+  job->members.assign(shape.world_size, Member());
   job->member_by_incarnation.clear();
   job->node_rank_by_node.clear();
   job->previous_round_nodes.clear();
   job->awaited_nodes.clear();
-  job->node_of_rank.assign(world_size, std::string());
+  job->node_of_rank.assign(shape.world_size, std::string());
   // The listeners (the KV round opens) hear of it before any assignment
   // leaves (Finish).
   AddEventLocked(RoundEvent::Kind::kClosed, *job, std::string());
-  for (int i = 0; i < num_nodes; ++i) {
+  for (size_t i = 0; i < chosen.size(); ++i) {
     const std::string& node_id = placement.nodes[i];
     const int node_rank = placement.node_rank[i];
     job->remembered_node_rank[node_id] = node_rank;
     job->node_rank_by_node[node_id] = node_rank;
     for (int local = 0; local < nproc; ++local) {
-      const std::list<Joiner>::iterator it = joiner(i, local);
+      const std::list<Joiner>::iterator it = chosen[i][local];
       const int rank = node_rank * nproc + local;
       Member& member = job->members[rank];
       member.node = it->node;
       member.joined = it->join_time;
-      member.assignment = AssignmentFor(config, shape, rank, node_rank);
+      member.assignment = AssignmentFor(job->config, shape, rank, node_rank);
       member.assignment.set_follows_planned_reform(follows_planned_reform);
       job->member_by_incarnation[it->node.incarnation_id()] = rank;
       job->node_of_rank[rank] = node_id;
@@ -497,9 +528,9 @@ void RendezvousManager::CloseLocked(JobRendezvous* job,
                                 member.assignment);
     }
   }
-  GS_LOG(INFO) << "job '" << job_id << "' round " << job->round << " closed: "
-               << num_nodes << " node(s), world size " << world_size
-               << ", backend " << BackendName(shape.backend)
+  GS_LOG(INFO) << "job '" << job->config.job_id() << "' round " << job->round
+               << " closed: " << chosen.size() << " node(s), world size "
+               << shape.world_size << ", backend " << BackendName(shape.backend)
                << ", resume after step " << shape.resume_step << " from rank "
                << shape.source_rank << ", " << job->pending.size()
                << " spare process(es)";

@@ -35,6 +35,7 @@
 #include "proto/gradsync/v1/rendezvous.pb.h"
 #include "server/job_manager.h"
 #include "server/round_lifecycle.h"
+#include "server/round_placement.h"
 
 namespace gradsync {
 
@@ -241,6 +242,22 @@ class RendezvousManager {
                   JoinCallback done, uint64_t* ticket,
                   std::vector<Completion>* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A join while `job`'s round runs: a member's rejoin repeats a lost
+  // answer (true: answered, `done` taken) or supersedes the round (planned
+  // when a re-form was requested); a new process on a node of the round
+  // supersedes it too. False: the join goes on to wait.
+  bool JoinOfTheRunningRoundLocked(JobRendezvous* job,
+                                   const v1::JoinRequest& request,
+                                   const v1::NodeDescriptor& node,
+                                   JoinCallback* done,
+                                   std::vector<Completion>* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before `node`'s process waits: its own earlier join, or the oldest
+  // waiting process of a node that already has nproc_per_node, is replaced
+  // (ABORTED).
+  void ReplaceWaitingLocked(JobRendezvous* job, const v1::NodeDescriptor& node,
+                            std::vector<Completion>* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the running round because of `reason`; its members must rejoin.
   void SupersedeLocked(JobRendezvous* job, const std::string& reason,
                        absl::Duration detection = absl::ZeroDuration())
@@ -252,7 +269,31 @@ class RendezvousManager {
   // call when min nodes first complete.
   void MaybeCloseLocked(JobRendezvous* job, std::vector<Completion>* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes the forming round: places the waiting processes (PlaceRound),
+  // records the round, then opens it; refuses the chosen joins when it
+  // cannot be recorded.
   void CloseLocked(JobRendezvous* job, std::vector<Completion>* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The chosen processes of a round being closed: [i][local] is the process
+  // of local rank `local` on the i-th node of the placement.
+  using ChosenProcesses = std::vector<std::vector<std::list<Joiner>::iterator>>;
+  // Records the round `placement` closes with `chosen` (JobManager).
+  absl::Status RecordCloseLocked(const JobRendezvous& job,
+                                 const Placement& placement,
+                                 const ChosenProcesses& chosen)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Refuses the `chosen` joins (UNAVAILABLE: they retry) because round
+  // `round` could not be recorded (`recorded`); nothing else changes.
+  void RefuseCloseLocked(JobRendezvous* job, int64_t round,
+                         const ChosenProcesses& chosen,
+                         const absl::Status& recorded,
+                         std::vector<Completion>* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes the recorded round `job`'s running one and answers `chosen`
+  // with their assignments (after the kClosed event: Finish).
+  void OpenRoundLocked(JobRendezvous* job, const Placement& placement,
+                       const ChosenProcesses& chosen,
+                       std::vector<Completion>* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // When `node_id` just became a complete node and the running round has
   // fewer than max_nodes: asks the round's members to re-form at their next

@@ -1,6 +1,7 @@
 #include "worker/runtime/elastic.h"
 
 #include <memory>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -118,11 +119,116 @@ absl::Status TrainInRound(CoordinatorClient* client,
   return trained;
 }
 
-// The error RunElastic gives up with after `recoveries` re-forms.
-absl::Status GaveUp(int recoveries, const absl::Status& last) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "gave up after re-forming the round ", recoveries,
-      " time(s) (--max_recoveries); the last failure: ", last.ToString()));
+// The recoveries one RunElastic call may still make (max_recoveries).
+class RecoveryBudget {
+ public:
+  explicit RecoveryBudget(int max) : max_(max) {}
+
+  bool exhausted() const { return used_ == max_; }
+  int used() const { return used_; }
+  int max() const { return max_; }
+
+  // Spends one recovery for `why`; FAILED_PRECONDITION naming it when none
+  // is left.
+  absl::Status Spend(const absl::Status& why) {
+    if (exhausted()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "gave up after re-forming the round ", used_,
+          " time(s) (--max_recoveries); the last failure: ", why.ToString()));
+    }
+    ++used_;
+    return absl::OkStatus();
+  }
+
+ private:
+  const int max_;
+  int used_ = 0;
+};
+
+// The assignment of the next round: the launcher's first one, or a join.
+absl::StatusOr<v1::Assignment> NextAssignment(
+    CoordinatorClient* client, const ElasticOptions& options,
+    const RoundTrainer& trainer, int64_t previous,
+    std::optional<v1::Assignment>* given, v1::JoinRequest* request) {
+  v1::Assignment assignment;
+  if (given->has_value()) {
+    assignment = **std::move(given);
+    given->reset();
+  } else {
+    GS_ASSIGN_OR_RETURN(assignment,
+                        JoinRound(client, request, previous, trainer));
+  }
+  if (options.keep_local_rank && !request->has_local_slot()) {
+    request->set_local_slot(assignment.local_rank());
+  }
+  if (options.on_assignment) {
+    GS_RETURN_IF_ERROR(options.on_assignment(assignment));
+  }
+  return assignment;
+}
+
+// A failed agreement to stop for round `previous`'s planned re-form
+// (`vote_failed`, reform.h) counts as a recovery unless `assignment`, the
+// round it led to, follows only the planned re-form.
+absl::Status CountFailedVote(const absl::Status& vote_failed,
+                             const v1::Assignment& assignment,
+                             int64_t previous, RecoveryBudget* budget) {
+  if (vote_failed.ok() || assignment.follows_planned_reform()) {
+    return absl::OkStatus();
+  }
+  GS_RETURN_IF_ERROR(budget->Spend(vote_failed));
+  GS_LOG(WARNING) << "round " << previous << " did not end only for its "
+                  << "planned re-form (" << vote_failed.message()
+                  << "): recovery " << budget->used() << " of at most "
+                  << budget->max();
+  return absl::OkStatus();
+}
+
+// After round `assignment` ended with `trained`: nullopt to rejoin, or what
+// RunElastic returns. Sets *vote_failed when this rank's agreement to stop
+// for a planned re-form failed (counted at the next assignment).
+std::optional<absl::Status> AfterRound(const v1::Assignment& assignment,
+                                       const absl::Status& trained,
+                                       const RoundTrainer& trainer,
+                                       HealthReporter* reporter,
+                                       RecoveryBudget* budget,
+                                       absl::Status* vote_failed) {
+  if (trained.ok()) {
+    absl::Status reported = reporter->Finish(true, 0, "");
+    if (!absl::IsAborted(reported) || budget->exhausted()) return reported;
+    // The round was superseded as training finished (a peer was lost):
+    // finish in the next round, which starts at the last step.
+    GS_LOG(WARNING) << "round " << assignment.round()
+                    << " ended as training finished (" << reported
+                    << "); rejoining to finish in the next round";
+    budget->Spend(reported).IgnoreError();  // not exhausted
+    return std::nullopt;
+  }
+  if (IsReformAtStepBoundary(trained)) {
+    // Planned: nothing failed and nothing is lost, unless the agreement
+    // failed (then the next assignment says).
+    if (IsReformVoteFailed(trained)) {
+      *vote_failed = trained;
+      GS_LOG(WARNING) << "round " << assignment.round() << ": "
+                      << trained.message() << "; rejoining";
+    } else {
+      GS_LOG(INFO) << "round " << assignment.round() << ": "
+                   << trained.message() << "; rejoining";
+    }
+    return std::nullopt;
+  }
+  if (assignment.failure_policy() == v1::FAILURE_POLICY_FAIL ||
+      !RecoverableByRejoining(trained)) {
+    return trained;
+  }
+  absl::Status spent = budget->Spend(trained);
+  if (!spent.ok()) return spent;
+  GS_LOG(WARNING) << "round " << assignment.round() << " failed on rank "
+                  << assignment.rank() << " after step "
+                  << trainer.committed_step() << ": " << trained
+                  << "; rejoining to re-form it (recovery " << budget->used()
+                  << " of at most " << budget->max() << ")";
+  return std::nullopt;
 }
 
 }  // namespace
@@ -136,85 +242,30 @@ absl::Status RunElastic(CoordinatorClient* client, v1::JoinRequest request,
                         const ElasticOptions& options,
                         HealthReporter* reporter, RoundTrainer* trainer) {
   int64_t previous = 0;
-  int recoveries = 0;
-  // The failed agreement of the last round's planned re-form (reform.h):
-  // a recovery unless the round it led to follows a planned re-form.
-  absl::Status vote_failed;
+  RecoveryBudget budget(options.max_recoveries);
+  absl::Status vote_failed;  // of the last round's planned re-form
   std::optional<v1::Assignment> given = options.first_assignment;
   for (;;) {
-    v1::Assignment assignment;
-    if (given.has_value()) {
-      assignment = *std::move(given);
-      given.reset();
-    } else {
-      GS_ASSIGN_OR_RETURN(assignment,
-                          JoinRound(client, &request, previous, *trainer));
-    }
-    if (options.keep_local_rank && !request.has_local_slot()) {
-      request.set_local_slot(assignment.local_rank());
-    }
-    if (options.on_assignment) {
-      GS_RETURN_IF_ERROR(options.on_assignment(assignment));
-    }
+    GS_ASSIGN_OR_RETURN(v1::Assignment assignment,
+                        NextAssignment(client, options, *trainer, previous,
+                                       &given, &request));
     auto round = std::make_shared<RoundInTraining>();
     reporter->Start(assignment, request.node().incarnation_id(),
                     [round](const absl::Status& why) { round->Abort(why); });
-    const absl::Status last_vote =
-        std::exchange(vote_failed, absl::OkStatus());
-    if (!last_vote.ok() && !assignment.follows_planned_reform()) {
-      // Not only the planned re-form after all: a member was lost in it.
-      if (recoveries == options.max_recoveries) {
-        round->Close();
-        return GaveUp(recoveries, last_vote);
-      }
-      ++recoveries;
-      GS_LOG(WARNING) << "round " << previous << " did not end only for its "
-                      << "planned re-form (" << last_vote.message()
-                      << "): recovery " << recoveries << " of at most "
-                      << options.max_recoveries;
+    absl::Status counted =
+        CountFailedVote(std::exchange(vote_failed, absl::OkStatus()),
+                        assignment, previous, &budget);
+    if (!counted.ok()) {
+      round->Close();
+      return counted;
     }
     absl::Status trained =
         TrainInRound(client, assignment, options, trainer, round.get());
     round->Close();
     previous = assignment.round();
-    if (trained.ok()) {
-      absl::Status reported = reporter->Finish(true, 0, "");
-      if (!absl::IsAborted(reported) || recoveries == options.max_recoveries) {
-        return reported;
-      }
-      // The round was superseded as training finished (a peer was lost):
-      // finish in the next round, which starts at the last step.
-      GS_LOG(WARNING) << "round " << assignment.round()
-                      << " ended as training finished (" << reported
-                      << "); rejoining to finish in the next round";
-      ++recoveries;
-      continue;
-    }
-    if (IsReformVoteFailed(trained)) {
-      GS_LOG(WARNING) << "round " << assignment.round() << ": "
-                      << trained.message() << "; rejoining";
-      vote_failed = trained;
-      continue;
-    }
-    if (IsReformAtStepBoundary(trained)) {
-      // Planned: nothing failed and nothing is lost.
-      GS_LOG(INFO) << "round " << assignment.round() << ": " << trained.message()
-                   << "; rejoining";
-      continue;
-    }
-    if (assignment.failure_policy() == v1::FAILURE_POLICY_FAIL ||
-        !RecoverableByRejoining(trained)) {
-      return trained;
-    }
-    if (recoveries == options.max_recoveries) {
-      return GaveUp(recoveries, trained);
-    }
-    ++recoveries;
-    GS_LOG(WARNING) << "round " << assignment.round() << " failed on rank "
-                    << assignment.rank() << " after step "
-                    << trainer->committed_step() << ": " << trained
-                    << "; rejoining to re-form it (recovery " << recoveries
-                    << " of at most " << options.max_recoveries << ")";
+    std::optional<absl::Status> done = AfterRound(
+        assignment, trained, *trainer, reporter, &budget, &vote_failed);
+    if (done.has_value()) return *done;
   }
 }
 
