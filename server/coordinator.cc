@@ -45,9 +45,9 @@ Coordinator::Coordinator(CoordinatorConfig config)
                      const std::string& reason) {
                 rendezvous_.JobEnded(job_id, state, reason);
               }),
+      stream_limits_(config_.max_streams_per_connection),
       rendezvous_service_(&rendezvous_, &auth_),
       kv_service_(&kv_, &auth_),
-      stream_limits_(config_.max_streams_per_connection),
       jobs_service_(&jobs_, &rendezvous_, &health_, clock_, &auth_,
                     &stream_limits_),
       tokens_service_(&jobs_, &auth_),

@@ -127,7 +127,9 @@ class Coordinator {
 
   const CoordinatorConfig config_;
   // Members in dependency order: each uses only those declared above it, so
-  // they are built top-down and destroyed bottom-up.
+  // they are built top-down and destroyed bottom-up; the one exception is
+  // the rendezvous's listeners (kv_ above it, health_ below), which it calls
+  // only between Start() (restore) and Shutdown(), when every member exists.
   Clock* const clock_;
   std::unique_ptr<Storage> owned_storage_;  // when config.storage is null
   Storage* const storage_;

@@ -1,6 +1,7 @@
 #include "worker/runtime/health_reporter.h"
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -144,125 +145,160 @@ void HealthReporter::OnAnswer(const v1::HeartbeatResponse& response) {
   }
 }
 
-void HealthReporter::Run() {
-  absl::BitGen random;
-  absl::Duration backoff = options_.initial_backoff;
-  bool warned = false;
+// The reporting thread's state between turns of its loop.
+struct HealthReporter::Loop {
   std::unique_ptr<HeartbeatStream> stream;
   int64_t stream_generation = 0;  // member_generation_ of `stream`
   int64_t dead_generation = -1;   // a member the coordinator refused
   int64_t answers_at_open = 0;    // stats_.answers when `stream` opened
-  const auto member_changed_or_stopping = [this, &stream_generation]() {
-    mu_.AssertReaderHeld();
-    return stopping_ || member_generation_ != stream_generation;
-  };
+  absl::Duration backoff;         // before the next reconnection
+  bool warned = false;            // said that the coordinator is unreachable
+  absl::BitGen random;
+};
 
+// The reporter's loop, one turn at a time: with no member (or one the
+// coordinator refused) it waits for Start(); a stream that ended, or
+// belongs to an old member, is retired (a refusal ends the member, any
+// other error backs off before the next stream); otherwise it opens a
+// stream when it has none, sends one heartbeat and waits for the next one's
+// time. Stopping sends a last heartbeat and closes the stream cleanly.
+void HealthReporter::Run() {
+  Loop loop;
+  loop.backoff = options_.initial_backoff;
   mu_.Lock();
   while (!stopping_) {
-    if (!member_.has_value() || member_generation_ == dead_generation) {
-      // The coordinator refused this member: wait for a new Start().
-      const int64_t seen = member_generation_;
-      const auto changed = [this, seen]() {
-        mu_.AssertReaderHeld();
-        return stopping_ || member_generation_ != seen;
-      };
-      mu_.Await(absl::Condition(&changed));
+    if (!member_.has_value() || member_generation_ == loop.dead_generation) {
+      AwaitNewMemberLocked();
       continue;
     }
-    // Drop the stream of a finished one or of an old member.
-    std::optional<absl::Status> ended =
-        stream != nullptr ? stream->ended() : std::nullopt;
-    if (stream != nullptr && (ended.has_value() ||
-                              stream_generation != member_generation_)) {
-      std::unique_ptr<HeartbeatStream> old = std::move(stream);
-      mu_.Unlock();
-      if (!ended.has_value()) {
-        old->Close(options_.close_timeout).IgnoreError();
-      }
-      old.reset();
-      mu_.Lock();
-      if (ended.has_value() && !ended->ok()) {
-        ++stats_.failed_streams;
-        if (EndsTheMember(*ended) && stream_generation == member_generation_) {
-          GS_LOG(WARNING) << "heartbeats of job '" << member_->job_id()
-                          << "' round " << member_->round() << " rank "
-                          << member_->rank()
-                          << " stopped by the coordinator: " << *ended;
-          dead_generation = stream_generation;
-          if (auto round_over = TakeRoundOverLocked()) {
-            const absl::Status why = *ended;
-            mu_.Unlock();
-            round_over(why);
-            mu_.Lock();
-          }
-          continue;
-        }
-        if (!warned) {
-          GS_LOG(WARNING) << "cannot send heartbeats to the coordinator at "
-                          << client_->options().target << " (" << *ended
-                          << "); training goes on, retrying with backoff";
-          warned = true;
-        }
-        const absl::Duration pause =
-            backoff * absl::Uniform(random, 1.0 - options_.jitter,
-                                    1.0 + options_.jitter);
-        backoff = std::min(options_.max_backoff, backoff * 2);
-        stream_generation = member_generation_;
-        mu_.AwaitWithTimeout(absl::Condition(&member_changed_or_stopping),
-                             pause);
-        continue;
-      }
-    }
-    if (stream == nullptr) {
-      stream_generation = member_generation_;
-      answers_at_open = stats_.answers;
-      mu_.Unlock();
-      auto on_answer = [this](const v1::HeartbeatResponse& r) { OnAnswer(r); };
-      stream = options_.open_stream
-                   ? options_.open_stream(std::move(on_answer))
-                   : client_->OpenHeartbeatStream(std::move(on_answer));
-      mu_.Lock();
-    }
-    if (warned && stats_.answers > answers_at_open) {
+    if (RetireStreamLocked(&loop)) continue;
+    if (loop.stream == nullptr) OpenStreamLocked(&loop);
+    if (loop.warned && stats_.answers > loop.answers_at_open) {
       // An answer on the new stream: the coordinator is back.
       GS_LOG(INFO) << "heartbeats reach the coordinator at "
                    << client_->options().target << " again";
-      warned = false;
-      backoff = options_.initial_backoff;
+      loop.warned = false;
+      loop.backoff = options_.initial_backoff;
     }
-    v1::HeartbeatRequest request = NextRequestLocked();
+    SendAndAwaitNextLocked(&loop);
+  }
+  CloseLastStreamLocked(&loop);
+}
+
+void HealthReporter::AwaitNewMemberLocked() {
+  const int64_t seen = member_generation_;
+  const auto changed = [this, seen]() {
+    mu_.AssertReaderHeld();
+    return stopping_ || member_generation_ != seen;
+  };
+  mu_.Await(absl::Condition(&changed));
+}
+
+bool HealthReporter::RetireStreamLocked(Loop* loop) {
+  if (loop->stream == nullptr) return false;
+  const std::optional<absl::Status> ended = loop->stream->ended();
+  if (!ended.has_value() && loop->stream_generation == member_generation_) {
+    return false;
+  }
+  std::unique_ptr<HeartbeatStream> old = std::move(loop->stream);
+  mu_.Unlock();
+  if (!ended.has_value()) old->Close(options_.close_timeout).IgnoreError();
+  old.reset();
+  mu_.Lock();
+  if (!ended.has_value() || ended->ok()) return false;
+  ++stats_.failed_streams;
+  if (EndsTheMember(*ended) && loop->stream_generation == member_generation_) {
+    EndMemberLocked(loop, *ended);
+  } else {
+    BackOffLocked(loop, *ended);
+  }
+  return true;
+}
+
+void HealthReporter::EndMemberLocked(Loop* loop, const absl::Status& why) {
+  GS_LOG(WARNING) << "heartbeats of job '" << member_->job_id() << "' round "
+                  << member_->round() << " rank " << member_->rank()
+                  << " stopped by the coordinator: " << why;
+  loop->dead_generation = loop->stream_generation;
+  if (auto round_over = TakeRoundOverLocked()) {
     mu_.Unlock();
-    const absl::Time sent_at = absl::Now();
-    const bool queued = stream->Send(std::move(request));
+    round_over(why);
     mu_.Lock();
-    if (queued) ++stats_.heartbeats_sent;
-    // The next heartbeat is due one interval after this one, by the
-    // interval the coordinator asks for at the time: a new one told while
-    // waiting moves the deadline (earlier when it is shorter).
-    while (true) {
-      const absl::Duration waiting_for = interval_;
-      const auto woken = [&]() {
-        mu_.AssertReaderHeld();
-        return member_changed_or_stopping() || interval_ != waiting_for;
-      };
-      if (!mu_.AwaitWithDeadline(absl::Condition(&woken),
-                                 sent_at + waiting_for) ||
-          member_changed_or_stopping()) {
-        break;
-      }
+  }
+}
+
+void HealthReporter::BackOffLocked(Loop* loop, const absl::Status& why) {
+  if (!loop->warned) {
+    GS_LOG(WARNING) << "cannot send heartbeats to the coordinator at "
+                    << client_->options().target << " (" << why
+                    << "); training goes on, retrying with backoff";
+    loop->warned = true;
+  }
+  const absl::Duration pause =
+      loop->backoff * absl::Uniform(loop->random, 1.0 - options_.jitter,
+                                    1.0 + options_.jitter);
+  loop->backoff = std::min(options_.max_backoff, loop->backoff * 2);
+  loop->stream_generation = member_generation_;
+  const auto changed = [this, loop]() {
+    mu_.AssertReaderHeld();
+    return MemberChangedOrStoppingLocked(*loop);
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&changed), pause);
+}
+
+void HealthReporter::OpenStreamLocked(Loop* loop) {
+  loop->stream_generation = member_generation_;
+  loop->answers_at_open = stats_.answers;
+  mu_.Unlock();
+  auto on_answer = [this](const v1::HeartbeatResponse& r) { OnAnswer(r); };
+  std::unique_ptr<HeartbeatStream> stream =
+      options_.open_stream ? options_.open_stream(std::move(on_answer))
+                           : client_->OpenHeartbeatStream(std::move(on_answer));
+  mu_.Lock();
+  loop->stream = std::move(stream);
+}
+
+void HealthReporter::SendAndAwaitNextLocked(Loop* loop) {
+  v1::HeartbeatRequest request = NextRequestLocked();
+  mu_.Unlock();
+  const absl::Time sent_at = absl::Now();
+  const bool queued = loop->stream->Send(std::move(request));
+  mu_.Lock();
+  if (queued) ++stats_.heartbeats_sent;
+  // The next heartbeat is due one interval after this one, by the interval
+  // the coordinator asks for at the time: a new one told while waiting
+  // moves the deadline (earlier when it is shorter).
+  while (true) {
+    const absl::Duration waiting_for = interval_;
+    const auto woken = [this, loop, waiting_for]() {
+      mu_.AssertReaderHeld();
+      return MemberChangedOrStoppingLocked(*loop) || interval_ != waiting_for;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&woken),
+                               sent_at + waiting_for) ||
+        MemberChangedOrStoppingLocked(*loop)) {
+      return;
     }
   }
-  // Stopping: one last heartbeat with the final metrics, then a clean close
-  // (a half-close, which does not make the member LOST).
-  const bool send_last = stream != nullptr && !stream->ended().has_value() &&
-                         stream_generation == member_generation_;
+}
+
+void HealthReporter::CloseLastStreamLocked(Loop* loop) {
+  // One last heartbeat with the final metrics, then a clean close (a
+  // half-close, which does not make the member LOST).
+  const bool send_last = loop->stream != nullptr &&
+                         !loop->stream->ended().has_value() &&
+                         loop->stream_generation == member_generation_;
   v1::HeartbeatRequest last;
   if (send_last) last = NextRequestLocked();
   mu_.Unlock();
-  if (stream != nullptr) {
-    if (send_last) stream->Send(std::move(last));
-    stream->Close(options_.close_timeout).IgnoreError();
+  if (loop->stream != nullptr) {
+    if (send_last) loop->stream->Send(std::move(last));
+    loop->stream->Close(options_.close_timeout).IgnoreError();
   }
+}
+
+bool HealthReporter::MemberChangedOrStoppingLocked(const Loop& loop) const {
+  return stopping_ || member_generation_ != loop.stream_generation;
 }
 
 absl::Status HealthReporter::Finish(bool success, int exit_code,

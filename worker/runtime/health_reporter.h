@@ -150,8 +150,31 @@ class HealthReporter {
   void Stop();
 
  private:
-  // The sending thread.
+  // The sending thread (a loop of turns: see Run in the .cc).
   void Run();
+  struct Loop;  // the thread's state between turns
+  // Waits for a Start() of a new member (or Stop()).
+  void AwaitNewMemberLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops `loop`'s stream when it ended or belongs to an old member; true
+  // when the turn is over (the coordinator refused the member, or the
+  // stream failed and the loop backed off).
+  bool RetireStreamLocked(Loop* loop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The coordinator refused the member (`why`): no more heartbeats for it;
+  // its on_round_over callback runs.
+  void EndMemberLocked(Loop* loop, const absl::Status& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stream failed (`why`): warns once, waits the backoff with jitter.
+  void BackOffLocked(Loop* loop, const absl::Status& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OpenStreamLocked(Loop* loop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends one heartbeat and waits until the next is due, the member
+  // changes or Stop().
+  void SendAndAwaitNextLocked(Loop* loop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stopping: a last heartbeat and a clean close. Releases mu_.
+  void CloseLastStreamLocked(Loop* loop) ABSL_UNLOCK_FUNCTION(mu_);
+  // Whether a Start() or Stop() came since `loop`'s stream opened.
+  bool MemberChangedOrStoppingLocked(const Loop& loop) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Takes the member's on_round_over callback (once), or returns an empty
   // one; the caller runs it without the lock.
   std::function<void(const absl::Status&)> TakeRoundOverLocked()
