@@ -150,80 +150,94 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now, int factor,
     return;
   }
   if (!job->detecting()) return;
-
-  // Silence allowed: missed intervals at the member's factor, plus the
-  // backlog the coordinator knows it has (how long it has been behind, or
-  // the longest its queues held heartbeats), at most missed intervals at
-  // the largest factor (see the class comment).
-  const absl::Duration limit = job->interval * job->missed;
-  const absl::Duration extra =
-      std::min(allowance, limit * config_.shedding.max_factor);
-  // Below both bounds a member is neither overdue nor lost (most are).
-  const absl::Duration quiet = std::min(job->late_after, limit);
   LogReconnects(job);
   if (now < job->not_lost_before) {
     DiagnoseHang(job, now);
     return;
   }
+  // Silence allowed: missed intervals at the member's factor, plus the
+  // backlog the coordinator knows it has (how long it has been behind, or
+  // the longest its queues held heartbeats), at most missed intervals at
+  // the largest factor (see the class comment).
+  Silence silence;
+  silence.limit = job->interval * job->missed;
+  silence.extra =
+      std::min(allowance, silence.limit * config_.shedding.max_factor);
+  // Below both bounds a member is neither overdue nor lost (most are).
+  silence.quiet = std::min(job->late_after, silence.limit);
   HealthUpdate update;
   int64_t active = 0;
   for (size_t r = 0; r < job->members.size(); ++r) {
     const MemberHealth& m = job->members[r];
     if (m.state != v1::MEMBER_STATE_ACTIVE) continue;
     ++active;
-    const absl::Duration silent_for = now - m.last_seen;
     if (m.heard) ++backlog->members;
-    const int slowdown = std::max(factor, m.allowed_factor);
-    if (m.stream_broke != absl::InfiniteFuture()) {
-      // In its reconnect grace: only the grace decides.
-      const absl::Duration grace = job->reconnect_grace * slowdown;
-      if (now - m.stream_broke <= grace) continue;
-      update.members.push_back(
-          {static_cast<int>(r), v1::MEMBER_STATE_LOST,
-           absl::StrCat(kStreamBroke, " and it did not heartbeat again within ",
-                        absl::FormatDuration(grace))});
-      continue;
+    std::optional<std::string> lost =
+        LostReasonLocked(*job, m, silence, now, factor, backlog);
+    if (lost.has_value()) {
+      update.members.push_back({static_cast<int>(r), v1::MEMBER_STATE_LOST,
+                                *std::move(lost)});
     }
-    if (silent_for <= quiet) continue;
-    if (m.heard && silent_for > job->late_after * slowdown) ++backlog->overdue;
-    if (silent_for <= limit * slowdown + extra) continue;
-    const std::string silent = absl::FormatDuration(
-        absl::Trunc(now - m.last_seen, absl::Milliseconds(1)));
-    const std::string every =
-        slowdown == 1
-            ? absl::FormatDuration(job->interval)
-            : absl::StrCat(absl::FormatDuration(job->interval * slowdown),
-                           ": the job's ", absl::FormatDuration(job->interval),
-                           " x", slowdown,
-                           " while the coordinator sheds heartbeat load");
-    update.members.push_back(
-        {static_cast<int>(r), v1::MEMBER_STATE_LOST,
-         m.heard ? absl::StrCat("missed ", job->missed, " heartbeats (every ",
-                                every, "): last heard ", silent, " ago")
-                 : absl::StrCat("sent no heartbeat in the ", silent,
-                                " since ", job->started_by)});
   }
   backlog->expected_rate +=
       static_cast<double>(active) /
       absl::ToDoubleSeconds(job->interval * factor);
   if (!update.members.empty()) {
-    const HealthUpdate::MemberChange& first = update.members.front();
-    std::string what = absl::StrCat("rank ", first.rank, " (",
-                                    job->members[first.rank].host, ") lost: ",
-                                    first.reason);
-    if (update.members.size() > 1) {
-      absl::StrAppend(&what, " (and ", update.members.size() - 1,
-                      " more rank(s))");
-    }
-    const size_t first_loss = losses->size();
-    ApplyPolicy(job, what, &update, losses);
-    for (size_t i = first_loss; i < losses->size(); ++i) {
-      Loss& loss = (*losses)[i];
-      loss.detection = now - job->members[loss.rank].last_seen;
-    }
-    Transition(job, std::move(update)).IgnoreError();  // it logs why not
+    RecordLossesLocked(job, std::move(update), now, losses);
   }
   DiagnoseHang(job, now);
+}
+
+std::optional<std::string> HealthManager::LostReasonLocked(
+    const JobHealth& job, const MemberHealth& m, const Silence& silence,
+    absl::Time now, int factor, HeartbeatShedder::Backlog* backlog) const {
+  const int slowdown = std::max(factor, m.allowed_factor);
+  if (m.stream_broke != absl::InfiniteFuture()) {
+    // In its reconnect grace: only the grace decides.
+    const absl::Duration grace = job.reconnect_grace * slowdown;
+    if (now - m.stream_broke <= grace) return std::nullopt;
+    return absl::StrCat(kStreamBroke, " and it did not heartbeat again within ",
+                        absl::FormatDuration(grace));
+  }
+  const absl::Duration silent_for = now - m.last_seen;
+  if (silent_for <= silence.quiet) return std::nullopt;
+  if (m.heard && silent_for > job.late_after * slowdown) ++backlog->overdue;
+  if (silent_for <= silence.limit * slowdown + silence.extra) {
+    return std::nullopt;
+  }
+  const std::string silent =
+      absl::FormatDuration(absl::Trunc(silent_for, absl::Milliseconds(1)));
+  const std::string every =
+      slowdown == 1
+          ? absl::FormatDuration(job.interval)
+          : absl::StrCat(absl::FormatDuration(job.interval * slowdown),
+                         ": the job's ", absl::FormatDuration(job.interval),
+                         " x", slowdown,
+                         " while the coordinator sheds heartbeat load");
+  return m.heard ? absl::StrCat("missed ", job.missed, " heartbeats (every ",
+                                every, "): last heard ", silent, " ago")
+                 : absl::StrCat("sent no heartbeat in the ", silent,
+                                " since ", job.started_by);
+}
+
+void HealthManager::RecordLossesLocked(JobHealth* job, HealthUpdate update,
+                                       absl::Time now,
+                                       std::vector<Loss>* losses) {
+  const HealthUpdate::MemberChange& first = update.members.front();
+  std::string what = absl::StrCat("rank ", first.rank, " (",
+                                  job->members[first.rank].host, ") lost: ",
+                                  first.reason);
+  if (update.members.size() > 1) {
+    absl::StrAppend(&what, " (and ", update.members.size() - 1,
+                    " more rank(s))");
+  }
+  const size_t first_loss = losses->size();
+  ApplyPolicy(job, what, &update, losses);
+  for (size_t i = first_loss; i < losses->size(); ++i) {
+    Loss& loss = (*losses)[i];
+    loss.detection = now - job->members[loss.rank].last_seen;
+  }
+  Transition(job, std::move(update)).IgnoreError();  // it logs why not
 }
 
 void HealthManager::LogReconnects(JobHealth* job) {

@@ -83,63 +83,70 @@ HealthManager::FindOrStart(const v1::MemberRef& member,
                       jobs_->GetRoundMembers(member.job_id()));
   const JobPhase& phase = round.phase;
   GS_RETURN_IF_ERROR(CheckRound(member, phase));
+  return Install(NewJobHealth(member.job_id(), std::move(round), started_by,
+                              grace_windows));
+}
+
+std::shared_ptr<HealthManager::JobHealth> HealthManager::NewJobHealth(
+    const std::string& job_id, RoundMembers round,
+    absl::string_view started_by, int grace_windows) const {
   auto job = std::make_shared<JobHealth>();
   const v1::JobConfig& c = round.config;
-  job->job_id = member.job_id();
-  job->round = phase.round;
+  // The job's own setting where it has one, else the coordinator's.
+  const auto or_default = [](const google::protobuf::Duration& set,
+                             absl::Duration fallback) {
+    const absl::Duration d = FromProtoDuration(set);
+    return d > absl::ZeroDuration() ? d : fallback;
+  };
+  job->job_id = job_id;
+  job->round = round.phase.round;
   job->started_by = std::string(started_by);
-  job->interval = c.has_heartbeat_interval() &&
-                          FromProtoDuration(c.heartbeat_interval()) >
-                              absl::ZeroDuration()
-                      ? FromProtoDuration(c.heartbeat_interval())
-                      : config_.heartbeat_interval;
+  job->interval = or_default(c.heartbeat_interval(), config_.heartbeat_interval);
   job->missed = c.missed_heartbeats() > 0 ? c.missed_heartbeats()
                                           : config_.missed_heartbeats;
   job->policy = c.failure_policy() == v1::FAILURE_POLICY_FAIL
                     ? v1::FAILURE_POLICY_FAIL
                     : v1::FAILURE_POLICY_DEGRADE;
   job->straggler_threshold =
-      FromProtoDuration(c.straggler_threshold()) > absl::ZeroDuration()
-          ? FromProtoDuration(c.straggler_threshold())
-          : config_.straggler_threshold;
-  job->hang_timeout = FromProtoDuration(c.hang_timeout()) > absl::ZeroDuration()
-                          ? FromProtoDuration(c.hang_timeout())
-                          : config_.hang_timeout;
+      or_default(c.straggler_threshold(), config_.straggler_threshold);
+  job->hang_timeout = or_default(c.hang_timeout(), config_.hang_timeout);
   job->late_after = job->interval * config_.shedding.late_ratio;
   job->reconnect_grace =
       config_.reconnect_grace.value_or(job->interval * job->missed);
   const size_t world = round.incarnations.size();
   const absl::Time now = clock_->Now();
   job->not_lost_before = now + grace_windows * job->interval * job->missed;
-  {
-    absl::MutexLock lock(&job->mu);
-    job->state = phase.state;
-    job->reason = phase.reason;
-    job->last_progress = now;
-    job->members.resize(world);
-    for (size_t r = 0; r < world; ++r) {
-      MemberHealth& m = job->members[r];
-      m.incarnation_id = std::move(round.incarnations[r]);
-      m.host = std::move(round.hosts[r]);
-      m.last_seen = now;
-      // Recorded before a restart: a lost member stays lost, and one that
-      // exited while the job runs on had succeeded.
-      m.state = round.states[r] == v1::MEMBER_STATE_UNSPECIFIED
-                    ? v1::MEMBER_STATE_ACTIVE
-                    : round.states[r];
-      if (m.state == v1::MEMBER_STATE_EXITED) {
-        m.succeeded = true;
-        ++job->succeeded;
-      }
+  absl::MutexLock lock(&job->mu);
+  job->state = round.phase.state;
+  job->reason = round.phase.reason;
+  job->last_progress = now;
+  job->members.resize(world);
+  for (size_t r = 0; r < world; ++r) {
+    MemberHealth& m = job->members[r];
+    m.incarnation_id = std::move(round.incarnations[r]);
+    m.host = std::move(round.hosts[r]);
+    m.last_seen = now;
+    // Recorded before a restart: a lost member stays lost, and one that
+    // exited while the job runs on had succeeded.
+    m.state = round.states[r] == v1::MEMBER_STATE_UNSPECIFIED
+                  ? v1::MEMBER_STATE_ACTIVE
+                  : round.states[r];
+    if (m.state == v1::MEMBER_STATE_EXITED) {
+      m.succeeded = true;
+      ++job->succeeded;
     }
-    job->stragglers.emplace(static_cast<int>(world),
-                            job->straggler_threshold);
   }
+  job->stragglers.emplace(static_cast<int>(world), job->straggler_threshold);
+  return job;
+}
+
+absl::StatusOr<std::shared_ptr<HealthManager::JobHealth>>
+HealthManager::Install(std::shared_ptr<JobHealth> job) {
   absl::MutexLock lock(&mu_);
-  std::shared_ptr<JobHealth>& slot = jobs_health_[member.job_id()];
+  std::shared_ptr<JobHealth>& slot = jobs_health_[job->job_id];
   if (slot != nullptr && slot->round == job->round) return slot;  // a race
   if (slot != nullptr && slot->round > job->round) {
-    return absl::AbortedError(RoundOver(member.job_id(), member.round()));
+    return absl::AbortedError(RoundOver(job->job_id, job->round));
   }
   if (slot != nullptr) {
     absl::MutexLock old_lock(&slot->mu);
@@ -147,12 +154,13 @@ HealthManager::FindOrStart(const v1::MemberRef& member,
   }
   slot = job;
   auto reform = reform_requests_.find(job->job_id);
+  absl::MutexLock job_lock(&job->mu);
   if (reform != reform_requests_.end() && reform->second == job->round) {
-    absl::MutexLock job_lock(&job->mu);
     job->reform_requested = true;
   }
   GS_LOG(INFO) << "job '" << job->job_id << "' round " << job->round
-               << ": monitoring " << world << " member(s), heartbeat every "
+               << ": monitoring " << job->members.size()
+               << " member(s), heartbeat every "
                << absl::FormatDuration(job->interval) << ", lost after "
                << job->missed << " missed";
   return job;
@@ -275,53 +283,15 @@ absl::StatusOr<bool> HealthManager::HandleHeartbeat(
     return absl::AbortedError(RoundOver(job->job_id, job->round));
   }
   MemberHealth& m = job->members[session->rank];
-  // Lateness is measured between heartbeats of one stream: the first one on
-  // a new stream waited for the reconnection, not for the coordinator.
-  const bool same_stream = m.stream == session->id;
-  if (!same_stream) {
-    if (m.stream_broke != absl::InfiniteFuture() &&
-        m.state == v1::MEMBER_STATE_ACTIVE) {
-      job->reconnected.push_back(session->rank);  // logged by PollJob
-    }
-    m.stream = session->id;
-    m.stream_broke = absl::InfiniteFuture();
-  }
-  const v1::WorkerMetrics& in = request->metrics();
-  // For the shedder: was this heartbeat handled late after the member's
-  // previous one, judged by the interval the member was asked for?
-  HeartbeatShedder::Counts& load = job->load;
-  ++load.heartbeats;
-  if (m.heard && same_stream) {
-    const bool late = now - m.last_seen > job->late_after * m.allowed_factor;
-    ++load.samples;
-    load.late += late ? 1 : 0;
-    if (m.allowed_factor == factor) {
-      ++load.current_samples;
-      load.current_late += late ? 1 : 0;
-    }
-  }
+  const bool same_stream = NoteStreamLocked(job, *session);
+  CountLoadLocked(job, m, same_stream, now, factor);
   m.allowed_factor = m.told_factor;  // a change it was told is behind it
   m.heard = true;
   m.last_seen = now;
-  if (in.last_finished_collective() > m.last_finished) {
-    job->last_progress = now;
-    job->diagnosis.clear_hang();
-  }
-  m.last_started = in.last_started_collective();
-  m.last_finished = in.last_finished_collective();
-  if (in.has_round_start() && !m.round_start_seen) {
-    m.round_start_seen = true;
-    absl::Status recorded =
-        jobs_->RecordRoundStart(job->job_id, job->round, in.round_start());
-    if (!recorded.ok()) {
-      GS_LOG(WARNING) << "job '" << job->job_id << "' round " << job->round
-                      << ": could not record rank " << session->rank
-                      << "'s round start: " << recorded;
-    }
-  }
+  RecordProgressLocked(job, session->rank, request->metrics(), now);
   if (job->detecting()) {
-    RecordCollectives(job, session->rank, in);
-    RecordReadyTimes(job, session->rank, in);
+    RecordCollectives(job, session->rank, request->metrics());
+    RecordReadyTimes(job, session->rank, request->metrics());
   }
   m.metrics.Swap(request->mutable_metrics());
   m.metrics.clear_recent_collectives();
@@ -329,8 +299,66 @@ absl::StatusOr<bool> HealthManager::HandleHeartbeat(
   m.buckets.Swap(m.metrics.mutable_buckets());
   m.metrics.clear_buckets();
   heartbeats_.fetch_add(1, std::memory_order_relaxed);
+  return AnswerLocked(job, session, factor, response);
+}
+
+bool HealthManager::NoteStreamLocked(JobHealth* job, const Session& session) {
+  MemberHealth& m = job->members[session.rank];
+  if (m.stream == session.id) return true;
+  if (m.stream_broke != absl::InfiniteFuture() &&
+      m.state == v1::MEMBER_STATE_ACTIVE) {
+    job->reconnected.push_back(session.rank);  // logged by PollJob
+  }
+  m.stream = session.id;
+  m.stream_broke = absl::InfiniteFuture();
+  return false;
+}
+
+void HealthManager::CountLoadLocked(JobHealth* job, const MemberHealth& m,
+                                    bool same_stream, absl::Time now,
+                                    int factor) {
+  // For the shedder: was this heartbeat handled late after the member's
+  // previous one, judged by the interval the member was asked for? The
+  // first one on a new stream waited for the reconnection, not for the
+  // coordinator.
+  HeartbeatShedder::Counts& load = job->load;
+  ++load.heartbeats;
+  if (!m.heard || !same_stream) return;
+  const bool late = now - m.last_seen > job->late_after * m.allowed_factor;
+  ++load.samples;
+  load.late += late ? 1 : 0;
+  if (m.allowed_factor == factor) {
+    ++load.current_samples;
+    load.current_late += late ? 1 : 0;
+  }
+}
+
+void HealthManager::RecordProgressLocked(JobHealth* job, int rank,
+                                         const v1::WorkerMetrics& in,
+                                         absl::Time now) {
+  MemberHealth& m = job->members[rank];
+  if (in.last_finished_collective() > m.last_finished) {
+    job->last_progress = now;
+    job->diagnosis.clear_hang();
+  }
+  m.last_started = in.last_started_collective();
+  m.last_finished = in.last_finished_collective();
+  if (!in.has_round_start() || m.round_start_seen) return;
+  m.round_start_seen = true;
+  absl::Status recorded =
+      jobs_->RecordRoundStart(job->job_id, job->round, in.round_start());
+  if (!recorded.ok()) {
+    GS_LOG(WARNING) << "job '" << job->job_id << "' round " << job->round
+                    << ": could not record rank " << rank
+                    << "'s round start: " << recorded;
+  }
+}
+
+bool HealthManager::AnswerLocked(JobHealth* job, Session* session, int factor,
+                                 v1::HeartbeatResponse* response) {
   // Answered on the stream's first heartbeat, when the job changed, and
   // when the shedding factor changed since the member was last told.
+  MemberHealth& m = job->members[session->rank];
   const bool new_factor = m.told_factor != factor;
   if (session->generation_sent == job->generation && !new_factor) return false;
   session->generation_sent = job->generation;

@@ -339,6 +339,18 @@ class HealthManager : public RoundListener {
       const v1::MemberRef& member,
       absl::string_view started_by = "monitoring began",
       int grace_windows = 0);
+  // The monitoring of `round` (from JobManager) of `job_id`, with the job's
+  // settings or the coordinator's; no member found silent for
+  // `grace_windows` detection windows.
+  std::shared_ptr<JobHealth> NewJobHealth(const std::string& job_id,
+                                          RoundMembers round,
+                                          absl::string_view started_by,
+                                          int grace_windows) const;
+  // Makes `job` its job's monitored round (an older one stops being
+  // current); the one installed meanwhile by another thread when it has the
+  // same round; ABORTED when a newer round is monitored already.
+  absl::StatusOr<std::shared_ptr<JobHealth>> Install(
+      std::shared_ptr<JobHealth> job) ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<std::shared_ptr<JobHealth>> Snapshot() const;
   // The monitoring of round `round` of `job_id`; null when that round is
   // not monitored.
@@ -351,6 +363,22 @@ class HealthManager : public RoundListener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   void RecordReadyTimes(JobHealth* job, int rank,
                         const v1::WorkerMetrics& metrics)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // Heartbeat's work on the member's round (HandleHeartbeat), in steps:
+  // notes the stream the heartbeat came on (false: a new one, whose member
+  // is then out of its reconnect grace), counts it for the shedder, records
+  // the collectives' progress and the round start, and fills the answer
+  // (false: nothing to tell).
+  bool NoteStreamLocked(JobHealth* job, const Session& session)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  void CountLoadLocked(JobHealth* job, const MemberHealth& m, bool same_stream,
+                       absl::Time now, int factor)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  void RecordProgressLocked(JobHealth* job, int rank,
+                            const v1::WorkerMetrics& in, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  bool AnswerLocked(JobHealth* job, Session* session, int factor,
+                    v1::HeartbeatResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // Records member changes and a job state in JobManager, then mirrors them.
   // FAILED_PRECONDITION (nothing changed) when the round is no longer the
@@ -371,6 +399,24 @@ class HealthManager : public RoundListener {
   void PollJob(JobHealth* job, absl::Time now, int factor,
                absl::Duration allowance, std::vector<Loss>* losses,
                HeartbeatShedder::Backlog* backlog)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // How long a member may be silent in one Poll (see PollJob).
+  struct Silence {
+    absl::Duration limit;  // missed x interval, at factor 1
+    absl::Duration extra;  // the coordinator's known backlog, capped
+    absl::Duration quiet;  // below this a member is neither overdue nor lost
+  };
+  // Why active member `m` is LOST now (nullopt: it is not): its reconnect
+  // grace passed, or it was silent past `silence` at its factor. Counts it
+  // in `backlog` when it is overdue.
+  std::optional<std::string> LostReasonLocked(
+      const JobHealth& job, const MemberHealth& m, const Silence& silence,
+      absl::Time now, int factor, HeartbeatShedder::Backlog* backlog) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu);
+  // Records the members of `update` LOST (per the policy; losses appended
+  // under RECOVER, with how long each was silent).
+  void RecordLossesLocked(JobHealth* job, HealthUpdate update, absl::Time now,
+                          std::vector<Loss>* losses)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // JobDiagnosis.overload for a job with `interval`, from the shedder's
   // state; empty when the coordinator keeps up.
