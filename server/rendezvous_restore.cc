@@ -37,21 +37,14 @@ absl::Status RendezvousManager::Restore() {
   return absl::OkStatus();
 }
 
-absl::Status RendezvousManager::RestoreLocked(const v1::JobStatus& record,
-                                              JobRendezvous* job) {
-  const v1::JobConfig& config = record.config();
-  const int nproc = config.nproc_per_node();
-  const int world = record.members_size();
-  if (nproc < 1 || world < 1 || world % nproc != 0) {
-    return absl::DataLossError(absl::StrCat(
-        "job '", config.job_id(), "': round ", record.round(), " has ", world,
-        " member(s) recorded with ", nproc,
-        " process(es) per node: the state is damaged"));
-  }
+namespace {
+
+// The shape of the round `record` holds (its assignments are made again).
+RoundShape RecordedShape(const v1::JobStatus& record) {
   RoundShape shape;
   shape.round = record.round();
-  shape.world_size = world;
-  shape.num_nodes = world / nproc;
+  shape.world_size = record.members_size();
+  shape.num_nodes = record.members_size() / record.config().nproc_per_node();
   shape.backend = record.backend();
   if (record.recoveries_size() > 0) {
     const v1::Recovery& last = record.recoveries(record.recoveries_size() - 1);
@@ -63,7 +56,23 @@ absl::Status RendezvousManager::RestoreLocked(const v1::JobStatus& record,
   std::vector<v1::NodeDescriptor> nodes;
   for (const v1::Member& m : record.members()) nodes.push_back(m.node());
   shape.single_host = OnOneHost(nodes);
+  return shape;
+}
 
+}  // namespace
+
+absl::Status RendezvousManager::RestoreLocked(const v1::JobStatus& record,
+                                              JobRendezvous* job) {
+  const v1::JobConfig& config = record.config();
+  const int nproc = config.nproc_per_node();
+  const int world = record.members_size();
+  if (nproc < 1 || world < 1 || world % nproc != 0) {
+    return absl::DataLossError(absl::StrCat(
+        "job '", config.job_id(), "': round ", record.round(), " has ", world,
+        " member(s) recorded with ", nproc,
+        " process(es) per node: the state is damaged"));
+  }
+  const RoundShape shape = RecordedShape(record);
   job->config = config;
   job->round = record.round();
   const bool running = RoundRuns(job->phase);
