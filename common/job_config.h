@@ -3,6 +3,7 @@
 #ifndef GRADSYNC_COMMON_JOB_CONFIG_H_
 #define GRADSYNC_COMMON_JOB_CONFIG_H_
 
+#include <cstddef>
 #include <string>
 #include <utility>
 
@@ -24,6 +25,9 @@ inline constexpr int kMaxNodes = 100000;
 inline constexpr int kMaxNprocPerNode = 1024;
 inline constexpr absl::Duration kMaxTimeout = absl::Hours(24);
 inline constexpr int kMaxMissedHeartbeats = 1000;
+// The longest incarnation id (a random id per process start) a process may
+// give, in a join or with its heartbeats.
+inline constexpr size_t kMaxIncarnationBytes = 128;
 
 // OK when `job_id` is a DNS-label-like name: 1-63 characters of [a-z0-9-]
 // that start and end with a letter or digit; INVALID_ARGUMENT otherwise.

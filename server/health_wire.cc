@@ -9,7 +9,6 @@
 namespace gradsync {
 namespace {
 
-constexpr size_t kMaxIncarnationBytes = 128;
 constexpr int kMaxEvents = 256;
 constexpr int kMaxBuckets = 4096;
 constexpr size_t kMaxNameBytes = 64;

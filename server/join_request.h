@@ -4,7 +4,6 @@
 #ifndef GRADSYNC_SERVER_JOIN_REQUEST_H_
 #define GRADSYNC_SERVER_JOIN_REQUEST_H_
 
-#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -14,9 +13,6 @@
 #include "proto/gradsync/v1/rendezvous.pb.h"
 
 namespace gradsync {
-
-// The longest incarnation id (a random id per process start) a join may give.
-inline constexpr size_t kMaxIncarnationBytes = 128;
 
 // The node a process belongs to: its node_id, or its hostname by default.
 const std::string& NodeIdOf(const v1::NodeDescriptor& node);
