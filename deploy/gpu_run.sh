@@ -6,7 +6,7 @@
 # step that is missing, skipped or failed makes it exit 1 (2: bad usage).
 #
 #   deploy/gpu_run.sh --out=DIR [--deps=DIR] [--build_dir=DIR] [--jobs=N]
-#       [--python=PY] [--steps=a,b,...] [--dry_run]
+#       [--python=PY] [--steps=a,b,...] [--budget_s=S] [--no_build] [--dry_run]
 #
 #   --out    where the results go (created): summary.txt, summary.json (every
 #            step: passed/failed/skipped and why, its seconds and figures) and
@@ -17,17 +17,27 @@
 #            unpacked tree (usr/...). Empty: the machine's own.
 #   --build_dir  default build/gpu;  --jobs  default: all cores
 #   --python     the Python with torch (default python3)
+#   --budget_s   the whole call's time, build included (default 450: the
+#            call must fit in 8 minutes on the lent machine, with time left
+#            to write the summaries). Each step's own timeout is cut to what
+#            is left; a step the budget does not reach is recorded skipped
+#            ("out of time"), which fails the call.
+#   --no_build   use the binaries already in BUILD_DIR (a second try on the
+#            same machine); a missing one fails the steps that need it
 #   --steps  the steps to run, comma-separated (default: all, in this order):
 #     nccl_tests       the NCCL backend: its real layer on the GPU (world size
 #                      1, cuda_nccl_device_test) and its multi-rank logic on
-#                      the simulated device (nccl_backend_test)
+#                      the simulated device (nccl_backend_test); a skipped
+#                      case fails it (the "no GPU" case is left out: it
+#                      skips wherever there is a GPU)
 #     abort_recreate   20 cycles of a communicator aborted and re-created on
 #                      the GPU, with the GPU memory in use before and after
 #     worker_fault     gradsync-worker --device=cuda trains and survives an
 #                      asynchronous NCCL error injected by a failpoint
 #     users_script     deploy/gpu/ddp_resnet50.py (PyTorch's DDP tutorial
 #                      code, ResNet-50, SyncBatchNorm) under gradsync launch
-#                      --nproc_per_node=gpu
+#                      --nproc_per_node=gpu; passes only with its
+#                      "ddp_resnet50:" result line
 #     resnet50_ratio   ResNet-50 DDP step time, gradsync against PyTorch DDP
 #                      on the same GPU (bench/ddp_bench.sh), as a ratio
 #   --dry_run  needs no GPU, deps or build: checks that every step's command
@@ -38,13 +48,15 @@
 # PyTorch built with the pre-C++11 ABI does not link with Debian's gRPC:
 # then the build leaves LibTorch out, summary.json says so, the steps that
 # need it (worker_fault, resnet50_ratio) are skipped with that reason, and
-# the others still run. Plan: the whole call fits in 8 minutes on 16 cores.
+# the others still run. Plan: the whole call fits in 8 minutes on 16 cores
+# (--budget_s enforces it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 
 all_steps=(nccl_tests abort_recreate worker_fault users_script resnet50_ratio)
 deps= out= build_dir=build/gpu jobs=$(nproc) python=python3 dry_run=0
+budget_s=450 no_build=0
 steps_arg=$(IFS=,; echo "${all_steps[*]}")
 for arg in "$@"; do
   case "$arg" in
@@ -54,11 +66,17 @@ for arg in "$@"; do
     --jobs=*) jobs=${arg#*=} ;;
     --python=*) python=${arg#*=} ;;
     --steps=*) steps_arg=${arg#*=} ;;
+    --budget_s=*) budget_s=${arg#*=} ;;
+    --no_build) no_build=1 ;;
     --dry_run) dry_run=1 ;;
     *) echo "gpu_run: unknown argument '$arg' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
 [ -n "$out" ] || { echo "gpu_run: --out=DIR is required" >&2; exit 2; }
+[[ "$budget_s" =~ ^[1-9][0-9]*$ ]] || {
+  echo "gpu_run: --budget_s must be a positive number of seconds, got '$budget_s'" >&2
+  exit 2; }
+deadline=$((SECONDS + budget_s))  # bash's SECONDS: seconds since the start
 IFS=, read -r -a steps <<<"$steps_arg"
 for s in "${steps[@]}"; do
   [[ " ${all_steps[*]} " == *" $s "* ]] || {
@@ -82,6 +100,16 @@ record() {  # STEP RESULT WHY SECONDS [FIGURES]
   printf '%-16s %-8s %s\n' "$1" "$2" "$3"
 }
 wanted() { [[ " ${steps[*]} " == *" $1 "* ]]; }
+# starting STEP: whether to run STEP now: it was asked for and the budget
+# has time left (else it is recorded skipped, out of time). Announces it.
+starting() {
+  wanted "$1" || return 1
+  if [ "$dry_run" -eq 0 ] && [ "$SECONDS" -ge "$deadline" ]; then
+    record "$1" skipped "out of time: the --budget_s=$budget_s s were spent before this step" 0
+    return 1
+  fi
+  note "$1"
+}
 
 finish() {
   tar -czf "$out/logs.tar.gz" -C "$build_dir" logs 2>/dev/null
@@ -150,24 +178,46 @@ need() {
   return "$missing"
 }
 
+# gtest_cases RESULT LOG: the names of LOG's test cases that ended with
+# RESULT (OK, FAILED, SKIPPED), one a line: the lines that end a case
+# ("[  SKIPPED ] Suite.Name (0 ms)"), not gtest's closing lists.
+gtest_cases() {
+  grep -E "^\[ *$1 *\] [^ ]+.* \([0-9]+ ms\)\$" "$2" 2>/dev/null |
+    sed -E 's/^\[ *[A-Z]+ *\] ([^ ]+).*/\1/'
+}
+
 # run_step STEP TIMEOUT_S COMMAND...: runs it with its output in
-# logs/STEP.log (dry run: prints it); sets $step_status and $step_seconds.
+# logs/STEP.log (dry run: prints it), for at most TIMEOUT_S or what is left
+# of the budget; sets $step_status (the command's exit status, which
+# $step_exit keeps), $step_seconds, $step_limit (the timeout it ran under)
+# and $step_capped (1: the budget's end cut it), and clears $step_problem.
 run_step() {
   local step=$1 limit=$2
   shift 2
   echo "   \$ $*" >>"$logs/commands.txt"
-  step_seconds=0
+  step_seconds=0 step_problem= step_limit=$limit step_capped=0 step_exit=0
   if [ "$dry_run" -eq 1 ]; then
     echo "   $step: $*"
     bash -n <(printf '%q ' "$@") 2>/dev/null || { step_status=2; return; }
     step_status=0
     return
   fi
-  local start=$SECONDS
-  timeout "$limit" "$@" >"$logs/$step.log" 2>&1
+  local start=$SECONDS left=$((deadline - SECONDS))
+  if [ "$left" -lt "$limit" ]; then step_limit=$((left > 0 ? left : 0)) step_capped=1; fi
+  [ "$step_limit" -ge 1 ] || { step_status=124 step_exit=124; return; }
+  # -k: a command that ignores SIGTERM is killed 5 s later.
+  timeout -k 5 "$step_limit" "$@" >"$logs/$step.log" 2>&1
   step_status=$?
+  step_exit=$step_status
   step_seconds=$((SECONDS - start))
   tail -n 5 "$logs/$step.log" | sed 's/^/   | /'
+}
+# fail_step WHY: the step's output lacks what it must show (its result
+# line, ...): it fails, for WHY (as well as for its exit status).
+fail_step() {
+  [ "$dry_run" -eq 1 ] && return
+  step_problem=$1
+  [ "$step_status" -ne 0 ] || step_status=3
 }
 # conclude STEP WHY [FIGURES]: records passed/failed from $step_status.
 conclude() {
@@ -178,7 +228,15 @@ conclude() {
     [ "$step_status" -eq 0 ] || { result=failed why="command line not well formed"; }
   elif [ "$step_status" -ne 0 ]; then
     result=failed
-    [ "$step_status" -eq 124 ] && why="timed out; $why" || why="exit $step_status; $why"
+    local how=
+    if [ "$step_exit" -eq 124 ]; then
+      how="timed out after $step_limit s"
+      [ "$step_capped" -eq 1 ] && how="$how, at the end of --budget_s=$budget_s"
+    elif [ "$step_exit" -ne 0 ]; then
+      how="exit $step_exit"
+    fi
+    [ -n "$step_problem" ] && how="${how:+$how, }$step_problem"
+    why="$how; $why"
   fi
   record "$1" "$result" "$why" "$step_seconds" "$figures"
 }
@@ -205,6 +263,7 @@ stop_coordinator() {
 
 # ---- The machine, and whether PyTorch's LibTorch can be linked.
 torch_abi=unknown with_torch=ON
+fact budget_s "$budget_s"
 if [ "$dry_run" -eq 0 ]; then
   note "machine"
   fact gpu "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 1)"
@@ -213,8 +272,10 @@ if [ "$dry_run" -eq 0 ]; then
   fact torch "$("$python" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -n 1)"
   torch_abi=$("$python" -c 'import torch; print("cxx11" if torch.compiled_with_cxx11_abi() else "pre-cxx11")' 2>/dev/null || echo none)
   fact torch_abi "$torch_abi"
+  [ "$no_build" -eq 1 ] && fact build "not run (--no_build): the binaries already in $build_dir"
   cat "$facts"
   for tool in cmake ninja c++; do
+    [ "$no_build" -eq 1 ] && break
     command -v "$tool" >/dev/null || { record build failed "$tool not found" 0; finish; }
   done
 fi
@@ -266,23 +327,29 @@ if [ -n "$deps" ] && [ "$dry_run" -eq 0 ]; then
   cmake_args+=(-DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags)
 fi
 [ ${#prefix_path[@]} -gt 0 ] && cmake_args+=(-DCMAKE_PREFIX_PATH="$(IFS=';'; echo "${prefix_path[*]}")")
-note "build: ${targets[*]}"
-need deploy/cmake_build.sh || { record build failed "deploy/cmake_build.sh is missing" 0; finish; }
-run_step build 420 env LD_LIBRARY_PATH="${build_ld_path:-${LD_LIBRARY_PATH:-}}" \
-  deploy/cmake_build.sh --build_dir="$build_dir" --jobs="$jobs" \
-  --targets="$(IFS=,; echo "${targets[*]}")" "${cmake_args[@]}"
-conclude build "targets: ${targets[*]}; LibTorch $with_torch"
-[ "$step_status" -eq 0 ] || finish
+if [ "$no_build" -eq 0 ]; then
+  note "build: ${targets[*]}"
+  need deploy/cmake_build.sh || { record build failed "deploy/cmake_build.sh is missing" 0; finish; }
+  run_step build 420 env LD_LIBRARY_PATH="${build_ld_path:-${LD_LIBRARY_PATH:-}}" \
+    deploy/cmake_build.sh --build_dir="$build_dir" --jobs="$jobs" \
+    --targets="$(IFS=,; echo "${targets[*]}")" "${cmake_args[@]}"
+  conclude build "targets: ${targets[*]}; LibTorch $with_torch"
+  [ "$step_status" -eq 0 ] || finish
+fi
 
 # ---- nccl_tests
-if wanted nccl_tests; then
-  note nccl_tests
+if starting nccl_tests; then
   if need "$nccl_test" "$cuda_test"; then
-    run_step nccl_tests 240 bash -c '"$1" && "$2" --gtest_filter=-*AbortAndRecreateTwentyTimes*' _ \
-      "$nccl_test" "$cuda_test"
+    # Left out of the real layer's run: abort_recreate, the next step, and
+    # the case that checks opening a GPU fails where there is none, which
+    # skips wherever there is one. Any other skip fails the step.
+    run_step nccl_tests 240 bash -c '"$1" && "$2" --gtest_filter="$3"' _ \
+      "$nccl_test" "$cuda_test" \
+      '-*AbortAndRecreateTwentyTimes*:*OpeningAGpuWithoutOneIsFailedPrecondition*'
     log=$logs/nccl_tests.log
-    figures="passed=$(grep -c '^\[       OK \]' "$log" 2>/dev/null);failed=$(grep -c '^\[  FAILED  \] [A-Za-z]' "$log" 2>/dev/null);skipped=$(grep -c '^\[  SKIPPED \]' "$log" 2>/dev/null)"
-    [ "$dry_run" -eq 0 ] && grep -q '^\[  SKIPPED \]' "$log" && step_status=3
+    skipped_cases=$(gtest_cases SKIPPED "$log" | paste -sd' ')
+    figures="passed=$(gtest_cases OK "$log" | wc -l);failed=$(gtest_cases FAILED "$log" | wc -l);skipped=$(gtest_cases SKIPPED "$log" | wc -l)"
+    [ -n "$skipped_cases" ] && fail_step "skipped: $skipped_cases"
     conclude nccl_tests "sim multi-rank suite, then the real layer on the GPU (a skipped case fails the step)" "$figures"
   else
     record nccl_tests failed "missing binaries" 0
@@ -290,12 +357,11 @@ if wanted nccl_tests; then
 fi
 
 # ---- abort_recreate
-if wanted abort_recreate; then
-  note abort_recreate
+if starting abort_recreate; then
   if need "$cuda_test"; then
     run_step abort_recreate 120 "$cuda_test" --gtest_filter=*AbortAndRecreateTwentyTimes*
     line=$(grep -o 'abort_recreate: .*' "$logs/abort_recreate.log" 2>/dev/null | tail -n 1)
-    [ "$dry_run" -eq 0 ] && [ -z "$line" ] && step_status=3  # skipped: no GPU
+    [ -n "$line" ] || fail_step "no 'abort_recreate:' result line (skipped: no GPU?)"
     conclude abort_recreate "${line:-20 abort + re-create cycles}" \
       "$(sed -n 's/.* in \([0-9]*\) ms, GPU memory in use before \([0-9]*\) MiB, after \([0-9]*\) MiB/ms=\1;mib_before=\2;mib_after=\3/p' <<<"$line")"
   else
@@ -304,8 +370,7 @@ if wanted abort_recreate; then
 fi
 
 # ---- worker_fault
-if wanted worker_fault; then
-  note worker_fault
+if starting worker_fault; then
   if [ "$with_torch" = OFF ]; then
     record worker_fault skipped "$torch_missing" 0
   elif need "$coordinator" "$worker"; then
@@ -315,7 +380,7 @@ if wanted worker_fault; then
       --failpoint=nccl_async_error:60 --summary_json="$logs/worker_summary.json"
     stop_coordinator
     hit=$(grep -c 'failpoint nccl_async_error hit' "$logs/worker_fault.log" 2>/dev/null)
-    [ "$dry_run" -eq 0 ] && [ "${hit:-0}" -eq 0 ] && step_status=3
+    [ "${hit:-0}" -gt 0 ] || fail_step "the failpoint nccl_async_error did not fire"
     ms=$("$python" -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["mean_step_ms"], 2))' \
       "$logs/worker_summary.json" 2>/dev/null)
     conclude worker_fault "MLP, 200 steps, async NCCL error injected at collective 60 and healed" \
@@ -326,8 +391,7 @@ if wanted worker_fault; then
 fi
 
 # ---- users_script
-if wanted users_script; then
-  note users_script
+if starting users_script; then
   if need "$coordinator" "$launcher" deploy/gpu/ddp_resnet50.py; then
     start_coordinator
     run_step users_script 240 "$launcher" launch --coordinator="$coordinator_address" \
@@ -335,6 +399,7 @@ if wanted users_script; then
       deploy/gpu/ddp_resnet50.py --steps=12
     stop_coordinator
     line=$(grep -o 'ddp_resnet50: .*' "$logs/users_script.log" 2>/dev/null | tail -n 1)
+    [ -n "$line" ] || fail_step "no 'ddp_resnet50:' result line from the script"
     conclude users_script "${line:-ResNet-50 DDP script under gradsync launch}" \
       "$(sed -n 's/.* \([0-9.]*\) ms\/step.*/ms_per_step=\1/p' <<<"$line")"
   else
@@ -343,8 +408,7 @@ if wanted users_script; then
 fi
 
 # ---- resnet50_ratio
-if wanted resnet50_ratio; then
-  note resnet50_ratio
+if starting resnet50_ratio; then
   if [ "$with_torch" = OFF ]; then
     record resnet50_ratio skipped "$torch_missing" 0
   elif need "$coordinator" "$worker" bench/ddp_bench.sh bench/torch_ddp.py; then
@@ -353,7 +417,7 @@ if wanted resnet50_ratio; then
       --batch_size=64 --steps=30 --rounds=1
     result=$(grep -m1 '^RESULT gradsync_ms=' "$logs/resnet50_ratio.log" 2>/dev/null)
     figures=$(sed -n 's/^RESULT gradsync_ms=\([^ ]*\) torch_ms=\([^ ]*\) .* step_ratio=\([^ ]*\).*/gradsync_ms=\1;torch_ms=\2;step_ratio=\3/p' <<<"$result")
-    [ "$dry_run" -eq 0 ] && [ -z "$figures" ] && step_status=3
+    [ -n "$figures" ] || fail_step "no 'RESULT gradsync_ms=' line from the benchmark"
     conclude resnet50_ratio "gradsync DDP step / PyTorch DDP step, ResNet-50, batch 64, 1 GPU" \
       "$figures"
   else

@@ -304,24 +304,6 @@ class WorkerTrainer : public Trainer {
   std::unique_ptr<TrainingRun> run_;
 };
 
-// The NCCL faults the armed failpoints ask for, one pass per collective;
-// none when no NCCL failpoint is armed.
-CommFaultPlan FailpointFaults() {
-  if (!FailpointArmed(kFailpointNcclAsyncError) &&
-      !FailpointArmed(kFailpointNcclHang)) {
-    return nullptr;
-  }
-  return [](uint64_t) {
-    CommFault fault;
-    if (FailpointFires(kFailpointNcclAsyncError)) {
-      fault.kind = CommFault::Kind::kAsyncError;
-    } else if (FailpointFires(kFailpointNcclHang)) {
-      fault.kind = CommFault::Kind::kHang;
-    }
-    return fault;
-  };
-}
-
 // Arms --failpoint; the NCCL ones only where the NCCL backend can run.
 absl::Status ArmFailpointsFromFlags() {
   const std::string spec = absl::GetFlag(FLAGS_failpoint);
@@ -357,7 +339,7 @@ JobOptions JobOptionsFromFlags(const TrainerConfig& config) {
   if (config.device == "cuda") {
     options.device_count = static_cast<int>(torch::cuda::device_count());
   }
-  options.nccl_faults = FailpointFaults();
+  options.nccl_faults = FailpointCommFaults();
   options.timeout = absl::GetFlag(FLAGS_timeout);
   options.join_timeout = absl::GetFlag(FLAGS_join_timeout);
   options.last_call_timeout = absl::GetFlag(FLAGS_last_call_timeout);

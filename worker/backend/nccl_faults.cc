@@ -5,6 +5,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/failpoint.h"
 #include "common/logging.h"
 
 namespace gradsync {
@@ -116,6 +117,26 @@ std::unique_ptr<NcclComm> InjectCommFaults(std::unique_ptr<NcclComm> comm,
                                            CommFaultPlan plan) {
   return std::make_unique<FaultInjectingComm>(std::move(comm), device,
                                               std::move(plan));
+}
+
+CommFaultPlan FailpointCommFaults() {
+  if (!FailpointArmed(kFailpointNcclAsyncError) &&
+      !FailpointArmed(kFailpointNcclHang)) {
+    return nullptr;
+  }
+  return [](uint64_t) {
+    // Both passes always happen: neither failpoint's count may depend on
+    // whether the other fired.
+    const bool async_error = FailpointFires(kFailpointNcclAsyncError);
+    const bool hang = FailpointFires(kFailpointNcclHang);
+    CommFault fault;
+    if (async_error) {
+      fault.kind = CommFault::Kind::kAsyncError;
+    } else if (hang) {
+      fault.kind = CommFault::Kind::kHang;
+    }
+    return fault;
+  };
 }
 
 }  // namespace gradsync

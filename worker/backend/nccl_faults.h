@@ -46,6 +46,16 @@ std::unique_ptr<NcclComm> InjectCommFaults(std::unique_ptr<NcclComm> comm,
                                            NcclDevice* device,
                                            CommFaultPlan plan);
 
+// The faults this process's armed failpoints ask for (common/failpoint.h):
+// every collective the plan is asked about is one pass through each of
+// nccl_async_error and nccl_hang, counted independently, so that
+// "nccl_hang:N" fires on the N-th collective whether or not
+// nccl_async_error fired before it. A collective both fire on gets the
+// asynchronous error (it ends the collective, as the abort that follows
+// would end the hang). Null when neither is armed. The plan is process-wide
+// (its counts are the failpoints'): give it to every communicator.
+CommFaultPlan FailpointCommFaults();
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_WORKER_BACKEND_NCCL_FAULTS_H_

@@ -238,10 +238,9 @@ pid_t ForkRank(const std::function<int()>& body) {
   return pid;
 }
 
-int CheckCollectivesOfAProcessRank(Backend& b) {
+int CheckCollectivesOfAProcessRank(Backend& b, size_t count) {
   const int rank = b.rank();
   const int n = b.world_size();
-  constexpr size_t kCount = 50'001;
   auto ok = [&](const std::shared_ptr<Work>& work) {
     absl::Status status = work->Wait(kBound);
     if (!status.ok()) {
@@ -250,27 +249,27 @@ int CheckCollectivesOfAProcessRank(Backend& b) {
     return status.ok();
   };
   // 1: allreduce sum of float32.
-  std::vector<float> floats(kCount);
-  for (size_t i = 0; i < kCount; ++i) floats[i] = rank * 1000.0f + i;
+  std::vector<float> floats(count);
+  for (size_t i = 0; i < count; ++i) floats[i] = rank * 1000.0f + i;
   if (!ok(b.AllReduce(BufferOf(floats), ReduceOp::kSum))) return 1;
-  for (size_t i = 0; i < kCount; ++i) {
+  for (size_t i = 0; i < count; ++i) {
     if (floats[i] != n * static_cast<float>(i) + 1000.0f * RankSum(n)) return 1;
   }
   // 2: allreduce average of int64.
-  std::vector<int64_t> ints(kCount);
-  for (size_t i = 0; i < kCount; ++i) ints[i] = rank * kBig + i;
+  std::vector<int64_t> ints(count);
+  for (size_t i = 0; i < count; ++i) ints[i] = rank * kBig + i;
   if (!ok(b.AllReduce(BufferOf(ints), ReduceOp::kAverage))) return 2;
-  for (size_t i = 0; i < kCount; ++i) {
+  for (size_t i = 0; i < count; ++i) {
     if (ints[i] != static_cast<int64_t>(i) + kBig * RankSum(n) / n) return 2;
   }
   // 3: broadcast from the last rank.
-  std::vector<double> doubles(kCount, rank);
+  std::vector<double> doubles(count, rank);
   if (!ok(b.Broadcast(BufferOf(doubles), n - 1))) return 3;
   for (double d : doubles) {
     if (d != n - 1) return 3;
   }
   // 4: allgather.
-  std::vector<int32_t> mine(kCount / 10, rank);
+  std::vector<int32_t> mine((count + 9) / 10, rank);
   std::vector<int32_t> all(n * mine.size(), -1);
   if (!ok(b.AllGather(BufferOf(mine), BufferOf(all)))) return 4;
   for (size_t k = 0; k < all.size(); ++k) {

@@ -210,12 +210,13 @@ void ExpectEmptyCollectiveWaitsForEarlierOnes(
 // starting threads of one's own.
 pid_t ForkRank(const std::function<int()>& body);
 
-// What one rank of a group of processes runs: an all-reduce sum of 50,001
-// float32, an all-reduce average of int64, a broadcast from the last rank, an
-// all-gather and a barrier, each checked against its closed form. 0 when
+// What one rank of a group of processes runs: an all-reduce sum of `count`
+// float32, an all-reduce average of `count` int64, a broadcast of `count`
+// doubles from the last rank, an all-gather of count/10 (rounded up) int32
+// per rank and a barrier, each checked against its closed form. 0 when
 // every one is right, else the number (1-5) of the first that failed or was
 // wrong (a process's exit code).
-int CheckCollectivesOfAProcessRank(Backend& b);
+int CheckCollectivesOfAProcessRank(Backend& b, size_t count = 50'001);
 
 // Every argument error every backend checks (buffers on the wrong device or
 // without data, allgather sizes, broadcast roots) fails at once with

@@ -29,6 +29,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/worker/backend/backend_test_util.h"
+#include "tests/worker/backend/nccl_sim_group.h"
 #include "worker/backend/file_store.h"
 #include "worker/backend/nccl_device.h"
 #include "worker/backend/nccl_faults.h"
@@ -41,6 +42,7 @@ namespace {
 using ::gradsync::testing::BufferOf;
 using ::gradsync::testing::ExpectAllOk;
 using ::gradsync::testing::ExpectElements;
+using ::gradsync::testing::FaultAt;
 using ::gradsync::testing::kBig;
 using ::gradsync::testing::kBound;
 using ::gradsync::testing::kHealthyTimeout;
@@ -48,66 +50,29 @@ using ::gradsync::testing::OnEveryRank;
 using ::gradsync::testing::OptionsFor;
 using ::gradsync::testing::Pointers;
 using ::gradsync::testing::RankSum;
+using ::gradsync::testing::SimDevices;
+using ::gradsync::testing::StartNcclGroup;
 using ::testing::AnyOf;
 using ::testing::Combine;
 using ::testing::HasSubstr;
 using ::testing::Values;
 
-// The simulated devices of one node, one per rank (index = rank).
-std::vector<std::unique_ptr<NcclDevice>> Devices(int world_size) {
-  std::vector<std::unique_ptr<NcclDevice>> devices;
-  for (int rank = 0; rank < world_size; ++rank) {
-    auto device = CreateSimDevice(rank);
-    EXPECT_TRUE(device.ok()) << device.status();
-    devices.push_back(device.ok() ? *std::move(device) : nullptr);
-  }
-  return devices;
-}
-
-// Connects the NCCL backends of `world_size` ranks on `devices`, each on its
-// own thread; `faults(rank)` gives a rank's fault plan.
-std::vector<std::unique_ptr<NcclBackend>> StartGroup(
-    const std::vector<std::unique_ptr<NcclDevice>>& devices, Store* store,
-    absl::Duration timeout = kHealthyTimeout,
-    const std::function<CommFaultPlan(int rank)>& faults = nullptr) {
-  const int world_size = static_cast<int>(devices.size());
-  return testing::StartGroup<NcclBackend>(
-      world_size,
-      [&](int rank) -> absl::StatusOr<std::unique_ptr<NcclBackend>> {
-        NcclOptions nccl;
-        nccl.device = devices[rank].get();
-        if (faults) nccl.faults = faults(rank);
-        auto backend = NcclBackend::Create(
-            OptionsFor(rank, world_size, timeout), nccl);
-        if (!backend.ok()) return backend.status();
-        absl::Status connected = (*backend)->Connect(store);
-        if (!connected.ok()) return connected;
-        return backend;
-      });
-}
-
-// A plan that gives collective `n` of every communicator `fault`.
-CommFaultPlan FaultAt(uint64_t n, CommFault::Kind kind) {
-  return [n, kind](uint64_t collective) {
-    CommFault fault;
-    if (collective == n) fault.kind = kind;
-    return fault;
-  };
-}
-
 // ---------------------------------------------------------------------------
 // Results against closed forms.
 
-constexpr size_t kCounts[] = {0, 1, 7, 1000, (1 << 18) + 3};
+constexpr size_t kCounts[] = {0, 1, 7, 1000};
+// Past one transport slot (1 MiB a rank): the collective runs in chunks.
+// The costliest count, so run at a spread of world sizes only.
+constexpr size_t kChunkedCount = (1 << 18) + 3;
 
 class NcclSimCollectivesTest
     : public ::testing::TestWithParam<std::tuple<int, size_t>> {};
 
 TEST_P(NcclSimCollectivesTest, EveryCollectiveMatchesItsClosedForm) {
   const auto [world, count] = GetParam();
-  auto devices = Devices(world);
+  auto devices = SimDevices(world);
   InMemoryStore store;
-  auto group = StartGroup(devices, &store);
+  auto group = StartNcclGroup(devices, &store);
   ASSERT_EQ(group.size(), static_cast<size_t>(world));
   OnEveryRank(world, [&, world = world, count = count](int rank) {
     Backend& b = *group[rank];
@@ -142,15 +107,18 @@ TEST_P(NcclSimCollectivesTest, EveryCollectiveMatchesItsClosedForm) {
 
 INSTANTIATE_TEST_SUITE_P(
     Sim, NcclSimCollectivesTest,
-    Combine(Values(1, 2, 3, 5, 8), ::testing::ValuesIn(kCounts)),
+    Combine(::testing::Range(1, 9), ::testing::ValuesIn(kCounts)),
     testing::WorldAndCountName);
+INSTANTIATE_TEST_SUITE_P(SimChunked, NcclSimCollectivesTest,
+                         Combine(Values(1, 2, 3, 5, 8), Values(kChunkedCount)),
+                         testing::WorldAndCountName);
 
 // The scenarios every backend passes.
 class NcclSimScenariosTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    devices_ = Devices(GetParam());
-    group_ = StartGroup(devices_, &store_);
+    devices_ = SimDevices(GetParam());
+    group_ = StartNcclGroup(devices_, &store_);
     ASSERT_EQ(group_.size(), static_cast<size_t>(GetParam()));
   }
   std::vector<std::unique_ptr<NcclDevice>> devices_;
@@ -175,26 +143,26 @@ INSTANTIATE_TEST_SUITE_P(Sim, NcclSimScenariosTest, Values(2, 4, 8),
                          testing::WorldName);
 
 TEST(NcclSimTest, BarrierWaitsForEveryRank) {
-  auto devices = Devices(3);
+  auto devices = SimDevices(3);
   InMemoryStore store;
-  auto group = StartGroup(devices, &store);
+  auto group = StartNcclGroup(devices, &store);
   ASSERT_EQ(group.size(), 3u);
   testing::ExpectBarrierWaitsForEveryRank(Pointers(group));
 }
 
 TEST(NcclSimTest, BadArgumentsFailAtOnce) {
-  auto devices = Devices(2);
+  auto devices = SimDevices(2);
   InMemoryStore store;
-  auto group = StartGroup(devices, &store);
+  auto group = StartNcclGroup(devices, &store);
   ASSERT_EQ(group.size(), 2u);
   testing::ExpectBadArgumentsFailAtOnce(Pointers(group));
 }
 
 // A slow rank delays the others' collectives but changes no result.
 TEST(NcclSimTest, ASlowRankDelaysButDoesNotChangeResults) {
-  auto devices = Devices(3);
+  auto devices = SimDevices(3);
   InMemoryStore store;
-  auto group = StartGroup(devices, &store, kHealthyTimeout, [](int rank) {
+  auto group = StartNcclGroup(devices, &store, kHealthyTimeout, [](int rank) {
     return [rank](uint64_t) {
       CommFault fault;
       if (rank == 1) {
@@ -226,9 +194,9 @@ TEST(NcclSimTest, ASlowRankDelaysButDoesNotChangeResults) {
 // (the third too, without waiting another timeout), and nothing hangs.
 TEST(NcclSimFailureTest, AHungPeerFailsEveryPendingWorkWithinTheTimeout) {
   constexpr absl::Duration kTimeout = absl::Seconds(1);
-  auto devices = Devices(3);
+  auto devices = SimDevices(3);
   InMemoryStore store;
-  auto group = StartGroup(devices, &store, kTimeout);
+  auto group = StartNcclGroup(devices, &store, kTimeout);
   ASSERT_EQ(group.size(), 3u);
   std::vector<std::vector<float>> data(3, std::vector<float>(64, 1.0f));
   std::vector<std::shared_ptr<Work>> first, later;
@@ -273,9 +241,9 @@ TEST(NcclSimFailureTest, AHungPeerFailsEveryPendingWorkWithinTheTimeout) {
 // device reported), the communicator is aborted, and the peers, waiting in
 // that collective for rank 1, fail promptly rather than at their timeout.
 TEST(NcclSimFailureTest, AnAsyncErrorAfterTheHostMovedOnFailsThatWork) {
-  auto devices = Devices(3);
+  auto devices = SimDevices(3);
   InMemoryStore store;
-  auto group = StartGroup(devices, &store, kHealthyTimeout, [](int rank) {
+  auto group = StartNcclGroup(devices, &store, kHealthyTimeout, [](int rank) {
     return rank == 1 ? FaultAt(3, CommFault::Kind::kAsyncError) : nullptr;
   });
   ASSERT_EQ(group.size(), 3u);
@@ -305,9 +273,9 @@ TEST(NcclSimFailureTest, AnAsyncErrorAfterTheHostMovedOnFailsThatWork) {
 // An injected hang holds the stream until the owner aborts: Abort() ends
 // the collective in flight at once and the peers' with it.
 TEST(NcclSimFailureTest, AbortEndsAHungCollectiveAndThePeers) {
-  auto devices = Devices(2);
+  auto devices = SimDevices(2);
   InMemoryStore store;
-  auto group = StartGroup(devices, &store, kHealthyTimeout, [](int rank) {
+  auto group = StartNcclGroup(devices, &store, kHealthyTimeout, [](int rank) {
     return rank == 0 ? FaultAt(1, CommFault::Kind::kHang) : nullptr;
   });
   ASSERT_EQ(group.size(), 2u);
@@ -326,7 +294,7 @@ TEST(NcclSimFailureTest, AbortEndsAHungCollectiveAndThePeers) {
 // Rank 1 never creates its communicator: rank 0's creation fails at its
 // timeout, naming the wait, or at once when aborted from another thread.
 TEST(NcclSimFailureTest, CreationEndsAtTheTimeoutOrAtAnAbort) {
-  auto devices = Devices(2);
+  auto devices = SimDevices(2);
   {
     InMemoryStore store;
     auto backend = NcclBackend::Create(OptionsFor(0, 2, absl::Seconds(1)),
@@ -368,10 +336,10 @@ int CountEntries(const char* dir) {
 // Afterwards this process holds the threads, descriptors and device memory
 // it held before.
 TEST(NcclSimFailureTest, AbortAndRecreateLeavesNothingBehind) {
-  auto devices = Devices(3);
+  auto devices = SimDevices(3);
   auto cycle = [&] {
     InMemoryStore store;
-    auto group = StartGroup(devices, &store);
+    auto group = StartNcclGroup(devices, &store);
     ASSERT_EQ(group.size(), 3u);
     std::vector<std::vector<float>> data(3, std::vector<float>(1000, 1.0f));
     OnEveryRank(3, [&](int rank) {
@@ -406,8 +374,14 @@ TEST(NcclSimFailureTest, AbortAndRecreateLeavesNothingBehind) {
 // Ranks as processes: each process has its own simulated device and they
 // share the transport's memory across processes.
 
+// The element counts every process-rank checks, in turn on one backend:
+// none, a few (odd), and many.
+constexpr size_t kProcessCounts[] = {0, 7, 50'001};
+
 // One process-rank: its own simulated device and backend, then the shared
-// list of checked collectives; 0 when all are right (the exit code).
+// list of checked collectives at each of kProcessCounts; 0 when all are
+// right (the exit code), else the first wrong collective's number, the
+// count named on stderr.
 int RunProcessRank(int rank, int world_size, Store* store) {
   auto device = CreateSimDevice(rank);
   if (!device.ok()) return 100;
@@ -418,10 +392,18 @@ int RunProcessRank(int rank, int world_size, Store* store) {
                  backend.status().ToString().c_str());
     return 101;
   }
-  return testing::CheckCollectivesOfAProcessRank(**backend);
+  for (size_t count : kProcessCounts) {
+    const int wrong = testing::CheckCollectivesOfAProcessRank(**backend, count);
+    if (wrong != 0) {
+      std::fprintf(stderr, "rank %d: collective %d of %zu elements wrong\n",
+                   rank, wrong, count);
+      return wrong;
+    }
+  }
+  return 0;
 }
 
-TEST(NcclSimProcessTest, RanksInSeparateProcessesAgree) {
+TEST(NcclSimProcessTest, RanksInSeparateProcessesAgreeAtEveryCount) {
   constexpr int kWorld = 3;
   absl::StatusOr<std::string> dir = FileStore::MakeDirectory("nccl_sim_test");
   ASSERT_TRUE(dir.ok()) << dir.status();
