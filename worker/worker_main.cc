@@ -106,6 +106,10 @@ ABSL_FLAG(std::string, data_dir, "",
 ABSL_FLAG(int64_t, synthetic_size, 60000, "images in the synthetic dataset");
 // Optimization.
 ABSL_FLAG(int, batch_size, 32, "samples per rank per micro-batch");
+ABSL_FLAG(int64_t, global_batch_size, 0,
+          "an exact global batch: every step trains on the next N samples of "
+          "the epoch's order, cut into micro-batches of --batch_size shared "
+          "among the ranks, the same on any world size (0: off)");
 ABSL_FLAG(int64_t, steps, 0, "optimizer steps (0: run --epochs)");
 ABSL_FLAG(int, epochs, 1, "passes over the dataset when --steps is 0");
 ABSL_FLAG(double, lr, 0.01, "SGD learning rate");
@@ -186,6 +190,7 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromFlags() {
   config.data_dir = absl::GetFlag(FLAGS_data_dir);
   config.synthetic_size = absl::GetFlag(FLAGS_synthetic_size);
   config.batch_size = absl::GetFlag(FLAGS_batch_size);
+  config.global_batch_size = absl::GetFlag(FLAGS_global_batch_size);
   config.steps = absl::GetFlag(FLAGS_steps);
   config.epochs = absl::GetFlag(FLAGS_epochs);
   config.lr = absl::GetFlag(FLAGS_lr);

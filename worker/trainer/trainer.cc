@@ -18,6 +18,7 @@
 #include "common/status_macros.h"
 #include "worker/data/datasets.h"
 #include "worker/data/distributed_sampler.h"
+#include "worker/data/global_batch.h"
 #include "worker/ddp/checkpoint.h"
 #include "worker/ddp/comm_hook.h"
 #include "worker/ddp/distributed_data_parallel.h"
@@ -133,16 +134,30 @@ struct Division {
   torch::Tensor indices;  // this rank's sample indices, on the device
 };
 
+// One micro-batch of a step: its samples, and how its loss counts.
+struct MicroBatch {
+  torch::Tensor indices;  // on the device
+  int64_t epoch = 0;
+  // The loss is the cross-entropy's mean over the micro-batch (or with
+  // `sum`, its sum) divided by `divisor`; a micro-batch that does not
+  // `count` is run only so that the rank takes part in the step's
+  // all-reduce: its loss is multiplied by zero.
+  bool sum = false;
+  double divisor = 1;
+  bool counts = true;
+};
+
 }  // namespace
 
 class TrainingRun::Impl {
  public:
   Impl(TrainerConfig config, torch::Device device, torch::nn::Sequential model,
-       ImageDataset data)
+       ImageDataset data, std::optional<GlobalBatchPlan> plan)
       : config_(std::move(config)),
         device_(device),
         model_(std::move(model)),
-        data_(std::move(data)) {
+        data_(std::move(data)),
+        plan_(std::move(plan)) {
     ResetOptimizer();
     for (const auto& p : model_->parameters()) parameters_ += p.numel();
   }
@@ -165,6 +180,12 @@ class TrainingRun::Impl {
       const TrainContext& context, std::unique_ptr<DistributedDataParallel>* ddp);
   absl::Status JoinRound(const TrainContext& context,
                          std::unique_ptr<DistributedDataParallel>* ddp);
+  // Readies the round's data (the division of the epoch, or a check that
+  // the global batch's step may start here); returns the steps training
+  // takes in all.
+  absl::StatusOr<int64_t> StartRoundData(const TrainContext& context,
+                                         DistributedDataParallel* ddp,
+                                         Division* division);
   absl::Status StartDivision(const TrainContext& context, Division* division);
   bool Done() const;
   int64_t MicroBatchesLeft(const Division& division, int world_size) const;
@@ -172,6 +193,22 @@ class TrainingRun::Impl {
                        Division* division, int64_t total_steps);
   torch::Tensor NextBatch(const TrainContext& context, Division* division,
                           Position* cursor, int64_t step);
+  // A step's micro-batches, advancing `cursor` past them and adding the
+  // samples the step consumes across ranks to `global_samples`: this rank's
+  // next `accumulate` batches, or its share of the global batch.
+  std::vector<MicroBatch> RankMicroBatches(const TrainContext& context,
+                                           Division* division, int64_t step,
+                                           Position* cursor,
+                                           int64_t* global_samples);
+  std::vector<MicroBatch> GlobalMicroBatches(const TrainContext& context,
+                                             int64_t step, Position* cursor,
+                                             int64_t* global_samples);
+  // The epoch's global order (the one-rank sampler's), on the device.
+  const torch::Tensor& EpochOrder(int64_t epoch);
+  // Forward and backward of one micro-batch (synchronizing the gradients
+  // when `sync`); returns its loss, detached.
+  torch::Tensor RunMicroBatch(DistributedDataParallel* ddp,
+                              const MicroBatch& micro, bool sync);
   absl::Status Report(const TrainContext& context, const StepReport& report,
                       int64_t total_steps);
   // At a step boundary: ReformAtStepBoundary when any rank was asked to
@@ -195,6 +232,11 @@ class TrainingRun::Impl {
   const torch::Device device_;
   torch::nn::Sequential model_;
   ImageDataset data_;
+  // With global_batch_size: how each step's samples are shared out, and the
+  // order of the epoch `epoch_order_of_`.
+  const std::optional<GlobalBatchPlan> plan_;
+  torch::Tensor epoch_order_;
+  int64_t epoch_order_of_ = -1;
   std::unique_ptr<torch::optim::SGD> optimizer_;
   int64_t parameters_ = 0;
   Position position_;
@@ -233,8 +275,14 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Create(
     GS_ASSIGN_OR_RETURN(ImageDataset data, LoadDataset(config));
     data.images = data.images.to(device);
     data.labels = data.labels.to(device);
+    std::optional<GlobalBatchPlan> plan;
+    if (config.global_batch_size > 0) {
+      GS_ASSIGN_OR_RETURN(plan, GlobalBatchPlan::Create(
+                                    config.global_batch_size, config.batch_size,
+                                    data.size()));
+    }
     auto impl = std::make_unique<Impl>(config, device, std::move(model),
-                                       std::move(data));
+                                       std::move(data), std::move(plan));
     GS_RETURN_IF_ERROR(impl->OpenCheckpoints());
     return std::unique_ptr<TrainingRun>(new TrainingRun(std::move(impl)));
   } catch (const std::exception& e) {
@@ -285,14 +333,8 @@ absl::StatusOr<TrainSummary> TrainingRun::Impl::TrainRoundOrThrow(
   GS_RETURN_IF_ERROR(JoinRound(context, ddp));
   state_copied_ = context.clock->Now();
   Division division;
-  GS_RETURN_IF_ERROR(StartDivision(context, &division));
-  GS_RETURN_IF_ERROR(BeginUnevenEpoch(ddp->get()));
-  const int64_t total_steps =
-      config_.steps > 0
-          ? config_.steps
-          : position_.step +
-                (MicroBatchesLeft(division, context.world_size) +
-                 config_.accumulate - 1) / config_.accumulate;
+  GS_ASSIGN_OR_RETURN(const int64_t total_steps,
+                      StartRoundData(context, ddp->get(), &division));
   window_start_ = context.clock->Now();
   window_samples_ = 0;
   for (;;) {
@@ -306,6 +348,22 @@ absl::StatusOr<TrainSummary> TrainingRun::Impl::TrainRoundOrThrow(
     }
   }
   return Finish(context);
+}
+
+absl::StatusOr<int64_t> TrainingRun::Impl::StartRoundData(
+    const TrainContext& context, DistributedDataParallel* ddp,
+    Division* division) {
+  if (plan_.has_value()) {
+    GS_RETURN_IF_ERROR(plan_->CheckStepStart(position_.epoch_position));
+    return config_.steps > 0 ? config_.steps
+                             : config_.epochs * plan_->steps_per_epoch();
+  }
+  GS_RETURN_IF_ERROR(StartDivision(context, division));
+  GS_RETURN_IF_ERROR(BeginUnevenEpoch(ddp));
+  if (config_.steps > 0) return config_.steps;
+  return position_.step +
+         (MicroBatchesLeft(*division, context.world_size) +
+          config_.accumulate - 1) / config_.accumulate;
 }
 
 absl::Status TrainingRun::Impl::BeginUnevenEpoch(DistributedDataParallel* ddp) {
@@ -490,8 +548,96 @@ torch::Tensor TrainingRun::Impl::NextBatch(const TrainContext& context,
   return batch;
 }
 
-// One optimizer step: `accumulate` micro-batches (all but the last under
-// no_sync), then the update. The step commits (the position advances) only
+std::vector<MicroBatch> TrainingRun::Impl::RankMicroBatches(
+    const TrainContext& context, Division* division, int64_t step,
+    Position* cursor, int64_t* global_samples) {
+  const int64_t count =
+      config_.steps > 0
+          ? config_.accumulate
+          : std::min<int64_t>(config_.accumulate,
+                              MicroBatchesLeft(*division, context.world_size));
+  std::vector<MicroBatch> micro;
+  for (int64_t m = 0; m < count; ++m) {
+    torch::Tensor batch = NextBatch(context, division, cursor, step);
+    *global_samples += batch.size(0) * context.world_size;
+    micro.push_back(MicroBatch{std::move(batch), division->epoch,
+                               /*sum=*/false, static_cast<double>(count)});
+  }
+  return micro;
+}
+
+const torch::Tensor& TrainingRun::Impl::EpochOrder(int64_t epoch) {
+  if (epoch_order_of_ != epoch) {
+    absl::StatusOr<DistributedSampler> sampler = DistributedSampler::Create(
+        {data_.size(), 0, 1, config_.shuffle, config_.seed, false, 0});
+    TORCH_CHECK(sampler.ok(), sampler.status().ToString());
+    sampler->SetEpoch(epoch);
+    epoch_order_ = torch::tensor(sampler->Indices(), torch::kInt64).to(device_);
+    epoch_order_of_ = epoch;
+  }
+  return epoch_order_;
+}
+
+std::vector<MicroBatch> TrainingRun::Impl::GlobalMicroBatches(
+    const TrainContext& context, int64_t step, Position* cursor,
+    int64_t* global_samples) {
+  const torch::Tensor& order = EpochOrder(cursor->epoch);
+  const MicroBatchShare share =
+      plan_->EvenShare(context.rank, context.world_size);
+  const double divisor = plan_->LossDivisor(context.world_size);
+  std::vector<MicroBatch> micro;
+  for (int64_t j = share.first; j < share.first + share.count; ++j) {
+    const SampleSpan span = plan_->MicroBatchSpan(cursor->epoch_position, j);
+    micro.push_back(MicroBatch{order.slice(0, span.begin, span.end),
+                               cursor->epoch, /*sum=*/true, divisor});
+    if (!config_.sample_log.empty()) {
+      LogSamples(config_.sample_log, context.round, step, cursor->epoch,
+                 context.rank, micro.back().indices);
+    }
+  }
+  if (micro.empty()) {  // more ranks than micro-batches: zero gradients
+    const SampleSpan span = plan_->MicroBatchSpan(cursor->epoch_position, 0);
+    micro.push_back(MicroBatch{order.slice(0, span.begin, span.end),
+                               cursor->epoch, /*sum=*/true, divisor,
+                               /*counts=*/false});
+  }
+  *global_samples += plan_->global_batch();
+  cursor->epoch_position += plan_->global_batch();
+  if (plan_->EndsEpoch(cursor->epoch_position)) {
+    cursor->epoch += 1;  // the tail shorter than a global batch is dropped
+    cursor->epoch_position = 0;
+  }
+  return micro;
+}
+
+torch::Tensor TrainingRun::Impl::RunMicroBatch(DistributedDataParallel* ddp,
+                                               const MicroBatch& micro,
+                                               bool sync) {
+  torch::Tensor x = data_.images.index_select(0, micro.indices);
+  torch::Tensor y = data_.labels.index_select(0, micro.indices);
+  // PyTorch's loop: out = ddp(x); loss = loss_fn(out, y).
+  torch::Tensor output;
+  if (ddp == nullptr) {
+    output = model_->forward(x);
+  } else if (!sync) {
+    auto no_sync = ddp->NoSync();
+    output = ddp->forward(x);
+  } else {
+    output = ddp->forward(x);
+  }
+  namespace F = torch::nn::functional;
+  torch::Tensor loss =
+      micro.sum ? F::cross_entropy(
+                      output, y, F::CrossEntropyFuncOptions().reduction(torch::kSum))
+                : F::cross_entropy(output, y);
+  loss = loss / micro.divisor;
+  if (!micro.counts) loss = loss * 0.0;
+  loss.backward();
+  return loss.detach();
+}
+
+// One optimizer step: its micro-batches (all but the last under no_sync),
+// then the update. The step commits (the position advances) only
 // once the update is applied, and the update is applied only once every
 // gradient collective of the step is known to have completed without error
 // on this rank (DistributedDataParallel::CheckStep: on a GPU the backward
@@ -503,41 +649,26 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
                                         Division* division,
                                         int64_t total_steps) {
   const absl::Time step_start = context.clock->Now();
-  const int64_t micro_in_step =
-      config_.steps > 0
-          ? config_.accumulate
-          : std::min<int64_t>(config_.accumulate,
-                              MicroBatchesLeft(*division, context.world_size));
   StepReport report;
   report.step = position_.step + 1;
   Position cursor = position_;
-  int64_t step_samples = 0;
+  int64_t global_samples = 0;
+  const std::vector<MicroBatch> micro =
+      plan_.has_value()
+          ? GlobalMicroBatches(context, report.step, &cursor, &global_samples)
+          : RankMicroBatches(context, division, report.step, &cursor,
+                             &global_samples);
+  report.epoch = micro.empty() ? position_.epoch : micro.back().epoch;
   // Zero in place: with gradient_as_bucket_view the gradients are the
   // buckets, so they must stay where they are.
   for (auto& p : model_->parameters()) {
     if (p.grad().defined()) p.mutable_grad().zero_();
   }
   torch::Tensor step_loss = torch::zeros({}, torch::TensorOptions(device_));
-  for (int64_t m = 0; m < micro_in_step; ++m) {
-    torch::Tensor batch = NextBatch(context, division, &cursor, report.step);
-    report.epoch = division->epoch;
-    step_samples += batch.size(0);
-    torch::Tensor x = data_.images.index_select(0, batch);
-    torch::Tensor y = data_.labels.index_select(0, batch);
-    // PyTorch's loop: out = ddp(x); loss = loss_fn(out, y).
-    torch::Tensor output;
-    if (ddp == nullptr) {
-      output = model_->forward(x);
-    } else if (m + 1 < micro_in_step) {
-      auto no_sync = ddp->NoSync();
-      output = ddp->forward(x);
-    } else {
-      output = ddp->forward(x);
-    }
-    torch::Tensor loss = torch::nn::functional::cross_entropy(output, y) /
-                         static_cast<double>(micro_in_step);
-    loss.backward();
-    step_loss += loss.detach();
+  int64_t step_samples = 0;
+  for (size_t m = 0; m < micro.size(); ++m) {
+    step_loss += RunMicroBatch(ddp, micro[m], m + 1 == micro.size());
+    if (micro[m].counts) step_samples += micro[m].indices.size(0);
   }
   if (ddp != nullptr) GS_RETURN_IF_ERROR(ddp->CheckStep());
   report.loss = step_loss.item<double>();
@@ -547,7 +678,7 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
   // Under uneven inputs the last checkpoint waits for every rank.
   GS_RETURN_IF_ERROR(MaybeCheckpoint(context, Done() && !uneven()));
   Failpoint(kFailpointStep);
-  window_samples_ += step_samples * context.world_size;
+  window_samples_ += global_samples;
   report.step_time = context.clock->Now() - step_start;
   if (ddp != nullptr) report.ddp = ddp->last_step_timings();
   if (report.step > config_.warmup_steps) stats_.Add(report);
@@ -629,8 +760,9 @@ absl::StatusOr<TrainSummary> TrainingRun::Impl::Finish(
   summary.steps = position_.step;
   summary.parameters = parameters_;
   summary.final_loss = final_loss_;
-  stats_.Fill(int64_t{config_.batch_size} * config_.accumulate *
-                  context.world_size,
+  stats_.Fill(plan_.has_value() ? plan_->global_batch()
+                               : int64_t{config_.batch_size} *
+                                     config_.accumulate * context.world_size,
               &summary);
   if (!config_.save_params.empty() && context.rank == 0) {
     GS_RETURN_IF_ERROR(SaveParameters(*model_, config_.save_params));

@@ -35,6 +35,17 @@ struct TrainerConfig {
   int64_t synthetic_size = 60000;
   // Samples per rank per micro-batch.
   int batch_size = 32;
+  // An exact global batch (0: off, the per-rank batch above): every
+  // optimizer step consumes the next global_batch_size samples of the
+  // epoch's global order, cut into micro-batches of batch_size and shared
+  // among the round's ranks (worker/data/global_batch.h), with the loss the
+  // mean over those samples whatever the world size; a shrink or grow
+  // changes only the summation order. A multiple of batch_size; needs
+  // accumulate 1 (the shares set each rank's micro-batches), no
+  // rank_batches and no sync_batchnorm (ranks run different numbers of
+  // forward passes, and SyncBatchNorm's forward is a collective). An epoch's
+  // tail shorter than the global batch is dropped whatever drop_last says.
+  int64_t global_batch_size = 0;
   // Optimizer steps to run; 0: `epochs` passes over the data.
   int64_t steps = 0;
   int epochs = 1;

@@ -29,6 +29,42 @@ absl::StatusOr<std::shared_ptr<CommHook>> MakeCommHook(
       "powersgd, got '", config.comm_hook, "'"));
 }
 
+namespace {
+
+absl::Status ValidateGlobalBatch(const TrainerConfig& config) {
+  if (config.global_batch_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "global_batch_size must not be negative, got ",
+        config.global_batch_size));
+  }
+  if (config.global_batch_size == 0) return absl::OkStatus();
+  if (config.global_batch_size % config.batch_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "global_batch_size (", config.global_batch_size,
+        ") must be a multiple of batch_size (", config.batch_size,
+        "), the micro-batch it is cut into"));
+  }
+  if (config.accumulate != 1) {
+    return absl::InvalidArgumentError(
+        "global_batch_size sets how many micro-batches each rank "
+        "accumulates; leave accumulate at 1");
+  }
+  if (!config.rank_batches.empty()) {
+    return absl::InvalidArgumentError(
+        "global_batch_size and rank_batches (uneven inputs) exclude each "
+        "other");
+  }
+  if (config.sync_batchnorm) {
+    return absl::InvalidArgumentError(
+        "global_batch_size and sync_batchnorm exclude each other: ranks run "
+        "different numbers of micro-batches, and SyncBatchNorm's forward is "
+        "a collective");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateConfig(const TrainerConfig& config) {
   if (config.batch_size < 1) {
     return absl::InvalidArgumentError(
@@ -66,6 +102,7 @@ absl::Status ValidateConfig(const TrainerConfig& config) {
       }
     }
   }
+  GS_RETURN_IF_ERROR(ValidateGlobalBatch(config));
   if (config.checkpoint_every < 0 || config.checkpoint_keep < 1) {
     return absl::InvalidArgumentError(
         "checkpoint_every must not be negative and checkpoint_keep must be at "

@@ -205,14 +205,18 @@ class RecoveryProcessTest : public ::testing::TestWithParam<Transport> {
     std::vector<std::string> flags;
   };
 
-  // Starts the reference of job `job` (as job "<job>-reference").
-  ComparedRun StartReference(const std::string& job) {
+  // Starts the reference of job `job` (as job "<job>-reference"), with
+  // `config` (data and steps) after the model flags.
+  ComparedRun StartReference(
+      const std::string& job,
+      const std::vector<std::string>& config = {
+          "--synthetic_size=96", "--steps=300", "--batch_size=4",
+          "--max_recoveries=2"}) {
     ComparedRun run;
     run.params = TempPath(job + "-ddp.pt");
     run.reference_params = TempPath(job + "-reference.pt");
     std::vector<std::string> flags = ModelFlags();
-    flags.insert(flags.end(), {"--synthetic_size=96", "--steps=300",
-                               "--batch_size=4", "--max_recoveries=2"});
+    flags.insert(flags.end(), config.begin(), config.end());
     run.flags = flags;
     run.flags.push_back(absl::StrCat("--save_params=", run.params));
     flags.push_back(absl::StrCat("--save_params=", run.reference_params));
@@ -262,6 +266,8 @@ class RecoveryProcessTest : public ::testing::TestWithParam<Transport> {
   // 3 members and a spare; one member is killed at a random step: the
   // spare takes its place and the result is the uninterrupted run's.
   void ExpectSpareReplacesAKilledRank();
+  // An exact global batch through a shrink and a grow (below).
+  void ExpectGlobalBatchExactThroughAShrinkAndAGrow();
 
   static CoordinatorProcess* coordinator_;
   std::vector<Worker> workers_;
@@ -573,6 +579,46 @@ TEST_P(RecoveryProcessTest, GrowsWhenANodeJoinsBelowMax) {
   ExpectEverySampleUsedOnce(workers_, kSamples, kEpochs, /*padding=*/2);
 }
 
+// An exact global batch (--global_batch_size=24 in micro-batches of 4)
+// through a shrink and a grow: one of 3 ranks is killed with no spare
+// (--nnodes=2:3), the job goes on at world size 2, then a new process
+// joins and the round re-forms at a step boundary to 3. The final
+// parameters equal those of an uninterrupted 3-rank run with the same
+// global batch.
+TEST_P(RecoveryProcessTest, AGlobalBatchStaysExactThroughAShrinkAndAGrow) {
+  ExpectGlobalBatchExactThroughAShrinkAndAGrow();
+}
+
+void RecoveryProcessTest::ExpectGlobalBatchExactThroughAShrinkAndAGrow() {
+  const std::string job = Job("global-batch");
+  // Steps enough that the fourth process (a LibTorch start and a join: 2-3 s
+  // here, more on a loaded machine) joins round 2 well before training
+  // ends (round 2 alone would take 7-10 s here); shared memory's steps
+  // are the faster.
+  const int steps = GetParam() == Transport::kSharedMemory ? 3000 : 1500;
+  ComparedRun run = StartReference(
+      job, {"--synthetic_size=960", absl::StrCat("--steps=", steps),
+            "--batch_size=4", "--global_batch_size=24", "--shuffle",
+            "--max_recoveries=2"});
+  // Round 1 waits up to 5 s for its third node; round 2 closes with two
+  // after as long.
+  std::vector<std::string> flags = run.flags;
+  flags.push_back("--last_call_timeout=5s");
+  for (int i = 0; i < 3; ++i) StartWorker(job, i, "2:3", flags);
+  Worker* killed = KillAtStep(1, RandomRank(), 3, RandomStep(10, 50));
+  ASSERT_NE(killed, nullptr);
+  ASSERT_TRUE(PumpUntil(Children(), kBound, [&] {
+    return RankInRound(2, 1, 2) != nullptr;
+  })) << Describe();
+  StartWorker(job, 3, "2:3", flags);
+  ExpectSurvivorsSucceeded({killed}, 3);
+  v1::JobStatus status = JobStatus(job);
+  EXPECT_EQ(status.state(), v1::JOB_STATE_SUCCEEDED) << status.reason();
+  EXPECT_EQ(status.round(), 3);
+  EXPECT_EQ(status.world_size(), 3);
+  ExpectSameParametersAsTheReference(&run);
+}
+
 std::string TransportName(const ::testing::TestParamInfo<Transport>& info) {
   switch (info.param) {
     case Transport::kSharedMemory:
@@ -626,6 +672,10 @@ class SimulatedGpuRecoveryTest : public RecoveryProcessTest {
 
 TEST_P(SimulatedGpuRecoveryTest, SpareReplacesAKilledRankWithoutChangingTheResult) {
   ExpectSpareReplacesAKilledRank();
+}
+
+TEST_P(SimulatedGpuRecoveryTest, AGlobalBatchStaysExactThroughAShrinkAndAGrow) {
+  ExpectGlobalBatchExactThroughAShrinkAndAGrow();
 }
 
 // The 40th NCCL collective of one rank (a gradient bucket's all-reduce, well
