@@ -19,10 +19,10 @@ namespace {
 
 constexpr absl::string_view kKnown[] = {
     kFailpointStateTransfer, kFailpointStep, kFailpointNcclAsyncError,
-    kFailpointNcclHang};
+    kFailpointNcclHang, kFailpointCorruptParameters};
 
-// The armed failpoints and their passes left; `any` lets a pass skip the
-// lock while none is armed.
+// The armed failpoints and their passes left (for a step-keyed one, its
+// step); `any` lets a pass skip the lock while none is armed.
 struct Armed {
   std::atomic<bool> any{false};
   absl::Mutex mu;
@@ -100,6 +100,17 @@ bool Pass(absl::string_view name, absl::string_view what_now) {
 }  // namespace
 
 bool FailpointFires(absl::string_view name) { return Pass(name, ""); }
+
+bool FailpointFiresAtStep(absl::string_view name, int64_t step) {
+  Armed& state = State();
+  if (!state.any.load(std::memory_order_relaxed)) return false;
+  absl::MutexLock lock(&state.mu);
+  auto it = state.passes_left.find(name);
+  if (it == state.passes_left.end() || it->second != step) return false;
+  state.passes_left.erase(it);
+  WriteStderr(absl::StrCat("failpoint ", name, " hit at step ", step, "\n"));
+  return true;
+}
 
 void Failpoint(absl::string_view name) {
   if (!Pass(name, absl::StrCat(": exiting with code ", kFailpointExitCode))) {

@@ -18,6 +18,8 @@
 #ifndef GRADSYNC_COMMON_FAILPOINT_H_
 #define GRADSYNC_COMMON_FAILPOINT_H_
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
@@ -38,6 +40,13 @@ inline constexpr absl::string_view kFailpointStep = "step";
 // (--device=cuda or sim).
 inline constexpr absl::string_view kFailpointNcclAsyncError = "nccl_async_error";
 inline constexpr absl::string_view kFailpointNcclHang = "nccl_hang";
+// Step-keyed fault failpoint: armed as NAME:STEP, it fires when passed with
+// that training step (a step number, not a count of passes, so that a
+// process that resumed mid-run still hits the step the test named). Right
+// after a step commits, one bit of one parameter flips (silent data
+// corruption, for divergence detection).
+inline constexpr absl::string_view kFailpointCorruptParameters =
+    "corrupt_parameters";
 
 // The exit code of a process that hit an armed exit failpoint.
 inline constexpr int kFailpointExitCode = 86;
@@ -56,6 +65,9 @@ bool FailpointArmed(absl::string_view name);
 // caller carries out the fault. False otherwise, and on every later pass.
 bool FailpointFires(absl::string_view name);
 
+// A pass through step-keyed failpoint `name` at `step`: true, after logging
+// "failpoint NAME hit", when it is armed for `step` and has not fired yet.
+bool FailpointFiresAtStep(absl::string_view name, int64_t step);
 // A pass through exit failpoint `name`: when it fires, exits the process
 // with kFailpointExitCode (no destructors, no flushing beyond stderr).
 void Failpoint(absl::string_view name);

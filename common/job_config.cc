@@ -127,6 +127,11 @@ absl::StatusOr<v1::JobConfig> NormalizeJobConfig(const v1::JobConfig& config) {
         "job '", out.job_id(), "': unknown failure_policy ",
         out.failure_policy()));
   }
+  if (!v1::DivergencePolicy_IsValid(out.divergence_policy())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", out.job_id(), "': unknown divergence_policy ",
+        out.divergence_policy()));
+  }
   return out;
 }
 
@@ -278,6 +283,16 @@ absl::StatusOr<v1::FailurePolicy> ParseFailurePolicy(absl::string_view name) {
   if (lower == "fail") return v1::FAILURE_POLICY_FAIL;
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown failure policy '", name, "': use recover or fail"));
+}
+
+absl::StatusOr<v1::DivergencePolicy> ParseDivergencePolicy(
+    absl::string_view name) {
+  std::string lower = absl::AsciiStrToLower(name);
+  if (lower.empty()) return v1::DIVERGENCE_POLICY_UNSPECIFIED;
+  if (lower == "heal") return v1::DIVERGENCE_POLICY_HEAL;
+  if (lower == "fail") return v1::DIVERGENCE_POLICY_FAIL;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown divergence policy '", name, "': use heal or fail"));
 }
 
 }  // namespace gradsync

@@ -70,6 +70,10 @@ absl::StatusOr<v1::Backend> ParseBackend(absl::string_view name);
 // Parses "recover" or "fail" ("" is UNSPECIFIED: the job's default, recover).
 absl::StatusOr<v1::FailurePolicy> ParseFailurePolicy(absl::string_view name);
 
+// Parses "heal" or "fail" ("" is UNSPECIFIED: the job's default, heal).
+absl::StatusOr<v1::DivergencePolicy> ParseDivergencePolicy(
+    absl::string_view name);
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_COMMON_JOB_CONFIG_H_

@@ -44,6 +44,11 @@ Coordinator::Coordinator(CoordinatorConfig config)
               [this](const std::string& job_id, v1::JobState state,
                      const std::string& reason) {
                 rendezvous_.JobEnded(job_id, state, reason);
+              },
+              // A round whose replicas diverged re-forms from the majority.
+              [this](const HealthManager::Heal& heal) {
+                rendezvous_.HealDivergence(heal.job_id, heal.round, heal.ranks,
+                                           heal.reason);
               }),
       stream_limits_(config_.max_streams_per_connection),
       rendezvous_service_(&rendezvous_, &auth_),

@@ -47,7 +47,7 @@ void HealthManager::StreamBroken(Session* session) {
     }
   }
   ReportLosses(losses);
-  ReportJobEnds();
+  ReportQueued();
 }
 
 void HealthManager::AddBrokenStreams(JobHealth* job, HealthUpdate* update) {
@@ -127,7 +127,7 @@ void HealthManager::Poll() {
     if (!job->current) ended.push_back(job);
   }
   ReportLosses(losses);
-  ReportJobEnds();
+  ReportQueued();
   if (ended.empty()) return;
   absl::MutexLock lock(&mu_);
   for (const std::shared_ptr<JobHealth>& job : ended) {

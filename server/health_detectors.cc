@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/job_config.h"
 
 namespace gradsync {
@@ -105,6 +106,96 @@ std::vector<v1::Straggler> StragglerDetector::Complete(const StepSlot& slot) {
               return FromProtoDuration(a.lag()) > FromProtoDuration(b.lag());
             });
   return stragglers;
+}
+
+DivergenceDetector::DivergenceDetector(int world_size)
+    : world_size_(world_size) {}
+
+std::optional<DivergenceDetector::Outcome> DivergenceDetector::Observe(
+    int rank, const v1::ReplicaFingerprint& f) {
+  if (rank < 0 || rank >= world_size_ || f.step() <= 0) return std::nullopt;
+  if (names_.empty() && f.tensor_names_size() > 0) {
+    names_.assign(f.tensor_names().begin(), f.tensor_names().end());
+  }
+  auto it = steps_.find(f.step());
+  if (it == steps_.end()) {
+    if (static_cast<int>(steps_.size()) == kStepWindow) {
+      if (f.step() < steps_.begin()->first) return std::nullopt;  // too old
+      steps_.erase(steps_.begin());
+    }
+    it = steps_.emplace(f.step(), StepSlot()).first;
+    it->second.tensors.assign(world_size_, std::nullopt);
+  }
+  StepSlot& slot = it->second;
+  if (slot.tensors[rank].has_value()) return std::nullopt;  // a repeat
+  slot.tensors[rank].emplace(f.tensors().begin(), f.tensors().end());
+  if (++slot.reported < world_size_) return std::nullopt;
+  Outcome outcome = Compare(it->first, slot);
+  steps_.erase(it);
+  return outcome;
+}
+
+std::string DivergenceDetector::TensorName(int index) const {
+  return index < static_cast<int>(names_.size()) ? names_[index]
+                                                 : absl::StrCat("tensor #", index);
+}
+
+DivergenceDetector::Outcome DivergenceDetector::Compare(
+    int64_t step, const StepSlot& slot) const {
+  Outcome outcome;
+  outcome.step = step;
+  // Ranks grouped by identical fingerprints; the largest group first seen.
+  std::vector<std::vector<int>> groups;
+  for (int r = 0; r < world_size_; ++r) {
+    auto same = std::find_if(groups.begin(), groups.end(), [&](const auto& g) {
+      return *slot.tensors[g[0]] == *slot.tensors[r];
+    });
+    if (same == groups.end()) {
+      groups.push_back({r});
+    } else {
+      same->push_back(r);
+    }
+  }
+  if (groups.size() == 1) return outcome;
+  const auto largest = std::max_element(
+      groups.begin(), groups.end(),
+      [](const auto& a, const auto& b) { return a.size() < b.size(); });
+  outcome.majority = 2 * largest->size() > static_cast<size_t>(world_size_);
+  const std::vector<uint64_t>& reference = *slot.tensors[(*largest)[0]];
+  v1::Divergence& d = outcome.divergence.emplace();
+  d.set_step(step);
+  std::vector<bool> differs(reference.size(), false);
+  for (int r = 0; r < world_size_; ++r) {
+    const std::vector<uint64_t>& mine = *slot.tensors[r];
+    if (outcome.majority && mine == reference) continue;
+    d.add_ranks(r);
+    for (size_t i = 0; i < reference.size(); ++i) {
+      if (i >= mine.size() || mine[i] != reference[i]) differs[i] = true;
+    }
+  }
+  for (size_t i = 0; i < differs.size(); ++i) {
+    if (!differs[i]) continue;
+    if (d.tensors_size() == kMaxNamedTensors) break;
+    d.add_tensors(TensorName(static_cast<int>(i)));
+  }
+  const std::string where =
+      d.tensors_size() > 0
+          ? absl::StrCat(" in ", absl::StrJoin(d.tensors(), ", "))
+          : " in the number of tensors";
+  if (outcome.majority) {
+    d.set_verdict(absl::StrCat(
+        "replicas diverged at step ", step, ": rank(s) ",
+        absl::StrJoin(d.ranks(), ","), " differ from rank(s) ",
+        absl::StrJoin(*largest, ","), " (the majority)", where));
+  } else {
+    std::vector<std::string> parts;
+    for (const auto& g : groups) parts.push_back(absl::StrJoin(g, ","));
+    d.set_verdict(absl::StrCat(
+        "replicas diverged at step ", step,
+        " with no majority: rank groups ", absl::StrJoin(parts, " | "),
+        " differ", where, "; nothing says which replica is right"));
+  }
+  return outcome;
 }
 
 }  // namespace gradsync

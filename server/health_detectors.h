@@ -1,4 +1,4 @@
-// Desync and straggler detection as values: each takes what one member's
+// Desync, straggler and divergence detection as values: each takes what one member's
 // heartbeat reported and returns a verdict; neither knows of the health
 // manager, its locks, its clock or the wire beyond the reported messages.
 // Not thread-safe: the owner serializes calls (HealthManager holds the
@@ -7,6 +7,7 @@
 #define GRADSYNC_SERVER_HEALTH_DETECTORS_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -87,6 +88,48 @@ class StragglerDetector {
   const absl::Duration threshold_;
   std::vector<StepSlot> steps_;
   std::vector<RankLags> ranks_;
+};
+
+// Compares the replica fingerprints (ReplicaFingerprint) of each step
+// across the ranks of a round. Once every rank reported a step: either all
+// agree, or the ranks whose fingerprints differ from the majority's are
+// named (with the tensors that differ), or, with no majority (two ranks, a
+// tie), every rank is. Steps are matched within the newest kStepWindow
+// steps reported (a heartbeat carries up to 32 fingerprints per rank).
+class DivergenceDetector {
+ public:
+  static constexpr int kStepWindow = 64;
+  // At most this many differing tensors are named.
+  static constexpr int kMaxNamedTensors = 16;
+
+  explicit DivergenceDetector(int world_size);
+
+  // What a complete step showed.
+  struct Outcome {
+    int64_t step = 0;
+    // Unset when every rank agreed.
+    std::optional<v1::Divergence> divergence;
+    // Whether a majority agreed (the diverged ranks are the others).
+    bool majority = true;
+  };
+
+  // Takes `rank`'s fingerprint. When it completes its step (every rank
+  // reported it): the outcome; nullopt otherwise (also for a step older
+  // than the window, or reported twice).
+  std::optional<Outcome> Observe(int rank, const v1::ReplicaFingerprint& f);
+
+ private:
+  struct StepSlot {
+    int reported = 0;
+    std::vector<std::optional<std::vector<uint64_t>>> tensors;  // by rank
+  };
+  Outcome Compare(int64_t step, const StepSlot& slot) const;
+  std::string TensorName(int index) const;
+
+  const int world_size_;
+  std::map<int64_t, StepSlot> steps_;  // by step, the newest kStepWindow
+  // The tensors' names, from the first fingerprint that carried them.
+  std::vector<std::string> names_;
 };
 
 }  // namespace gradsync

@@ -31,12 +31,14 @@ HealthConfig WithDefaults(HealthConfig config) {
 
 HealthManager::HealthManager(JobManager* jobs, Clock* clock,
                              HealthConfig config, LossCallback on_loss,
-                             JobEndedCallback on_job_ended)
+                             JobEndedCallback on_job_ended,
+                             HealCallback on_heal)
     : jobs_(jobs),
       clock_(clock),
       config_(config),
       on_loss_(std::move(on_loss)),
       on_job_ended_(std::move(on_job_ended)),
+      on_heal_(std::move(on_heal)),
       shedder_(WithDefaults(config).shedding, clock->Now()) {}
 
 HealthManager::~HealthManager() = default;
@@ -137,6 +139,8 @@ std::shared_ptr<HealthManager::JobHealth> HealthManager::NewJobHealth(
     }
   }
   job->stragglers.emplace(static_cast<int>(world), job->straggler_threshold);
+  job->heal_divergence = c.divergence_policy() != v1::DIVERGENCE_POLICY_FAIL;
+  job->divergence.emplace(static_cast<int>(world));
   return job;
 }
 
@@ -261,7 +265,7 @@ absl::StatusOr<bool> HealthManager::Heartbeat(Session* session,
                                               v1::HeartbeatRequest* request,
                                               v1::HeartbeatResponse* response) {
   absl::StatusOr<bool> answered = HandleHeartbeat(session, request, response);
-  ReportJobEnds();  // a desync fails the job
+  ReportQueued();  // a desync fails the job
   return answered;
 }
 
@@ -292,10 +296,13 @@ absl::StatusOr<bool> HealthManager::HandleHeartbeat(
   if (job->detecting()) {
     RecordCollectives(job, session->rank, request->metrics());
     RecordReadyTimes(job, session->rank, request->metrics());
+    RecordFingerprints(job, session->rank, request->metrics(),
+                       /*can_heal=*/true);
   }
   m.metrics.Swap(request->mutable_metrics());
   m.metrics.clear_recent_collectives();
   m.metrics.clear_first_bucket_ready();
+  m.metrics.clear_replica_fingerprints();
   m.buckets.Swap(m.metrics.mutable_buckets());
   m.metrics.clear_buckets();
   heartbeats_.fetch_add(1, std::memory_order_relaxed);
@@ -431,14 +438,91 @@ void HealthManager::ReportLosses(const std::vector<Loss>& losses) {
   for (const Loss& loss : losses) on_loss_(loss);
 }
 
-void HealthManager::ReportJobEnds() {
+void HealthManager::ReportQueued() {
   std::vector<JobEnd> ends;
+  std::vector<Heal> heals;
+  std::vector<std::pair<std::string, v1::Divergence>> found;
   {
     absl::MutexLock lock(&job_ends_mu_);
     ends.swap(job_ends_);
+    heals.swap(heals_);
+    found.swap(found_);
   }
-  if (!on_job_ended_) return;
-  for (const JobEnd& end : ends) on_job_ended_(end.job_id, end.state, end.reason);
+  if (!found.empty()) {
+    absl::MutexLock lock(&mu_);
+    for (auto& [job_id, divergence] : found) {
+      divergences_by_job_[job_id] = std::move(divergence);
+    }
+  }
+  if (on_job_ended_) {
+    for (const JobEnd& end : ends) {
+      on_job_ended_(end.job_id, end.state, end.reason);
+    }
+  }
+  if (on_heal_) {
+    for (const Heal& heal : heals) on_heal_(heal);
+  }
+}
+
+void HealthManager::RecordFingerprints(JobHealth* job, int rank,
+                                       const v1::WorkerMetrics& metrics,
+                                       bool can_heal) {
+  for (const v1::ReplicaFingerprint& f : metrics.replica_fingerprints()) {
+    if (job->healing) return;
+    std::optional<DivergenceDetector::Outcome> outcome =
+        job->divergence->Observe(rank, f);
+    if (!outcome.has_value()) continue;
+    if (outcome->divergence.has_value()) {
+      OnDivergence(job, *std::move(outcome), can_heal);
+      return;
+    }
+    job->diagnosis.set_replicas_verified_step(
+        std::max(job->diagnosis.replicas_verified_step(), outcome->step));
+  }
+}
+
+void HealthManager::OnDivergence(JobHealth* job,
+                                 DivergenceDetector::Outcome outcome,
+                                 bool can_heal) {
+  v1::Divergence& d = *outcome.divergence;
+  d.set_round(job->round);
+  divergences_.fetch_add(1, std::memory_order_relaxed);
+  // Once a member finished, the round cannot re-form.
+  const bool heal = job->heal_divergence && outcome.majority && can_heal &&
+                    job->succeeded == 0;
+  if (heal) {
+    d.set_verdict(absl::StrCat(
+        d.verdict(), "; healing: the round re-forms with its state copied "
+                     "from a rank of the majority"));
+  } else if (!can_heal) {
+    d.set_verdict(absl::StrCat(d.verdict(),
+                               "; found as the members finished: too late "
+                               "to heal, the job fails"));
+  } else {
+    d.set_verdict(absl::StrCat(
+        d.verdict(), outcome.majority ? "; divergence_policy is fail"
+                                      : "; the job fails"));
+  }
+  *job->diagnosis.mutable_divergence() = d;
+  GS_LOG(WARNING) << "job '" << job->job_id << "' round " << job->round
+                  << ": " << d.verdict();
+  {
+    absl::MutexLock lock(&job_ends_mu_);
+    found_.emplace_back(job->job_id, d);
+    if (heal) {
+      heals_.push_back({job->job_id, job->round,
+                        std::vector<int>(d.ranks().begin(), d.ranks().end()),
+                        d.verdict()});
+    }
+  }
+  if (heal) {
+    job->healing = true;
+    return;
+  }
+  HealthUpdate update;
+  update.job_state = v1::JOB_STATE_FAILED;
+  update.reason = d.verdict();
+  Transition(job, std::move(update)).IgnoreError();  // it logs why not
 }
 
 absl::Status HealthManager::Transition(JobHealth* job, HealthUpdate update) {
@@ -497,7 +581,7 @@ absl::Status HealthManager::Transition(JobHealth* job, HealthUpdate update) {
 absl::StatusOr<v1::JobState> HealthManager::ReportCompletion(
     const v1::ReportCompletionRequest& request) {
   absl::StatusOr<v1::JobState> state = HandleCompletion(request);
-  ReportJobEnds();
+  ReportQueued();
   return state;
 }
 
@@ -517,10 +601,16 @@ absl::StatusOr<v1::JobState> HealthManager::HandleCompletion(
   if (m.state == v1::MEMBER_STATE_EXITED) return job->state;  // a repeat
   m.heard = true;
   m.last_seen = clock_->Now();
+  if (request.has_metrics() && job->detecting()) {
+    // The last step's fingerprints come with the completions; the members
+    // are leaving, so a divergence now fails the job.
+    RecordFingerprints(job, rank, request.metrics(), /*can_heal=*/false);
+  }
   if (request.has_metrics()) {
     m.metrics = request.metrics();
     m.metrics.clear_recent_collectives();
     m.metrics.clear_first_bucket_ready();
+    m.metrics.clear_replica_fingerprints();
     m.buckets.Swap(m.metrics.mutable_buckets());
     m.metrics.clear_buckets();
   }
@@ -562,6 +652,7 @@ absl::StatusOr<v1::JobState> HealthManager::HandleCompletion(
 void HealthManager::Forget(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   reform_requests_.erase(job_id);
+  divergences_by_job_.erase(job_id);
   auto it = jobs_health_.find(job_id);
   if (it == jobs_health_.end()) return;
   {

@@ -129,6 +129,17 @@ class HealthManager : public RoundListener {
   using JobEndedCallback =
       std::function<void(const std::string& job_id, v1::JobState state,
                          const std::string& reason)>;
+  // A round whose replicas diverged, with a majority, in a job whose
+  // divergence policy is HEAL: the composition root points it at the
+  // rendezvous, which supersedes the round and re-forms it with its state
+  // copied from a rank not in `ranks`. Called like JobEndedCallback.
+  struct Heal {
+    std::string job_id;
+    int64_t round = 0;
+    std::vector<int> ranks;  // the diverged ones
+    std::string reason;      // the divergence's verdict
+  };
+  using HealCallback = std::function<void(const Heal&)>;
 
   // What one heartbeat stream remembers between messages so that the next
   // heartbeat of the same member skips the lookups. Owned by the stream;
@@ -138,7 +149,8 @@ class HealthManager : public RoundListener {
   // `jobs` and `clock` must outlive it. The callbacks may be empty.
   HealthManager(JobManager* jobs, Clock* clock, HealthConfig config,
                 LossCallback on_loss = nullptr,
-                JobEndedCallback on_job_ended = nullptr);
+                JobEndedCallback on_job_ended = nullptr,
+                HealCallback on_heal = nullptr);
   ~HealthManager() override;
 
   // Creates the state of one heartbeat stream.
@@ -221,6 +233,8 @@ class HealthManager : public RoundListener {
 
   // Heartbeats accepted since start.
   int64_t heartbeats() const { return heartbeats_.load(); }
+  // Replica divergences found since start (DivergenceDetector).
+  int64_t divergences() const { return divergences_.load(); }
 
   // How late the coordinator runs what arrives now (the oldest event
   // waiting in its completion queues, or for its turn under a rate cap):
@@ -307,6 +321,12 @@ class HealthManager : public RoundListener {
     // When any rank last finished a collective (or monitoring started).
     absl::Time last_progress ABSL_GUARDED_BY(mu);
     DesyncDetector desync ABSL_GUARDED_BY(mu);
+    // Made with the round's world size; `heal_divergence` from the job's
+    // divergence policy; `healing` once a heal was asked for (the round's
+    // later fingerprints are not compared).
+    std::optional<DivergenceDetector> divergence ABSL_GUARDED_BY(mu);
+    bool heal_divergence = true;
+    bool healing ABSL_GUARDED_BY(mu) = false;
     // Made with the round's world size and the job's threshold.
     std::optional<StragglerDetector> stragglers ABSL_GUARDED_BY(mu);
     v1::JobDiagnosis diagnosis ABSL_GUARDED_BY(mu);
@@ -432,10 +452,19 @@ class HealthManager : public RoundListener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // Tells on_loss_ about `losses`; no lock held.
   void ReportLosses(const std::vector<Loss>& losses);
-  // Tells on_job_ended_ about the job ends Transition queued; no job lock
-  // held.
-  void ReportJobEnds() ABSL_LOCKS_EXCLUDED(job_ends_mu_);
-  // Heartbeat and ReportCompletion, but for ReportJobEnds.
+  // Tells on_job_ended_ about the job ends Transition queued, and on_heal_
+  // about the heals RecordFingerprints queued, and keeps the divergences it
+  // found; no job lock held.
+  void ReportQueued() ABSL_LOCKS_EXCLUDED(job_ends_mu_);
+  // Compares `rank`'s replica fingerprints with the others'; on a
+  // divergence, diagnoses it and heals the round or fails the job (when
+  // `can_heal` is false, as at completion, it fails).
+  void RecordFingerprints(JobHealth* job, int rank,
+                          const v1::WorkerMetrics& metrics, bool can_heal)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  void OnDivergence(JobHealth* job, DivergenceDetector::Outcome outcome,
+                    bool can_heal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // Heartbeat and ReportCompletion, but for ReportQueued.
   absl::StatusOr<bool> HandleHeartbeat(Session* session,
                                        v1::HeartbeatRequest* request,
                                        v1::HeartbeatResponse* response);
@@ -452,8 +481,9 @@ class HealthManager : public RoundListener {
   const HealthConfig config_;
   const LossCallback on_loss_;
   const JobEndedCallback on_job_ended_;
-  // Job ends recorded under a job's lock, for ReportJobEnds; taken under the
-  // jobs' locks, and nothing is taken under it.
+  const HealCallback on_heal_;
+  // Job ends and heals recorded under a job's lock, for ReportQueued; taken
+  // under the jobs' locks, and nothing is taken under it.
   struct JobEnd {
     std::string job_id;
     v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
@@ -461,6 +491,11 @@ class HealthManager : public RoundListener {
   };
   absl::Mutex job_ends_mu_;
   std::vector<JobEnd> job_ends_ ABSL_GUARDED_BY(job_ends_mu_);
+  std::vector<Heal> heals_ ABSL_GUARDED_BY(job_ends_mu_);
+  // Divergences found, by job, for divergences_by_job_.
+  std::vector<std::pair<std::string, v1::Divergence>> found_
+      ABSL_GUARDED_BY(job_ends_mu_);
+  std::atomic<int64_t> divergences_{0};  // divergences found
   std::atomic<bool> stopped_{false};
   std::atomic<int64_t> heartbeats_{0};
   std::atomic<int64_t> queue_delay_ns_{0};  // ReportQueueDelay
@@ -480,6 +515,10 @@ class HealthManager : public RoundListener {
   // job id -> the latest round asked to re-form at a step boundary, for a
   // round whose monitoring starts after the request.
   absl::flat_hash_map<std::string, int64_t> reform_requests_
+      ABSL_GUARDED_BY(mu_);
+  // job id -> its latest divergence, shown in every later round's status
+  // too (a heal re-forms the round).
+  absl::flat_hash_map<std::string, v1::Divergence> divergences_by_job_
       ABSL_GUARDED_BY(mu_);
 };
 

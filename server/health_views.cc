@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -37,9 +38,13 @@ std::string FormatRanks(const std::vector<int>& ranks, size_t max_items) {
 
 void HealthManager::Describe(v1::JobStatus* status, bool with_buckets) const {
   std::shared_ptr<JobHealth> job;
+  std::optional<v1::Divergence> divergence;
   {
     absl::ReaderMutexLock lock(&mu_);
-    auto it = jobs_health_.find(status->config().job_id());
+    const std::string& job_id = status->config().job_id();
+    auto found = divergences_by_job_.find(job_id);
+    if (found != divergences_by_job_.end()) divergence = found->second;
+    auto it = jobs_health_.find(job_id);
     if (it == jobs_health_.end()) return;
     job = it->second;
   }
@@ -68,6 +73,9 @@ void HealthManager::Describe(v1::JobStatus* status, bool with_buckets) const {
     }
   }
   *status->mutable_diagnosis() = job->diagnosis;
+  if (divergence.has_value()) {
+    *status->mutable_diagnosis()->mutable_divergence() = *std::move(divergence);
+  }
   status->mutable_diagnosis()->set_overload(
       OverloadText(shedder_.state(), job->interval, job->missed));
 }

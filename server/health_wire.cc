@@ -12,6 +12,11 @@ namespace {
 constexpr int kMaxEvents = 256;
 constexpr int kMaxBuckets = 4096;
 constexpr size_t kMaxNameBytes = 64;
+// Replica fingerprints per heartbeat (workers send at most 32), tensors per
+// fingerprint, and the length of a tensor's name.
+constexpr int kMaxFingerprints = 64;
+constexpr int kMaxFingerprintTensors = 65536;
+constexpr size_t kMaxTensorNameBytes = 256;
 
 }  // namespace
 
@@ -32,6 +37,38 @@ absl::Status ValidateMemberRef(const v1::MemberRef& member) {
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+// Replica fingerprints: a few per heartbeat, of a bounded number of tensors
+// with bounded names.
+absl::Status ValidateFingerprints(const v1::WorkerMetrics& m) {
+  if (m.replica_fingerprints_size() > kMaxFingerprints) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics: at most ", kMaxFingerprints,
+        " replica_fingerprints per heartbeat"));
+  }
+  for (const v1::ReplicaFingerprint& f : m.replica_fingerprints()) {
+    if (f.step() <= 0 || f.tensors_size() > kMaxFingerprintTensors ||
+        (f.tensor_names_size() != 0 &&
+         f.tensor_names_size() != f.tensors_size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "metrics.replica_fingerprints: step must be positive, tensors at "
+          "most ", kMaxFingerprintTensors,
+          ", and tensor_names empty or one per tensor"));
+    }
+    for (const std::string& name : f.tensor_names()) {
+      if (name.size() > kMaxTensorNameBytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "metrics.replica_fingerprints: tensor names are at most ",
+            kMaxTensorNameBytes, " bytes"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status ValidateMetrics(const v1::WorkerMetrics& m) {
   if (m.step() < 0 || m.last_started_collective() < 0 ||
@@ -60,6 +97,7 @@ absl::Status ValidateMetrics(const v1::WorkerMetrics& m) {
           kMaxNameBytes, " bytes"));
     }
   }
+  GS_RETURN_IF_ERROR(ValidateFingerprints(m));
   for (const v1::StepReady& ready : m.first_bucket_ready()) {
     GS_RETURN_IF_ERROR(
         CheckProtoTime("metrics.first_bucket_ready.time", ready.time()));

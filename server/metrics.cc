@@ -149,7 +149,8 @@ MetricFamily RecoveryPhases(const JobCensus& census) {
   return family;
 }
 
-// Heartbeats, and heartbeat load shedding (HeartbeatShedder).
+// Heartbeats, heartbeat load shedding (HeartbeatShedder) and what the
+// heartbeats showed across jobs.
 void AddHeartbeats(const HealthManager& health, std::vector<MetricFamily>* out) {
   const HeartbeatShedder::State shed = health.shedding();
   const struct {
@@ -160,6 +161,11 @@ void AddHeartbeats(const HealthManager& health, std::vector<MetricFamily>* out) 
   } kHeartbeatMetrics[] = {
       {"gradsync_heartbeats_total", MetricType::Counter,
        "Worker heartbeats accepted.", static_cast<double>(health.heartbeats())},
+      {"gradsync_replica_divergences_total", MetricType::Counter,
+       "Replica divergences found: a step whose parameter and optimizer-state "
+       "fingerprints differed across the ranks of a round (gradsync status "
+       "names the job, ranks, step and tensors).",
+       static_cast<double>(health.divergences())},
       {"gradsync_heartbeat_overloaded", MetricType::Gauge,
        "1 while the coordinator is past its heartbeat capacity and asks for "
        "longer heartbeat intervals, else 0.",

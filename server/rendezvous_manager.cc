@@ -402,15 +402,47 @@ void RendezvousManager::MemberLost(const std::string& job_id, int64_t round,
   Finish(std::move(completions));
 }
 
+void RendezvousManager::HealDivergence(const std::string& job_id,
+                                       int64_t round,
+                                       const std::vector<int>& ranks,
+                                       const std::string& reason) {
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = rendezvous_.find(job_id);
+    if (it == rendezvous_.end()) return;
+    JobRendezvous* job = it->second.get();
+    if (job->round != round || !RoundRuns(job->phase)) return;
+    for (int rank : ranks) {
+      if (rank < 0 || rank >= static_cast<int>(job->members.size())) continue;
+      job->distrusted_sources.insert(job->members[rank].node.incarnation_id());
+    }
+    SupersedeLocked(job, reason, absl::ZeroDuration());
+    MaybeCloseLocked(job, &completions);
+  }
+  Finish(std::move(completions));
+}
+
 void RendezvousManager::CloseLocked(JobRendezvous* job,
                                     std::vector<Completion>* completions) {
   // Which waiting processes form the round, and how (round_placement.h).
+  // A process whose replica diverged is no source of state while one that
+  // did not came back with state.
   std::vector<std::list<Joiner>::iterator> joiners;
   std::vector<PlacementCandidate> candidates;
+  bool trusted_state = false;
   for (auto it = job->pending.begin(); it != job->pending.end(); ++it) {
+    const bool trusted =
+        !job->distrusted_sources.contains(it->node.incarnation_id());
+    trusted_state = trusted_state || (trusted && it->has_state);
     joiners.push_back(it);
     candidates.push_back({it->node.node_id(), &it->node, it->local_slot,
-                          it->has_state, it->committed_step});
+                          it->has_state && trusted, it->committed_step});
+  }
+  if (!trusted_state) {
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      candidates[i].has_state = joiners[i]->has_state;
+    }
   }
   const Placement placement =
       PlaceRound(job->config, job->round + 1, candidates,
@@ -498,6 +530,7 @@ void RendezvousManager::OpenRoundLocked(
   CancelLastCallLocked(job);
   SetPhaseLocked(job, RoundPhase::kRunning);
   job->recovery.reset();
+  job->distrusted_sources.clear();
   const bool follows_planned_reform = job->reform_as_planned;
   job->reform_as_planned = false;
   job->members.assign(shape.world_size, Member());

@@ -111,6 +111,16 @@ class RendezvousManager {
                   const std::string& reason,
                   absl::Duration detection = absl::ZeroDuration());
 
+  // The replicas of ranks `ranks` of round `round` of `job_id` diverged from
+  // the majority's (failure detection, divergence policy HEAL): supersedes
+  // the round if it still runs, recording `reason` as the recovery's cause;
+  // every member rejoins, and the next round copies its state from a
+  // process that was not one of those ranks (unless none with state came
+  // back: then the most advanced, as always). A no-op when `round` is no
+  // longer the job's running one.
+  void HealDivergence(const std::string& job_id, int64_t round,
+                      const std::vector<int>& ranks, const std::string& reason);
+
   // Removes the waiting or spare process `incarnation_id` from `job_id`.
   // INVALID_ARGUMENT for a malformed id; NOT_FOUND when no such process is
   // waiting.
@@ -196,6 +206,9 @@ class RendezvousManager {
     // was found lost since; the next round's assignments say so
     // (Assignment.follows_planned_reform).
     bool reform_as_planned = false;
+    // Incarnations whose replica diverged (HealDivergence): the next round
+    // does not take its state from them. Cleared when it closes.
+    absl::flat_hash_set<std::string> distrusted_sources;
     // In kReformRequested: why the members were asked to re-form at a step
     // boundary (a node waits to join); empty otherwise.
     std::string reform_reason;

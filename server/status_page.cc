@@ -113,6 +113,10 @@ function renderJob(j) {
   const notes = [];
   if (d.hang) notes.push("hang: " + d.hang);
   if (d.desync) notes.push("desync: " + d.desync);
+  if (d.divergence && d.divergence.verdict) {
+    notes.push("divergence (round " + num(d.divergence.round) + "): " +
+               d.divergence.verdict);
+  }
   if (d.overload) notes.push("overload: " + d.overload);
   for (const s of d.stragglers || []) {
     notes.push("straggler: rank " + num(s.rank) + ", " + ms(seconds(s.lag)) +

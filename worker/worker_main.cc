@@ -7,6 +7,7 @@
 //   gradsync-worker --coordinator=HOST:PORT --job=NAME --nnodes=MIN[:MAX]
 //       [--model=mlp|cnn|cnn_bn|resnet18|resnet50]
 //       [--dataset=synthetic|mnist|cifar10 --data_dir=DIR] ...
+#include <malloc.h>
 #include <torch/cuda.h>
 #include <torch/utils.h>
 
@@ -75,10 +76,20 @@ ABSL_FLAG(std::string, failpoint, "",
           "the middle of copying a round's training state) exit with code 86; "
           "nccl_async_error (the N-th NCCL collective of this process fails "
           "asynchronously after it was enqueued) and nccl_hang (it never "
-          "completes) need the NCCL backend (--device=cuda or sim)");
+          "completes) need the NCCL backend (--device=cuda or sim); "
+          "corrupt_parameters:STEP flips one bit of one parameter right after "
+          "training step STEP (a step number, not a pass count)");
 ABSL_FLAG(std::string, failure_policy, "",
           "what losing a member does to the job (set by its first join): "
           "recover (re-form the round in place; the default) or fail");
+ABSL_FLAG(std::string, divergence_policy, "",
+          "what a replica whose parameter fingerprints differ from the "
+          "others' does to the job (set by its first join): heal (re-form "
+          "the round from a rank of the majority; the default) or fail");
+ABSL_FLAG(int64_t, fingerprint_every, 100,
+          "fingerprint the parameters and optimizer state every N steps "
+          "(and after the last) for the coordinator to compare across "
+          "ranks; 0: never");
 ABSL_FLAG(bool, standalone, false,
           "train in this process alone: no coordinator, no gradient sync "
           "(the single-process baseline)");
@@ -191,6 +202,7 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromFlags() {
   config.synthetic_size = absl::GetFlag(FLAGS_synthetic_size);
   config.batch_size = absl::GetFlag(FLAGS_batch_size);
   config.global_batch_size = absl::GetFlag(FLAGS_global_batch_size);
+  config.fingerprint_every = absl::GetFlag(FLAGS_fingerprint_every);
   config.steps = absl::GetFlag(FLAGS_steps);
   config.epochs = absl::GetFlag(FLAGS_epochs);
   config.lr = absl::GetFlag(FLAGS_lr);
@@ -243,6 +255,8 @@ absl::Status WriteSummary(const std::string& path, const TrainSummary& s,
       {"hidden_communication_ms", ms(s.mean_hidden_communication)},
       {"buckets", s.buckets},
       {"bucket_bytes_per_step", s.bucket_bytes_per_step},
+      {"fingerprints", s.fingerprints},
+      {"fingerprint_ms", ms(s.mean_fingerprint)},
   };
   std::ofstream out(path, std::ios::trunc);
   out << json.dump(2) << "\n";
@@ -337,6 +351,7 @@ JobOptions JobOptionsFromFlags(const TrainerConfig& config) {
   options.node_id = absl::GetFlag(FLAGS_node_id);
   options.backend = absl::GetFlag(FLAGS_backend);
   options.failure_policy = absl::GetFlag(FLAGS_failure_policy);
+  options.divergence_policy = absl::GetFlag(FLAGS_divergence_policy);
   options.address = absl::GetFlag(FLAGS_address);
   options.network_interface = absl::GetFlag(FLAGS_network_interface);
   options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
@@ -385,7 +400,24 @@ absl::Status Run() {
 }  // namespace
 }  // namespace gradsync
 
+namespace {
+
+// LibTorch's CPU allocator takes every host tensor from malloc, and glibc
+// serves large blocks with mmap and hands freed memory back to the kernel
+// at once (munmap, and trimming the heap's top), so every training step
+// faults its activations' pages in afresh: ResNet-18 at batch 16 on this
+// project's 2-core machines took 400 ms a step that way and 60 ms with the
+// memory kept (BENCHMARKS.md). Blocks up to 32 MiB (glibc's largest mmap
+// threshold) come from the heap, and the heap keeps up to 1 GiB free.
+void KeepFreedHostMemory() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  KeepFreedHostMemory();
   absl::SetProgramUsageMessage(
       "gradsync-worker --coordinator=HOST:PORT --job=NAME --nnodes=MIN[:MAX] "
       "[--model=mlp|cnn|cnn_bn|resnet18|resnet50] "

@@ -18,7 +18,8 @@ TEST(FailpointTest, BadSpecsAreRefusedAndArmNothing) {
   }
   EXPECT_THAT(ArmFailpoint("nope").message(),
               HasSubstr("unknown failpoint 'nope' (known: state_transfer, "
-                        "step, nccl_async_error, nccl_hang)"));
+                        "step, nccl_async_error, nccl_hang, "
+                        "corrupt_parameters)"));
   EXPECT_THAT(ArmFailpoint("nccl_hang:2,nccl_hang:3").message(),
               HasSubstr("'nccl_hang' is listed twice"));
   EXPECT_FALSE(FailpointArmed(kFailpointStep));  // "step,nope" armed nothing
@@ -39,6 +40,24 @@ TEST(FailpointDeathTest, SeveralFaultsFireEachOnItsOwnPass) {
       },
       ExitedWithCode(0),
       "failpoint nccl_hang hit\nfailpoint nccl_async_error hit\n");
+}
+
+// A step-keyed failpoint fires at its step, however many passes came
+// before, and once.
+TEST(FailpointDeathTest, AStepKeyedFaultFiresAtItsStep) {
+  EXPECT_EXIT(
+      {
+        if (!ArmFailpoint("corrupt_parameters:40").ok()) std::_Exit(1);
+        for (int64_t step = 35; step < 40; ++step) {
+          if (FailpointFiresAtStep(kFailpointCorruptParameters, step)) {
+            std::_Exit(2);
+          }
+        }
+        if (!FailpointFiresAtStep(kFailpointCorruptParameters, 40)) std::_Exit(3);
+        if (FailpointFiresAtStep(kFailpointCorruptParameters, 40)) std::_Exit(4);
+        std::_Exit(0);
+      },
+      ExitedWithCode(0), "failpoint corrupt_parameters hit at step 40\n");
 }
 
 TEST(FailpointDeathTest, ExitsOnTheArmedPass) {

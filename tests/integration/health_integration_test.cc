@@ -782,6 +782,7 @@ TEST_F(HealthIntegrationTest, PrometheusClientParsesTheMetrics) {
   EXPECT_EQ(samples["gradsync_members{state=active}"], "2.0");
   EXPECT_EQ(samples["gradsync_rendezvous_rounds{job=scraped}"], "1.0");
   EXPECT_EQ(samples["gradsync_heartbeats_total"], "1.0");
+  EXPECT_EQ(samples["gradsync_replica_divergences_total"], "0.0");
   // Heartbeat load shedding: not shedding, at the job's own interval.
   EXPECT_EQ(samples["gradsync_heartbeat_overloaded"], "0.0");
   EXPECT_EQ(samples["gradsync_heartbeat_interval_factor"], "1.0");

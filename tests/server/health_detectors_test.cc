@@ -1,11 +1,13 @@
-// The desync and straggler detectors alone: what one member's reports make
+// The desync, straggler and divergence detectors alone: what one member's reports make
 // them conclude, without a health manager, a clock or a stream.
 #include "server/health_detectors.h"
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/job_config.h"
 #include "gmock/gmock.h"
@@ -125,6 +127,90 @@ TEST(StragglerDetectorTest, OneSlowStepAndBadReportsFlagNobody) {
   EXPECT_EQ(detector.Observe(1, Ready(4, t0)), std::nullopt);
   EXPECT_TRUE(detector.Observe(1, Ready(newer, t0)).has_value());
   EXPECT_EQ(detector.Observe(0, Ready(-1, t0)), std::nullopt);
+}
+
+v1::ReplicaFingerprint Replica(int64_t step, std::vector<uint64_t> tensors,
+                               bool named = false) {
+  v1::ReplicaFingerprint f;
+  f.set_step(step);
+  for (uint64_t t : tensors) f.add_tensors(t);
+  if (named) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      f.add_tensor_names(absl::StrCat("layer", i, ".weight"));
+    }
+  }
+  return f;
+}
+
+TEST(DivergenceDetectorTest, AgreeingReplicasAreVerifiedOnceEveryRankReported) {
+  DivergenceDetector detector(3);
+  EXPECT_FALSE(detector.Observe(0, Replica(100, {1, 2}, true)).has_value());
+  EXPECT_FALSE(detector.Observe(2, Replica(100, {1, 2})).has_value());
+  EXPECT_FALSE(detector.Observe(2, Replica(100, {1, 2})).has_value());  // repeat
+  std::optional<DivergenceDetector::Outcome> outcome =
+      detector.Observe(1, Replica(100, {1, 2}));
+  ASSERT_TRUE(outcome.has_value());
+  EXPECT_EQ(outcome->step, 100);
+  EXPECT_FALSE(outcome->divergence.has_value());
+}
+
+// (world size, diverged ranks): the minority is named with the tensor.
+class DivergenceMinorityTest
+    : public ::testing::TestWithParam<std::pair<int, std::vector<int>>> {};
+
+TEST_P(DivergenceMinorityTest, TheMinorityIsNamedWithItsTensors) {
+  const auto& [world, diverged] = GetParam();
+  DivergenceDetector detector(world);
+  std::optional<DivergenceDetector::Outcome> outcome;
+  for (int r = 0; r < world; ++r) {
+    const bool bad = std::find(diverged.begin(), diverged.end(), r) != diverged.end();
+    outcome = detector.Observe(r, Replica(40, {7, bad ? 9u + r : 8u, 5}, r == 0));
+  }
+  ASSERT_TRUE(outcome.has_value());
+  ASSERT_TRUE(outcome->divergence.has_value());
+  EXPECT_TRUE(outcome->majority);
+  const v1::Divergence& d = *outcome->divergence;
+  EXPECT_EQ(d.step(), 40);
+  EXPECT_EQ(std::vector<int>(d.ranks().begin(), d.ranks().end()), diverged);
+  ASSERT_EQ(d.tensors_size(), 1);
+  EXPECT_EQ(d.tensors(0), "layer1.weight");
+  EXPECT_THAT(d.verdict(), HasSubstr("replicas diverged at step 40"));
+  EXPECT_THAT(d.verdict(), HasSubstr("(the majority) in layer1.weight"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    WorldSizes, DivergenceMinorityTest,
+    ::testing::Values(std::make_pair(3, std::vector<int>{2}),
+                      std::make_pair(3, std::vector<int>{0}),
+                      std::make_pair(5, std::vector<int>{1, 3}),
+                      std::make_pair(8, std::vector<int>{7})));
+
+TEST(DivergenceDetectorTest, WithoutAMajorityEveryRankIsNamed) {
+  DivergenceDetector detector(2);
+  EXPECT_FALSE(detector.Observe(0, Replica(10, {1, 2})).has_value());
+  std::optional<DivergenceDetector::Outcome> outcome =
+      detector.Observe(1, Replica(10, {1, 3}));
+  ASSERT_TRUE(outcome.has_value() && outcome->divergence.has_value());
+  EXPECT_FALSE(outcome->majority);
+  EXPECT_EQ(outcome->divergence->ranks_size(), 2);
+  EXPECT_EQ(outcome->divergence->tensors(0), "tensor #1");  // never named
+  EXPECT_THAT(outcome->divergence->verdict(), HasSubstr("with no majority"));
+}
+
+TEST(DivergenceDetectorTest, StepsAreMatchedWithinTheWindowOnly) {
+  DivergenceDetector detector(2);
+  // Rank 0 runs a window ahead: its step 1 is dropped, and rank 1's step 1
+  // can no longer complete it.
+  const int64_t later = 1 + DivergenceDetector::kStepWindow;
+  for (int64_t step = 1; step <= later; ++step) {
+    EXPECT_FALSE(detector.Observe(0, Replica(step, {1})).has_value());
+  }
+  EXPECT_FALSE(detector.Observe(1, Replica(1, {2})).has_value());
+  std::optional<DivergenceDetector::Outcome> outcome =
+      detector.Observe(1, Replica(later, {1}));
+  ASSERT_TRUE(outcome.has_value());
+  EXPECT_EQ(outcome->step, later);
+  EXPECT_FALSE(outcome->divergence.has_value());
 }
 
 }  // namespace

@@ -40,6 +40,7 @@ class HealthManagerTest : public ::testing::Test {
     config.set_job_id(kJob);
     config.set_min_nodes(world);
     config.set_failure_policy(policy);
+    config.set_divergence_policy(divergence_policy_);
     if (interval > absl::ZeroDuration()) {
       *config.mutable_heartbeat_interval() = ToProtoDuration(interval);
     }
@@ -132,7 +133,14 @@ class HealthManagerTest : public ::testing::Test {
                           EXPECT_EQ(job_id, kJob);
                           ended_.push_back(absl::StrCat(
                               JobStateName(state), ": ", reason));
+                        },
+                        [this](const HealthManager::Heal& heal) {
+                          heals_.push_back(heal);
                         }};
+  // What it reported to its heal callback.
+  std::vector<HealthManager::Heal> heals_;
+  // The divergence policy StartJob gives the job.
+  v1::DivergencePolicy divergence_policy_ = v1::DIVERGENCE_POLICY_UNSPECIFIED;
   int world_ = 0;
   std::map<int, std::unique_ptr<HealthManager::Session>> sessions_;
   v1::HeartbeatResponse last_response_;
@@ -804,6 +812,95 @@ TEST_F(HealthManagerTest, MismatchedCollectivesFailTheJobWithADesyncError) {
   ASSERT_TRUE(*Beat(1));
   EXPECT_EQ(last_response_.job_state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(last_response_.reason(), HasSubstr("desynchronized at #5"));
+}
+
+// ---------------------------------------------------------------------------
+// Replica divergence
+
+// Metrics carrying one replica fingerprint of `step` with `tensors`.
+v1::WorkerMetrics Replica(int64_t step, std::vector<uint64_t> tensors) {
+  v1::WorkerMetrics m;
+  v1::ReplicaFingerprint* f = m.add_replica_fingerprints();
+  f->set_step(step);
+  for (uint64_t t : tensors) f->add_tensors(t);
+  f->add_tensor_names("fc1.weight");
+  f->add_tensor_names("fc1.bias");
+  return m;
+}
+
+TEST_F(HealthManagerTest, ADivergedMinorityIsHealedFromTheMajority) {
+  StartJob(3);
+  BeatAll(Replica(50, {1, 2}));
+  EXPECT_EQ(Status().diagnosis().replicas_verified_step(), 50);
+  ASSERT_TRUE(Beat(0, Replica(100, {3, 4})).ok());
+  ASSERT_TRUE(Beat(1, Replica(100, {3, 5})).ok());
+  EXPECT_TRUE(heals_.empty());
+  ASSERT_TRUE(Beat(2, Replica(100, {3, 4})).ok());
+  ASSERT_EQ(heals_.size(), 1u);
+  EXPECT_EQ(heals_[0].round, 1);
+  EXPECT_EQ(heals_[0].ranks, std::vector<int>{1});
+  EXPECT_THAT(heals_[0].reason,
+              HasSubstr("replicas diverged at step 100: rank(s) 1 differ from "
+                        "rank(s) 0,2 (the majority) in fc1.bias; healing"));
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);  // the rendezvous heals
+  EXPECT_EQ(status.diagnosis().divergence().step(), 100);
+  EXPECT_EQ(status.diagnosis().divergence().tensors(0), "fc1.bias");
+  // The round's later fingerprints ask for nothing more.
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(Beat(r, Replica(150, {r, 0})).ok());
+  }
+  EXPECT_EQ(heals_.size(), 1u);
+  // The round the heal re-forms still shows the divergence.
+  Supersede(1, heals_[0].reason);
+  Advance(absl::Seconds(1));
+  CloseRound(2);
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(Beat(r, {}, 2).ok());
+  status = Status();
+  EXPECT_EQ(status.round(), 2);
+  EXPECT_EQ(status.diagnosis().divergence().round(), 1);
+  EXPECT_EQ(status.diagnosis().divergence().step(), 100);
+}
+
+TEST_F(HealthManagerTest, DivergencePolicyFailFailsTheJob) {
+  divergence_policy_ = v1::DIVERGENCE_POLICY_FAIL;
+  StartJob(3);
+  ASSERT_TRUE(Beat(0, Replica(10, {1, 2})).ok());
+  ASSERT_TRUE(Beat(1, Replica(10, {1, 2})).ok());
+  ASSERT_TRUE(Beat(2, Replica(10, {9, 2})).ok());
+  EXPECT_TRUE(heals_.empty());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(status.reason(), HasSubstr("rank(s) 2 differ"));
+  EXPECT_THAT(status.reason(), HasSubstr("divergence_policy is fail"));
+}
+
+TEST_F(HealthManagerTest, TwoReplicasThatDisagreeFailTheJobWithoutAMajority) {
+  StartJob(2);
+  ASSERT_TRUE(Beat(0, Replica(10, {1, 2})).ok());
+  ASSERT_TRUE(Beat(1, Replica(10, {1, 3})).ok());
+  EXPECT_TRUE(heals_.empty());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(status.reason(), HasSubstr("with no majority"));
+  EXPECT_EQ(status.diagnosis().divergence().ranks_size(), 2);
+}
+
+// The last step's fingerprints come with the completions; the members are
+// leaving, so a divergence then fails the job instead of healing it.
+TEST_F(HealthManagerTest, ADivergenceFoundAtCompletionFailsTheJob) {
+  StartJob(3);
+  for (int r = 0; r < 3; ++r) {
+    v1::ReportCompletionRequest request;
+    *request.mutable_member() = Ref(r);
+    request.set_success(true);
+    *request.mutable_metrics() = Replica(300, {r == 1 ? 8u : 7u, 2});
+    ASSERT_TRUE(health_.ReportCompletion(request).ok());
+  }
+  EXPECT_TRUE(heals_.empty());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(status.reason(), HasSubstr("too late to heal"));
 }
 
 TEST_F(HealthManagerTest, DifferentOpsAtTheSameSequenceAreADesync) {

@@ -662,6 +662,44 @@ TEST_F(RendezvousManagerTest, ALossAfterASurvivorsRejoinBecomesTheCause) {
   EXPECT_EQ(status.recoveries(0).new_world_size(), 2);
 }
 
+// A heal after a divergence: every member rejoins, and the state comes from
+// a member of the majority even when the diverged one is further ahead;
+// when none of the majority comes back with state, from the diverged one.
+TEST_F(RendezvousManagerTest, AHealTakesTheStateFromTheMajority) {
+  UseConfig(ConfigSpec().Min(3).Max(3));
+  JoinOutcome a, b, c;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  Join(Node("host-c", "inc-c"), &c);
+  ASSERT_TRUE(c.done());
+  const std::string why = "replicas diverged at step 50: rank(s) 2 differ";
+  rdzv_.HealDivergence(kJob, 0, {2}, "stale round: ignored");
+  rdzv_.HealDivergence(kJob, 1, {2}, why);
+  JoinOutcome a2, b2, c2;
+  Rejoin(Node("host-c", "inc-c"), &c2, 1, /*committed_step=*/61);
+  Rejoin(Node("host-a", "inc-a"), &a2, 1, /*committed_step=*/60);
+  Rejoin(Node("host-b", "inc-b"), &b2, 1, /*committed_step=*/60);
+  ASSERT_TRUE(a2.done() && b2.done() && c2.done());
+  for (const JoinOutcome* o : {&a2, &b2, &c2}) {
+    EXPECT_EQ(o->assignment().round(), 2);
+    EXPECT_EQ(o->assignment().resume_step(), 60);
+    EXPECT_NE(o->assignment().source_rank(), c2.assignment().rank());
+  }
+  v1::JobStatus status = Status();
+  ASSERT_EQ(status.recoveries_size(), 1);
+  EXPECT_EQ(status.recoveries(0).cause(), why);
+
+  // Round 2's diverged rank is a's; only it comes back with state.
+  rdzv_.HealDivergence(kJob, 2, {a2.assignment().rank()}, why);
+  JoinOutcome a3, b3, c3;
+  Rejoin(Node("host-a", "inc-a"), &a3, 2, /*committed_step=*/90);
+  Join(Node("host-b", "inc-b"), &b3, /*last_round=*/2);  // no state
+  Join(Node("host-c", "inc-c"), &c3, /*last_round=*/2);
+  ASSERT_TRUE(a3.done() && b3.done() && c3.done());
+  EXPECT_EQ(a3.assignment().resume_step(), 90);
+  EXPECT_EQ(a3.assignment().source_rank(), a3.assignment().rank());
+}
+
 TEST_F(RendezvousManagerTest, DescribeWaitingOfUnknownJobIsANoOp) {
   v1::JobStatus status;
   rdzv_.DescribeWaiting("nope", &status);

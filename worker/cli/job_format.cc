@@ -204,6 +204,15 @@ std::string DiagnosisText(const v1::JobStatus& job) {
   std::vector<std::vector<std::string>> rows;
   const v1::JobDiagnosis& d = job.diagnosis();
   if (!d.desync().empty()) rows.push_back({"desync", d.desync()});
+  if (d.has_divergence()) {
+    rows.push_back({"divergence", absl::StrCat("round ", d.divergence().round(),
+                                               ": ", d.divergence().verdict())});
+  }
+  if (d.replicas_verified_step() > 0) {
+    rows.push_back({"replicas",
+                    absl::StrCat("identical at step ", d.replicas_verified_step(),
+                                 " (the latest compared)")});
+  }
   if (!d.hang().empty()) rows.push_back({"hang", d.hang()});
   for (const v1::Straggler& s : d.stragglers()) {
     rows.push_back({"straggler",
@@ -405,9 +414,23 @@ Json StatusJson(const v1::JobStatus& job) {
                           {"lag_seconds", ToSeconds(s.lag())},
                           {"steps", s.steps()}});
   }
-  out["diagnosis"] = {{"hang", job.diagnosis().hang()},
-                      {"desync", job.diagnosis().desync()},
-                      {"stragglers", std::move(stragglers)}};
+  const v1::Divergence& divergence = job.diagnosis().divergence();
+  Json diverged = nullptr;
+  if (job.diagnosis().has_divergence()) {
+    diverged = {{"step", divergence.step()},
+                {"round", divergence.round()},
+                {"ranks", std::vector<int>(divergence.ranks().begin(),
+                                           divergence.ranks().end())},
+                {"tensors", std::vector<std::string>(divergence.tensors().begin(),
+                                                     divergence.tensors().end())},
+                {"verdict", divergence.verdict()}};
+  }
+  out["diagnosis"] = {
+      {"hang", job.diagnosis().hang()},
+      {"desync", job.diagnosis().desync()},
+      {"stragglers", std::move(stragglers)},
+      {"divergence", std::move(diverged)},
+      {"replicas_verified_step", job.diagnosis().replicas_verified_step()}};
   out["members"] = MembersJson(job.members());
   out["waiting"] = MembersJson(job.waiting());
   out["spares"] = MembersJson(job.spares());

@@ -24,6 +24,26 @@ void Append(const google::protobuf::RepeatedPtrField<T>& events,
   }
 }
 
+// Replica fingerprints queued between two heartbeats, at most.
+constexpr size_t kMaxQueuedFingerprints = 32;
+
+// Queues `events`, dropping the oldest past kMaxQueuedFingerprints; the
+// tensor names a dropped one carried move to the next.
+void AppendFingerprints(
+    const google::protobuf::RepeatedPtrField<v1::ReplicaFingerprint>& events,
+    std::deque<v1::ReplicaFingerprint>* queue) {
+  for (const v1::ReplicaFingerprint& f : events) {
+    queue->push_back(f);
+    if (queue->size() <= kMaxQueuedFingerprints) continue;
+    v1::ReplicaFingerprint dropped = std::move(queue->front());
+    queue->pop_front();
+    if (queue->front().tensor_names_size() == 0) {
+      queue->front().mutable_tensor_names()->Swap(
+          dropped.mutable_tensor_names());
+    }
+  }
+}
+
 // Errors that mean "this member's round is over or was never valid":
 // retrying the same member cannot help; a new Start() can.
 bool EndsTheMember(const absl::Status& status) {
@@ -53,6 +73,7 @@ void HealthReporter::Start(
   ++member_generation_;
   collectives_.clear();
   ready_times_.clear();
+  fingerprints_.clear();
   verdict_ = Verdict();
   if (!thread_.joinable()) {
     // The first Start, or one after Finish()/Stop() ended the thread (a
@@ -66,9 +87,11 @@ void HealthReporter::Update(const v1::WorkerMetrics& metrics) {
   absl::MutexLock lock(&mu_);
   Append(metrics.recent_collectives(), &collectives_);
   Append(metrics.first_bucket_ready(), &ready_times_);
+  AppendFingerprints(metrics.replica_fingerprints(), &fingerprints_);
   snapshot_ = metrics;
   snapshot_.clear_recent_collectives();
   snapshot_.clear_first_bucket_ready();
+  snapshot_.clear_replica_fingerprints();
 }
 
 HealthReporter::Verdict HealthReporter::verdict() const {
@@ -96,9 +119,17 @@ v1::HeartbeatRequest HealthReporter::NextRequestLocked() {
   for (v1::StepReady& r : ready_times_) {
     *request.mutable_metrics()->add_first_bucket_ready() = std::move(r);
   }
+  TakeFingerprintsLocked(request.mutable_metrics());
   collectives_.clear();
   ready_times_.clear();
   return request;
+}
+
+void HealthReporter::TakeFingerprintsLocked(v1::WorkerMetrics* metrics) {
+  for (v1::ReplicaFingerprint& f : fingerprints_) {
+    *metrics->add_replica_fingerprints() = std::move(f);
+  }
+  fingerprints_.clear();
 }
 
 std::function<void(const absl::Status&)> HealthReporter::TakeRoundOverLocked() {
@@ -312,6 +343,8 @@ absl::Status HealthReporter::Finish(bool success, int exit_code,
     }
     *request.mutable_member() = *member_;
     *request.mutable_metrics() = snapshot_;
+    // The last step's fingerprint, when no heartbeat carried it yet.
+    TakeFingerprintsLocked(request.mutable_metrics());
   }
   Stop();
   request.set_success(success);

@@ -38,8 +38,10 @@
 //
 // Which fields are snapshots and which are events: see WorkerMetrics in
 // proto/gradsync/v1/job.proto. Events (recent_collectives,
-// first_bucket_ready) are queued (the newest 256 of each) until a heartbeat
-// carries them; every other field is replaced by each Update().
+// first_bucket_ready; replica_fingerprints, the newest 32, the tensor names
+// kept when the one carrying them is dropped) are queued until a heartbeat,
+// or the completion report, carries them; every other field is replaced by
+// each Update().
 #ifndef GRADSYNC_WORKER_RUNTIME_HEALTH_REPORTER_H_
 #define GRADSYNC_WORKER_RUNTIME_HEALTH_REPORTER_H_
 
@@ -181,6 +183,9 @@ class HealthReporter {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The next heartbeat: member, snapshot and the queued events.
   v1::HeartbeatRequest NextRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the queued replica fingerprints into `metrics`.
+  void TakeFingerprintsLocked(v1::WorkerMetrics* metrics)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnAnswer(const v1::HeartbeatResponse& response);
 
   CoordinatorClient* const client_;
@@ -198,6 +203,7 @@ class HealthReporter {
   v1::WorkerMetrics snapshot_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::CollectiveFingerprint> collectives_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::StepReady> ready_times_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::ReplicaFingerprint> fingerprints_ ABSL_GUARDED_BY(mu_);
   Verdict verdict_ ABSL_GUARDED_BY(mu_);
   std::function<void(const absl::Status&)> on_round_over_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);

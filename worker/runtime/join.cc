@@ -34,6 +34,9 @@ absl::StatusOr<v1::JoinRequest> BuildJoinRequest(const JoinConfig& config) {
   GS_ASSIGN_OR_RETURN(v1::FailurePolicy policy,
                       ParseFailurePolicy(config.failure_policy));
   job->set_failure_policy(policy);
+  GS_ASSIGN_OR_RETURN(v1::DivergencePolicy divergence,
+                      ParseDivergencePolicy(config.divergence_policy));
+  job->set_divergence_policy(divergence);
 
   v1::NodeDescriptor node = LocalNodeDescriptor();
   if (!config.node_id.empty()) node.set_node_id(config.node_id);

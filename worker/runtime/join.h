@@ -23,6 +23,8 @@ struct JoinConfig {
   std::string backend = "auto";
   // "recover", "fail" or "" (the job's default: recover).
   std::string failure_policy;
+  // "heal", "fail" or "" (the job's default: heal).
+  std::string divergence_policy;
   absl::Duration join_timeout = absl::Minutes(10);
   absl::Duration last_call_timeout = absl::Seconds(30);
   // The address the other workers reach this process at.

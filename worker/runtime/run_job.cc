@@ -110,6 +110,7 @@ absl::StatusOr<v1::JoinRequest> MakeRequest(
   join.node_id = options.node_id;
   join.backend = options.backend;
   join.failure_policy = options.failure_policy;
+  join.divergence_policy = options.divergence_policy;
   join.join_timeout = options.join_timeout;
   join.last_call_timeout = options.last_call_timeout;
   join.address = *address;

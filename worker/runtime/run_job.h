@@ -44,6 +44,8 @@ struct JobOptions {
   std::string backend = "auto";
   // "recover", "fail" or "" (the job's default: recover).
   std::string failure_policy;
+  // "heal", "fail" or "" (the job's default: heal).
+  std::string divergence_policy;
   // The address other ranks reach this process at; empty: loopback for a
   // coordinator on loopback, else this host's name. Or a network interface
   // for Gloo to bind.

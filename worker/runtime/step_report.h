@@ -5,8 +5,10 @@
 #define GRADSYNC_WORKER_RUNTIME_STEP_REPORT_H_
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/time/time.h"
+#include "worker/ddp/replica_digest.h"
 #include "worker/ddp/step_timings.h"
 
 namespace gradsync {
@@ -20,6 +22,9 @@ struct StepReport {
   double loss = 0;
   absl::Duration step_time;
   StepTimings ddp;
+  // The replica's fingerprint after this step, on the steps it is taken
+  // (TrainerConfig::fingerprint_every); null on the others.
+  std::shared_ptr<const ReplicaDigest> fingerprint;
 };
 
 }  // namespace gradsync

@@ -45,6 +45,19 @@ void Telemetry::PublishLocked() {
   // Events go out once.
   metrics_.clear_recent_collectives();
   metrics_.clear_first_bucket_ready();
+  metrics_.clear_replica_fingerprints();
+}
+
+void Telemetry::AddFingerprintLocked(const StepReport& report) {
+  v1::ReplicaFingerprint* f = metrics_.add_replica_fingerprints();
+  f->set_step(report.step);
+  f->mutable_tensors()->Add(report.fingerprint->values.begin(),
+                            report.fingerprint->values.end());
+  if (fingerprint_names_sent_) return;
+  fingerprint_names_sent_ = true;  // the round's first carries the names
+  for (const std::string& name : report.fingerprint->names) {
+    f->add_tensor_names(name);
+  }
 }
 
 void Telemetry::SetRoundStart(absl::Duration process_group,
@@ -101,6 +114,7 @@ absl::Status Telemetry::OnStep(const StepReport& report, int64_t samples) {
       auto it = bucket_of.find(r.sequence);
       f->set_bucket_index(it == bucket_of.end() ? -1 : it->second);
     }
+    if (report.fingerprint != nullptr) AddFingerprintLocked(report);
     if (report.ddp.first_bucket_ready != absl::Time() &&
         report.ddp.first_bucket_ready != absl::InfiniteFuture()) {
       v1::StepReady* ready = metrics_.add_first_bucket_ready();

@@ -58,6 +58,10 @@ class Telemetry {
   // Fills the collective counters and memory, then hands the snapshot to
   // the reporter.
   void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues the report's replica fingerprint, with the tensors' names the
+  // first time.
+  void AddFingerprintLocked(const StepReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshLoop(absl::Duration interval);
 
   HealthReporter* const reporter_;
@@ -66,6 +70,7 @@ class Telemetry {
   absl::Mutex mu_;
   v1::WorkerMetrics metrics_ ABSL_GUARDED_BY(mu_);
   double samples_per_second_ ABSL_GUARDED_BY(mu_) = 0;
+  bool fingerprint_names_sent_ ABSL_GUARDED_BY(mu_) = false;
   absl::Notification stop_;
   std::thread refresher_;
 };

@@ -22,6 +22,7 @@
 #include "worker/ddp/checkpoint.h"
 #include "worker/ddp/comm_hook.h"
 #include "worker/ddp/distributed_data_parallel.h"
+#include "worker/ddp/replica_fingerprint.h"
 #include "worker/ddp/state_dict.h"
 #include "worker/ddp/sync_batch_norm.h"
 #include "worker/ddp/tensor_buffer.h"
@@ -205,6 +206,10 @@ class TrainingRun::Impl {
                                              int64_t* global_samples);
   // The epoch's global order (the one-rank sampler's), on the device.
   const torch::Tensor& EpochOrder(int64_t epoch);
+  // The replica's fingerprint when one is due after committed step `step`
+  // (every fingerprint_every steps and after the last); null otherwise.
+  absl::StatusOr<std::shared_ptr<const ReplicaDigest>> MaybeFingerprint(
+      int64_t step, Clock* clock);
   // Forward and backward of one micro-batch (synchronizing the gradients
   // when `sync`); returns its loss, detached.
   torch::Tensor RunMicroBatch(DistributedDataParallel* ddp,
@@ -254,6 +259,9 @@ class TrainingRun::Impl {
   absl::Time round_begin_;
   absl::Time state_copied_;
   bool round_start_reported_ = false;
+  // Replica fingerprints taken, and the time they took.
+  int64_t fingerprints_ = 0;
+  absl::Duration fingerprint_time_;
 };
 
 absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Create(
@@ -636,6 +644,18 @@ torch::Tensor TrainingRun::Impl::RunMicroBatch(DistributedDataParallel* ddp,
   return loss.detach();
 }
 
+absl::StatusOr<std::shared_ptr<const ReplicaDigest>>
+TrainingRun::Impl::MaybeFingerprint(int64_t step, Clock* clock) {
+  const int64_t every = config_.fingerprint_every;
+  if (every <= 0 || (step % every != 0 && !Done())) return nullptr;
+  const absl::Time start = clock->Now();
+  GS_ASSIGN_OR_RETURN(ReplicaDigest digest,
+                      FingerprintReplica(*model_, *optimizer_));
+  fingerprint_time_ += clock->Now() - start;
+  ++fingerprints_;
+  return std::make_shared<const ReplicaDigest>(std::move(digest));
+}
+
 // One optimizer step: its micro-batches (all but the last under no_sync),
 // then the update. The step commits (the position advances) only
 // once the update is applied, and the update is applied only once every
@@ -678,6 +698,11 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
   // Under uneven inputs the last checkpoint waits for every rank.
   GS_RETURN_IF_ERROR(MaybeCheckpoint(context, Done() && !uneven()));
   Failpoint(kFailpointStep);
+  if (FailpointFiresAtStep(kFailpointCorruptParameters, report.step)) {
+    GS_RETURN_IF_ERROR(FlipOneParameterBit(*model_));
+  }
+  GS_ASSIGN_OR_RETURN(report.fingerprint,
+                      MaybeFingerprint(report.step, context.clock));
   window_samples_ += global_samples;
   report.step_time = context.clock->Now() - step_start;
   if (ddp != nullptr) report.ddp = ddp->last_step_timings();
@@ -760,6 +785,8 @@ absl::StatusOr<TrainSummary> TrainingRun::Impl::Finish(
   summary.steps = position_.step;
   summary.parameters = parameters_;
   summary.final_loss = final_loss_;
+  summary.fingerprints = fingerprints_;
+  if (fingerprints_ > 0) summary.mean_fingerprint = fingerprint_time_ / fingerprints_;
   stats_.Fill(plan_.has_value() ? plan_->global_batch()
                                : int64_t{config_.batch_size} *
                                      config_.accumulate * context.world_size,

@@ -46,6 +46,11 @@ struct TrainerConfig {
   // forward passes, and SyncBatchNorm's forward is a collective). An epoch's
   // tail shorter than the global batch is dropped whatever drop_last says.
   int64_t global_batch_size = 0;
+  // Every this many steps, and after the last, the step's report carries a
+  // fingerprint of the replica (parameters and optimizer state) for the
+  // coordinator to compare across ranks (worker/ddp/replica_fingerprint.h);
+  // 0: never.
+  int64_t fingerprint_every = 100;
   // Optimizer steps to run; 0: `epochs` passes over the data.
   int64_t steps = 0;
   int epochs = 1;
@@ -122,6 +127,10 @@ struct TrainSummary {
   // the gradients' size).
   int buckets = 0;
   int64_t bucket_bytes_per_step = 0;
+  // Replica fingerprints taken (all steps, warm-up included) and their
+  // mean time, part of their steps' times.
+  int64_t fingerprints = 0;
+  absl::Duration mean_fingerprint;
 };
 
 // Where Train runs and reports.

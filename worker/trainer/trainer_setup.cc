@@ -103,6 +103,11 @@ absl::Status ValidateConfig(const TrainerConfig& config) {
     }
   }
   GS_RETURN_IF_ERROR(ValidateGlobalBatch(config));
+  if (config.fingerprint_every < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fingerprint_every must not be negative, got ",
+        config.fingerprint_every));
+  }
   if (config.checkpoint_every < 0 || config.checkpoint_keep < 1) {
     return absl::InvalidArgumentError(
         "checkpoint_every must not be negative and checkpoint_keep must be at "

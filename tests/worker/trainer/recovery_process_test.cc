@@ -268,6 +268,8 @@ class RecoveryProcessTest : public ::testing::TestWithParam<Transport> {
   void ExpectSpareReplacesAKilledRank();
   // An exact global batch through a shrink and a grow (below).
   void ExpectGlobalBatchExactThroughAShrinkAndAGrow();
+  // A replica corrupted by a flipped bit is found and healed (below).
+  void ExpectACorruptedReplicaIsHealed();
 
   static CoordinatorProcess* coordinator_;
   std::vector<Worker> workers_;
@@ -619,6 +621,62 @@ void RecoveryProcessTest::ExpectGlobalBatchExactThroughAShrinkAndAGrow() {
   ExpectSameParametersAsTheReference(&run);
 }
 
+// Silent data corruption: one bit of one parameter flips in a random
+// process right after step 37 (failpoint corrupt_parameters). With
+// fingerprints every 50 steps, the coordinator finds at step 50 that its
+// replica
+// differs from the other two, names the rank, the step and the tensor, and
+// heals: the round re-forms with its state copied from a rank of the
+// majority, and the last step's fingerprints agree on every rank
+// (replicas_verified_step): the replicas end bit-identical. (Not equal to
+// an uninterrupted run's: until the heal the corrupted replica's gradients
+// went into everyone's all-reduce.)
+TEST_P(RecoveryProcessTest, ACorruptedReplicaIsFoundAndHealed) {
+  ExpectACorruptedReplicaIsHealed();
+}
+
+void RecoveryProcessTest::ExpectACorruptedReplicaIsHealed() {
+  const std::string job = Job("corrupt");
+  // Steps enough for the divergence at step 50 to reach the coordinator
+  // (each rank's next heartbeat, 1 s) and the members to be told (their
+  // next heartbeat) well before the job ends: 4,000 steps take 8 s here
+  // (2,500 over Gloo, whose steps are slower).
+  const int kSteps = GetParam() == Transport::kGloo ? 2500 : 4000;
+  std::vector<std::string> config = ModelFlags();
+  config.insert(config.end(),
+                {"--synthetic_size=96", absl::StrCat("--steps=", kSteps),
+                 "--batch_size=4", "--max_recoveries=2",
+                 "--fingerprint_every=50"});
+  const int victim = RandomRank(0, 2, "corrupting the replica of process");
+  for (int i = 0; i < 3; ++i) {
+    std::vector<std::string> flags = config;
+    if (i == victim) flags.push_back("--failpoint=corrupt_parameters:37");
+    StartWorker(job, i, "3", flags);
+  }
+  ExpectSurvivorsSucceeded({}, 2);
+  const Worker& corrupted = workers_[victim];
+  EXPECT_THAT(corrupted.child->err(),
+              HasSubstr("failpoint corrupt_parameters hit at step 37"));
+  int rank = -1;  // the corrupted process's rank in round 1
+  for (int r = 0; r < 3; ++r) {
+    if (RankInRound(1, r, 3) == &corrupted) rank = r;
+  }
+  v1::JobStatus status = JobStatus(job);
+  EXPECT_EQ(status.state(), v1::JOB_STATE_SUCCEEDED) << status.reason();
+  EXPECT_EQ(status.round(), 2);
+  EXPECT_EQ(status.world_size(), 3);
+  const v1::Divergence& divergence = status.diagnosis().divergence();
+  EXPECT_EQ(divergence.step(), 50) << divergence.verdict();
+  EXPECT_EQ(divergence.round(), 1);
+  EXPECT_THAT(divergence.ranks(), ::testing::ElementsAre(rank));
+  ASSERT_GT(divergence.tensors_size(), 0) << divergence.verdict();
+  EXPECT_THAT(divergence.verdict(), HasSubstr("healing"));
+  ASSERT_EQ(status.recoveries_size(), 1);
+  EXPECT_THAT(status.recoveries(0).cause(),
+              HasSubstr("replicas diverged at step 50"));
+  EXPECT_EQ(status.diagnosis().replicas_verified_step(), kSteps);
+}
+
 std::string TransportName(const ::testing::TestParamInfo<Transport>& info) {
   switch (info.param) {
     case Transport::kSharedMemory:
@@ -676,6 +734,11 @@ TEST_P(SimulatedGpuRecoveryTest, SpareReplacesAKilledRankWithoutChangingTheResul
 
 TEST_P(SimulatedGpuRecoveryTest, AGlobalBatchStaysExactThroughAShrinkAndAGrow) {
   ExpectGlobalBatchExactThroughAShrinkAndAGrow();
+}
+
+// The fingerprints are taken where the tensors are (on the device).
+TEST_P(SimulatedGpuRecoveryTest, ACorruptedReplicaIsFoundAndHealed) {
+  ExpectACorruptedReplicaIsHealed();
 }
 
 // The 40th NCCL collective of one rank (a gradient bucket's all-reduce, well
