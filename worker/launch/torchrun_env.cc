@@ -43,7 +43,10 @@ std::vector<std::string> MergeEnvironment(
     if (eq == std::string::npos) continue;
     merged[entry.substr(0, eq)] = entry.substr(eq + 1);
   }
-  merged.emplace("OMP_NUM_THREADS", "1");  // unless set
+  // Unless set.
+  merged.emplace("OMP_NUM_THREADS", "1");
+  merged.emplace("MALLOC_MMAP_THRESHOLD_", "33554432");
+  merged.emplace("MALLOC_TRIM_THRESHOLD_", "1073741824");
   for (const auto& [name, value] : variables) merged[name] = value;
   std::vector<std::string> out;
   out.reserve(merged.size());

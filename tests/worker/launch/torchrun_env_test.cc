@@ -55,16 +55,20 @@ TEST(TorchrunEnvTest, VariablesFollowTheAssignment) {
   EXPECT_EQ(TorchrunVariables(a, c), expected);
 }
 
-TEST(TorchrunEnvTest, MergeSetsOverTheBaseAndDefaultsOmpThreads) {
+TEST(TorchrunEnvTest, MergeSetsOverTheBaseAndDefaultsThreadsAndMalloc) {
   const std::vector<std::string> merged = MergeEnvironment(
       {"PATH=/bin", "RANK=99", "MALFORMED"}, {{"RANK", "0"}});
   EXPECT_THAT(merged, Contains("PATH=/bin"));
   EXPECT_THAT(merged, Contains("RANK=0"));
   EXPECT_THAT(merged, Not(Contains("RANK=99")));
   EXPECT_THAT(merged, Contains("OMP_NUM_THREADS=1"));
-  // A value the user set is kept.
-  EXPECT_THAT(MergeEnvironment({"OMP_NUM_THREADS=8"}, {}),
-              Contains("OMP_NUM_THREADS=8"));
+  EXPECT_THAT(merged, Contains("MALLOC_MMAP_THRESHOLD_=33554432"));
+  EXPECT_THAT(merged, Contains("MALLOC_TRIM_THRESHOLD_=1073741824"));
+  // Values the user set are kept.
+  const std::vector<std::string> mine = MergeEnvironment(
+      {"OMP_NUM_THREADS=8", "MALLOC_TRIM_THRESHOLD_=0"}, {});
+  EXPECT_THAT(mine, Contains("OMP_NUM_THREADS=8"));
+  EXPECT_THAT(mine, Contains("MALLOC_TRIM_THRESHOLD_=0"));
 }
 
 }  // namespace
