@@ -15,72 +15,15 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/storage/in_memory_storage.h"
+#include "tests/testing/controlled_storage.h"
 
 namespace gradsync {
 namespace {
 
+using ::gradsync::testing::ControlledStorage;
+
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-// In-memory storage whose Apply waits until the test opens the gate, and
-// fails while `failing`; counts the batches and their sizes.
-class GatedStorage final : public Storage {
- public:
-  absl::Status Put(absl::string_view key, absl::string_view value) override {
-    return inner_.Put(key, value);
-  }
-  absl::StatusOr<std::string> Get(absl::string_view key) const override {
-    return inner_.Get(key);
-  }
-  absl::StatusOr<bool> Delete(absl::string_view key) override {
-    return inner_.Delete(key);
-  }
-  absl::StatusOr<std::vector<Entry>> Scan(absl::string_view prefix,
-                                          bool keys_only) const override {
-    return inner_.Scan(prefix, keys_only);
-  }
-  absl::StatusOr<int64_t> DeletePrefix(absl::string_view prefix) override {
-    return inner_.DeletePrefix(prefix);
-  }
-  absl::Status Apply(const std::vector<Mutation>& batch) override {
-    absl::MutexLock lock(&mu_);
-    ++entered_;
-    mu_.Await(absl::Condition(&open_));
-    batches_.push_back(static_cast<int>(batch.size()));
-    if (failing_) return absl::UnavailableError("disk gone");
-    return inner_.Apply(batch);
-  }
-
-  void Open() {
-    absl::MutexLock lock(&mu_);
-    open_ = true;
-  }
-  void SetFailing(bool failing) {
-    absl::MutexLock lock(&mu_);
-    failing_ = failing;
-  }
-  // Waits until `n` commits have begun.
-  void AwaitEntered(int n) {
-    absl::MutexLock lock(&mu_);
-    auto entered = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return entered_ >= n;
-    };
-    mu_.Await(absl::Condition(&entered));
-  }
-  std::vector<int> batches() {
-    absl::MutexLock lock(&mu_);
-    return batches_;
-  }
-
- private:
-  InMemoryStorage inner_;
-  absl::Mutex mu_;
-  bool open_ ABSL_GUARDED_BY(mu_) = false;
-  bool failing_ ABSL_GUARDED_BY(mu_) = false;
-  int entered_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<int> batches_ ABSL_GUARDED_BY(mu_);
-};
 
 Storage::Mutation Put(const std::string& key) {
   return {Storage::Mutation::Kind::kPut, key, "v"};
@@ -105,7 +48,7 @@ struct Outcomes {
 };
 
 TEST(GroupCommitTest, WritesQueuedDuringACommitShareTheNext) {
-  GatedStorage storage;
+  ControlledStorage storage(/*open=*/false);
   absl::Mutex owner;
   Outcomes outcomes;
   {
@@ -139,7 +82,7 @@ TEST(GroupCommitTest, WritesQueuedDuringACommitShareTheNext) {
 }
 
 TEST(GroupCommitTest, AFailedCommitFailsItsWritesAndThoseQueuedBehindIt) {
-  GatedStorage storage;
+  ControlledStorage storage(/*open=*/false);
   absl::Mutex owner;
   Outcomes outcomes;
   std::set<std::string> told;  // guarded by `owner`
@@ -185,7 +128,7 @@ TEST(GroupCommitTest, AFailedCommitFailsItsWritesAndThoseQueuedBehindIt) {
 }
 
 TEST(GroupCommitTest, TheDestructorCommitsWhatIsStillQueued) {
-  GatedStorage storage;
+  ControlledStorage storage(/*open=*/false);
   absl::Mutex owner;
   Outcomes outcomes;
   {

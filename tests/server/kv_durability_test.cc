@@ -17,85 +17,18 @@
 #include "proto/gradsync/v1/job.pb.h"
 #include "server/job_manager.h"
 #include "server/kv_manager.h"
-#include "server/storage/in_memory_storage.h"
+#include "tests/testing/controlled_storage.h"
 #include "tests/testing/eventually.h"
 
 namespace gradsync {
 namespace {
 
+using ::gradsync::testing::ControlledStorage;
+
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr char kJob[] = "train";
-
-// In-memory storage whose batches can be held at the door and failed.
-// Thread-safe.
-class GatedStorage final : public Storage {
- public:
-  absl::Status Put(absl::string_view key, absl::string_view value) override {
-    return inner_.Put(key, value);
-  }
-  absl::StatusOr<std::string> Get(absl::string_view key) const override {
-    return inner_.Get(key);
-  }
-  absl::StatusOr<bool> Delete(absl::string_view key) override {
-    return inner_.Delete(key);
-  }
-  absl::StatusOr<std::vector<Entry>> Scan(absl::string_view prefix,
-                                          bool keys_only) const override {
-    return inner_.Scan(prefix, keys_only);
-  }
-  absl::StatusOr<int64_t> DeletePrefix(absl::string_view prefix) override {
-    return inner_.DeletePrefix(prefix);
-  }
-
-  // Batches wait in Apply until Open().
-  void Close() {
-    absl::MutexLock lock(&mu_);
-    open_ = false;
-  }
-  void Open() {
-    absl::MutexLock lock(&mu_);
-    open_ = true;
-  }
-  // The next batch fails (and stores nothing).
-  void FailNext() {
-    absl::MutexLock lock(&mu_);
-    fail_next_ = true;
-  }
-  // Batches that have entered Apply, held or not.
-  int entered() const {
-    absl::MutexLock lock(&mu_);
-    return entered_;
-  }
-  // The sizes of the batches committed or failed, in order.
-  std::vector<size_t> batches() const {
-    absl::MutexLock lock(&mu_);
-    return batches_;
-  }
-
-  absl::Status Apply(const std::vector<Mutation>& batch) override {
-    {
-      absl::MutexLock lock(&mu_);
-      ++entered_;
-      mu_.Await(absl::Condition(&open_));
-      batches_.push_back(batch.size());
-      if (fail_next_) {
-        fail_next_ = false;
-        return absl::ResourceExhaustedError("disk full");
-      }
-    }
-    return inner_.Apply(batch);
-  }
-
- private:
-  InMemoryStorage inner_;
-  mutable absl::Mutex mu_;
-  bool open_ ABSL_GUARDED_BY(mu_) = true;
-  bool fail_next_ ABSL_GUARDED_BY(mu_) = false;
-  int entered_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<size_t> batches_ ABSL_GUARDED_BY(mu_);
-};
 
 class KvDurabilityTest : public ::testing::Test {
  protected:
@@ -126,7 +59,7 @@ class KvDurabilityTest : public ::testing::Test {
     ASSERT_TRUE(Eventually([&] { return storage_.entered() > before; }));
   }
 
-  GatedStorage storage_;
+  ControlledStorage storage_;
   FakeClock clock_;
   JobManager jobs_{&storage_, &clock_};
   KvManager kv_{&storage_, &clock_, &jobs_};

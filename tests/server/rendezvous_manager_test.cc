@@ -26,11 +26,13 @@
 #include "server/round_lifecycle.h"
 #include "server/round_placement.h"
 #include "server/storage/in_memory_storage.h"
+#include "tests/testing/controlled_storage.h"
 #include "tests/testing/outcome.h"
 
 namespace gradsync {
 namespace {
 
+using ::gradsync::testing::ControlledStorage;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
@@ -764,45 +766,12 @@ TEST_F(RendezvousManagerTest, SpareTakesTheLostPlaceAndTheMostAdvancedIsSource) 
       << "1.5 s falls in the (1, 2.5] bucket";
 }
 
-// Storage whose writes fail while `failing` is set (reads still work).
-class FailingWrites final : public Storage {
- public:
-  bool failing = false;
-
-  absl::Status Put(absl::string_view key, absl::string_view value) override {
-    if (failing) return absl::UnavailableError("disk gone");
-    return inner_.Put(key, value);
-  }
-  absl::StatusOr<std::string> Get(absl::string_view key) const override {
-    return inner_.Get(key);
-  }
-  absl::StatusOr<bool> Delete(absl::string_view key) override {
-    if (failing) return absl::UnavailableError("disk gone");
-    return inner_.Delete(key);
-  }
-  absl::StatusOr<std::vector<Entry>> Scan(absl::string_view prefix,
-                                          bool keys_only) const override {
-    return inner_.Scan(prefix, keys_only);
-  }
-  absl::StatusOr<int64_t> DeletePrefix(absl::string_view prefix) override {
-    if (failing) return absl::UnavailableError("disk gone");
-    return inner_.DeletePrefix(prefix);
-  }
-  absl::Status Apply(const std::vector<Mutation>& batch) override {
-    if (failing) return absl::UnavailableError("disk gone");
-    return inner_.Apply(batch);
-  }
-
- private:
-  InMemoryStorage inner_;
-};
-
 // No assignment leaves for a round that is not recorded: the joins that
 // would have formed it are refused UNAVAILABLE (clients retry) and nothing
 // else changes: no round, no KV round, no event; once storage works, the
 // same processes form round 1.
 TEST(RendezvousDurableCloseTest, AnUnrecordedRoundIsNotAnswered) {
-  FailingWrites storage;
+  ControlledStorage storage;
   FakeClock clock;
   JobManager jobs(&storage, &clock);
   KvManager kv(&storage, &clock, &jobs);
@@ -818,7 +787,7 @@ TEST(RendezvousDurableCloseTest, AnUnrecordedRoundIsNotAnswered) {
   JoinOutcome a, b;
   rdzv.Join(request("host-a"), a.Callback());
   ASSERT_FALSE(a.done());
-  storage.failing = true;
+  storage.SetFailing(true);
   rdzv.Join(request("host-b"), b.Callback());
   ASSERT_TRUE(a.done());
   ASSERT_TRUE(b.done());
@@ -838,7 +807,7 @@ TEST(RendezvousDurableCloseTest, AnUnrecordedRoundIsNotAnswered) {
   rdzv.DescribeWaiting(kJob, &waiting);
   EXPECT_EQ(waiting.waiting_size(), 0) << "the refused joins left";
 
-  storage.failing = false;
+  storage.SetFailing(false);
   JoinOutcome a2, b2;
   rdzv.Join(request("host-a"), a2.Callback());
   rdzv.Join(request("host-b"), b2.Callback());
