@@ -258,7 +258,7 @@ void HealthManager::LogReconnects(JobHealth* job) {
 }
 
 void HealthManager::DiagnoseHang(JobHealth* job, absl::Time now) {
-  if (now - job->last_progress < job->hang_timeout) {
+  if (now - job->last_progress < job->hang_timeout->value()) {
     job->diagnosis.clear_hang();
     return;
   }
@@ -302,7 +302,7 @@ void HealthManager::DiagnoseHang(JobHealth* job, absl::Time now) {
   job->diagnosis.set_hang(absl::StrCat(
       absl::StrJoin(parts, "; "), " (no collective finished for ",
       absl::FormatDuration(absl::Trunc(now - job->last_progress,
-                                       absl::Seconds(1))),
+                                       absl::Milliseconds(100))),
       ")"));
 }
 

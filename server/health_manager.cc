@@ -111,7 +111,6 @@ std::shared_ptr<HealthManager::JobHealth> HealthManager::NewJobHealth(
                     : v1::FAILURE_POLICY_DEGRADE;
   job->straggler_threshold =
       or_default(c.straggler_threshold(), config_.straggler_threshold);
-  job->hang_timeout = or_default(c.hang_timeout(), config_.hang_timeout);
   job->late_after = job->interval * config_.shedding.late_ratio;
   job->reconnect_grace =
       config_.reconnect_grace.value_or(job->interval * job->missed);
@@ -139,6 +138,14 @@ std::shared_ptr<HealthManager::JobHealth> HealthManager::NewJobHealth(
     }
   }
   job->stragglers.emplace(static_cast<int>(world), job->straggler_threshold);
+  std::optional<absl::Duration> fixed_hang;
+  if (FromProtoDuration(c.hang_timeout()) > absl::ZeroDuration()) {
+    fixed_hang = FromProtoDuration(c.hang_timeout());
+  }
+  job->hang_timeout.emplace(
+      fixed_hang,
+      HangTimeout::Bounds{config_.min_hang_timeout, config_.max_hang_timeout,
+                          config_.hang_timeout, config_.hang_timeout_factor});
   job->heal_divergence = c.divergence_policy() != v1::DIVERGENCE_POLICY_FAIL;
   job->divergence.emplace(static_cast<int>(world));
   return job;
@@ -344,6 +351,10 @@ void HealthManager::RecordProgressLocked(JobHealth* job, int rank,
                                          const v1::WorkerMetrics& in,
                                          absl::Time now) {
   MemberHealth& m = job->members[rank];
+  if (in.step() != m.metrics.step() && in.step_timings().step_seconds() > 0) {
+    job->hang_timeout->AddStep(
+        absl::Seconds(in.step_timings().step_seconds()));
+  }
   if (in.last_finished_collective() > m.last_finished) {
     job->last_progress = now;
     job->diagnosis.clear_hang();

@@ -83,7 +83,14 @@ struct HealthConfig {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   int missed_heartbeats = 3;
   absl::Duration straggler_threshold = absl::Milliseconds(100);
+  // The hang timeout of a job that sets none follows its step times
+  // (HangTimeout): hang_timeout_factor x their 99th percentile, within
+  // [min_hang_timeout, max_hang_timeout]; hang_timeout until enough steps
+  // were reported.
   absl::Duration hang_timeout = absl::Seconds(30);
+  absl::Duration min_hang_timeout = absl::Seconds(1);
+  absl::Duration max_hang_timeout = absl::Minutes(10);
+  double hang_timeout_factor = 10;
   // How long a member whose heartbeat stream broke may take to heartbeat
   // again on a new one before it is LOST; unset: the job's missed-heartbeat
   // window (interval x missed heartbeats); zero: LOST at once.
@@ -293,7 +300,8 @@ class HealthManager : public RoundListener {
     int missed = 0;
     v1::FailurePolicy policy = v1::FAILURE_POLICY_DEGRADE;
     absl::Duration straggler_threshold;
-    absl::Duration hang_timeout;
+    // Made with the job's fixed timeout or the coordinator's bounds.
+    std::optional<HangTimeout> hang_timeout ABSL_GUARDED_BY(mu);
     // How long a member whose stream broke may take to heartbeat again.
     absl::Duration reconnect_grace;
     // A heartbeat later than this x its member's factor after the member's

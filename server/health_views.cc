@@ -73,6 +73,10 @@ void HealthManager::Describe(v1::JobStatus* status, bool with_buckets) const {
     }
   }
   *status->mutable_diagnosis() = job->diagnosis;
+  *status->mutable_diagnosis()->mutable_hang_timeout() =
+      ToProtoDuration(job->hang_timeout->value());
+  status->mutable_diagnosis()->set_hang_timeout_self_set(
+      job->hang_timeout->self_set());
   if (divergence.has_value()) {
     *status->mutable_diagnosis()->mutable_divergence() = *std::move(divergence);
   }

@@ -59,7 +59,17 @@ ABSL_FLAG(absl::Duration, straggler_threshold, absl::Milliseconds(100),
           "earliest rank's by more than this is flagged as a straggler");
 ABSL_FLAG(absl::Duration, hang_timeout, absl::Seconds(30),
           "how long collectives may stop advancing, with ranks disagreeing, "
-          "before status reports a hang");
+          "before status reports a hang, for a job whose round has not "
+          "reported 8 steps yet; after that it follows the job's step times "
+          "(see --hang_timeout_factor) unless the job set its own");
+ABSL_FLAG(double, hang_timeout_factor, 10,
+          "the self-set hang timeout: this many times the 99th percentile of "
+          "the round's recent step times, within --min_hang_timeout and "
+          "--max_hang_timeout");
+ABSL_FLAG(absl::Duration, min_hang_timeout, absl::Seconds(1),
+          "the shortest self-set hang timeout");
+ABSL_FLAG(absl::Duration, max_hang_timeout, absl::Minutes(10),
+          "the longest self-set hang timeout");
 ABSL_FLAG(bool, shed_heartbeats, true,
           "past its heartbeat capacity, ask workers for longer heartbeat "
           "intervals (up to --max_heartbeat_slowdown times their jobs') and "
@@ -272,6 +282,9 @@ int main(int argc, char** argv) {
   config.health.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
   config.health.straggler_threshold = absl::GetFlag(FLAGS_straggler_threshold);
   config.health.hang_timeout = absl::GetFlag(FLAGS_hang_timeout);
+  config.health.hang_timeout_factor = absl::GetFlag(FLAGS_hang_timeout_factor);
+  config.health.min_hang_timeout = absl::GetFlag(FLAGS_min_hang_timeout);
+  config.health.max_hang_timeout = absl::GetFlag(FLAGS_max_hang_timeout);
   config.health.reconnect_grace = absl::GetFlag(FLAGS_reconnect_grace);
   config.health.shedding.enabled = absl::GetFlag(FLAGS_shed_heartbeats);
   config.health.shedding.max_factor = absl::GetFlag(FLAGS_max_heartbeat_slowdown);
@@ -287,6 +300,13 @@ int main(int argc, char** argv) {
   config.completion_queues = absl::GetFlag(FLAGS_completion_queues);
   config.max_streams_per_connection =
       absl::GetFlag(FLAGS_max_streams_per_connection);
+  if (config.health.min_hang_timeout <= absl::ZeroDuration() ||
+      config.health.max_hang_timeout < config.health.min_hang_timeout ||
+      config.health.hang_timeout_factor <= 0) {
+    GS_LOG(ERROR) << "--min_hang_timeout must be > 0, --max_hang_timeout >= "
+                     "--min_hang_timeout and --hang_timeout_factor > 0";
+    return EXIT_FAILURE;
+  }
   if (config.health.heartbeat_interval <= absl::ZeroDuration() ||
       config.health.missed_heartbeats < 1 || config.retention < absl::ZeroDuration() ||
       config.shutdown_grace < absl::ZeroDuration() ||

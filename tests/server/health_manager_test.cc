@@ -779,6 +779,55 @@ TEST_F(HealthManagerTest, AllRanksIdleBetweenCollectivesIsNoHang) {
   EXPECT_THAT(Status().diagnosis().hang(), IsEmpty());
 }
 
+// Metrics of a rank at `step`, whose latest step took `step_time`, with
+// its collective counters.
+v1::WorkerMetrics Stepping(int64_t step, absl::Duration step_time,
+                           int64_t started, int64_t finished) {
+  v1::WorkerMetrics m = Collectives(started, finished);
+  m.set_step(step);
+  m.mutable_step_timings()->set_step_seconds(absl::ToDoubleSeconds(step_time));
+  return m;
+}
+
+// The hang timeout follows the step times: a job of 50 ms steps is found
+// hung a second after its collectives stop, one of 10 s steps is not at a
+// minute; status shows the timeout in force.
+TEST_F(HealthManagerTest, TheHangTimeoutFollowsTheStepTimes) {
+  StartJob(2);
+  for (int step = 1; step <= 4; ++step) {
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(Beat(r, Stepping(step, absl::Milliseconds(50), step, step)).ok());
+    }
+    Advance(absl::Milliseconds(50));
+  }
+  v1::JobStatus status = Status();
+  EXPECT_TRUE(status.diagnosis().hang_timeout_self_set());
+  EXPECT_EQ(FromProtoDuration(status.diagnosis().hang_timeout()), absl::Seconds(1));
+  // Rank 1 stops before step 5's collective; rank 0 waits inside it.
+  ASSERT_TRUE(Beat(0, Stepping(4, absl::Milliseconds(50), 5, 4)).ok());
+  Advance(absl::Milliseconds(900));
+  EXPECT_THAT(Status().diagnosis().hang(), IsEmpty());
+  Advance(absl::Milliseconds(200));
+  EXPECT_THAT(Status().diagnosis().hang(),
+              HasSubstr("rank 0 started collective #5 and has not finished it; "
+                        "rank 1 finished #4 and has not started #5"));
+}
+
+TEST_F(HealthManagerTest, SlowStepsAreNoHang) {
+  StartJob(2);
+  for (int step = 1; step <= 4; ++step) {
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(Beat(r, Stepping(step, absl::Seconds(10), step, step)).ok());
+    }
+  }
+  EXPECT_EQ(FromProtoDuration(Status().diagnosis().hang_timeout()),
+            absl::Seconds(100));
+  // A 10 s step: one rank is in its all-reduce for most of it.
+  ASSERT_TRUE(Beat(0, Stepping(4, absl::Seconds(10), 5, 4)).ok());
+  for (int i = 0; i < 60; ++i) Advance(absl::Seconds(1));
+  EXPECT_THAT(Status().diagnosis().hang(), IsEmpty());
+}
+
 v1::WorkerMetrics Fingerprint(int64_t sequence, const std::string& op,
                               int64_t count, int bucket) {
   v1::WorkerMetrics m;

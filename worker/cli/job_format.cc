@@ -214,6 +214,15 @@ std::string DiagnosisText(const v1::JobStatus& job) {
                                  " (the latest compared)")});
   }
   if (!d.hang().empty()) rows.push_back({"hang", d.hang()});
+  if (d.has_hang_timeout() && (d.hang_timeout_self_set() || !d.hang().empty())) {
+    rows.push_back(
+        {"hang timeout",
+         absl::StrCat(Seconds(ToSeconds(d.hang_timeout())),
+                      d.hang_timeout_self_set()
+                          ? " (self-set from the step times)"
+                          : " (the job's, or the default until the round "
+                            "reports 8 steps)")});
+  }
   for (const v1::Straggler& s : d.stragglers()) {
     rows.push_back({"straggler",
                     absl::StrCat("rank ", s.rank(), " is ", Seconds(ToSeconds(s.lag())),
@@ -430,7 +439,9 @@ Json StatusJson(const v1::JobStatus& job) {
       {"desync", job.diagnosis().desync()},
       {"stragglers", std::move(stragglers)},
       {"divergence", std::move(diverged)},
-      {"replicas_verified_step", job.diagnosis().replicas_verified_step()}};
+      {"replicas_verified_step", job.diagnosis().replicas_verified_step()},
+      {"hang_timeout_seconds", ToSeconds(job.diagnosis().hang_timeout())},
+      {"hang_timeout_self_set", job.diagnosis().hang_timeout_self_set()}};
   out["members"] = MembersJson(job.members());
   out["waiting"] = MembersJson(job.waiting());
   out["spares"] = MembersJson(job.spares());
