@@ -1,8 +1,6 @@
 #include "worker/trainer/trainer.h"
 
-#include <fcntl.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <memory>
@@ -12,12 +10,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "common/failpoint.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/data/datasets.h"
-#include "worker/data/distributed_sampler.h"
 #include "worker/data/global_batch.h"
 #include "worker/ddp/checkpoint.h"
 #include "worker/ddp/comm_hook.h"
@@ -30,8 +26,14 @@
 #include "worker/ddp/uneven_inputs.h"
 #include "worker/runtime/reform.h"
 #include "worker/trainer/trainer_setup.h"
+#include "worker/trainer/training_run_impl.h"
 
 namespace gradsync {
+
+using trainer_internal::Division;
+using trainer_internal::MicroBatch;
+using trainer_internal::Position;
+
 namespace {
 
 // The mean of `value` over all ranks (one small all-reduce).
@@ -49,220 +51,7 @@ absl::StatusOr<double> MeanOverRanks(Backend* backend, double value,
 
 double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
-// Appends "round step epoch rank i,j,..." to `path` in one write(2), so the
-// line is whole even if the process is killed right after.
-void LogSamples(const std::string& path, int64_t round, int64_t step,
-                int64_t epoch, int rank, const torch::Tensor& batch) {
-  torch::Tensor host = batch.cpu();
-  const int64_t* p = host.data_ptr<int64_t>();
-  std::string line = absl::StrCat(round, " ", step, " ", epoch, " ", rank, " ",
-                                  absl::StrJoin(p, p + host.numel(), ","), "\n");
-  const int fd =
-      ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  TORCH_CHECK(fd >= 0, "cannot open the sample log ", path);
-  const ssize_t written = ::write(fd, line.data(), line.size());
-  ::close(fd);
-  TORCH_CHECK(written == static_cast<ssize_t>(line.size()),
-              "cannot write the sample log ", path);
-}
-
-// Aggregates the steps after warm-up into the summary.
-class StepStats {
- public:
-  void Add(const StepReport& report) {
-    step_times_.push_back(report.step_time);
-    forward_ += report.ddp.forward;
-    backward_ += report.ddp.backward_compute;
-    communication_ += report.ddp.communication;
-    exposed_ += report.ddp.exposed_communication;
-    hidden_ += report.ddp.hidden_communication;
-    last_ = report.ddp;
-  }
-  void Fill(int64_t samples_per_step, TrainSummary* summary) const {
-    if (step_times_.empty()) return;
-    const int64_t n = static_cast<int64_t>(step_times_.size());
-    absl::Duration total;
-    for (absl::Duration d : step_times_) total += d;
-    std::vector<absl::Duration> sorted = step_times_;
-    std::sort(sorted.begin(), sorted.end());
-    summary->mean_step_time = total / n;
-    summary->median_step_time = sorted[n / 2];
-    summary->samples_per_second =
-        samples_per_step * n / std::max(absl::ToDoubleSeconds(total), 1e-9);
-    summary->mean_forward = forward_ / n;
-    summary->mean_backward = backward_ / n;
-    summary->mean_communication = communication_ / n;
-    summary->mean_exposed_communication = exposed_ / n;
-    summary->mean_hidden_communication = hidden_ / n;
-    summary->buckets = last_.buckets;
-    summary->bucket_bytes_per_step = 0;
-    for (const BucketTiming& b : last_.bucket_timings) {
-      summary->bucket_bytes_per_step += b.bytes;
-    }
-  }
-
- private:
-  std::vector<absl::Duration> step_times_;
-  absl::Duration forward_, backward_, communication_, exposed_, hidden_;
-  StepTimings last_;
-};
-
-// Where training is, as every rank agrees after a round starts: the part of
-// the state that is not tensors.
-struct Position {
-  int64_t step = 0;            // optimizer steps committed
-  int64_t epoch = 0;
-  int64_t epoch_position = 0;  // samples of the epoch's order consumed
-
-  std::vector<int64_t> ToCounters() const { return {step, epoch, epoch_position}; }
-  static Position FromCounters(const std::vector<int64_t>& c) {
-    return Position{c[0], c[1], c[2]};
-  }
-};
-
-// One round's division of the current epoch among its ranks, from the
-// epoch position the round started at, and how far this rank has got in it.
-struct Division {
-  int64_t epoch = 0;
-  int64_t start = 0;      // epoch position the division begins at
-  int64_t span = 0;       // samples of the epoch it covers (no padding)
-  int64_t batches = 0;    // this rank's batches in it
-  // Under uneven inputs, the most batches any rank has in it (the steps
-  // the job takes in it); otherwise `batches`.
-  int64_t job_batches = 0;
-  int64_t next = 0;       // this rank's next batch
-  int64_t global_batch = 0;  // samples per batch across ranks
-  torch::Tensor indices;  // this rank's sample indices, on the device
-};
-
-// One micro-batch of a step: its samples, and how its loss counts.
-struct MicroBatch {
-  torch::Tensor indices;  // on the device
-  int64_t epoch = 0;
-  // The loss is the cross-entropy's mean over the micro-batch (or with
-  // `sum`, its sum) divided by `divisor`; a micro-batch that does not
-  // `count` is run only so that the rank takes part in the step's
-  // all-reduce: its loss is multiplied by zero.
-  bool sum = false;
-  double divisor = 1;
-  bool counts = true;
-};
-
 }  // namespace
-
-class TrainingRun::Impl {
- public:
-  Impl(TrainerConfig config, torch::Device device, torch::nn::Sequential model,
-       ImageDataset data, std::optional<GlobalBatchPlan> plan)
-      : config_(std::move(config)),
-        device_(device),
-        model_(std::move(model)),
-        data_(std::move(data)),
-        plan_(std::move(plan)) {
-    ResetOptimizer();
-    for (const auto& p : model_->parameters()) parameters_ += p.numel();
-  }
-
-  absl::StatusOr<TrainSummary> TrainRound(const TrainContext& context);
-  int64_t committed_step() const { return position_.step; }
-  bool has_state() const { return has_state_; }
-
-  // Opens the checkpoint folder, and with --resume loads its newest
-  // checkpoint.
-  absl::Status OpenCheckpoints();
-
- private:
-  void ResetOptimizer() {
-    optimizer_ = std::make_unique<torch::optim::SGD>(
-        model_->parameters(),
-        torch::optim::SGDOptions(config_.lr).momentum(config_.momentum));
-  }
-  absl::StatusOr<TrainSummary> TrainRoundOrThrow(
-      const TrainContext& context, std::unique_ptr<DistributedDataParallel>* ddp);
-  absl::Status JoinRound(const TrainContext& context,
-                         std::unique_ptr<DistributedDataParallel>* ddp);
-  // Readies the round's data (the division of the epoch, or a check that
-  // the global batch's step may start here); returns the steps training
-  // takes in all.
-  absl::StatusOr<int64_t> StartRoundData(const TrainContext& context,
-                                         DistributedDataParallel* ddp,
-                                         Division* division);
-  absl::Status StartDivision(const TrainContext& context, Division* division);
-  bool Done() const;
-  int64_t MicroBatchesLeft(const Division& division, int world_size) const;
-  absl::Status RunStep(const TrainContext& context, DistributedDataParallel* ddp,
-                       Division* division, int64_t total_steps);
-  torch::Tensor NextBatch(const TrainContext& context, Division* division,
-                          Position* cursor, int64_t step);
-  // A step's micro-batches, advancing `cursor` past them and adding the
-  // samples the step consumes across ranks to `global_samples`: this rank's
-  // next `accumulate` batches, or its share of the global batch.
-  std::vector<MicroBatch> RankMicroBatches(const TrainContext& context,
-                                           Division* division, int64_t step,
-                                           Position* cursor,
-                                           int64_t* global_samples);
-  std::vector<MicroBatch> GlobalMicroBatches(const TrainContext& context,
-                                             int64_t step, Position* cursor,
-                                             int64_t* global_samples);
-  // The epoch's global order (the one-rank sampler's), on the device.
-  const torch::Tensor& EpochOrder(int64_t epoch);
-  // The replica's fingerprint when one is due after committed step `step`
-  // (every fingerprint_every steps and after the last); null otherwise.
-  absl::StatusOr<std::shared_ptr<const ReplicaDigest>> MaybeFingerprint(
-      int64_t step, Clock* clock);
-  // Forward and backward of one micro-batch (synchronizing the gradients
-  // when `sync`); returns its loss, detached.
-  torch::Tensor RunMicroBatch(DistributedDataParallel* ddp,
-                              const MicroBatch& micro, bool sync);
-  absl::Status Report(const TrainContext& context, const StepReport& report,
-                      int64_t total_steps);
-  // At a step boundary: ReformAtStepBoundary when any rank was asked to
-  // re-form the round (collective).
-  absl::Status AgreeOnReform(const TrainContext& context);
-  absl::StatusOr<TrainSummary> Finish(const TrainContext& context);
-  // After a step committed: reports the round's start once.
-  void ReportRoundStart(const TrainContext& context);
-  // Rank 0 writes a checkpoint when one is due: every checkpoint_every steps
-  // and, with `last`, after the last step.
-  absl::Status MaybeCheckpoint(const TrainContext& context, bool last);
-  bool uneven() const { return !config_.rank_batches.empty(); }
-  // Uneven inputs: a scope per epoch, and the end of this rank's epoch
-  // (collective: shadows the ranks still training until all are done).
-  absl::Status BeginUnevenEpoch(DistributedDataParallel* ddp);
-  absl::Status FinishUnevenEpoch(const TrainContext& context,
-                                 DistributedDataParallel* ddp,
-                                 Division* division);
-
-  const TrainerConfig config_;
-  const torch::Device device_;
-  torch::nn::Sequential model_;
-  ImageDataset data_;
-  // With global_batch_size: how each step's samples are shared out, and the
-  // order of the epoch `epoch_order_of_`.
-  const std::optional<GlobalBatchPlan> plan_;
-  torch::Tensor epoch_order_;
-  int64_t epoch_order_of_ = -1;
-  std::unique_ptr<torch::optim::SGD> optimizer_;
-  int64_t parameters_ = 0;
-  Position position_;
-  std::optional<CheckpointDir> checkpoints_;
-  // Under uneven inputs: this epoch's scope and the step it began at.
-  std::unique_ptr<UnevenInputs> uneven_;
-  int64_t epoch_start_step_ = 0;
-  bool has_state_ = false;
-  StepStats stats_;
-  double final_loss_ = 0;
-  absl::Time window_start_;
-  int64_t window_samples_ = 0;
-  // The current round's start: when it began and when the state was copied;
-  // reported once its first step commits.
-  absl::Time round_begin_;
-  absl::Time state_copied_;
-  bool round_start_reported_ = false;
-  // Replica fingerprints taken, and the time they took.
-  int64_t fingerprints_ = 0;
-  absl::Duration fingerprint_time_;
-};
 
 absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Create(
     const TrainerConfig& config) {
@@ -358,22 +147,6 @@ absl::StatusOr<TrainSummary> TrainingRun::Impl::TrainRoundOrThrow(
   return Finish(context);
 }
 
-absl::StatusOr<int64_t> TrainingRun::Impl::StartRoundData(
-    const TrainContext& context, DistributedDataParallel* ddp,
-    Division* division) {
-  if (plan_.has_value()) {
-    GS_RETURN_IF_ERROR(plan_->CheckStepStart(position_.epoch_position));
-    return config_.steps > 0 ? config_.steps
-                             : config_.epochs * plan_->steps_per_epoch();
-  }
-  GS_RETURN_IF_ERROR(StartDivision(context, division));
-  GS_RETURN_IF_ERROR(BeginUnevenEpoch(ddp));
-  if (config_.steps > 0) return config_.steps;
-  return position_.step +
-         (MicroBatchesLeft(*division, context.world_size) +
-          config_.accumulate - 1) / config_.accumulate;
-}
-
 absl::Status TrainingRun::Impl::BeginUnevenEpoch(DistributedDataParallel* ddp) {
   epoch_start_step_ = position_.step;
   if (!uneven() || ddp == nullptr) return absl::OkStatus();
@@ -458,164 +231,6 @@ absl::Status TrainingRun::Impl::JoinRound(
     powersgd->ResumeAt(position_.step);
   }
   return (*ddp)->RegisterCommHook(std::move(hook));
-}
-
-// Divides the rest of the current epoch among the round's ranks; moves to
-// the next epoch when nothing of it is left for them.
-absl::Status TrainingRun::Impl::StartDivision(const TrainContext& context,
-                                              Division* division) {
-  for (;;) {
-    GS_ASSIGN_OR_RETURN(
-        DistributedSampler sampler,
-        DistributedSampler::Create({data_.size(), context.rank,
-                                    context.world_size, config_.shuffle,
-                                    config_.seed, config_.drop_last,
-                                    position_.epoch_position}));
-    sampler.SetEpoch(position_.epoch);
-    division->epoch = position_.epoch;
-    division->start = position_.epoch_position;
-    division->span = data_.size() - position_.epoch_position;
-    const int64_t batches =
-        (sampler.num_samples() + config_.batch_size - 1) / config_.batch_size;
-    division->batches = batches;
-    division->job_batches = batches;
-    if (uneven()) {  // every rank's share has the same number of batches
-      const auto& caps = config_.rank_batches;
-      division->batches = std::min(batches, caps[context.rank]);
-      division->job_batches =
-          std::min(batches, *std::max_element(caps.begin(), caps.end()));
-    }
-    division->next = 0;
-    division->global_batch = int64_t{config_.batch_size} * context.world_size;
-    division->indices =
-        torch::tensor(sampler.Indices(), torch::kInt64).to(device_);
-    if (batches > 0) return absl::OkStatus();
-    if (position_.epoch_position == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the dataset (", data_.size(), " samples) leaves rank ",
-          context.rank, " nothing to train on"));
-    }
-    position_.epoch += 1;  // the rest of this epoch is too small to divide
-    position_.epoch_position = 0;
-  }
-}
-
-bool TrainingRun::Impl::Done() const {
-  return config_.steps > 0 ? position_.step >= config_.steps
-                           : position_.epoch >= config_.epochs;
-}
-
-// Micro-batches from `division`'s next batch to the end of training (epoch
-// mode), were the world size to stay; under uneven inputs, the job's steps.
-int64_t TrainingRun::Impl::MicroBatchesLeft(const Division& division,
-                                            int world_size) const {
-  absl::StatusOr<DistributedSampler> whole = DistributedSampler::Create(
-      {data_.size(), 0, world_size, config_.shuffle, config_.seed,
-       config_.drop_last});
-  const int64_t per_rank = whole.ok() ? whole->num_samples() : 0;
-  int64_t per_epoch = (per_rank + config_.batch_size - 1) / config_.batch_size;
-  int64_t this_epoch = division.batches - division.next;
-  if (uneven()) {  // the job's steps: its longest rank's
-    const auto& caps = config_.rank_batches;
-    per_epoch = std::min(per_epoch, *std::max_element(caps.begin(), caps.end()));
-    this_epoch = std::max<int64_t>(division.job_batches - division.next, 0);
-  }
-  return this_epoch + (config_.epochs - division.epoch - 1) * per_epoch;
-}
-
-// This rank's next batch (advancing `cursor`, a copy of the position that
-// becomes the committed one when the step commits); moves `division` to the
-// next epoch at its end.
-torch::Tensor TrainingRun::Impl::NextBatch(const TrainContext& context,
-                                           Division* division, Position* cursor,
-                                           int64_t step) {
-  if (division->next == division->batches) {
-    Position saved = position_;
-    position_ = *cursor;
-    absl::Status started = StartDivision(context, division);
-    position_ = saved;
-    TORCH_CHECK(started.ok(), started.ToString());
-  }
-  const int64_t j = division->next++;
-  const int64_t rows = division->indices.size(0);
-  torch::Tensor batch = division->indices.slice(
-      0, j * config_.batch_size,
-      std::min<int64_t>((j + 1) * config_.batch_size, rows));
-  cursor->epoch = division->epoch;
-  cursor->epoch_position =
-      division->start +
-      std::min(division->span, (j + 1) * division->global_batch);
-  if (division->next == division->batches) {
-    cursor->epoch += 1;  // the epoch is over
-    cursor->epoch_position = 0;
-  }
-  if (!config_.sample_log.empty()) {
-    LogSamples(config_.sample_log, context.round, step, division->epoch,
-               context.rank, batch);
-  }
-  return batch;
-}
-
-std::vector<MicroBatch> TrainingRun::Impl::RankMicroBatches(
-    const TrainContext& context, Division* division, int64_t step,
-    Position* cursor, int64_t* global_samples) {
-  const int64_t count =
-      config_.steps > 0
-          ? config_.accumulate
-          : std::min<int64_t>(config_.accumulate,
-                              MicroBatchesLeft(*division, context.world_size));
-  std::vector<MicroBatch> micro;
-  for (int64_t m = 0; m < count; ++m) {
-    torch::Tensor batch = NextBatch(context, division, cursor, step);
-    *global_samples += batch.size(0) * context.world_size;
-    micro.push_back(MicroBatch{std::move(batch), division->epoch,
-                               /*sum=*/false, static_cast<double>(count)});
-  }
-  return micro;
-}
-
-const torch::Tensor& TrainingRun::Impl::EpochOrder(int64_t epoch) {
-  if (epoch_order_of_ != epoch) {
-    absl::StatusOr<DistributedSampler> sampler = DistributedSampler::Create(
-        {data_.size(), 0, 1, config_.shuffle, config_.seed, false, 0});
-    TORCH_CHECK(sampler.ok(), sampler.status().ToString());
-    sampler->SetEpoch(epoch);
-    epoch_order_ = torch::tensor(sampler->Indices(), torch::kInt64).to(device_);
-    epoch_order_of_ = epoch;
-  }
-  return epoch_order_;
-}
-
-std::vector<MicroBatch> TrainingRun::Impl::GlobalMicroBatches(
-    const TrainContext& context, int64_t step, Position* cursor,
-    int64_t* global_samples) {
-  const torch::Tensor& order = EpochOrder(cursor->epoch);
-  const MicroBatchShare share =
-      plan_->EvenShare(context.rank, context.world_size);
-  const double divisor = plan_->LossDivisor(context.world_size);
-  std::vector<MicroBatch> micro;
-  for (int64_t j = share.first; j < share.first + share.count; ++j) {
-    const SampleSpan span = plan_->MicroBatchSpan(cursor->epoch_position, j);
-    micro.push_back(MicroBatch{order.slice(0, span.begin, span.end),
-                               cursor->epoch, /*sum=*/true, divisor});
-    if (!config_.sample_log.empty()) {
-      LogSamples(config_.sample_log, context.round, step, cursor->epoch,
-                 context.rank, micro.back().indices);
-    }
-  }
-  if (micro.empty()) {  // more ranks than micro-batches: zero gradients
-    const SampleSpan span = plan_->MicroBatchSpan(cursor->epoch_position, 0);
-    micro.push_back(MicroBatch{order.slice(0, span.begin, span.end),
-                               cursor->epoch, /*sum=*/true, divisor,
-                               /*counts=*/false});
-  }
-  *global_samples += plan_->global_batch();
-  cursor->epoch_position += plan_->global_batch();
-  if (plan_->EndsEpoch(cursor->epoch_position)) {
-    cursor->epoch += 1;  // the tail shorter than a global batch is dropped
-    cursor->epoch_position = 0;
-  }
-  return micro;
 }
 
 torch::Tensor TrainingRun::Impl::RunMicroBatch(DistributedDataParallel* ddp,
