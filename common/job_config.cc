@@ -267,6 +267,25 @@ std::string DeviceTypeName(v1::DeviceType type) {
   }
 }
 
+absl::StatusOr<v1::DeviceType> ParseDeviceType(absl::string_view name) {
+  if (name == "cpu") return v1::DEVICE_TYPE_CPU;
+  if (name == "cuda") return v1::DEVICE_TYPE_CUDA;
+  if (name == "sim") return v1::DEVICE_TYPE_SIM;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the device must be cpu, cuda or sim (a simulated GPU), got '", name,
+      "'"));
+}
+
+absl::Status CheckDeviceType(v1::DeviceType type) {
+  if (type == v1::DEVICE_TYPE_CPU || type == v1::DEVICE_TYPE_CUDA ||
+      type == v1::DEVICE_TYPE_SIM) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the device must be cpu, cuda or sim (a simulated GPU), got DeviceType ",
+      static_cast<int>(type)));
+}
+
 absl::StatusOr<v1::Backend> ParseBackend(absl::string_view name) {
   std::string lower = absl::AsciiStrToLower(name);
   if (lower == "auto") return v1::BACKEND_AUTO;
@@ -274,6 +293,12 @@ absl::StatusOr<v1::Backend> ParseBackend(absl::string_view name) {
   if (lower == "nccl") return v1::BACKEND_NCCL;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown backend '", name, "': use auto, gloo or nccl"));
+}
+
+bool MayRunNccl(v1::DeviceType device, v1::Backend backend) {
+  const bool gpu =
+      device == v1::DEVICE_TYPE_CUDA || device == v1::DEVICE_TYPE_SIM;
+  return gpu && (backend == v1::BACKEND_AUTO || backend == v1::BACKEND_NCCL);
 }
 
 absl::StatusOr<v1::FailurePolicy> ParseFailurePolicy(absl::string_view name) {

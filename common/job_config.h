@@ -64,8 +64,19 @@ std::string MemberStateName(v1::MemberState state);
 std::string WorkerStateName(v1::WorkerState state);
 std::string DeviceTypeName(v1::DeviceType type);
 
+// Parses "cpu", "cuda" or "sim" (a simulated GPU).
+absl::StatusOr<v1::DeviceType> ParseDeviceType(absl::string_view name);
+// OK for the CPU, CUDA and SIM; INVALID_ARGUMENT for anything else (an
+// unspecified or unknown value a library caller set).
+absl::Status CheckDeviceType(v1::DeviceType type);
+
 // Parses "auto", "gloo" or "nccl".
 absl::StatusOr<v1::Backend> ParseBackend(absl::string_view name);
+
+// Whether a process on `device` that asks for `backend` can be in a round
+// that runs NCCL: a GPU or a simulated one, and a backend of auto (which
+// negotiates NCCL when every node can run it) or nccl.
+bool MayRunNccl(v1::DeviceType device, v1::Backend backend);
 
 // Parses "recover" or "fail" ("" is UNSPECIFIED: the job's default, recover).
 absl::StatusOr<v1::FailurePolicy> ParseFailurePolicy(absl::string_view name);

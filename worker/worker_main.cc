@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/failpoint.h"
+#include "common/job_config.h"
 #include "common/status_macros.h"
 #include "worker/backend/nccl_faults.h"
 #include "worker/runtime/run_job.h"
@@ -210,7 +211,8 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromFlags() {
   config.shuffle = absl::GetFlag(FLAGS_shuffle);
   config.drop_last = absl::GetFlag(FLAGS_drop_last);
   config.seed = absl::GetFlag(FLAGS_seed);
-  config.device = absl::GetFlag(FLAGS_device);
+  GS_ASSIGN_OR_RETURN(config.device,
+                      ParseDeviceType(absl::GetFlag(FLAGS_device)));
   config.accumulate = absl::GetFlag(FLAGS_accumulate);
   config.reducer.bucket_cap_bytes =
       std::max<int64_t>(1, Bytes(absl::GetFlag(FLAGS_bucket_cap_mb)));
@@ -324,13 +326,14 @@ class WorkerTrainer : public Trainer {
 };
 
 // Arms --failpoint; the NCCL ones only where the NCCL backend can run.
-absl::Status ArmFailpointsFromFlags() {
+absl::Status ArmFailpointsFromFlags(v1::DeviceType device) {
   const std::string spec = absl::GetFlag(FLAGS_failpoint);
   if (spec.empty()) return absl::OkStatus();
   GS_RETURN_IF_ERROR(ArmFailpoint(spec));
-  const bool nccl_possible = absl::GetFlag(FLAGS_device) != "cpu" &&
-                             absl::GetFlag(FLAGS_backend) != "gloo" &&
-                             !absl::GetFlag(FLAGS_standalone);
+  GS_ASSIGN_OR_RETURN(const v1::Backend backend,
+                      ParseBackend(absl::GetFlag(FLAGS_backend)));
+  const bool nccl_possible =
+      MayRunNccl(device, backend) && !absl::GetFlag(FLAGS_standalone);
   for (absl::string_view name : {kFailpointNcclAsyncError, kFailpointNcclHang}) {
     if (FailpointArmed(name) && !nccl_possible) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -356,7 +359,7 @@ JobOptions JobOptionsFromFlags(const TrainerConfig& config) {
   options.network_interface = absl::GetFlag(FLAGS_network_interface);
   options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   options.device = config.device;
-  if (config.device == "cuda") {
+  if (config.device == v1::DEVICE_TYPE_CUDA) {
     options.device_count = static_cast<int>(torch::cuda::device_count());
   }
   options.nccl_faults = FailpointCommFaults();
@@ -372,11 +375,11 @@ JobOptions JobOptionsFromFlags(const TrainerConfig& config) {
 }
 
 absl::Status Run() {
-  GS_RETURN_IF_ERROR(ArmFailpointsFromFlags());
+  GS_ASSIGN_OR_RETURN(TrainerConfig config, TrainerConfigFromFlags());
+  GS_RETURN_IF_ERROR(ArmFailpointsFromFlags(config.device));
   if (absl::GetFlag(FLAGS_threads) > 0) {
     torch::set_num_threads(absl::GetFlag(FLAGS_threads));
   }
-  GS_ASSIGN_OR_RETURN(TrainerConfig config, TrainerConfigFromFlags());
   const std::string summary_path = absl::GetFlag(FLAGS_summary_json);
   if (absl::GetFlag(FLAGS_standalone)) {
     GS_ASSIGN_OR_RETURN(TrainSummary summary, Train(config, TrainContext()));
@@ -390,7 +393,7 @@ absl::Status Run() {
   // On the CPU the run is made now, so bad settings fail before joining; on
   // a GPU (or a simulated one) at the first round, on the process's device.
   std::unique_ptr<TrainingRun> run;
-  if (options.device == "cpu") {
+  if (options.device == v1::DEVICE_TYPE_CPU) {
     GS_ASSIGN_OR_RETURN(run, TrainingRun::Create(config));
   }
   WorkerTrainer trainer(config, std::move(run));

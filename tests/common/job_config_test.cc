@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -339,6 +340,48 @@ TEST(NamesTest, ShortLowerCaseNames) {
   EXPECT_EQ(JobStateName(v1::JOB_STATE_RUNNING), "running");
   EXPECT_EQ(MemberStateName(v1::MEMBER_STATE_SPARE), "spare");
   EXPECT_EQ(DeviceTypeName(v1::DEVICE_TYPE_CUDA), "cuda");
+}
+
+// ---------------------------------------------------------------------------
+// Devices
+
+TEST(DeviceTypeTest, ParsesTheThreeNamesAndRoundTrips) {
+  for (v1::DeviceType type :
+       {v1::DEVICE_TYPE_CPU, v1::DEVICE_TYPE_CUDA, v1::DEVICE_TYPE_SIM}) {
+    EXPECT_EQ(ParseDeviceType(DeviceTypeName(type)).value(), type);
+    EXPECT_TRUE(CheckDeviceType(type).ok()) << DeviceTypeName(type);
+  }
+  for (const char* name : {"", "gpu", "CUDA", "cuda:0", "tpu"}) {
+    absl::StatusOr<v1::DeviceType> type = ParseDeviceType(name);
+    EXPECT_EQ(type.status().code(), absl::StatusCode::kInvalidArgument)
+        << "'" << name << "'";
+    EXPECT_THAT(type.status().message(),
+                HasSubstr("the device must be cpu, cuda or sim"));
+  }
+}
+
+TEST(DeviceTypeTest, AnUnsetOrUnknownDeviceIsRefused) {
+  for (int value : {0, 4, -1}) {
+    absl::Status status = CheckDeviceType(static_cast<v1::DeviceType>(value));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << value;
+    EXPECT_THAT(status.message(),
+                HasSubstr(absl::StrCat("got DeviceType ", value)));
+  }
+}
+
+// NCCL can run where the device is a GPU (a real or simulated one) and the
+// backend may negotiate it; the NCCL failpoints are refused elsewhere.
+TEST(DeviceTypeTest, NcclNeedsAGpuLikeDeviceAndABackendThatAllowsIt) {
+  for (v1::DeviceType device : {v1::DEVICE_TYPE_CUDA, v1::DEVICE_TYPE_SIM}) {
+    EXPECT_TRUE(MayRunNccl(device, v1::BACKEND_AUTO));
+    EXPECT_TRUE(MayRunNccl(device, v1::BACKEND_NCCL));
+    EXPECT_FALSE(MayRunNccl(device, v1::BACKEND_GLOO));
+  }
+  for (v1::Backend backend :
+       {v1::BACKEND_AUTO, v1::BACKEND_NCCL, v1::BACKEND_GLOO}) {
+    EXPECT_FALSE(MayRunNccl(v1::DEVICE_TYPE_CPU, backend));
+    EXPECT_FALSE(MayRunNccl(v1::DEVICE_TYPE_UNSPECIFIED, backend));
+  }
 }
 
 // ---------------------------------------------------------------------------

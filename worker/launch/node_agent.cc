@@ -521,8 +521,11 @@ void NodeAgent::RestartProcess(int i, int restart) {
     exits_[i].reset();
   }
   // A new incarnation on this node: the coordinator takes it as the lost
-  // process's replacement, which copies the state from the others.
+  // process's replacement, which copies the state from the others. It asks
+  // for the local rank (on a GPU, the device) the lost process left free:
+  // the survivors keep theirs (JoinRequest.local_slot).
   slot.request.mutable_node()->set_incarnation_id(NewIncarnationId());
+  slot.request.set_local_slot(slot.assignment.local_rank());
   std::map<std::string, std::string> variables =
       LaunchedProcessVariables(options_.coordinator, slot.request, nullptr);
   variables["TORCHELASTIC_RESTART_COUNT"] = absl::StrCat(restart);

@@ -8,15 +8,6 @@
 
 namespace gradsync {
 
-absl::StatusOr<v1::DeviceType> ParseDeviceType(const std::string& device) {
-  if (device == "cpu") return v1::DEVICE_TYPE_CPU;
-  if (device == "cuda") return v1::DEVICE_TYPE_CUDA;
-  if (device == "sim") return v1::DEVICE_TYPE_SIM;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "the device must be cpu, cuda or sim (a simulated GPU), got '", device,
-      "'"));
-}
-
 absl::StatusOr<int> VisibleDevices(v1::DeviceType type) {
   switch (type) {
     case v1::DEVICE_TYPE_CUDA:

@@ -6,17 +6,12 @@
 #define GRADSYNC_WORKER_RUNTIME_DEVICE_H_
 
 #include <memory>
-#include <string>
 
 #include "absl/status/statusor.h"
 #include "proto/gradsync/v1/job.pb.h"
 #include "worker/backend/nccl_device.h"
 
 namespace gradsync {
-
-// "cpu", "cuda" or "sim" as the wire's DeviceType; INVALID_ARGUMENT naming
-// the choices otherwise.
-absl::StatusOr<v1::DeviceType> ParseDeviceType(const std::string& device);
 
 // The devices of `type` this process sees: CUDA's count (0 in a build
 // without CUDA), GRADSYNC_SIM_DEVICES for simulated ones, 0 for the CPU.

@@ -158,7 +158,9 @@ absl::StatusOr<v1::Assignment> NextAssignment(
     GS_ASSIGN_OR_RETURN(assignment,
                         JoinRound(client, request, previous, trainer));
   }
-  if (options.keep_local_rank && !request->has_local_slot()) {
+  // The first assignment's local rank is the process's from now on, also
+  // when the launcher's request claimed another one it did not get.
+  if (options.keep_local_rank && previous == 0) {
     request->set_local_slot(assignment.local_rank());
   }
   if (options.on_assignment) {

@@ -158,15 +158,15 @@ absl::Status RunJob(const JobOptions& options, Trainer* trainer) {
   if (options.max_recoveries < 0) {
     return absl::InvalidArgumentError("max_recoveries must be >= 0");
   }
-  GS_ASSIGN_OR_RETURN(const v1::DeviceType device_type,
-                      ParseDeviceType(options.device));
+  GS_RETURN_IF_ERROR(CheckDeviceType(options.device));
+  const v1::DeviceType device_type = options.device;
   int device_count = options.device_count;
   if (device_count == 0) {
     GS_ASSIGN_OR_RETURN(device_count, VisibleDevices(device_type));
   }
   if (device_type != v1::DEVICE_TYPE_CPU && device_count < 1) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the job trains on ", options.device,
+        "the job trains on ", DeviceTypeName(device_type),
         " but this process sees no such device"));
   }
   GS_ASSIGN_OR_RETURN(std::optional<LaunchedProcess> launched,

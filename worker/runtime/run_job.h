@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "proto/gradsync/v1/job.pb.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/nccl_faults.h"
 #include "worker/runtime/step_report.h"
@@ -53,13 +54,13 @@ struct JobOptions {
   std::string network_interface;
   // Gloo rounds on one host run over shared memory.
   bool shared_memory = true;
-  // Where the process trains: "cpu", "cuda", or "sim" (a simulated GPU:
+  // Where the process trains: the CPU, CUDA, or SIM (a simulated GPU:
   // host memory through the GPU code paths and NCCL over shared memory, for
   // tests without a GPU). On "cuda" and "sim" it advertises its devices and
   // NCCL, picks its device once (the one its first assignment's local rank
   // names, the launcher's for a launched process; a local rank past the
   // devices it sees fails) and keeps it for its whole life.
-  std::string device = "cpu";
+  v1::DeviceType device = v1::DEVICE_TYPE_CPU;
   // Devices visible; 0: as the device type finds them (CUDA's count,
   // GRADSYNC_SIM_DEVICES).
   int device_count = 0;

@@ -57,9 +57,11 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Create(
     const TrainerConfig& config) {
   try {
     GS_RETURN_IF_ERROR(ValidateConfig(config));
+    // A simulated GPU keeps its tensors in host memory.
     const torch::Device device =
-        config.device == "cuda" ? torch::Device(torch::kCUDA, config.device_index)
-                                : torch::Device(torch::kCPU);
+        config.device == v1::DEVICE_TYPE_CUDA
+            ? torch::Device(torch::kCUDA, config.device_index)
+            : torch::Device(torch::kCPU);
     torch::manual_seed(config.seed);
     GS_ASSIGN_OR_RETURN(torch::nn::Sequential model, MakeModel(config.model));
     if (config.sync_batchnorm) {

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "proto/gradsync/v1/job.pb.h"
 #include "worker/backend/backend.h"
 #include "worker/ddp/powersgd_hook.h"
 #include "worker/ddp/reducer.h"
@@ -62,9 +63,10 @@ struct TrainerConfig {
   bool drop_last = false;
   // Seeds parameter initialization, the synthetic data and the shuffle.
   uint64_t seed = 0;
-  // "cpu", "cuda", or "sim" (a simulated GPU: the tensors stay in host
-  // memory, every GPU code path of the loop and of DDP is taken).
-  std::string device = "cpu";
+  // The CPU, a CUDA GPU, or a simulated GPU (DEVICE_TYPE_SIM: the tensors
+  // stay in host memory and every GPU code path of the loop and of DDP is
+  // taken; the NCCL backend runs over the simulated device).
+  v1::DeviceType device = v1::DEVICE_TYPE_CPU;
   // The GPU (or simulated device) of this process.
   int device_index = 0;
   // Micro-batches per optimizer step: all but the last run under no_sync,

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_config.h"
 #include "common/status_macros.h"
 
 namespace gradsync {
@@ -82,12 +83,8 @@ absl::Status ValidateConfig(const TrainerConfig& config) {
     return absl::InvalidArgumentError(
         "lr must be positive and momentum not negative");
   }
-  if (config.device != "cpu" && config.device != "cuda" &&
-      config.device != "sim") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the device must be cpu, cuda or sim, got '", config.device, "'"));
-  }
-  if (config.device == "cuda" && !torch::cuda::is_available()) {
+  GS_RETURN_IF_ERROR(CheckDeviceType(config.device));
+  if (config.device == v1::DEVICE_TYPE_CUDA && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError(
         "the device is cuda, but this LibTorch has no CUDA or sees no GPU");
   }

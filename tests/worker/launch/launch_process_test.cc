@@ -201,7 +201,9 @@ TEST_F(LaunchProcessTest, RestartsRunOutAndTheJobFailsWithTheExitCode) {
 // gradsync's own trainer heals in place under the launcher: the agent joins
 // for its processes, restarts only the one that died, which rejoins as a
 // new incarnation and takes the lost rank; the others re-form without
-// restarting and training resumes after the last committed step.
+// restarting and training resumes after the last committed step. On
+// simulated GPUs (NCCL over them): each survivor keeps its device and the
+// replacement takes the one the lost process left free.
 TEST_F(LaunchProcessTest, GradsyncWorkerRestartsAloneAndTheOthersHealInPlace) {
   // Local process 1 dies right after committing its 15th step (only in its
   // first life: a restarted process has no LOCAL_RANK).
@@ -211,12 +213,18 @@ TEST_F(LaunchProcessTest, GradsyncWorkerRestartsAloneAndTheOthersHealInPlace) {
       {"/bin/sh", "-c",
        "if [ \"$LOCAL_RANK\" = 1 ]; then exec \"$0\" --failpoint=step:15 "
        "\"$@\"; else exec \"$0\" \"$@\"; fi",
-       worker, "--hidden=32", "--synthetic_size=2000", "--batch_size=16",
-       "--steps=40", "--threads=1", "--log_every=0"});
+       worker, "--device=sim", "--hidden=32", "--synthetic_size=2000",
+       "--batch_size=16", "--steps=40", "--threads=1", "--log_every=0"});
   ASSERT_TRUE(WaitAll({agent.get()}, kBound));
   EXPECT_EQ(agent->exit_code(), 0) << agent->describe();
   const std::string out = agent->out() + agent->err();
   EXPECT_THAT(out, HasSubstr("[local1]: failpoint step hit"));
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("round 1: rank ", rank, " on sim:",
+                                            rank)));
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("round 2: rank ", rank, " on sim:",
+                                            rank)));
+  }
   EXPECT_THAT(out, HasSubstr("restarting that process alone (restart 1 of 1)"));
   // The survivors re-formed in place (no restart of theirs) and resumed.
   EXPECT_THAT(out, HasSubstr("round 1 failed on rank 0 after step 15"));

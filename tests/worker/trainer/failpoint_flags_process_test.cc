@@ -35,21 +35,33 @@ std::unique_ptr<Child> StartWorker(const std::vector<std::string>& flags) {
   return child;
 }
 
-// --device=cpu: the check runs before anything else, so the process ends
-// at once (about a second, mostly loading LibTorch; hence one process, not
-// one per place where NCCL cannot run).
-TEST(FailpointFlagsProcessTest, AnNcclFailpointIsRefusedOnTheCpu) {
-  std::unique_ptr<Child> child =
-      StartWorker({"--device=cpu", "--failpoint=nccl_hang:1"});
+// Where no NCCL collective can run: the check runs before anything else, so
+// each process ends at once (about a second, mostly loading LibTorch).
+class FailpointFlagsProcessTest
+    : public ::testing::TestWithParam<std::vector<std::string>> {};
+
+TEST_P(FailpointFlagsProcessTest, AnNcclFailpointIsRefused) {
+  std::unique_ptr<Child> child = StartWorker(GetParam());
   ASSERT_TRUE(WaitAll({child.get()}, kBound));
   EXPECT_EQ(child->exit_code(), 1) << child->describe();
   EXPECT_THAT(child->err(),
-              HasSubstr("gradsync-worker: INVALID_ARGUMENT: "
-                        "--failpoint=nccl_hang injects into NCCL collectives: "
-                        "it needs --device=cuda or --device=sim, a coordinator "
+              HasSubstr("gradsync-worker: INVALID_ARGUMENT: --failpoint=nccl_"))
+      << child->describe();
+  EXPECT_THAT(child->err(),
+              HasSubstr(" injects into NCCL collectives: it needs "
+                        "--device=cuda or --device=sim, a coordinator "
                         "and a backend other than gloo"))
       << child->describe();
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    WhereNcclCannotRun, FailpointFlagsProcessTest,
+    ::testing::Values(
+        std::vector<std::string>{"--device=cpu", "--failpoint=nccl_hang:1"},
+        std::vector<std::string>{"--device=sim", "--backend=gloo",
+                                 "--failpoint=nccl_async_error:2"},
+        std::vector<std::string>{"--device=sim", "--standalone",
+                                 "--failpoint=step:5,nccl_hang:1"}));
 
 }  // namespace
 }  // namespace gradsync
