@@ -19,7 +19,7 @@ namespace {
 
 constexpr absl::string_view kKnown[] = {
     kFailpointStateTransfer, kFailpointStep, kFailpointNcclAsyncError,
-    kFailpointNcclHang, kFailpointCorruptParameters};
+    kFailpointNcclHang, kFailpointCorruptParameters, kFailpointHang};
 
 // The armed failpoints and their passes left (for a step-keyed one, its
 // step); `any` lets a pass skip the lock while none is armed.

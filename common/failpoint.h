@@ -47,6 +47,11 @@ inline constexpr absl::string_view kFailpointNcclHang = "nccl_hang";
 // corruption, for divergence detection).
 inline constexpr absl::string_view kFailpointCorruptParameters =
     "corrupt_parameters";
+// Step-keyed: before the first collective of training step STEP the rank
+// stands still, heartbeating, until its round is over (a real hang: unlike
+// SIGSTOP, the coordinator still hears from it); it then fails the round
+// and rejoins. Needs a coordinator.
+inline constexpr absl::string_view kFailpointHang = "hang";
 
 // The exit code of a process that hit an armed exit failpoint.
 inline constexpr int kFailpointExitCode = 86;

@@ -90,41 +90,6 @@ class StragglerDetector {
   std::vector<RankLags> ranks_;
 };
 
-// The hang timeout of a round: fixed when the job set one; otherwise
-// `factor` x the 99th percentile of the round's recent step times (the
-// newest kSamples the heartbeats reported), within [min, max], and
-// `fallback` until kMinSamples were reported. A job of 50 ms steps is then
-// found hung after `min` (1 s by default), one of 10 s steps not before
-// 100 s.
-class HangTimeout {
- public:
-  static constexpr int kSamples = 256;
-  static constexpr int kMinSamples = 8;
-  struct Bounds {
-    absl::Duration min = absl::Seconds(1);
-    absl::Duration max = absl::Minutes(10);
-    absl::Duration fallback = absl::Seconds(30);
-    double factor = 10;
-  };
-
-  HangTimeout(std::optional<absl::Duration> fixed, Bounds bounds);
-
-  // One step of one rank took `step_time`.
-  void AddStep(absl::Duration step_time);
-  // The timeout now.
-  absl::Duration value() const;
-  // Whether value() follows the step times (false: fixed, or the fallback).
-  bool self_set() const {
-    return !fixed_.has_value() && count_ >= kMinSamples;
-  }
-
- private:
-  const std::optional<absl::Duration> fixed_;
-  const Bounds bounds_;
-  std::vector<absl::Duration> ring_;  // the newest kSamples
-  int64_t count_ = 0;                 // samples ever added
-};
-
 // Compares the replica fingerprints (ReplicaFingerprint) of each step
 // across the ranks of a round. Once every rank reported a step: either all
 // agree, or the ranks whose fingerprints differ from the majority's are

@@ -144,7 +144,7 @@ std::shared_ptr<HealthManager::JobHealth> HealthManager::NewJobHealth(
   }
   job->hang_timeout.emplace(
       fixed_hang,
-      HangTimeout::Bounds{config_.min_hang_timeout, config_.max_hang_timeout,
+      SelfSetTimeout::Bounds{config_.min_hang_timeout, config_.max_hang_timeout,
                           config_.hang_timeout, config_.hang_timeout_factor});
   job->heal_divergence = c.divergence_policy() != v1::DIVERGENCE_POLICY_FAIL;
   job->divergence.emplace(static_cast<int>(world));

@@ -70,6 +70,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/self_set_timeout.h"
 #include "proto/gradsync/v1/health.pb.h"
 #include "server/health_detectors.h"
 #include "server/heartbeat_shedder.h"
@@ -84,7 +85,7 @@ struct HealthConfig {
   int missed_heartbeats = 3;
   absl::Duration straggler_threshold = absl::Milliseconds(100);
   // The hang timeout of a job that sets none follows its step times
-  // (HangTimeout): hang_timeout_factor x their 99th percentile, within
+  // (SelfSetTimeout): hang_timeout_factor x their 99th percentile, within
   // [min_hang_timeout, max_hang_timeout]; hang_timeout until enough steps
   // were reported.
   absl::Duration hang_timeout = absl::Seconds(30);
@@ -301,7 +302,7 @@ class HealthManager : public RoundListener {
     v1::FailurePolicy policy = v1::FAILURE_POLICY_DEGRADE;
     absl::Duration straggler_threshold;
     // Made with the job's fixed timeout or the coordinator's bounds.
-    std::optional<HangTimeout> hang_timeout ABSL_GUARDED_BY(mu);
+    std::optional<SelfSetTimeout> hang_timeout ABSL_GUARDED_BY(mu);
     // How long a member whose stream broke may take to heartbeat again.
     absl::Duration reconnect_grace;
     // A heartbeat later than this x its member's factor after the member's

@@ -65,7 +65,7 @@ ABSL_FLAG(absl::Duration, hang_timeout, absl::Seconds(30),
 ABSL_FLAG(double, hang_timeout_factor, 10,
           "the self-set hang timeout: this many times the 99th percentile of "
           "the round's recent step times, within --min_hang_timeout and "
-          "--max_hang_timeout");
+          "--max_hang_timeout; 0: always --hang_timeout");
 ABSL_FLAG(absl::Duration, min_hang_timeout, absl::Seconds(1),
           "the shortest self-set hang timeout");
 ABSL_FLAG(absl::Duration, max_hang_timeout, absl::Minutes(10),
@@ -302,9 +302,9 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_streams_per_connection);
   if (config.health.min_hang_timeout <= absl::ZeroDuration() ||
       config.health.max_hang_timeout < config.health.min_hang_timeout ||
-      config.health.hang_timeout_factor <= 0) {
+      config.health.hang_timeout_factor < 0) {
     GS_LOG(ERROR) << "--min_hang_timeout must be > 0, --max_hang_timeout >= "
-                     "--min_hang_timeout and --hang_timeout_factor > 0";
+                     "--min_hang_timeout and --hang_timeout_factor >= 0";
     return EXIT_FAILURE;
   }
   if (config.health.heartbeat_interval <= absl::ZeroDuration() ||

@@ -68,6 +68,14 @@ ABSL_FLAG(absl::Duration, last_call_timeout, absl::Seconds(30),
 ABSL_FLAG(absl::Duration, timeout, absl::Minutes(5),
           "bootstrap and per-collective timeout: a peer that stops "
           "answering fails the step after this long instead of hanging it");
+ABSL_FLAG(double, collective_timeout_factor, 10,
+          "a collective in flight longer than this x the 99th percentile of "
+          "the round's step times (at least --min_collective_timeout, at "
+          "most --timeout; after 8 steps) aborts the round, which re-forms; "
+          "0: only --timeout");
+ABSL_FLAG(absl::Duration, min_collective_timeout, absl::Seconds(10),
+          "the shortest self-set collective timeout (the coordinator's hang "
+          "diagnosis, which only reports, goes down to 1 s)");
 ABSL_FLAG(int, max_recoveries, 3,
           "how often this process may re-form its round after losing a peer "
           "before it gives up");
@@ -79,7 +87,9 @@ ABSL_FLAG(std::string, failpoint, "",
           "asynchronously after it was enqueued) and nccl_hang (it never "
           "completes) need the NCCL backend (--device=cuda or sim); "
           "corrupt_parameters:STEP flips one bit of one parameter right after "
-          "training step STEP (a step number, not a pass count)");
+          "training step STEP (a step number, not a pass count); hang:STEP "
+          "stands still before step STEP's first collective, heartbeating, "
+          "until the coordinator ends the round");
 ABSL_FLAG(std::string, failure_policy, "",
           "what losing a member does to the job (set by its first join): "
           "recover (re-form the round in place; the default) or fail");
@@ -312,6 +322,7 @@ class WorkerTrainer : public Trainer {
     context.on_step = round.report_step;
     context.on_round_started = round.report_round_start;
     context.reform_requested = round.reform_requested;
+    context.await_round_over = round.await_round_over;
     GS_ASSIGN_OR_RETURN(TrainSummary summary, run_->TrainRound(context));
     if (round.rank != 0) return absl::OkStatus();
     PrintDone(summary);
@@ -342,6 +353,11 @@ absl::Status ArmFailpointsFromFlags(v1::DeviceType device) {
           "than gloo"));
     }
   }
+  if (FailpointArmed(kFailpointHang) && absl::GetFlag(FLAGS_standalone)) {
+    return absl::InvalidArgumentError(
+        "--failpoint=hang stands still until the coordinator ends the round: "
+        "it needs a coordinator, not --standalone");
+  }
   return absl::OkStatus();
 }
 
@@ -364,6 +380,9 @@ JobOptions JobOptionsFromFlags(const TrainerConfig& config) {
   }
   options.nccl_faults = FailpointCommFaults();
   options.timeout = absl::GetFlag(FLAGS_timeout);
+  options.collective_timeout_factor =
+      absl::GetFlag(FLAGS_collective_timeout_factor);
+  options.min_collective_timeout = absl::GetFlag(FLAGS_min_collective_timeout);
   options.join_timeout = absl::GetFlag(FLAGS_join_timeout);
   options.last_call_timeout = absl::GetFlag(FLAGS_last_call_timeout);
   options.max_recoveries = absl::GetFlag(FLAGS_max_recoveries);

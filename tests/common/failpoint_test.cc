@@ -19,7 +19,7 @@ TEST(FailpointTest, BadSpecsAreRefusedAndArmNothing) {
   EXPECT_THAT(ArmFailpoint("nope").message(),
               HasSubstr("unknown failpoint 'nope' (known: state_transfer, "
                         "step, nccl_async_error, nccl_hang, "
-                        "corrupt_parameters)"));
+                        "corrupt_parameters, hang)"));
   EXPECT_THAT(ArmFailpoint("nccl_hang:2,nccl_hang:3").message(),
               HasSubstr("'nccl_hang' is listed twice"));
   EXPECT_FALSE(FailpointArmed(kFailpointStep));  // "step,nope" armed nothing

@@ -213,38 +213,5 @@ TEST(DivergenceDetectorTest, StepsAreMatchedWithinTheWindowOnly) {
   EXPECT_FALSE(outcome->divergence.has_value());
 }
 
-TEST(HangTimeoutTest, FollowsTheStepTimesWithinItsBounds) {
-  const HangTimeout::Bounds bounds;  // 1 s to 10 min, 30 s before, x10
-  HangTimeout fast(std::nullopt, bounds), slow(std::nullopt, bounds);
-  for (int i = 0; i < HangTimeout::kMinSamples - 1; ++i) {
-    fast.AddStep(absl::Milliseconds(50));
-    slow.AddStep(absl::Seconds(10));
-  }
-  EXPECT_FALSE(fast.self_set());
-  EXPECT_EQ(fast.value(), absl::Seconds(30)) << "too few steps: the fallback";
-  fast.AddStep(absl::Milliseconds(50));
-  slow.AddStep(absl::Seconds(10));
-  EXPECT_TRUE(fast.self_set());
-  EXPECT_EQ(fast.value(), absl::Seconds(1)) << "10 x 50 ms, raised to the minimum";
-  EXPECT_EQ(slow.value(), absl::Seconds(100));
-  for (int i = 0; i < HangTimeout::kSamples; ++i) slow.AddStep(absl::Hours(1));
-  EXPECT_EQ(slow.value(), absl::Minutes(10)) << "the maximum";
-}
-
-TEST(HangTimeoutTest, TheNinetyNinthPercentileIgnoresAFewOutliers) {
-  HangTimeout timeout(std::nullopt, HangTimeout::Bounds());
-  for (int i = 0; i < HangTimeout::kSamples; ++i) {
-    timeout.AddStep(i < 2 ? absl::Seconds(60) : absl::Milliseconds(200));
-  }
-  EXPECT_EQ(timeout.value(), absl::Seconds(2));
-}
-
-TEST(HangTimeoutTest, AJobsOwnTimeoutIsFixed) {
-  HangTimeout timeout(absl::Seconds(45), HangTimeout::Bounds());
-  for (int i = 0; i < 50; ++i) timeout.AddStep(absl::Milliseconds(10));
-  EXPECT_FALSE(timeout.self_set());
-  EXPECT_EQ(timeout.value(), absl::Seconds(45));
-}
-
 }  // namespace
 }  // namespace gradsync

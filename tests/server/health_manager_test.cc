@@ -897,7 +897,7 @@ TEST_F(HealthManagerTest, ADivergedMinorityIsHealedFromTheMajority) {
   EXPECT_EQ(status.diagnosis().divergence().tensors(0), "fc1.bias");
   // The round's later fingerprints ask for nothing more.
   for (int r = 0; r < 3; ++r) {
-    ASSERT_TRUE(Beat(r, Replica(150, {r, 0})).ok());
+    ASSERT_TRUE(Beat(r, Replica(150, {static_cast<uint64_t>(r), 0})).ok());
   }
   EXPECT_EQ(heals_.size(), 1u);
   // The round the heal re-forms still shows the divergence.

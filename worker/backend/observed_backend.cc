@@ -4,8 +4,8 @@
 
 namespace gradsync {
 
-ObservedBackend::ObservedBackend(Backend* inner)
-    : Backend(inner->options()), inner_(inner) {}
+ObservedBackend::ObservedBackend(Backend* inner, Clock* clock)
+    : Backend(inner->options()), inner_(inner), clock_(clock) {}
 
 std::shared_ptr<Work> ObservedBackend::Record(std::shared_ptr<Work> work,
                                               const char* op, DataType dtype,
@@ -15,7 +15,7 @@ std::shared_ptr<Work> ObservedBackend::Record(std::shared_ptr<Work> work,
   pending_.push_back({work->sequence(), op, dtype, count});
   if (pending_.size() > kMaxPending) pending_.pop_front();
   last_started_ = std::max<uint64_t>(last_started_, work->sequence());
-  in_flight_.push_back(work);
+  in_flight_.emplace_back(work, clock_->Now());
   return work;
 }
 
@@ -50,13 +50,26 @@ uint64_t ObservedBackend::last_started() const {
   return last_started_;
 }
 
-uint64_t ObservedBackend::last_finished() const {
-  absl::MutexLock lock(&mu_);
-  while (!in_flight_.empty() && in_flight_.front()->IsCompleted()) {
-    last_finished_ = in_flight_.front()->sequence();
+void ObservedBackend::DropFinishedLocked() const {
+  while (!in_flight_.empty() && in_flight_.front().first->IsCompleted()) {
+    last_finished_ = in_flight_.front().first->sequence();
     in_flight_.pop_front();
   }
+}
+
+uint64_t ObservedBackend::last_finished() const {
+  absl::MutexLock lock(&mu_);
+  DropFinishedLocked();
   return last_finished_;
+}
+
+std::optional<ObservedBackend::InFlight> ObservedBackend::oldest_in_flight()
+    const {
+  absl::MutexLock lock(&mu_);
+  DropFinishedLocked();
+  if (in_flight_.empty()) return std::nullopt;
+  return InFlight{in_flight_.front().first->sequence(),
+                  in_flight_.front().second};
 }
 
 }  // namespace gradsync

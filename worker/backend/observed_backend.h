@@ -1,18 +1,23 @@
 // A Backend decorator that records what a rank's collectives are doing, for
 // its heartbeats: a fingerprint of every collective it issues (for desync
 // detection), and the sequence numbers of the last one started and the last
-// one finished (for hang diagnosis).
+// one finished (for hang diagnosis); and since when the oldest unfinished
+// one is in flight (for the collective watchdog).
 #ifndef GRADSYNC_WORKER_BACKEND_OBSERVED_BACKEND_H_
 #define GRADSYNC_WORKER_BACKEND_OBSERVED_BACKEND_H_
 
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
 #include "worker/backend/backend.h"
 
 namespace gradsync {
@@ -31,7 +36,9 @@ struct CollectiveRecord {
 // not recorded. Thread-safe.
 class ObservedBackend final : public Backend {
  public:
-  explicit ObservedBackend(Backend* inner);
+  // `clock` (default: the real one) times the collectives; it must outlive
+  // the backend.
+  explicit ObservedBackend(Backend* inner, Clock* clock = RealClock::Get());
 
   std::string name() const override { return inner_->name(); }
   std::shared_ptr<Work> AllReduce(Buffer buffer, ReduceOp op) override;
@@ -49,17 +56,31 @@ class ObservedBackend final : public Backend {
   uint64_t last_started() const;
   uint64_t last_finished() const;
 
+  // The oldest collective issued and not yet completed: its sequence number
+  // and when it was issued. Unset when none is in flight.
+  struct InFlight {
+    uint64_t sequence = 0;
+    absl::Time issued;
+  };
+  std::optional<InFlight> oldest_in_flight() const;
+
   static constexpr size_t kMaxPending = 1024;
 
  private:
   std::shared_ptr<Work> Record(std::shared_ptr<Work> work, const char* op,
                                DataType dtype, int64_t count);
 
+  // Pops the completed collectives at the front of in_flight_.
+  void DropFinishedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   Backend* const inner_;
+  Clock* const clock_;
   mutable absl::Mutex mu_;
   std::deque<CollectiveRecord> pending_ ABSL_GUARDED_BY(mu_);
-  // Issued collectives not yet seen complete, in issue order.
-  mutable std::deque<std::shared_ptr<Work>> in_flight_ ABSL_GUARDED_BY(mu_);
+  // Issued collectives not yet seen complete, in issue order, with the time
+  // each was issued.
+  mutable std::deque<std::pair<std::shared_ptr<Work>, absl::Time>> in_flight_
+      ABSL_GUARDED_BY(mu_);
   uint64_t last_started_ ABSL_GUARDED_BY(mu_) = 0;
   mutable uint64_t last_finished_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -133,6 +133,7 @@ void HealthReporter::TakeFingerprintsLocked(v1::WorkerMetrics* metrics) {
 }
 
 std::function<void(const absl::Status&)> HealthReporter::TakeRoundOverLocked() {
+  round_over_generation_ = member_generation_;
   std::function<void(const absl::Status&)> callback;
   callback.swap(on_round_over_);
   return callback;
@@ -355,6 +356,15 @@ absl::Status HealthReporter::Finish(bool success, int exit_code,
   absl::MutexLock lock(&mu_);
   verdict_.state = *state;
   return absl::OkStatus();
+}
+
+void HealthReporter::AwaitRoundOver() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &HealthReporter::RoundOverOrStoppingLocked));
+}
+
+bool HealthReporter::RoundOverOrStoppingLocked() const {
+  return stopping_ || round_over_generation_ == member_generation_;
 }
 
 void HealthReporter::Stop() {

@@ -141,6 +141,12 @@ class HealthReporter {
   // coordinator answered, then the one it last asked for.
   absl::Duration interval() const;
 
+  // Blocks until the coordinator ended the member of the latest Start() (the
+  // moment its on_round_over runs, or would) or the reporter stops: for a
+  // training thread that stands still on purpose (the failpoint hang:STEP)
+  // and must go on once its round is over.
+  void AwaitRoundOver();
+
   // Sends a last heartbeat, closes the stream cleanly, stops the thread and
   // reports completion (success, or failure with `exit_code` and `message`),
   // retrying while the coordinator is unreachable within the client's retry
@@ -177,6 +183,7 @@ class HealthReporter {
   // Whether a Start() or Stop() came since `loop`'s stream opened.
   bool MemberChangedOrStoppingLocked(const Loop& loop) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool RoundOverOrStoppingLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Takes the member's on_round_over callback (once), or returns an empty
   // one; the caller runs it without the lock.
   std::function<void(const absl::Status&)> TakeRoundOverLocked()
@@ -196,6 +203,8 @@ class HealthReporter {
   std::optional<v1::MemberRef> member_ ABSL_GUARDED_BY(mu_);
   // Counts Start() calls, so the thread notices a new member.
   int64_t member_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // The member_generation_ whose round the coordinator ended last.
+  int64_t round_over_generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration interval_ ABSL_GUARDED_BY(mu_);
   // Whether the coordinator last said it sheds heartbeat load (for logs).

@@ -12,6 +12,7 @@
 #include "common/token_file.h"
 #include "worker/backend/observed_backend.h"
 #include "worker/client/coordinator_client.h"
+#include "worker/runtime/collective_watchdog.h"
 #include "worker/runtime/device.h"
 #include "worker/runtime/elastic.h"
 #include "worker/runtime/health_reporter.h"
@@ -30,8 +31,12 @@ class RoundAdapter final : public RoundTrainer {
  public:
   // `device`: the process's NCCL device, once opened (null on the CPU).
   RoundAdapter(Trainer* trainer, HealthReporter* reporter,
-               const std::unique_ptr<NcclDevice>* device)
-      : trainer_(trainer), reporter_(reporter), device_(device) {}
+               const std::unique_ptr<NcclDevice>* device,
+               const CollectiveWatchdogOptions& watchdog)
+      : trainer_(trainer),
+        reporter_(reporter),
+        device_(device),
+        watchdog_(watchdog) {}
 
   bool has_state() const override { return trainer_->has_state(); }
   int64_t committed_step() const override { return trainer_->committed_step(); }
@@ -39,6 +44,7 @@ class RoundAdapter final : public RoundTrainer {
   absl::Status TrainRound(const v1::Assignment& assignment, Backend* backend,
                           absl::Duration process_group_time) override {
     ObservedBackend observed(backend);
+    CollectiveWatchdog watchdog(&observed, watchdog_);
     std::function<int64_t()> gpu_memory;
     NcclDevice* device = device_->get();
     if (device != nullptr) {
@@ -59,8 +65,13 @@ class RoundAdapter final : public RoundTrainer {
       round.device_index = device->index();
       round.device_name = device->name();
     }
-    round.report_step = [&telemetry](const StepReport& report, int64_t samples) {
+    round.report_step = [&telemetry, &watchdog](const StepReport& report,
+                                                int64_t samples) {
+      watchdog.AddStep(report.step_time, report.checkpoint);
       return telemetry.OnStep(report, samples);
+    };
+    round.await_round_over = [reporter = reporter_] {
+      reporter->AwaitRoundOver();
     };
     round.report_round_start = [&telemetry, process_group_time](
                                    absl::Duration state_transfer,
@@ -77,6 +88,8 @@ class RoundAdapter final : public RoundTrainer {
       };
     }
     absl::Status trained = trainer_->Train(round);
+    // The watchdog's reason, not the abort it caused.
+    if (!trained.ok() && !watchdog.fired().ok()) trained = watchdog.fired();
     if (!trained.ok()) {
       if (!IsReformAtStepBoundary(trained)) {
         telemetry.SetError(std::string(trained.message()));
@@ -91,6 +104,7 @@ class RoundAdapter final : public RoundTrainer {
   Trainer* const trainer_;
   HealthReporter* const reporter_;
   const std::unique_ptr<NcclDevice>* const device_;
+  const CollectiveWatchdogOptions watchdog_;
 };
 
 // The join request: the launcher's, or one built from `options`.
@@ -158,6 +172,12 @@ absl::Status RunJob(const JobOptions& options, Trainer* trainer) {
   if (options.max_recoveries < 0) {
     return absl::InvalidArgumentError("max_recoveries must be >= 0");
   }
+  if (options.collective_timeout_factor < 0 ||
+      options.min_collective_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "collective_timeout_factor must be >= 0 (0: off) and "
+        "min_collective_timeout positive");
+  }
   GS_RETURN_IF_ERROR(CheckDeviceType(options.device));
   const v1::DeviceType device_type = options.device;
   int device_count = options.device_count;
@@ -205,7 +225,11 @@ absl::Status RunJob(const JobOptions& options, Trainer* trainer) {
   };
 
   HealthReporter reporter(client.get());
-  RoundAdapter adapter(trainer, &reporter, &device);
+  CollectiveWatchdogOptions watchdog;
+  watchdog.factor = options.collective_timeout_factor;
+  watchdog.min = options.min_collective_timeout;
+  watchdog.max = options.timeout;
+  RoundAdapter adapter(trainer, &reporter, &device, watchdog);
   absl::Status trained =
       RunElastic(client.get(), request, elastic, &reporter, &adapter);
   if (!trained.ok()) {

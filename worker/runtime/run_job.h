@@ -69,6 +69,10 @@ struct JobOptions {
   CommFaultPlan nccl_faults;
   // Process group bootstrap and per-collective timeout; the rendezvous's.
   absl::Duration timeout = absl::Minutes(5);
+  // A collective's timeout that follows the round's step times, within
+  // [min, timeout] (factor 0: off; see collective_watchdog.h).
+  double collective_timeout_factor = 10;
+  absl::Duration min_collective_timeout = absl::Seconds(10);
   absl::Duration join_timeout = absl::Minutes(10);
   absl::Duration last_call_timeout = absl::Seconds(30);
   // How often a failed round may be re-formed before giving up.
@@ -117,6 +121,10 @@ struct Round {
   // whether the coordinator asks the ranks to re-form the round at a step
   // boundary (see TrainContext::reform_requested in worker/trainer).
   std::function<bool()> reform_requested;
+  // Blocks until the coordinator ended this member's round: for a loop
+  // that stands still on purpose (the failpoint hang:STEP), as a hung rank
+  // would, and must go on once its round is over.
+  std::function<void()> await_round_over;
 };
 
 // A training loop that keeps its state across rounds. Used by one thread.

@@ -25,6 +25,9 @@ struct StepReport {
   // The replica's fingerprint after this step, on the steps it is taken
   // (TrainerConfig::fingerprint_every); null on the others.
   std::shared_ptr<const ReplicaDigest> fingerprint;
+  // Whether rank 0 writes a checkpoint after this step (set on every rank:
+  // the others may wait for it in their next collective).
+  bool checkpoint = false;
 };
 
 }  // namespace gradsync

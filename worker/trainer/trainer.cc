@@ -191,12 +191,15 @@ absl::Status TrainingRun::Impl::OpenCheckpoints() {
   return absl::OkStatus();
 }
 
+bool TrainingRun::Impl::CheckpointDue(bool last) const {
+  if (!checkpoints_.has_value()) return false;
+  return last || (config_.checkpoint_every > 0 &&
+                  position_.step % config_.checkpoint_every == 0);
+}
+
 absl::Status TrainingRun::Impl::MaybeCheckpoint(const TrainContext& context,
                                                 bool last) {
-  if (!checkpoints_.has_value() || context.rank != 0) return absl::OkStatus();
-  const bool due = config_.checkpoint_every > 0 &&
-                   position_.step % config_.checkpoint_every == 0;
-  if (!due && !last) return absl::OkStatus();
+  if (context.rank != 0 || !CheckpointDue(last)) return absl::OkStatus();
   GS_ASSIGN_OR_RETURN(
       Checkpoint checkpoint,
       CaptureCheckpoint(*model_, *optimizer_, position_.step,
@@ -273,6 +276,22 @@ TrainingRun::Impl::MaybeFingerprint(int64_t step, Clock* clock) {
   return std::make_shared<const ReplicaDigest>(std::move(digest));
 }
 
+// The failpoint hang:STEP: stands still before the step's first collective
+// while the heartbeats go on, until the round is over; then fails the round
+// as a hung rank whose collectives were aborted would.
+absl::Status TrainingRun::Impl::MaybeHang(const TrainContext& context,
+                                          int64_t step) {
+  if (!FailpointFiresAtStep(kFailpointHang, step)) return absl::OkStatus();
+  if (!context.await_round_over) {
+    return absl::FailedPreconditionError(
+        "the failpoint hang needs a coordinator to end the round");
+  }
+  context.await_round_over();
+  return absl::AbortedError(absl::StrCat(
+      "failpoint hang: stood still before step ", step,
+      " until the coordinator ended the round"));
+}
+
 // One optimizer step: its micro-batches (all but the last under no_sync),
 // then the update. The step commits (the position advances) only
 // once the update is applied, and the update is applied only once every
@@ -288,6 +307,7 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
   const absl::Time step_start = context.clock->Now();
   StepReport report;
   report.step = position_.step + 1;
+  GS_RETURN_IF_ERROR(MaybeHang(context, report.step));
   Position cursor = position_;
   int64_t global_samples = 0;
   const std::vector<MicroBatch> micro =
@@ -313,6 +333,7 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
   cursor.step = report.step;
   position_ = cursor;  // committed
   // Under uneven inputs the last checkpoint waits for every rank.
+  report.checkpoint = CheckpointDue(Done() && !uneven());
   GS_RETURN_IF_ERROR(MaybeCheckpoint(context, Done() && !uneven()));
   Failpoint(kFailpointStep);
   if (FailpointFiresAtStep(kFailpointCorruptParameters, report.step)) {

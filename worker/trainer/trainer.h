@@ -163,6 +163,10 @@ struct TrainContext {
   // same committed step; TrainRound then returns ReformAtStepBoundary
   // (worker/runtime/reform.h). Unset, no step pays for that all-reduce.
   std::function<bool()> reform_requested;
+  // Blocks until the round is over (the coordinator ended this member): the
+  // failpoint hang:STEP stands still in it. Unset: that failpoint cannot
+  // apply (FAILED_PRECONDITION).
+  std::function<void()> await_round_over;
   Clock* clock = RealClock::Get();
 };
 

@@ -187,9 +187,13 @@ class TrainingRun::Impl {
   absl::StatusOr<TrainSummary> Finish(const TrainContext& context);
   // After a step committed: reports the round's start once.
   void ReportRoundStart(const TrainContext& context);
-  // Rank 0 writes a checkpoint when one is due: every checkpoint_every steps
-  // and, with `last`, after the last step.
+  // Whether a checkpoint is due after the step committed last: every
+  // checkpoint_every steps and, with `last`, after the last step.
+  bool CheckpointDue(bool last) const;
+  // Rank 0 writes a checkpoint when one is due.
   absl::Status MaybeCheckpoint(const TrainContext& context, bool last);
+  // The failpoint hang:STEP, before `step`'s first collective.
+  absl::Status MaybeHang(const TrainContext& context, int64_t step);
   bool uneven() const { return !config_.rank_batches.empty(); }
   // Uneven inputs: a scope per epoch, and the end of this rank's epoch
   // (collective: shadows the ranks still training until all are done).

@@ -5,43 +5,14 @@
 #include <memory>
 #include <vector>
 
+#include "common/clock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/scripted_backend.h"
 
 namespace gradsync {
 namespace {
 
-// Hands out Works numbered 1, 2, ... that the test finishes; INVALID_ARGUMENT
-// (sequence 0) for buffers without data, as real backends refuse them.
-class ScriptedBackend final : public Backend {
- public:
-  ScriptedBackend() : Backend(BackendOptions()) {}
-  std::string name() const override { return "scripted"; }
-  std::shared_ptr<Work> AllReduce(Buffer buffer, ReduceOp) override {
-    return Issue(buffer);
-  }
-  std::shared_ptr<Work> Broadcast(Buffer buffer, int) override {
-    return Issue(buffer);
-  }
-  std::shared_ptr<Work> AllGather(Buffer input, Buffer) override {
-    return Issue(input);
-  }
-  std::shared_ptr<Work> Barrier() override {
-    works.push_back(std::make_shared<Work>(works.size() + 1));
-    return works.back();
-  }
-  void Abort() override { ++aborts; }
-  int aborts = 0;
-  std::vector<std::shared_ptr<Work>> works;
-
- private:
-  std::shared_ptr<Work> Issue(const Buffer& buffer) {
-    if (buffer.data == nullptr && buffer.count > 0) {
-      return Work::Done(0, absl::InvalidArgumentError("no data"));
-    }
-    works.push_back(std::make_shared<Work>(works.size() + 1));
-    return works.back();
-  }
-};
+using ::gradsync::testing::ScriptedBackend;
 
 TEST(ObservedBackendTest, RecordsFingerprintsInIssueOrder) {
   ScriptedBackend inner;
@@ -98,6 +69,28 @@ TEST(ObservedBackendTest, KeepsOnlyTheNewestRecords) {
   std::vector<CollectiveRecord> records = observed.TakeRecords();
   ASSERT_EQ(records.size(), ObservedBackend::kMaxPending);
   EXPECT_EQ(records.front().sequence, 6u);
+}
+
+TEST(ObservedBackendTest, KnowsSinceWhenTheOldestCollectiveIsInFlight) {
+  ScriptedBackend inner;
+  FakeClock clock;
+  ObservedBackend observed(&inner, &clock);
+  EXPECT_FALSE(observed.oldest_in_flight().has_value());
+  const absl::Time first = clock.Now();
+  observed.Barrier();
+  clock.Advance(absl::Seconds(2));
+  observed.Barrier();
+  clock.Advance(absl::Seconds(3));
+  ASSERT_TRUE(observed.oldest_in_flight().has_value());
+  EXPECT_EQ(observed.oldest_in_flight()->sequence, 1u);
+  EXPECT_EQ(observed.oldest_in_flight()->issued, first);
+  inner.works[0]->Finish(absl::OkStatus());
+  ASSERT_TRUE(observed.oldest_in_flight().has_value());
+  EXPECT_EQ(observed.oldest_in_flight()->sequence, 2u);
+  EXPECT_EQ(observed.oldest_in_flight()->issued, first + absl::Seconds(2));
+  inner.works[1]->Finish(absl::AbortedError("aborted"));
+  EXPECT_FALSE(observed.oldest_in_flight().has_value());
+  EXPECT_EQ(observed.last_finished(), 2u);
 }
 
 }  // namespace

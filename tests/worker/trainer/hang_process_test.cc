@@ -1,0 +1,158 @@
+// A real hang with real processes: one of three gradsync-workers stands
+// still before a step's first collective while its heartbeats go on
+// (--failpoint=hang:STEP), over shared memory, Gloo TCP and the simulated
+// GPU (NCCL). The coordinator's self-set hang timeout (10 x the p99 of a
+// few-millisecond step, raised to its 1 s minimum) names the hung rank in
+// status within 2 s; the peers' collective watchdogs (here at least 3 s,
+// far below the fixed --timeout of 60 s) abort their round, the round
+// re-forms with all three and the job succeeds.
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
+#include "worker/client/coordinator_client.h"
+
+namespace gradsync {
+namespace {
+
+using ::gradsync::testing::Child;
+using ::gradsync::testing::CoordinatorProcess;
+using ::gradsync::testing::PumpUntil;
+using ::gradsync::testing::Runfile;
+using ::gradsync::testing::WaitAll;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kBound = absl::Seconds(120);
+// Late enough that the heartbeats brought the coordinator 8 step times
+// (its hang timeout sets itself then): steps take a few milliseconds.
+constexpr int kHangStep = 600;
+
+class HangProcessTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  // Each test has a coordinator of its own.
+  static std::string Job() { return "hang"; }
+
+  void SetUp() override {
+    // Heartbeats every 250 ms: the coordinator hears of the last progress
+    // within that; 12 missed (3 s) before a rank counts as lost, so that a
+    // loaded machine does not lose one.
+    ASSERT_TRUE(coordinator_.Start(
+        Runfile("server/gradsync-coordinator"), "hang_process_test",
+        {"--heartbeat_interval=250ms", "--missed_heartbeats=12"}));
+    ClientOptions options;
+    options.target = coordinator_.address();
+    client_ = *CoordinatorClient::Create(options);
+  }
+  void TearDown() override { EXPECT_TRUE(coordinator_.Stop()); }
+
+  std::unique_ptr<Child> StartWorker(int index, bool hangs) {
+    std::vector<std::string> argv = {
+        Runfile("worker/gradsync-worker"),
+        absl::StrCat("--coordinator=", coordinator_.address()),
+        "--job=" + Job(), "--nnodes=3",
+        absl::StrCat("--node_id=n", index), GetParam(), "--model=mlp",
+        "--hidden=24", "--dataset=synthetic", "--synthetic_size=96",
+        "--batch_size=4", "--steps=1200", "--threads=1", "--log_every=0",
+        "--timeout=60s", "--min_collective_timeout=3s", "--join_timeout=60s"};
+    if (hangs) argv.push_back(absl::StrCat("--failpoint=hang:", kHangStep));
+    auto child = std::make_unique<Child>();
+    EXPECT_TRUE(child->Start(argv, /*capture=*/true));
+    return child;
+  }
+
+  v1::JobStatus Status() {
+    absl::StatusOr<v1::JobStatus> status = client_->GetJob(Job());
+    return status.ok() ? *status : v1::JobStatus();
+  }
+
+  CoordinatorProcess coordinator_;
+  std::unique_ptr<CoordinatorClient> client_;
+};
+
+TEST_P(HangProcessTest, AHangIsNamedWithinTwoSecondsAndHealed) {
+  std::vector<std::unique_ptr<Child>> workers;
+  for (int i = 0; i < 3; ++i) workers.push_back(StartWorker(i, i == 1));
+  std::vector<Child*> children;
+  for (auto& w : workers) children.push_back(w.get());
+  Child& hung = *workers[1];
+  ASSERT_TRUE(PumpUntil(children, kBound, [&] {
+    return absl::StrContains(hung.err(), "failpoint hang hit at step") ||
+           !hung.running();
+  }));
+  ASSERT_TRUE(hung.running()) << hung.describe();
+  const absl::Time hit = absl::Now();
+  // Its rank in round 1, from "rank R of 3 (node ...), round 1,".
+  const std::string& out = hung.out();
+  const size_t at = out.find("rank ");
+  ASSERT_NE(at, std::string::npos) << hung.describe();
+  const std::string rank = out.substr(at + 5, 1);
+
+  v1::JobStatus status;
+  absl::Time named = hit + kBound;
+  while (absl::Now() < hit + absl::Seconds(30)) {
+    status = Status();
+    if (!status.diagnosis().hang().empty()) {
+      named = absl::Now();
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_LE(named - hit, absl::Seconds(2)) << status.DebugString();
+  std::cout << "hang named in status " << absl::FormatDuration(named - hit)
+            << " after the hung rank stood still\n";
+  EXPECT_THAT(status.diagnosis().hang(),
+              HasSubstr(absl::StrCat("rank ", rank, " finished #")));
+  EXPECT_TRUE(status.diagnosis().hang_timeout_self_set());
+  EXPECT_EQ(status.diagnosis().hang_timeout().seconds(), 1);
+
+  // The peers' watchdogs (3 s) end the round, far inside the backends'
+  // fixed 60 s.
+  ASSERT_TRUE(PumpUntil(children, kBound, [&] {
+    return Status().round() == 2 || !hung.running();
+  }));
+  const absl::Duration healed = absl::Now() - hit;
+  std::cout << "round 2 formed " << absl::FormatDuration(healed)
+            << " after the hung rank stood still\n";
+  EXPECT_LT(healed, absl::Seconds(30));
+  ASSERT_TRUE(WaitAll(children, kBound));
+  // The first peer whose watchdog fires aborts its process group, which
+  // fails the other's collectives too.
+  int fired = 0;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    EXPECT_EQ(workers[i]->exit_code(), 0) << workers[i]->describe();
+    fired += absl::StrContains(
+        workers[i]->err(), "longer than the self-set collective timeout of 3s");
+  }
+  EXPECT_GE(fired, 1) << workers[0]->describe() << workers[2]->describe();
+  EXPECT_THAT(hung.err(),
+              HasSubstr(absl::StrCat("stood still before step ", kHangStep,
+                                     " until the coordinator ended the "
+                                     "round")));
+  status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_SUCCEEDED) << status.reason();
+  EXPECT_EQ(status.round(), 2);
+  EXPECT_EQ(status.world_size(), 3);
+  EXPECT_EQ(status.recoveries_size(), 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, HangProcessTest,
+                         ::testing::Values("--shared_memory=true",
+                                           "--shared_memory=false",
+                                           "--device=sim"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           if (info.param == "--device=sim") return "SimulatedGpu";
+                           return info.param == "--shared_memory=true"
+                                      ? "SharedMemory"
+                                      : "Gloo";
+                         });
+
+}  // namespace
+}  // namespace gradsync
