@@ -1,6 +1,8 @@
 // Tests of GlooBackend: N ranks as N threads of this process, bootstrapping
 // concurrently through one InMemoryStore (and, once, through a real
 // coordinator), over loopback TCP. Results are checked against closed forms.
+// What every backend does alike is in backend_conformance_test; here, what
+// is Gloo's own: its dtypes, bootstrap, timeouts and peer deaths.
 #include "worker/backend/gloo_backend.h"
 #include "worker/backend/float16.h"
 
@@ -54,22 +56,15 @@ using ::gradsync::testing::BufferOf;
 using ::gradsync::testing::DtypeOf;
 using ::gradsync::testing::ExpectAllOk;
 using ::gradsync::testing::ExpectElements;
-using ::gradsync::testing::kBig;
 using ::gradsync::testing::kBound;
 using ::gradsync::testing::kBriefly;
 using ::gradsync::testing::kHealthyTimeout;
 using ::gradsync::testing::OnEveryRank;
 using ::gradsync::testing::OptionsFor;
-using ::gradsync::testing::Pointers;
 using ::gradsync::testing::RankSum;
 using ::testing::AnyOf;
-using ::testing::Combine;
 using ::testing::HasSubstr;
 using ::testing::Values;
-
-// Element counts: empty, one, and sizes that do not divide evenly among
-// the ranks, up to just past a power of two.
-constexpr size_t kCounts[] = {0, 1, 7, 1000, (1 << 16) + 3};
 
 // Creates the backends of `world_size` ranks, each on its own thread, so
 // that they bootstrap concurrently through `store`. Empty (and the test
@@ -83,123 +78,11 @@ std::vector<std::unique_ptr<GlooBackend>> StartGroup(
       });
 }
 
-// ---------------------------------------------------------------------------
-// Every collective, over world size x element count.
-
-class GlooCollectiveTest
-    : public ::testing::TestWithParam<std::tuple<int, size_t>> {
- protected:
-  void SetUp() override {
-    backends_ = StartGroup(world_size(), &store_);
-    ASSERT_EQ(static_cast<int>(backends_.size()), world_size());
-  }
-
-  int world_size() const { return std::get<0>(GetParam()); }
-  size_t count() const { return std::get<1>(GetParam()); }
-
-  // Rank r's input: value(r, i) for i in [0, count()).
-  template <typename T>
-  std::vector<std::vector<T>> Inputs(
-      const std::function<T(int rank, size_t i)>& value) const {
-    std::vector<std::vector<T>> inputs(world_size());
-    for (int r = 0; r < world_size(); ++r) {
-      inputs[r].resize(count());
-      for (size_t i = 0; i < count(); ++i) inputs[r][i] = value(r, i);
-    }
-    return inputs;
-  }
-
-  // Runs an allreduce of `buffers[r]` on every rank r and waits.
-  template <typename T>
-  void AllReduce(std::vector<std::vector<T>>& buffers, ReduceOp op) {
-    std::vector<std::shared_ptr<Work>> works;
-    for (int r = 0; r < world_size(); ++r) {
-      works.push_back(backends_[r]->AllReduce(BufferOf(buffers[r]), op));
-    }
-    ExpectAllOk(works);
-  }
-
-  InMemoryStore store_;
-  std::vector<std::unique_ptr<GlooBackend>> backends_;
-};
-
-TEST_P(GlooCollectiveTest, AllReduceSumOfFloat32) {
-  auto buffers = Inputs<float>(
-      [](int r, size_t i) { return static_cast<float>(r * 1000 + i); });
-  AllReduce(buffers, ReduceOp::kSum);
-  const int n = world_size();
-  for (int r = 0; r < n; ++r) {
-    ExpectElements(
-        buffers[r],
-        [n](size_t i) {
-          return static_cast<double>(n * i + 1000 * RankSum(n));
-        },
-        absl::StrCat("rank ", r));
-  }
-}
-
-TEST_P(GlooCollectiveTest, AllReduceAverageOfFloat32) {
-  auto buffers = Inputs<float>(
-      [](int r, size_t i) { return static_cast<float>(r * 1000 + i); });
-  AllReduce(buffers, ReduceOp::kAverage);
-  const int n = world_size();
-  for (int r = 0; r < n; ++r) {
-    // (n*i + 1000*n(n-1)/2) / n, exact in float32 for these counts.
-    ExpectElements(
-        buffers[r],
-        [n](size_t i) { return static_cast<double>(i + 500 * (n - 1)); },
-        absl::StrCat("rank ", r));
-  }
-}
-
-TEST_P(GlooCollectiveTest, AllReduceSumOfInt64) {
-  auto buffers = Inputs<int64_t>(
-      [](int r, size_t i) { return r * kBig + static_cast<int64_t>(i); });
-  AllReduce(buffers, ReduceOp::kSum);
-  const int n = world_size();
-  for (int r = 0; r < n; ++r) {
-    ExpectElements(
-        buffers[r],
-        [n](size_t i) {
-          return n * static_cast<int64_t>(i) + kBig * RankSum(n);
-        },
-        absl::StrCat("rank ", r));
-  }
-}
-
-TEST_P(GlooCollectiveTest, AllReduceAverageOfInt64Truncates) {
-  auto buffers = Inputs<int64_t>(
-      [](int r, size_t i) { return r * kBig + static_cast<int64_t>(i); });
-  AllReduce(buffers, ReduceOp::kAverage);
-  const int n = world_size();
-  for (int r = 0; r < n; ++r) {
-    // floor((n*i + kBig*n(n-1)/2) / n) = i + floor(kBig*n(n-1)/2 / n).
-    ExpectElements(
-        buffers[r],
-        [n](size_t i) {
-          return static_cast<int64_t>(i) + kBig * RankSum(n) / n;
-        },
-        absl::StrCat("rank ", r));
-  }
-}
-
-TEST_P(GlooCollectiveTest, BroadcastFromEveryRoot) {
-  ::gradsync::testing::ExpectBroadcastFromEveryRoot(Pointers(backends_),
-                                                    count());
-}
-
-TEST_P(GlooCollectiveTest, AllGatherInRankOrder) {
-  ::gradsync::testing::ExpectAllGatherInRankOrder(Pointers(backends_),
-                                                  count());
-}
-
-INSTANTIATE_TEST_SUITE_P(WorldSizeByCount, GlooCollectiveTest,
-                         Combine(Values(1, 2, 3, 4),
-                                 ::testing::ValuesIn(kCounts)),
-                         ::gradsync::testing::WorldAndCountName);
+// The collectives every backend has, the barrier, abort, ordering and
+// argument errors: backend_conformance_test.
 
 // ---------------------------------------------------------------------------
-// Behaviour that depends on the world size only.
+// Gloo's dtypes, over world size.
 
 class GlooGroupTest : public ::testing::TestWithParam<int> {
  protected:
@@ -213,29 +96,6 @@ class GlooGroupTest : public ::testing::TestWithParam<int> {
   InMemoryStore store_;
   std::vector<std::unique_ptr<GlooBackend>> backends_;
 };
-
-TEST_P(GlooGroupTest, BarrierCompletesOnlyOnceEveryRankEntered) {
-  ::gradsync::testing::ExpectBarrierWaitsForEveryRank(Pointers(backends_));
-}
-
-TEST_P(GlooGroupTest, AbortEndsTheCollectiveInFlight) {
-  ::gradsync::testing::ExpectAbortEndsTheCollectiveInFlight(Pointers(backends_));
-}
-
-// Each rank issues a long mix of collectives from its own thread without
-// waiting in between, then waits for all: every one completes, in issue
-// order, with the right result.
-TEST_P(GlooGroupTest, ManyCollectivesIssuedBackToBackCompleteInOrder) {
-  ::gradsync::testing::ExpectManyCollectivesCompleteInOrder(
-      Pointers(backends_), /*collectives=*/60, /*max_size=*/100);
-}
-
-// A collective of zero elements runs no Gloo code yet waits its turn: it
-// does not complete before a collective issued earlier.
-TEST_P(GlooGroupTest, EmptyCollectiveWaitsForEarlierOnes) {
-  ::gradsync::testing::ExpectEmptyCollectiveWaitsForEarlierOnes(
-      Pointers(backends_));
-}
 
 // Sum and average of every dtype the backend reduces.
 TEST_P(GlooGroupTest, AllReduceOfEveryDtype) {
@@ -349,66 +209,6 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooGroupTest, Values(1, 2, 3, 4),
 
 // ---------------------------------------------------------------------------
 // Bad arguments.
-
-TEST(GlooBackendArgumentsTest, BadArgumentsFailAtOnceAndUseNoSequenceNumber) {
-  InMemoryStore store;
-  auto backends = StartGroup(2, &store);
-  ASSERT_EQ(backends.size(), 2u);
-  GlooBackend& backend = *backends[0];
-  std::vector<float> data(4, 1.0f);
-  std::vector<float> small_output(7);
-
-  Buffer cuda = BufferOf(data);
-  cuda.device = DeviceKind::kCuda;
-  Buffer null_data{nullptr, 3, DataType::kFloat32};
-
-  struct Case {
-    const char* what;
-    std::shared_ptr<Work> work;
-    const char* message;
-  };
-  const Case cases[] = {
-      {"cuda allreduce", backend.AllReduce(cuda, ReduceOp::kSum),
-       "buffer is on cuda, expected cpu"},
-      {"cuda broadcast", backend.Broadcast(cuda, 0),
-       "buffer is on cuda, expected cpu"},
-      {"cuda allgather output", backend.AllGather(BufferOf(data), cuda),
-       "gloo allgather output: buffer is on cuda"},
-      {"null data", backend.AllReduce(null_data, ReduceOp::kSum),
-       "buffer of 3 elements has no data pointer"},
-      {"null allgather input", backend.AllGather(null_data, BufferOf(data)),
-       "no data pointer"},
-      {"allgather output too small",
-       backend.AllGather(BufferOf(data), BufferOf(small_output)),
-       "output holds 7 elements; needs 4 x 2 ranks"},
-      {"allgather dtype mismatch",
-       backend.AllGather(BufferOf(data),
-                         Buffer{small_output.data(), 8, DataType::kInt32}),
-       "input is float32, output is int32"},
-      {"negative root", backend.Broadcast(BufferOf(data), -1),
-       "broadcast root -1 is not a rank in [0, 2)"},
-      {"root past the last rank", backend.Broadcast(BufferOf(data), 2),
-       "broadcast root 2 is not a rank in [0, 2)"},
-  };
-  for (const Case& c : cases) {
-    EXPECT_TRUE(c.work->IsCompleted()) << c.what;
-    EXPECT_EQ(c.work->status().code(), absl::StatusCode::kInvalidArgument)
-        << c.what << ": " << c.work->status();
-    EXPECT_THAT(std::string(c.work->status().message()), HasSubstr(c.message))
-        << c.what;
-  }
-
-  // The rejected calls consumed no sequence number: rank 0's next
-  // collective still matches rank 1's first.
-  std::vector<float> other(4, 2.0f);
-  auto work0 = backends[0]->AllReduce(BufferOf(data), ReduceOp::kSum);
-  auto work1 = backends[1]->AllReduce(BufferOf(other), ReduceOp::kSum);
-  ExpectAllOk({work0, work1});
-  EXPECT_EQ(work0->sequence(), 1u);
-  EXPECT_EQ(work1->sequence(), 1u);
-  ExpectElements(
-      data, [](size_t) { return 3.0f; }, "rank 0");
-}
 
 TEST(GlooBackendArgumentsTest, CreateRejectsBadOptions) {
   InMemoryStore store;
