@@ -952,6 +952,24 @@ TEST_F(HealthManagerTest, ADivergenceFoundAtCompletionFailsTheJob) {
   EXPECT_THAT(status.reason(), HasSubstr("too late to heal"));
 }
 
+// A member that finished cannot rejoin a re-formed round: a divergence its
+// fingerprints complete after it finished fails the job instead of healing.
+TEST_F(HealthManagerTest, ADivergenceFoundAfterAMemberFinishedFailsTheJob) {
+  StartJob(3);
+  v1::ReportCompletionRequest done;
+  *done.mutable_member() = Ref(0);
+  done.set_success(true);
+  *done.mutable_metrics() = Replica(300, {7, 2});
+  ASSERT_TRUE(health_.ReportCompletion(done).ok());
+  ASSERT_TRUE(Beat(1, Replica(300, {8, 2})).ok());
+  ASSERT_TRUE(Beat(2, Replica(300, {7, 2})).ok());
+  EXPECT_TRUE(heals_.empty());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(status.diagnosis().divergence().ranks(),
+              ::testing::ElementsAre(1));
+}
+
 TEST_F(HealthManagerTest, DifferentOpsAtTheSameSequenceAreADesync) {
   StartJob(2);
   ASSERT_TRUE(Beat(0, Fingerprint(1, "allreduce", 10, -1)).ok());
