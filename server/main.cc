@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "server/authenticator.h"
 #include "server/coordinator.h"
 #include "server/server_credentials.h"
@@ -243,6 +244,169 @@ void LeadershipLost(const absl::Status& why) {
   std::_Exit(EXIT_FAILURE);
 }
 
+// The coordinator's settings from its flags, checked; INVALID_ARGUMENT
+// naming the flags otherwise.
+absl::Status CheckConfig(const gradsync::CoordinatorConfig& config) {
+  if (config.health.min_hang_timeout <= absl::ZeroDuration() ||
+      config.health.max_hang_timeout < config.health.min_hang_timeout ||
+      config.health.hang_timeout_factor < 0) {
+    return absl::InvalidArgumentError(
+        "--min_hang_timeout must be > 0, --max_hang_timeout >= "
+        "--min_hang_timeout and --hang_timeout_factor >= 0");
+  }
+  if (config.health.heartbeat_interval <= absl::ZeroDuration() ||
+      config.health.missed_heartbeats < 1 || config.retention < absl::ZeroDuration() ||
+      config.shutdown_grace < absl::ZeroDuration() ||
+      config.max_streams_per_connection < 0 ||
+      config.health.shedding.max_factor < 1 || config.max_heartbeat_rate < 0 ||
+      config.health.reconnect_grace.value_or(absl::ZeroDuration()) <
+          absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "--heartbeat_interval must be > 0, --missed_heartbeats >= 1, "
+        "--retention >= 0, --shutdown_grace >= 0, --reconnect_grace >= 0, "
+        "--max_streams_per_connection >= 0, --max_heartbeat_slowdown >= 1 and "
+        "--max_heartbeat_rate >= 0");
+  }
+  if (config.job_limits.max_jobs < 1 || config.job_limits.max_world_size < 1 ||
+      config.kv_limits.max_keys_per_round < 1 ||
+      config.kv_limits.max_bytes_per_round < 1) {
+    return absl::InvalidArgumentError(
+        "--max_jobs, --max_world_size, --max_kv_keys_per_job and "
+        "--max_kv_bytes_per_job must be >= 1");
+  }
+  if (config.kv_limits.max_key_bytes < 1 ||
+      config.kv_limits.max_key_bytes > 65536 ||
+      config.kv_limits.max_value_bytes < 1 ||
+      config.kv_limits.max_value_bytes > (7 << 20)) {
+    return absl::InvalidArgumentError(
+        "--max_kv_key_bytes must be in [1, 65536] and --max_kv_value_bytes in "
+        "[1, 7340032] (7 MiB)");
+  }
+  return absl::OkStatus();
+}
+
+// Heartbeats, failure detection and diagnosis.
+gradsync::HealthConfig HealthConfigFromFlags() {
+  gradsync::HealthConfig health;
+  health.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+  health.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
+  health.straggler_threshold = absl::GetFlag(FLAGS_straggler_threshold);
+  health.hang_timeout = absl::GetFlag(FLAGS_hang_timeout);
+  health.hang_timeout_factor = absl::GetFlag(FLAGS_hang_timeout_factor);
+  health.min_hang_timeout = absl::GetFlag(FLAGS_min_hang_timeout);
+  health.max_hang_timeout = absl::GetFlag(FLAGS_max_hang_timeout);
+  health.reconnect_grace = absl::GetFlag(FLAGS_reconnect_grace);
+  health.shedding.enabled = absl::GetFlag(FLAGS_shed_heartbeats);
+  health.shedding.max_factor = absl::GetFlag(FLAGS_max_heartbeat_slowdown);
+  return health;
+}
+
+// Everything but the storage, from the flags.
+absl::StatusOr<gradsync::CoordinatorConfig> ConfigFromFlags() {
+  gradsync::CoordinatorConfig config;
+  config.listen_address = absl::GetFlag(FLAGS_listen);
+  config.poll_interval = absl::GetFlag(FLAGS_poll_interval);
+  config.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  config.metrics_listen_address = absl::GetFlag(FLAGS_metrics_listen);
+  config.health = HealthConfigFromFlags();
+  config.max_heartbeat_rate = absl::GetFlag(FLAGS_max_heartbeat_rate);
+  config.job_limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  config.job_limits.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+  config.kv_limits.max_key_bytes = absl::GetFlag(FLAGS_max_kv_key_bytes);
+  config.kv_limits.max_value_bytes = absl::GetFlag(FLAGS_max_kv_value_bytes);
+  config.kv_limits.max_keys_per_round = absl::GetFlag(FLAGS_max_kv_keys_per_job);
+  config.kv_limits.max_bytes_per_round =
+      absl::GetFlag(FLAGS_max_kv_bytes_per_job);
+  config.retention = absl::GetFlag(FLAGS_retention);
+  config.completion_queues = absl::GetFlag(FLAGS_completion_queues);
+  config.max_streams_per_connection =
+      absl::GetFlag(FLAGS_max_streams_per_connection);
+  GS_RETURN_IF_ERROR(CheckConfig(config));
+  GS_ASSIGN_OR_RETURN(config.admin_token,
+                      gradsync::AdminToken(absl::GetFlag(FLAGS_auth),
+                                           absl::GetFlag(FLAGS_admin_token_file)));
+  const std::string create_on_join = absl::GetFlag(FLAGS_create_jobs_on_join);
+  if (create_on_join != "auto" && create_on_join != "true" &&
+      create_on_join != "false") {
+    return absl::InvalidArgumentError(
+        "--create_jobs_on_join must be auto, true or false");
+  }
+  config.job_limits.create_on_join =
+      create_on_join == "auto" ? config.admin_token.empty()
+                               : create_on_join == "true";
+  GS_ASSIGN_OR_RETURN(
+      config.credentials,
+      gradsync::MakeServerCredentials({absl::GetFlag(FLAGS_tls_cert),
+                                       absl::GetFlag(FLAGS_tls_key),
+                                       absl::GetFlag(FLAGS_tls_client_ca)}));
+  config.http_tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  config.http_tls_key = absl::GetFlag(FLAGS_tls_key);
+  return config;
+}
+
+gradsync::StorageSpec StorageSpecFromFlags() {
+  gradsync::StorageSpec spec;
+  spec.state_dir = absl::GetFlag(FLAGS_state_dir);
+  spec.etcd = absl::GetFlag(FLAGS_etcd);
+  spec.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
+  spec.etcd_max_request_bytes = absl::GetFlag(FLAGS_etcd_max_request_bytes);
+  spec.etcd_tls = {absl::GetFlag(FLAGS_etcd_tls_ca),
+                   absl::GetFlag(FLAGS_etcd_tls_cert),
+                   absl::GetFlag(FLAGS_etcd_tls_key)};
+  return spec;
+}
+
+// Opens the storage as the leader. With etcd, campaigning can take long:
+// meanwhile the address answers as a standby (telling callers the leader),
+// and a stop signal ends the process.
+absl::StatusOr<std::unique_ptr<gradsync::Storage>> OpenStorageAsLeader(
+    gradsync::StorageSpec spec, const gradsync::CoordinatorConfig& config,
+    const sigset_t& stop_signals) {
+  spec.lead = true;
+  spec.advertise = absl::GetFlag(FLAGS_advertise);
+  if (spec.advertise.empty()) spec.advertise = config.listen_address;
+  spec.on_lost = LeadershipLost;
+  std::unique_ptr<gradsync::StandbyServer> standby;
+  if (!spec.etcd.empty()) {
+    GS_ASSIGN_OR_RETURN(standby,
+                        gradsync::StandbyServer::Start(config.listen_address,
+                                                       config.credentials));
+    spec.on_standing_by = [&standby](const std::string& leader) {
+      standby->SetLeader(leader);
+    };
+  }
+  std::atomic<bool> campaigning{true};
+  std::thread standby_watch(ExitOnStopWhile, stop_signals, &campaigning);
+  absl::StatusOr<std::unique_ptr<gradsync::Storage>> storage =
+      gradsync::OpenStorage(spec);
+  campaigning.store(false);
+  standby_watch.join();
+  standby.reset();  // frees the address for the coordinator
+  return storage;
+}
+
+// Serves until SIGINT or SIGTERM, then shuts down within the grace.
+int Serve(gradsync::CoordinatorConfig config, const sigset_t& stop_signals) {
+  gradsync::Coordinator coordinator(config);
+  absl::Status started = coordinator.Start();
+  if (!started.ok()) {
+    GS_LOG(ERROR) << "cannot start: " << started;
+    return EXIT_FAILURE;
+  }
+  if (!WritePortFile(absl::GetFlag(FLAGS_metrics_port_file),
+                     coordinator.metrics_port()) ||
+      !WritePortFile(absl::GetFlag(FLAGS_port_file), coordinator.port())) {
+    return EXIT_FAILURE;
+  }
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  GS_LOG(INFO) << "received " << strsignal(signal_number);
+  std::thread(BoundShutdown, stop_signals, config.shutdown_grace + kShutdownMargin)
+      .detach();
+  coordinator.Shutdown();
+  return EXIT_SUCCESS;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -273,154 +437,19 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  gradsync::CoordinatorConfig config;
-  config.listen_address = absl::GetFlag(FLAGS_listen);
-  config.poll_interval = absl::GetFlag(FLAGS_poll_interval);
-  config.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
-  config.metrics_listen_address = absl::GetFlag(FLAGS_metrics_listen);
-  config.health.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
-  config.health.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
-  config.health.straggler_threshold = absl::GetFlag(FLAGS_straggler_threshold);
-  config.health.hang_timeout = absl::GetFlag(FLAGS_hang_timeout);
-  config.health.hang_timeout_factor = absl::GetFlag(FLAGS_hang_timeout_factor);
-  config.health.min_hang_timeout = absl::GetFlag(FLAGS_min_hang_timeout);
-  config.health.max_hang_timeout = absl::GetFlag(FLAGS_max_hang_timeout);
-  config.health.reconnect_grace = absl::GetFlag(FLAGS_reconnect_grace);
-  config.health.shedding.enabled = absl::GetFlag(FLAGS_shed_heartbeats);
-  config.health.shedding.max_factor = absl::GetFlag(FLAGS_max_heartbeat_slowdown);
-  config.max_heartbeat_rate = absl::GetFlag(FLAGS_max_heartbeat_rate);
-  config.job_limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
-  config.job_limits.max_world_size = absl::GetFlag(FLAGS_max_world_size);
-  config.kv_limits.max_key_bytes = absl::GetFlag(FLAGS_max_kv_key_bytes);
-  config.kv_limits.max_value_bytes = absl::GetFlag(FLAGS_max_kv_value_bytes);
-  config.kv_limits.max_keys_per_round = absl::GetFlag(FLAGS_max_kv_keys_per_job);
-  config.kv_limits.max_bytes_per_round =
-      absl::GetFlag(FLAGS_max_kv_bytes_per_job);
-  config.retention = absl::GetFlag(FLAGS_retention);
-  config.completion_queues = absl::GetFlag(FLAGS_completion_queues);
-  config.max_streams_per_connection =
-      absl::GetFlag(FLAGS_max_streams_per_connection);
-  if (config.health.min_hang_timeout <= absl::ZeroDuration() ||
-      config.health.max_hang_timeout < config.health.min_hang_timeout ||
-      config.health.hang_timeout_factor < 0) {
-    GS_LOG(ERROR) << "--min_hang_timeout must be > 0, --max_hang_timeout >= "
-                     "--min_hang_timeout and --hang_timeout_factor >= 0";
+  absl::StatusOr<gradsync::CoordinatorConfig> config = ConfigFromFlags();
+  if (!config.ok()) {
+    GS_LOG(ERROR) << config.status().message();
     return EXIT_FAILURE;
   }
-  if (config.health.heartbeat_interval <= absl::ZeroDuration() ||
-      config.health.missed_heartbeats < 1 || config.retention < absl::ZeroDuration() ||
-      config.shutdown_grace < absl::ZeroDuration() ||
-      config.max_streams_per_connection < 0 ||
-      config.health.shedding.max_factor < 1 || config.max_heartbeat_rate < 0 ||
-      config.health.reconnect_grace.value_or(absl::ZeroDuration()) <
-          absl::ZeroDuration()) {
-    GS_LOG(ERROR) << "--heartbeat_interval must be > 0, --missed_heartbeats "
-                     ">= 1, --retention >= 0, --shutdown_grace >= 0, "
-                     "--reconnect_grace >= 0, "
-                     "--max_streams_per_connection >= 0, "
-                     "--max_heartbeat_slowdown >= 1 and --max_heartbeat_rate "
-                     ">= 0";
-    return EXIT_FAILURE;
-  }
-  absl::StatusOr<std::string> admin_token = gradsync::AdminToken(
-      absl::GetFlag(FLAGS_auth), absl::GetFlag(FLAGS_admin_token_file));
-  if (!admin_token.ok()) {
-    GS_LOG(ERROR) << admin_token.status().message();
-    return EXIT_FAILURE;
-  }
-  config.admin_token = *std::move(admin_token);
-  const std::string create_on_join = absl::GetFlag(FLAGS_create_jobs_on_join);
-  if (create_on_join != "auto" && create_on_join != "true" &&
-      create_on_join != "false") {
-    GS_LOG(ERROR) << "--create_jobs_on_join must be auto, true or false";
-    return EXIT_FAILURE;
-  }
-  config.job_limits.create_on_join =
-      create_on_join == "auto" ? config.admin_token.empty()
-                               : create_on_join == "true";
-  if (config.job_limits.max_jobs < 1 || config.job_limits.max_world_size < 1 ||
-      config.kv_limits.max_keys_per_round < 1 ||
-      config.kv_limits.max_bytes_per_round < 1) {
-    GS_LOG(ERROR) << "--max_jobs, --max_world_size, --max_kv_keys_per_job and "
-                     "--max_kv_bytes_per_job must be >= 1";
-    return EXIT_FAILURE;
-  }
-  if (config.kv_limits.max_key_bytes < 1 ||
-      config.kv_limits.max_key_bytes > 65536 ||
-      config.kv_limits.max_value_bytes < 1 ||
-      config.kv_limits.max_value_bytes > (7 << 20)) {
-    GS_LOG(ERROR) << "--max_kv_key_bytes must be in [1, 65536] and "
-                     "--max_kv_value_bytes in [1, 7340032] (7 MiB)";
-    return EXIT_FAILURE;
-  }
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      gradsync::MakeServerCredentials({absl::GetFlag(FLAGS_tls_cert),
-                                       absl::GetFlag(FLAGS_tls_key),
-                                       absl::GetFlag(FLAGS_tls_client_ca)});
-  if (!credentials.ok()) {
-    GS_LOG(ERROR) << credentials.status().message();
-    return EXIT_FAILURE;
-  }
-  config.credentials = *credentials;
-  config.http_tls_cert = absl::GetFlag(FLAGS_tls_cert);
-  config.http_tls_key = absl::GetFlag(FLAGS_tls_key);
-  gradsync::StorageSpec spec;
-  spec.state_dir = absl::GetFlag(FLAGS_state_dir);
-  spec.etcd = absl::GetFlag(FLAGS_etcd);
-  spec.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
-  spec.etcd_max_request_bytes = absl::GetFlag(FLAGS_etcd_max_request_bytes);
-  spec.etcd_tls = {absl::GetFlag(FLAGS_etcd_tls_ca),
-                   absl::GetFlag(FLAGS_etcd_tls_cert),
-                   absl::GetFlag(FLAGS_etcd_tls_key)};
+  const gradsync::StorageSpec spec = StorageSpecFromFlags();
   if (absl::GetFlag(FLAGS_check_state)) return RunCheckState(spec);
-  spec.lead = true;
-  spec.advertise = absl::GetFlag(FLAGS_advertise);
-  if (spec.advertise.empty()) spec.advertise = config.listen_address;
-  spec.on_lost = LeadershipLost;
-  // While another replica leads, calls to this address are told where.
-  std::unique_ptr<gradsync::StandbyServer> standby;
-  if (!spec.etcd.empty()) {
-    absl::StatusOr<std::unique_ptr<gradsync::StandbyServer>> started =
-        gradsync::StandbyServer::Start(config.listen_address,
-                                       config.credentials);
-    if (!started.ok()) {
-      GS_LOG(ERROR) << started.status().message();
-      return EXIT_FAILURE;
-    }
-    standby = *std::move(started);
-    spec.on_standing_by = [&standby](const std::string& leader) {
-      standby->SetLeader(leader);
-    };
-  }
-  std::atomic<bool> campaigning{true};
-  std::thread standby_watch(ExitOnStopWhile, stop_signals, &campaigning);
   absl::StatusOr<std::unique_ptr<gradsync::Storage>> storage =
-      gradsync::OpenStorage(spec);
-  campaigning.store(false);
-  standby_watch.join();
-  standby.reset();  // frees the address for the coordinator
+      OpenStorageAsLeader(spec, *config, stop_signals);
   if (!storage.ok()) {
     GS_LOG(ERROR) << storage.status().message();
     return EXIT_FAILURE;
   }
-  config.storage = storage->get();
-  gradsync::Coordinator coordinator(config);
-  absl::Status started = coordinator.Start();
-  if (!started.ok()) {
-    GS_LOG(ERROR) << "cannot start: " << started;
-    return EXIT_FAILURE;
-  }
-  if (!WritePortFile(absl::GetFlag(FLAGS_metrics_port_file),
-                     coordinator.metrics_port()) ||
-      !WritePortFile(absl::GetFlag(FLAGS_port_file), coordinator.port())) {
-    return EXIT_FAILURE;
-  }
-
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
-  GS_LOG(INFO) << "received " << strsignal(signal_number);
-  std::thread(BoundShutdown, stop_signals, config.shutdown_grace + kShutdownMargin)
-      .detach();
-  coordinator.Shutdown();
-  return EXIT_SUCCESS;
+  config->storage = storage->get();
+  return Serve(*std::move(config), stop_signals);
 }

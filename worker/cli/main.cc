@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include "absl/time/clock.h"
 #include "common/job_config.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "common/token_file.h"
 #include "worker/cli/job_format.h"
 #include "worker/client/coordinator_client.h"
@@ -145,6 +147,99 @@ absl::StatusOr<gradsync::v1::MemberQuery> MembersToShow(
   return query;
 }
 
+// The client of the coordinator the flags name; exits with code 2 when the
+// token or TLS files cannot be read.
+absl::StatusOr<std::unique_ptr<gradsync::CoordinatorClient>> ClientFromFlags() {
+  gradsync::ClientOptions options;
+  options.target = absl::GetFlag(FLAGS_coordinator);
+  options.call_timeout = absl::GetFlag(FLAGS_timeout);
+  options.retry.max_attempts = 3;
+  options.retry.budget = absl::GetFlag(FLAGS_timeout);
+  options.tls = {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
+                 absl::GetFlag(FLAGS_tls_key)};
+  GS_ASSIGN_OR_RETURN(options.token,
+                      gradsync::ClientToken(absl::GetFlag(FLAGS_token_file)));
+  return gradsync::CoordinatorClient::Create(options);
+}
+
+// gradsync create JOB
+int CreateJob(gradsync::CoordinatorClient* client, const std::string& job_id,
+              bool json) {
+  auto range = gradsync::ParseNodeRange(absl::GetFlag(FLAGS_nnodes));
+  if (!range.ok()) return Fail(std::string(range.status().message()), 2);
+  gradsync::v1::JobConfig config;
+  config.set_job_id(job_id);
+  config.set_min_nodes(range->first);
+  config.set_max_nodes(range->second);
+  config.set_nproc_per_node(absl::GetFlag(FLAGS_nproc_per_node));
+  auto created = client->CreateJob(config);
+  if (!created.ok()) return Fail(std::string(created.status().message()), 1);
+  std::cout << (json ? gradsync::CreatedJobToJson(*created)
+                     : gradsync::FormatCreatedJob(*created));
+  return 0;
+}
+
+// gradsync token rotate|revoke JOB
+int Token(gradsync::CoordinatorClient* client, const std::string& what,
+          const std::string& job_id) {
+  if (what == "rotate") {
+    auto rotated = client->RotateToken(job_id);
+    if (!rotated.ok()) return Fail(std::string(rotated.status().message()), 1);
+    std::cout << *rotated << "\n";
+    return 0;
+  }
+  absl::Status revoked = client->RevokeToken(job_id);
+  if (!revoked.ok()) return Fail(std::string(revoked.message()), 1);
+  std::cout << "job '" << job_id << "': token revoked\n";
+  return 0;
+}
+
+// gradsync status JOB
+int Status(gradsync::CoordinatorClient* client, const std::string& job_id,
+           const gradsync::v1::MemberQuery& flags_query, bool json) {
+  auto query = MembersToShow(client, job_id, flags_query);
+  if (!query.ok()) return Fail(std::string(query.status().message()), 1);
+  gradsync::v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  request.set_with_buckets(json);
+  *request.mutable_members() = *query;
+  const bool paged = !json && !absl::GetFlag(FLAGS_all) &&
+                     absl::GetFlag(FLAGS_ranks).empty();
+  if (paged) request.mutable_members()->set_page_size(kListedMembers);
+  auto job = client->QueryJob(request);
+  if (!job.ok()) return Fail(std::string(job.status().message()), 1);
+  std::cout << (json ? gradsync::JobStatusToJson(job->job())
+                     : gradsync::FormatJobStatus(job->job(), absl::Now()));
+  return 0;
+}
+
+// gradsync watch JOB: until the job ends.
+int Watch(gradsync::CoordinatorClient* client, const std::string& job_id,
+          const gradsync::v1::MemberQuery& flags_query, bool json) {
+  auto query = MembersToShow(client, job_id, flags_query);
+  if (!query.ok()) return Fail(std::string(query.status().message()), 1);
+  // On a terminal, each update replaces the previous one.
+  const bool redraw = !json && isatty(STDOUT_FILENO);
+  absl::Status watched = client->WatchJob(
+      job_id, absl::GetFlag(FLAGS_interval), /*with_buckets=*/json,
+      [&](const gradsync::v1::JobStatus& job) {
+        if (json) {
+          std::cout << gradsync::JobStatusToJsonLine(job) << std::flush;
+          return true;
+        }
+        const absl::Time now = absl::Now();
+        std::cout << (redraw ? "\033[H\033[2J" : "\n")
+                  << "gradsync watch " << job_id << "  "
+                  << absl::FormatTime("%H:%M:%S", now, absl::LocalTimeZone())
+                  << "\n\n"
+                  << gradsync::FormatJobStatus(job, now) << std::flush;
+        return true;
+      },
+      *query);
+  if (!watched.ok()) return Fail(std::string(watched.message()), 1);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -156,19 +251,7 @@ int main(int argc, char** argv) {
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) return Fail(std::string("no command\n") + kUsage, 2);
   const std::string command = args[1];
-
-  gradsync::ClientOptions options;
-  options.target = absl::GetFlag(FLAGS_coordinator);
-  options.call_timeout = absl::GetFlag(FLAGS_timeout);
-  options.retry.max_attempts = 3;
-  options.retry.budget = absl::GetFlag(FLAGS_timeout);
-  options.tls = {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert),
-                 absl::GetFlag(FLAGS_tls_key)};
-  absl::StatusOr<std::string> token =
-      gradsync::ClientToken(absl::GetFlag(FLAGS_token_file));
-  if (!token.ok()) return Fail(std::string(token.status().message()), 2);
-  options.token = *std::move(token);
-  auto client = gradsync::CoordinatorClient::Create(options);
+  auto client = ClientFromFlags();
   if (!client.ok()) return Fail(std::string(client.status().message()), 2);
   const bool json = absl::GetFlag(FLAGS_json);
 
@@ -180,30 +263,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (command == "create" && args.size() == 3) {
-    auto range = gradsync::ParseNodeRange(absl::GetFlag(FLAGS_nnodes));
-    if (!range.ok()) return Fail(std::string(range.status().message()), 2);
-    gradsync::v1::JobConfig config;
-    config.set_job_id(args[2]);
-    config.set_min_nodes(range->first);
-    config.set_max_nodes(range->second);
-    config.set_nproc_per_node(absl::GetFlag(FLAGS_nproc_per_node));
-    auto created = (*client)->CreateJob(config);
-    if (!created.ok()) return Fail(std::string(created.status().message()), 1);
-    std::cout << (json ? gradsync::CreatedJobToJson(*created)
-                       : gradsync::FormatCreatedJob(*created));
-    return 0;
+    return CreateJob(client->get(), args[2], json);
   }
-  if (command == "token" && args.size() == 4 && args[2] == std::string("rotate")) {
-    auto rotated = (*client)->RotateToken(args[3]);
-    if (!rotated.ok()) return Fail(std::string(rotated.status().message()), 1);
-    std::cout << *rotated << "\n";
-    return 0;
-  }
-  if (command == "token" && args.size() == 4 && args[2] == std::string("revoke")) {
-    absl::Status revoked = (*client)->RevokeToken(args[3]);
-    if (!revoked.ok()) return Fail(std::string(revoked.message()), 1);
-    std::cout << "job '" << args[3] << "': token revoked\n";
-    return 0;
+  if (command == "token" && args.size() == 4 &&
+      (args[2] == std::string("rotate") || args[2] == std::string("revoke"))) {
+    return Token(client->get(), args[2], args[3]);
   }
   absl::StatusOr<gradsync::v1::MemberQuery> flags_query =
       MemberQueryFromFlags();
@@ -211,45 +275,10 @@ int main(int argc, char** argv) {
     return Fail(std::string(flags_query.status().message()), 2);
   }
   if (command == "status" && args.size() == 3) {
-    auto query = MembersToShow(client->get(), args[2], *flags_query);
-    if (!query.ok()) return Fail(std::string(query.status().message()), 1);
-    gradsync::v1::GetJobRequest request;
-    request.set_job_id(args[2]);
-    request.set_with_buckets(json);
-    *request.mutable_members() = *query;
-    const bool paged = !json && !absl::GetFlag(FLAGS_all) &&
-                       absl::GetFlag(FLAGS_ranks).empty();
-    if (paged) request.mutable_members()->set_page_size(kListedMembers);
-    auto job = (*client)->QueryJob(request);
-    if (!job.ok()) return Fail(std::string(job.status().message()), 1);
-    std::cout << (json ? gradsync::JobStatusToJson(job->job())
-                       : gradsync::FormatJobStatus(job->job(), absl::Now()));
-    return 0;
+    return Status(client->get(), args[2], *flags_query, json);
   }
   if (command == "watch" && args.size() == 3) {
-    const std::string job_id = args[2];
-    auto query = MembersToShow(client->get(), job_id, *flags_query);
-    if (!query.ok()) return Fail(std::string(query.status().message()), 1);
-    // On a terminal, each update replaces the previous one.
-    const bool redraw = !json && isatty(STDOUT_FILENO);
-    absl::Status watched = (*client)->WatchJob(
-        job_id, absl::GetFlag(FLAGS_interval), /*with_buckets=*/json,
-        [&](const gradsync::v1::JobStatus& job) {
-          if (json) {
-            std::cout << gradsync::JobStatusToJsonLine(job) << std::flush;
-            return true;
-          }
-          const absl::Time now = absl::Now();
-          std::cout << (redraw ? "\033[H\033[2J" : "\n")
-                    << "gradsync watch " << job_id << "  "
-                    << absl::FormatTime("%H:%M:%S", now, absl::LocalTimeZone())
-                    << "\n\n"
-                    << gradsync::FormatJobStatus(job, now) << std::flush;
-          return true;
-        },
-        *query);
-    if (!watched.ok()) return Fail(std::string(watched.message()), 1);
-    return 0;
+    return Watch(client->get(), args[2], *flags_query, json);
   }
   return Fail("unknown command or wrong arguments\n" + std::string(kUsage), 2);
 }
