@@ -13,8 +13,8 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/malformed_request.h"
-#include "server/metrics.h"
-#include "server/status_page.h"
+#include "server/http/prometheus_metrics.h"
+#include "server/http/status_page.h"
 #include "server/storage/in_memory_storage.h"
 
 namespace gradsync {

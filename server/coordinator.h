@@ -23,7 +23,7 @@
 #include "server/jobs_service.h"
 #include "server/kv_manager.h"
 #include "server/kv_service.h"
-#include "server/metrics_http_server.h"
+#include "server/http/http_server.h"
 #include "server/monitor_service.h"
 #include "server/rendezvous_manager.h"
 #include "server/rendezvous_service.h"
@@ -146,7 +146,7 @@ class Coordinator {
   TokensService tokens_service_;
   MonitorService monitor_service_;
   CompletionQueues queues_;  // shut down before the services go
-  MetricsHttpServer metrics_;
+  HttpServer metrics_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   absl::Notification stop_polling_;

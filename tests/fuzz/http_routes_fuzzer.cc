@@ -7,7 +7,7 @@
 // GET requests with fuzzed targets and Authorization headers. A target is
 // parsed by cpp-httplib's own request-line parser and routed as its server
 // routes (a route's path is a regex matched in full); the route's handler
-// runs as MetricsHttpServer calls it. Every answer must be well-formed:
+// runs as HttpServer calls it. Every answer must be well-formed:
 //   - a status the HTTP server maps to 200, 400, 401, 403 or 404, never an
 //     internal error (500);
 //   - who may see what: no token or an unknown one is 401 except on /;
@@ -17,7 +17,7 @@
 //     asked for, /metrics is Prometheus text (every line a HELP, TYPE or
 //     sample line, label values escaped, values numbers);
 //   - no body shows a token the input did not hold.
-// Not covered here: MetricsHttpServer's glue around the handlers (the
+// Not covered here: HttpServer's glue around the handlers (the
 // hostile client test sends real HTTP requests).
 //
 // Input: records of [kind byte][length byte][length bytes]; see Apply().
@@ -50,8 +50,8 @@
 #include "proto/gradsync/v1/rendezvous.pb.h"
 #include "server/authenticator.h"
 #include "server/coordinator.h"
-#include "server/metrics_http_server.h"
-#include "server/status_page.h"
+#include "server/http/http_server.h"
+#include "server/http/status_page.h"
 
 namespace gradsync {
 namespace {
@@ -59,7 +59,7 @@ namespace {
 // The harness reaches three private members, which C++ allows only in an
 // explicit instantiation ([temp.explicit]: access checking does not apply
 // to the names it uses): Coordinator::HttpRoutes() (the routes
-// MetricsHttpServer serves), Coordinator::auth_ (to issue job tokens as
+// HttpServer serves), Coordinator::auth_ (to issue job tokens as
 // CreateJob does) and httplib::Server::parse_request_line.
 template <typename Tag, typename Tag::type kMember>
 struct PrivateMember {
@@ -318,7 +318,7 @@ void Send(World& w, const std::string& target, const std::string* authorization,
     }
   }
   if (route == nullptr) return;  // 404
-  // As MetricsHttpServer hands a request to a route.
+  // As HttpServer hands a request to a route.
   HttpRequest seen;
   seen.params.insert(request.params.begin(), request.params.end());
   seen.authorization = authorization;

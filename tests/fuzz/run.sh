@@ -31,12 +31,13 @@ library=(
   server/health_wire.cc server/heartbeat_shedder.cc server/job_manager.cc
   server/jobs_service.cc server/kv_manager.cc server/kv_service.cc
   server/join_request.cc server/local_placement.cc server/malformed_request.cc
-  server/metrics.cc server/metrics_http_server.cc server/monitor_service.cc
-  server/prometheus_text.cc server/rendezvous_manager.cc
+  server/http/prometheus_metrics.cc server/http/http_server.cc
+  server/monitor_service.cc
+  server/http/prometheus_text.cc server/rendezvous_manager.cc
   server/rendezvous_phase.cc server/rendezvous_restore.cc
   server/rendezvous_views.cc
   server/round_lifecycle.cc server/round_placement.cc
-  server/rendezvous_service.cc server/rpc_stats.cc server/status_page.cc
+  server/rendezvous_service.cc server/rpc_stats.cc server/http/status_page.cc
   server/tokens_service.cc
   server/storage/in_memory_storage.cc
 )

@@ -1,4 +1,4 @@
-#include "server/status_page.h"
+#include "server/http/status_page.h"
 
 namespace gradsync {
 

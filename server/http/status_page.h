@@ -6,8 +6,8 @@
 // protobuf's JSON, field names as in the .proto) every second and keeps the
 // plot's history itself. With --auth=token the token goes in the address's
 // fragment (/#token=TOKEN) and is sent as a bearer token.
-#ifndef GRADSYNC_SERVER_STATUS_PAGE_H_
-#define GRADSYNC_SERVER_STATUS_PAGE_H_
+#ifndef GRADSYNC_SERVER_HTTP_STATUS_PAGE_H_
+#define GRADSYNC_SERVER_HTTP_STATUS_PAGE_H_
 
 namespace gradsync {
 
@@ -15,4 +15,4 @@ extern const char kStatusPageHtml[];
 
 }  // namespace gradsync
 
-#endif  // GRADSYNC_SERVER_STATUS_PAGE_H_
+#endif  // GRADSYNC_SERVER_HTTP_STATUS_PAGE_H_

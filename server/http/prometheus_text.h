@@ -1,13 +1,13 @@
 // Writes metric families in the Prometheus text exposition format (version
 // 0.0.4) straight into a string: HELP and TYPE lines, then the samples.
 //
-// For the per-rank families only (metrics.cc), whose samples grow with the
+// For the per-rank families only (prometheus_metrics.cc), whose samples grow with the
 // ranks: prometheus-cpp's MetricFamily and TextSerializer write everything
 // else, but building a ClientMetric per sample and formatting through an
 // ostream made a scrape of 20,000 ranks (180,000 samples) 2.4-4.3x slower
 // (bench/heartbeat_load --status_kinds=metrics, BENCHMARKS.md).
-#ifndef GRADSYNC_SERVER_PROMETHEUS_TEXT_H_
-#define GRADSYNC_SERVER_PROMETHEUS_TEXT_H_
+#ifndef GRADSYNC_SERVER_HTTP_PROMETHEUS_TEXT_H_
+#define GRADSYNC_SERVER_HTTP_PROMETHEUS_TEXT_H_
 
 #include <string>
 #include <utility>
@@ -41,4 +41,4 @@ class PrometheusText {
 
 }  // namespace gradsync
 
-#endif  // GRADSYNC_SERVER_PROMETHEUS_TEXT_H_
+#endif  // GRADSYNC_SERVER_HTTP_PROMETHEUS_TEXT_H_

@@ -1,4 +1,4 @@
-#include "server/metrics.h"
+#include "server/http/prometheus_metrics.h"
 
 #include <prometheus/client_metric.h>
 #include <prometheus/metric_family.h>
@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
-#include "server/prometheus_text.h"
+#include "server/http/prometheus_text.h"
 
 namespace gradsync {
 namespace {

@@ -1,7 +1,7 @@
 // The coordinator's Prometheus metrics: jobs and members by state, rounds,
 // per-rank training metrics and heartbeat age, heartbeats and RPCs.
-#ifndef GRADSYNC_SERVER_METRICS_H_
-#define GRADSYNC_SERVER_METRICS_H_
+#ifndef GRADSYNC_SERVER_HTTP_PROMETHEUS_METRICS_H_
+#define GRADSYNC_SERVER_HTTP_PROMETHEUS_METRICS_H_
 
 #include <string>
 
@@ -20,4 +20,4 @@ std::string RenderMetrics(const JobManager& jobs,
 
 }  // namespace gradsync
 
-#endif  // GRADSYNC_SERVER_METRICS_H_
+#endif  // GRADSYNC_SERVER_HTTP_PROMETHEUS_METRICS_H_

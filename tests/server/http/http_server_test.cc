@@ -1,6 +1,6 @@
-// MetricsHttpServer: serves its routes (errors as HTTP codes), rejects bad
+// HttpServer: serves its routes (errors as HTTP codes), rejects bad
 // addresses, and stops however soon Stop() follows Start().
-#include "server/metrics_http_server.h"
+#include "server/http/http_server.h"
 
 #include <httplib.h>
 
@@ -18,8 +18,8 @@ namespace {
 // A server with no routes.
 std::vector<HttpRoute> NoRoutes() { return {}; }
 
-TEST(MetricsHttpServerTest, ServesItsRoutesWithTheirParameters) {
-  MetricsHttpServer server({
+TEST(HttpServerTest, ServesItsRoutesWithTheirParameters) {
+  HttpServer server({
       {"/metrics", "text/plain",
        [](const HttpRequest&) -> absl::StatusOr<std::string> {
          return std::string("gradsync_up 1\n");
@@ -62,27 +62,27 @@ TEST(MetricsHttpServerTest, ServesItsRoutesWithTheirParameters) {
   server.Stop();
 }
 
-TEST(MetricsHttpServerTest, MalformedAddressIsInvalidArgument) {
-  MetricsHttpServer server(NoRoutes());
+TEST(HttpServerTest, MalformedAddressIsInvalidArgument) {
+  HttpServer server(NoRoutes());
   EXPECT_EQ(server.Start("127.0.0.1").code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(server.Start("127.0.0.1:65536").code(),
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(MetricsHttpServerTest, PortInUseIsUnavailable) {
-  MetricsHttpServer first(NoRoutes());
+TEST(HttpServerTest, PortInUseIsUnavailable) {
+  HttpServer first(NoRoutes());
   ASSERT_TRUE(first.Start("127.0.0.1:0").ok());
-  MetricsHttpServer second(NoRoutes());
+  HttpServer second(NoRoutes());
   EXPECT_EQ(second.Start("127.0.0.1:" + std::to_string(first.port())).code(),
             absl::StatusCode::kUnavailable);
 }
 
 // cpp-httplib ignores a stop() that comes before its listen loop runs; this
 // once hung the coordinator's shutdown about once in 170 starts.
-TEST(MetricsHttpServerTest, StopRightAfterStartAlwaysStops) {
+TEST(HttpServerTest, StopRightAfterStartAlwaysStops) {
   for (int i = 0; i < 300; ++i) {
-    MetricsHttpServer server(NoRoutes());
+    HttpServer server(NoRoutes());
     ASSERT_TRUE(server.Start("127.0.0.1:0").ok());
     server.Stop();  // a hang here is ended by the test's timeout
   }

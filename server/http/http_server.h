@@ -1,8 +1,8 @@
 // The coordinator's HTTP port (--metrics_listen), with Debian's
 // cpp-httplib: GET routes such as the Prometheus metrics (/metrics), the
 // status page (/) and its JSON (/api/...).
-#ifndef GRADSYNC_SERVER_METRICS_HTTP_SERVER_H_
-#define GRADSYNC_SERVER_METRICS_HTTP_SERVER_H_
+#ifndef GRADSYNC_SERVER_HTTP_HTTP_SERVER_H_
+#define GRADSYNC_SERVER_HTTP_HTTP_SERVER_H_
 
 #include <atomic>
 #include <functional>
@@ -40,12 +40,12 @@ struct HttpRoute {
 // Lifetime: construct, Start() once, Stop() (or destroy). The routes'
 // `render` run on the server's threads, one request at a time per thread;
 // they must be thread-safe and outlive the server.
-class MetricsHttpServer {
+class HttpServer {
  public:
-  explicit MetricsHttpServer(std::vector<HttpRoute> routes);
-  ~MetricsHttpServer();
-  MetricsHttpServer(const MetricsHttpServer&) = delete;
-  MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
+  explicit HttpServer(std::vector<HttpRoute> routes);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
 
   // Listens on `address` ("HOST:PORT"; port 0 picks a free one), over TLS
   // with the PEM certificate chain and key in the files `tls_cert` and
@@ -63,6 +63,10 @@ class MetricsHttpServer {
   void Stop();
 
  private:
+  // Runs the listen loop of the bound server_ on thread_; returns once it
+  // runs (UNAVAILABLE naming `address` when it ended at once).
+  absl::Status Listen(const std::string& address);
+
   const std::vector<HttpRoute> routes_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
@@ -72,4 +76,4 @@ class MetricsHttpServer {
 
 }  // namespace gradsync
 
-#endif  // GRADSYNC_SERVER_METRICS_HTTP_SERVER_H_
+#endif  // GRADSYNC_SERVER_HTTP_HTTP_SERVER_H_
