@@ -22,7 +22,8 @@ harnesses=(managers:2 authenticator:1 http_routes:1)
 # takes only the objects it needs.
 library=(
   common/clock.cc common/failpoint.cc common/grpc_status.cc
-  common/job_config.cc common/logging.cc common/token_file.cc
+  common/job_config.cc common/logging.cc common/self_set_timeout.cc
+  common/token_file.cc
   server/authenticator.cc server/cancellable_reactor.cc
   server/completion_queues.cc server/connection_limits.cc server/coordinator.cc
   server/group_commit.cc
