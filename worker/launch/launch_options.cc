@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "worker/launch/gpus.h"
 
 namespace gradsync {
@@ -197,28 +198,23 @@ const std::map<std::string, Setter>& ValueFlags() {
   return *flags;
 }
 
-}  // namespace
 
-StdStreams StdStreamsSetting::For(int local_rank) const {
-  if (by_local_rank.empty()) return all;
-  auto found = by_local_rank.find(local_rank);
-  return found == by_local_rank.end() ? StdStreams::kNone : found->second;
-}
+// How the program is started, from the launcher's own flags.
+struct ProgramStyle {
+  bool no_python = false;  // --no_python: run it as it is
+  bool module = false;     // -m: python -m PROGRAM
+};
 
-absl::StatusOr<LaunchOptions> ParseLaunchArgs(
-    const std::vector<std::string>& args) {
-  LaunchOptions options;
-  bool no_python = false;
-  bool module = false;
+// Reads the launcher's flags at the front of `args` into `options` and
+// `style`; returns the index of the program (args.size() when none).
+absl::StatusOr<size_t> ParseFlags(const std::vector<std::string>& args,
+                                  LaunchOptions* options, ProgramStyle* style) {
   size_t i = 0;
   for (; i < args.size(); ++i) {
     const std::string& arg = args[i];
-    if (arg == "--") {
-      ++i;
-      break;
-    }
+    if (arg == "--") return i + 1;
     if (arg == "-m" || arg == "--module") {
-      module = true;
+      style->module = true;
       continue;
     }
     if (!absl::StartsWith(arg, "--")) break;  // the program
@@ -232,11 +228,11 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
     }
     name = absl::StrReplaceAll(name, {{"-", "_"}});
     if (name == "no_python") {
-      no_python = true;
+      style->no_python = true;
       continue;
     }
     if (name == "self_managed") {
-      options.self_managed = true;
+      options->self_managed = true;
       continue;
     }
     if (name == "standalone") {
@@ -252,11 +248,24 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
       if (i + 1 >= args.size()) return Bad(name, "needs a value");
       value = args[++i];
     }
-    if (flag->second) {
-      absl::Status set = flag->second(&options, value);
-      if (!set.ok()) return set;
-    }
+    if (flag->second) GS_RETURN_IF_ERROR(flag->second(options, value));
   }
+  return i;
+}
+
+}  // namespace
+
+StdStreams StdStreamsSetting::For(int local_rank) const {
+  if (by_local_rank.empty()) return all;
+  auto found = by_local_rank.find(local_rank);
+  return found == by_local_rank.end() ? StdStreams::kNone : found->second;
+}
+
+absl::StatusOr<LaunchOptions> ParseLaunchArgs(
+    const std::vector<std::string>& args) {
+  LaunchOptions options;
+  ProgramStyle style;
+  GS_ASSIGN_OR_RETURN(const size_t i, ParseFlags(args, &options, &style));
   if (options.coordinator.empty()) {
     return Bad("coordinator", "required: the coordinator's HOST:PORT");
   }
@@ -266,9 +275,9 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
         absl::StrCat("gradsync launch: no program to run\n", kLaunchUsage));
   }
   const std::string& program = args[i];
-  if (module || (!no_python && absl::EndsWith(program, ".py"))) {
+  if (style.module || (!style.no_python && absl::EndsWith(program, ".py"))) {
     options.command = {options.python, "-u"};
-    if (module) options.command.push_back("-m");
+    if (style.module) options.command.push_back("-m");
   }
   options.command.insert(options.command.end(), args.begin() + i, args.end());
   const size_t slash = program.rfind('/');
