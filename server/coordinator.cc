@@ -56,7 +56,7 @@ Coordinator::Coordinator(CoordinatorConfig config)
       jobs_service_(&jobs_, &rendezvous_, &health_, clock_, &auth_,
                     &stream_limits_),
       tokens_service_(&jobs_, &auth_),
-      monitor_service_(&health_, &auth_, &stream_limits_,
+      health_service_(&health_, &auth_, &stream_limits_,
                        config_.max_heartbeat_rate),
       metrics_(HttpRoutes()) {}
 
@@ -195,7 +195,7 @@ absl::Status Coordinator::Start() {
   builder.RegisterService(&kv_service_);
   builder.RegisterService(&jobs_service_);
   builder.RegisterService(&tokens_service_);
-  builder.RegisterService(&monitor_service_);
+  builder.RegisterService(&health_service_);
   queues_.AddTo(&builder, config_.completion_queues);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
@@ -222,7 +222,7 @@ absl::Status Coordinator::Start() {
   // Members of rounds restored from storage get one detection window from
   // now, as the server serves, to heartbeat again.
   health_.MonitorRunningRounds();
-  monitor_service_.Start(&queues_);
+  health_service_.Start(&queues_);
   rendezvous_service_.Start(queues_);
   queues_.Start();
   poller_ = std::thread([this] { PollLoop(); });
@@ -275,7 +275,7 @@ void Coordinator::PollLoop() {
     kv_.Poll();
     // How late heartbeats are handled, for the heartbeat shedder.
     health_.ReportQueueDelay(std::max(queues_.Delay(absl::Now()),
-                                      monitor_service_.PacingDelay()));
+                                      health_service_.PacingDelay()));
     health_.Poll();
     jobs_service_.PollWatches();
     // The job record goes last (JobManager::ForgetIfEndedBefore says why).

@@ -24,7 +24,7 @@
 #include "server/kv_manager.h"
 #include "server/kv_service.h"
 #include "server/http/http_server.h"
-#include "server/monitor_service.h"
+#include "server/health_service.h"
 #include "server/rendezvous_manager.h"
 #include "server/rendezvous_service.h"
 #include "server/rpc_stats.h"
@@ -144,7 +144,7 @@ class Coordinator {
   KvService kv_service_;
   JobsService jobs_service_;
   TokensService tokens_service_;
-  MonitorService monitor_service_;
+  HealthService health_service_;
   CompletionQueues queues_;  // shut down before the services go
   HttpServer metrics_;
   std::unique_ptr<grpc::Server> server_;

@@ -33,7 +33,7 @@ library=(
   server/jobs_service.cc server/kv_manager.cc server/kv_service.cc
   server/join_request.cc server/local_placement.cc server/malformed_request.cc
   server/http/prometheus_metrics.cc server/http/http_server.cc
-  server/monitor_service.cc
+  server/health_service.cc
   server/http/prometheus_text.cc server/rendezvous_manager.cc
   server/rendezvous_phase.cc server/rendezvous_restore.cc
   server/rendezvous_views.cc

@@ -1,4 +1,4 @@
-#include "server/monitor_service.h"
+#include "server/health_service.h"
 
 #include <grpcpp/alarm.h>
 
@@ -139,7 +139,7 @@ class NodeProtocol {
 // instead: with Debian's gRPC they are the ones that poll the network.)
 // Not for production: a real coordinator's capacity is its CPU.
 // Thread-safe.
-class MonitorService::Pacer {
+class HealthService::Pacer {
  public:
   explicit Pacer(double per_second)
       : spacing_(absl::Seconds(1) / per_second) {}
@@ -167,7 +167,7 @@ class MonitorService::Pacer {
   absl::Time last_turn_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
-MonitorService::MonitorService(HealthManager* health, const Authenticator* auth,
+HealthService::HealthService(HealthManager* health, const Authenticator* auth,
                                ConnectionLimits* limits,
                                double max_heartbeat_rate)
     : health_(health),
@@ -176,9 +176,9 @@ MonitorService::MonitorService(HealthManager* health, const Authenticator* auth,
       pacer_(max_heartbeat_rate > 0 ? std::make_unique<Pacer>(max_heartbeat_rate)
                                     : nullptr) {}
 
-MonitorService::~MonitorService() = default;
+HealthService::~HealthService() = default;
 
-absl::Duration MonitorService::PacingDelay() const {
+absl::Duration HealthService::PacingDelay() const {
   return pacer_ != nullptr ? pacer_->Delay() : absl::ZeroDuration();
 }
 
@@ -189,13 +189,13 @@ absl::Duration MonitorService::PacingDelay() const {
 // stream that ends by cancellation tells the protocol. Deletes itself once
 // every operation it started has completed and gRPC reported the call done.
 template <typename Protocol>
-class MonitorService::StreamCall {
+class HealthService::StreamCall {
  public:
   using Request = typename Protocol::Request;
   using Response = typename Protocol::Response;
   // The raw method's (the stream parses its messages itself, so bytes that
   // do not parse end it with MalformedRequest()).
-  using Requester = void (MonitorService::*)(
+  using Requester = void (HealthService::*)(
       grpc::ServerContext*,
       grpc::ServerAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>*,
       grpc::CompletionQueue*, grpc::ServerCompletionQueue*, void*);
@@ -209,7 +209,7 @@ class MonitorService::StreamCall {
     const Event event;
   };
 
-  StreamCall(MonitorService* service, Requester requester,
+  StreamCall(HealthService* service, Requester requester,
              CompletionQueues::Queue* queue)
       : service_(service),
         requester_(requester),
@@ -220,7 +220,7 @@ class MonitorService::StreamCall {
   }
 
   // Keeps a stream waiting for a client on `queue`.
-  static void Accept(MonitorService* service, Requester requester,
+  static void Accept(HealthService* service, Requester requester,
                      CompletionQueues::Queue* queue) {
     auto call = std::make_unique<StreamCall>(service, requester, queue);
     if (call->Listen()) call.release();  // it deletes itself when done
@@ -375,7 +375,7 @@ class MonitorService::StreamCall {
     }
   }
 
-  MonitorService* const service_;
+  HealthService* const service_;
   const Requester requester_;
   CompletionQueues::Queue* const queue_;
   grpc::ServerContext context_;
@@ -405,16 +405,16 @@ class MonitorService::StreamCall {
   Tag done_tag_{this, Event::kDone};
 };
 
-void MonitorService::Start(CompletionQueues* queues) {
+void HealthService::Start(CompletionQueues* queues) {
   for (const auto& queue : queues->queues()) {
     StreamCall<MemberProtocol>::Accept(
-        this, &MonitorService::RequestHeartbeat, queue.get());
+        this, &HealthService::RequestHeartbeat, queue.get());
     StreamCall<NodeProtocol>::Accept(
-        this, &MonitorService::RequestNodeHeartbeat, queue.get());
+        this, &HealthService::RequestNodeHeartbeat, queue.get());
   }
 }
 
-grpc::ServerUnaryReactor* MonitorService::ReportCompletion(
+grpc::ServerUnaryReactor* HealthService::ReportCompletion(
     grpc::CallbackServerContext* context,
     const v1::ReportCompletionRequest* request,
     v1::ReportCompletionResponse* response) {

@@ -1,5 +1,5 @@
-#ifndef GRADSYNC_SERVER_MONITOR_SERVICE_H_
-#define GRADSYNC_SERVER_MONITOR_SERVICE_H_
+#ifndef GRADSYNC_SERVER_HEALTH_SERVICE_H_
+#define GRADSYNC_SERVER_HEALTH_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -14,7 +14,9 @@
 
 namespace gradsync {
 
-// gRPC handlers of gradsync.v1.Monitor; all logic is in HealthManager.
+// gRPC handlers of gradsync.v1.Monitor (the wire keeps that name until a
+// v2; gradsync calls the concept health: HealthManager here, HealthReporter
+// on the workers); all logic is in HealthManager.
 //
 // Heartbeat streams (one member's, or a node's members' together) use the
 // asynchronous API on the coordinator's CompletionQueues (see there why);
@@ -24,7 +26,7 @@ namespace gradsync {
 // first streams on every queue) and before the queues start; the queues'
 // Shutdown() ends every stream. `health`, `auth`, `limits` and `queues`
 // must outlive it. Thread-safe.
-class MonitorService final
+class HealthService final
     : public v1::Monitor::WithRawMethod_Heartbeat<
           v1::Monitor::WithRawMethod_NodeHeartbeat<
               v1::Monitor::WithCallbackMethod_ReportCompletion<
@@ -34,9 +36,9 @@ class MonitorService final
   // heartbeat streams of a connection. `max_heartbeat_rate` > 0 caps the
   // heartbeats handled per second (a test and benchmark knob, see Pacer);
   // 0: no cap.
-  MonitorService(HealthManager* health, const Authenticator* auth,
+  HealthService(HealthManager* health, const Authenticator* auth,
                  ConnectionLimits* limits, double max_heartbeat_rate = 0);
-  ~MonitorService();
+  ~HealthService();
   // Starts accepting heartbeat streams (both kinds) on every queue of
   // `queues`.
   void Start(CompletionQueues* queues);
@@ -64,4 +66,4 @@ class MonitorService final
 
 }  // namespace gradsync
 
-#endif  // GRADSYNC_SERVER_MONITOR_SERVICE_H_
+#endif  // GRADSYNC_SERVER_HEALTH_SERVICE_H_
