@@ -257,9 +257,36 @@ void HealthManager::LogReconnects(JobHealth* job) {
   }
 }
 
+void HealthManager::ClearHang(JobHealth* job) {
+  job->diagnosis.clear_hang();
+  job->hang_stacks.Clear();
+}
+
+void HealthManager::AskForStacks(
+    JobHealth* job,
+    const std::map<std::pair<int64_t, int64_t>, std::vector<int>,
+                   std::greater<>>& groups,
+    absl::Time now) {
+  // The ranks furthest behind, and the first rank furthest ahead for
+  // contrast (none when every rank is at the same place). The id need only
+  // differ from the previous request's, also across a coordinator restart:
+  // the clock's microseconds do.
+  const std::vector<int>& behind = groups.rbegin()->second;
+  const int ahead = groups.size() > 1 ? groups.begin()->second.front() : -1;
+  job->hang_stacks.Ask(absl::ToUnixMicros(now), behind, ahead);
+  const auto& asked = job->hang_stacks.view().hung_ranks();
+  GS_LOG(INFO) << "job '" << job->job_id << "' round " << job->round
+               << ": hang diagnosed; asking rank(s) "
+               << FormatRanks(std::vector<int>(asked.begin(), asked.end()))
+               << " (behind)"
+               << (ahead >= 0 ? absl::StrCat(" and ", ahead, " (ahead)")
+                              : std::string())
+               << " for the stacks of their threads";
+}
+
 void HealthManager::DiagnoseHang(JobHealth* job, absl::Time now) {
   if (now - job->last_progress < job->hang_timeout->value()) {
-    job->diagnosis.clear_hang();
+    ClearHang(job);
     return;
   }
   // Ranks grouped by (last finished, last started), most advanced first.
@@ -273,9 +300,10 @@ void HealthManager::DiagnoseHang(JobHealth* job, absl::Time now) {
   }
   const auto& [only, unused] = *groups.begin();
   if (max_started == 0 || (groups.size() == 1 && only.first == only.second)) {
-    job->diagnosis.clear_hang();  // no collective, or all ranks agree
+    ClearHang(job);  // no collective, or all ranks agree
     return;
   }
+  if (!job->hang_stacks.asked()) AskForStacks(job, groups, now);
   std::vector<std::string> parts;
   constexpr size_t kMaxGroups = 4;
   for (const auto& [position, ranks] : groups) {

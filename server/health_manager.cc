@@ -310,6 +310,7 @@ absl::StatusOr<bool> HealthManager::HandleHeartbeat(
   m.metrics.clear_recent_collectives();
   m.metrics.clear_first_bucket_ready();
   m.metrics.clear_replica_fingerprints();
+  m.metrics.clear_thread_stacks();
   m.buckets.Swap(m.metrics.mutable_buckets());
   m.metrics.clear_buckets();
   heartbeats_.fetch_add(1, std::memory_order_relaxed);
@@ -357,8 +358,9 @@ void HealthManager::RecordProgressLocked(JobHealth* job, int rank,
   }
   if (in.last_finished_collective() > m.last_finished) {
     job->last_progress = now;
-    job->diagnosis.clear_hang();
+    ClearHang(job);
   }
+  if (in.has_thread_stacks()) job->hang_stacks.Record(rank, in.thread_stacks());
   m.last_started = in.last_started_collective();
   m.last_finished = in.last_finished_collective();
   if (!in.has_round_start() || m.round_start_seen) return;
@@ -376,9 +378,14 @@ bool HealthManager::AnswerLocked(JobHealth* job, Session* session, int factor,
                                  v1::HeartbeatResponse* response) {
   // Answered on the stream's first heartbeat, when the job changed, and
   // when the shedding factor changed since the member was last told.
+  // Also to ask for the member's stacks, once, on a hang verdict.
   MemberHealth& m = job->members[session->rank];
   const bool new_factor = m.told_factor != factor;
-  if (session->generation_sent == job->generation && !new_factor) return false;
+  const int64_t stacks = job->hang_stacks.Tell(session->rank);
+  if (session->generation_sent == job->generation && !new_factor &&
+      stacks == 0) {
+    return false;
+  }
   session->generation_sent = job->generation;
   if (new_factor) {
     // Its next heartbeat may still come after the older interval.
@@ -391,6 +398,7 @@ bool HealthManager::AnswerLocked(JobHealth* job, Session* session, int factor,
       ToProtoDuration(job->interval * factor);
   response->set_shedding_load(factor > 1);
   response->set_reform_at_step_boundary(job->reform_requested);
+  response->set_stacks_request(stacks);
   return true;
 }
 

@@ -57,6 +57,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -72,6 +73,7 @@
 #include "common/clock.h"
 #include "common/self_set_timeout.h"
 #include "proto/gradsync/v1/health.pb.h"
+#include "server/hang_stack_request.h"
 #include "server/health_detectors.h"
 #include "server/heartbeat_shedder.h"
 #include "server/job_manager.h"
@@ -339,6 +341,9 @@ class HealthManager : public RoundListener {
     // Made with the round's world size and the job's threshold.
     std::optional<StragglerDetector> stragglers ABSL_GUARDED_BY(mu);
     v1::JobDiagnosis diagnosis ABSL_GUARDED_BY(mu);
+    // The stacks a standing hang verdict asked for (diagnosis.hang_stacks
+    // mirrors its view).
+    HangStackRequest hang_stacks ABSL_GUARDED_BY(mu);
     // Heartbeats counted for the shedder since the last Poll.
     HeartbeatShedder::Counts load ABSL_GUARDED_BY(mu);
     // Ranks whose stream broke, and ranks that heartbeated again in their
@@ -484,6 +489,15 @@ class HealthManager : public RoundListener {
   // Sets or clears the hang diagnosis.
   void DiagnoseHang(JobHealth* job, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // A new hang verdict, ranks grouped by (last finished, last started) most
+  // advanced first: asks the ranks behind and one ahead for their stacks.
+  void AskForStacks(
+      JobHealth* job,
+      const std::map<std::pair<int64_t, int64_t>, std::vector<int>,
+                     std::greater<>>& groups,
+      absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // The hang is over (or never was): clears its diagnosis and stacks.
+  static void ClearHang(JobHealth* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
 
   JobManager* const jobs_;
   Clock* const clock_;

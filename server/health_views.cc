@@ -73,6 +73,9 @@ void HealthManager::Describe(v1::JobStatus* status, bool with_buckets) const {
     }
   }
   *status->mutable_diagnosis() = job->diagnosis;
+  if (job->hang_stacks.asked()) {
+    *status->mutable_diagnosis()->mutable_hang_stacks() = job->hang_stacks.view();
+  }
   *status->mutable_diagnosis()->mutable_hang_timeout() =
       ToProtoDuration(job->hang_timeout->value());
   status->mutable_diagnosis()->set_hang_timeout_self_set(

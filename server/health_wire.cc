@@ -17,6 +17,11 @@ constexpr size_t kMaxNameBytes = 64;
 constexpr int kMaxFingerprints = 64;
 constexpr int kMaxFingerprintTensors = 65536;
 constexpr size_t kMaxTensorNameBytes = 256;
+// Thread stacks (answering a stacks request): threads, frames per thread,
+// and the length of a frame or a thread's name.
+constexpr int kMaxThreads = 128;
+constexpr int kMaxFrames = 48;
+constexpr size_t kMaxFrameBytes = 256;
 
 }  // namespace
 
@@ -68,6 +73,31 @@ absl::Status ValidateFingerprints(const v1::WorkerMetrics& m) {
   return absl::OkStatus();
 }
 
+// Thread stacks: bounded as ThreadStacks documents.
+absl::Status ValidateThreadStacks(const v1::ThreadStacks& stacks) {
+  if (stacks.threads_size() > kMaxThreads ||
+      stacks.error().size() > kMaxErrorBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics.thread_stacks: at most ", kMaxThreads,
+        " threads and an error of at most ", kMaxErrorBytes, " bytes"));
+  }
+  for (const v1::ThreadStack& t : stacks.threads()) {
+    bool long_frame = false;
+    for (const std::string& f : t.frames()) {
+      long_frame = long_frame || f.size() > kMaxFrameBytes;
+    }
+    if (t.frames_size() > kMaxFrames || long_frame ||
+        t.name().size() > kMaxNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "metrics.thread_stacks: at most ", kMaxFrames,
+          " frames per thread, of at most ", kMaxFrameBytes,
+          " bytes each, and thread names of at most ", kMaxNameBytes,
+          " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateMetrics(const v1::WorkerMetrics& m) {
@@ -98,6 +128,7 @@ absl::Status ValidateMetrics(const v1::WorkerMetrics& m) {
     }
   }
   GS_RETURN_IF_ERROR(ValidateFingerprints(m));
+  GS_RETURN_IF_ERROR(ValidateThreadStacks(m.thread_stacks()));
   for (const v1::StepReady& ready : m.first_bucket_ready()) {
     GS_RETURN_IF_ERROR(
         CheckProtoTime("metrics.first_bucket_ready.time", ready.time()));

@@ -17,6 +17,7 @@ stops issuing collectives is named in the hang diagnosis. Training never
 waits for the agent: while a datagram is on its way, newer state
 accumulates and goes in the next one.
 """
+import faulthandler
 import os
 import socket
 import threading
@@ -63,6 +64,7 @@ class Monitor:
         self._events = []        # fingerprints not yet sent
         self._ready = []         # StepReady not yet sent
         self._buckets = {}       # index -> BucketStats of the latest step
+        self._stacks_file = _register_for_stacks()
         ddp.register_comm_hook(state=None, hook=self._hook)
         threading.Thread(target=self._send_forever, daemon=True,
                          name="gradsync-monitor").start()
@@ -142,6 +144,25 @@ class Monitor:
             if self._batch_size:
                 metrics.samples_per_second = self._batch_size / self._step_seconds
         return health_pb2.HeartbeatRequest(member=self._member, metrics=metrics)
+
+
+def _register_for_stacks():
+    """Lets `gradsync launch` show this process's Python stacks when the
+    coordinator diagnoses a hang: on GRADSYNC_STACKS_SIGNAL, faulthandler
+    appends every thread's stack to GRADSYNC_STACKS_FILE. The registration
+    line is written last: the agent signals only a process that has it (the
+    signal would end one that has not). Returns the open file (faulthandler
+    writes to its descriptor), or None outside `gradsync launch`."""
+    path = os.environ.get("GRADSYNC_STACKS_FILE")
+    signum = os.environ.get("GRADSYNC_STACKS_SIGNAL")
+    if not path or not signum:
+        return None
+    stacks = open(path, "a", encoding="utf-8")
+    faulthandler.register(int(signum), file=stacks, all_threads=True,
+                          chain=False)
+    stacks.write(f"gradsync-stacks pid={os.getpid()}\n")
+    stacks.flush()
+    return stacks
 
 
 def monitor(ddp, batch_size=None, process_group=None):

@@ -1,6 +1,6 @@
 """gradsync.torch.monitor(): a PyTorch job's steps and collectives reach the
 coordinator through `gradsync launch`, and a rank that stops issuing
-collectives is named by the hang diagnosis."""
+collectives is named by the hang diagnosis, with its Python stacks."""
 import os
 import re
 import time
@@ -61,6 +61,19 @@ def test_a_rank_that_stops_issuing_collectives_is_named():
             found = re.search(pattern, status.diagnosis.hang)
             rank0_at, rank1_done, rank1_next = map(int, found.groups())
             assert rank1_next == rank1_done + 1 and rank0_at >= rank1_next
+            # The verdict asked both processes for their stacks, which the
+            # agent took with faulthandler: the hung rank's main thread
+            # stands in the script's sleep, rank 0's in the backward.
+            status = poll(client, "hung", lambda s: sorted(
+                s.diagnosis.hang_stacks.answered) == [0, 1])
+            stacks = status.diagnosis.hang_stacks
+            assert list(stacks.hung_ranks) == [1] and stacks.healthy_rank == 0
+            only = {tuple(g.ranks): list(g.frames) for g in stacks.groups
+                    if len(g.ranks) == 1}
+            assert re.fullmatch(r"<module> \(monitor_script.py:\d+\)",
+                                only[(1,)][0]), stacks
+            assert any("backward" in f for f in only[(0,)]), stacks
+            assert not stacks.errors, stacks
         finally:
             agent.terminate()
             agent.communicate(timeout=60)

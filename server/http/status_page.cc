@@ -20,6 +20,7 @@ const char kStatusPageHtml[] = R"html(<!doctype html>
   .state-degraded, .state-waiting { color: #b26a00; }
   #summary span { margin-right: 18px; }
   #diagnosis div { margin: 4px 0; padding: 6px 10px; background: #fff4e5; }
+  #stacks pre { margin: 2px 0 8px 16px; font-size: 12px; }
   #error { color: #c62828; }
   svg { border: 1px solid #e3e6ec; background: #fff; }
   .legend span { margin-right: 12px; }
@@ -29,6 +30,7 @@ const char kStatusPageHtml[] = R"html(<!doctype html>
 <h1 id="title">gradsync</h1>
 <div id="summary"></div>
 <div id="diagnosis"></div>
+<div id="stacks"></div>
 <table id="table"></table>
 <div id="plot-box" hidden>
   <h2>step time per rank, last 5 minutes</h2>
@@ -98,6 +100,43 @@ function membersNote(j) {
   return note + "</span>";
 }
 
+// The stacks a hang verdict asked for: what only the ranks behind, or only
+// the rank ahead, show, in full; what both sides show, a line each.
+function renderStacks(h) {
+  const box = document.getElementById("stacks");
+  if (!h) { box.innerHTML = ""; return; }
+  const ahead = h.healthy_rank === undefined ? 0 : num(h.healthy_rank);
+  const list = r => (r || []).map(num).join(",");
+  const label = g => ((g.ranks || []).length === 1 ? "rank " : "ranks ") +
+      list(g.ranks) + ", " + num(g.threads) + " thread(s) (" +
+      (g.thread_names || []).join(", ") + ")";
+  const behind = h.hung_ranks || [];
+  let html = "<h2>stacks (asked " + (behind.length === 1 ? "rank " : "ranks ") +
+      esc(list(behind)) + " behind" +
+      (ahead >= 0 ? " and rank " + ahead + " ahead" : "") + "; answered: " +
+      esc(list(h.answered) || "none yet") + ")</h2>";
+  const shared = [];
+  for (const g of h.groups || []) {
+    const aheadOnly = (g.ranks || []).length === 1 && num(g.ranks[0]) === ahead;
+    if (!g.hung_only && !aheadOnly) { shared.push(g); continue; }
+    html += "<div>" + esc(label(g) + (g.hung_only ? ", behind only" : ", ahead only")) +
+        "</div><pre>" + esc((g.frames || []).join("\n")) + "</pre>";
+  }
+  // A shared stack by the frame that tells it: the innermost of gradsync's
+  // own, else the innermost that is not a wait primitive.
+  const telling = g => {
+    const f = g.frames || [""];
+    return f.find(x => x.startsWith("gradsync::")) ||
+        f.find(x => !/^(absl::|Absl|\?\? |__|pthread_|syscall$)/.test(x)) || f[0];
+  };
+  if (shared.length) {
+    html += "<div>on both sides:</div><pre>" +
+        esc(shared.map(g => label(g) + " in " + telling(g)).join("\n")) + "</pre>";
+  }
+  for (const e of h.errors || []) html += "<div>" + esc(e) + "</div>";
+  box.innerHTML = html;
+}
+
 function renderJob(j) {
   const state = name(j.state, "JOB_STATE_");
   document.getElementById("title").textContent = "gradsync: job " + j.config.job_id;
@@ -124,6 +163,7 @@ function renderJob(j) {
   }
   document.getElementById("diagnosis").innerHTML =
       notes.map(n => '<div class="note">' + esc(n) + "</div>").join("");
+  renderStacks(d.hang_stacks);
   const head = "<tr><th>rank</th><th>host</th><th>state</th><th>step</th>" +
       "<th>samples/s</th><th>step time</th><th>comm time</th><th>lag</th><th>last seen</th></tr>";
   const now = Date.now() / 1000;

@@ -752,6 +752,56 @@ TEST_F(HealthManagerTest, HangNamesTheRanksBehind) {
   EXPECT_EQ(Status().state(), v1::JOB_STATE_RUNNING) << "a hang only reports";
 }
 
+// A hang verdict asks the rank behind and one ahead for their stacks, each
+// once, in its next heartbeat answer; their answers show in the diagnosis,
+// grouped, until progress ends the verdict.
+TEST_F(HealthManagerTest, AHangAsksForStacksAndShowsThem) {
+  StartJob(3);
+  const auto beat_all = [this] {
+    ASSERT_TRUE(Beat(0, Collectives(9, 9)).ok());
+    ASSERT_TRUE(Beat(1, Collectives(9, 9)).ok());
+    ASSERT_TRUE(Beat(2, Collectives(8, 8)).ok());
+  };
+  beat_all();
+  for (int i = 0; i < 29; ++i) {
+    Advance(absl::Seconds(1));
+    beat_all();
+    ASSERT_FALSE(Status().diagnosis().has_hang_stacks());
+  }
+  Advance(absl::Seconds(1));
+  ASSERT_THAT(Status().diagnosis().hang(), HasSubstr("rank 2 finished #8"));
+  ASSERT_EQ(Status().diagnosis().hang_stacks().hung_ranks_size(), 1);
+  EXPECT_EQ(Status().diagnosis().hang_stacks().healthy_rank(), 0);
+
+  // Rank 1 is not asked; ranks 2 and 0 are, once.
+  EXPECT_EQ(Beat(1, Collectives(9, 9)).value_or(true), false);
+  EXPECT_EQ(Beat(2, Collectives(8, 8)).value_or(false), true);
+  const int64_t request = last_response_.stacks_request();
+  EXPECT_NE(request, 0);
+  EXPECT_EQ(last_response_.job_state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Beat(2, Collectives(8, 8)).value_or(true), false);
+  EXPECT_EQ(Beat(0, Collectives(9, 9)).value_or(false), true);
+  EXPECT_EQ(last_response_.stacks_request(), request);
+
+  v1::WorkerMetrics answer = Collectives(8, 8);
+  answer.mutable_thread_stacks()->set_request(request);
+  v1::ThreadStack* main = answer.mutable_thread_stacks()->add_threads();
+  main->set_name("gradsync-worker");
+  main->add_frames("gradsync::Trainer::MaybeHang()");
+  ASSERT_TRUE(Beat(2, answer).ok());
+  const v1::HangStacks stacks = Status().diagnosis().hang_stacks();
+  ASSERT_EQ(stacks.groups_size(), 1);
+  EXPECT_EQ(stacks.groups(0).frames(0), "gradsync::Trainer::MaybeHang()");
+  EXPECT_EQ(stacks.groups(0).ranks(0), 2);
+  EXPECT_TRUE(stacks.groups(0).hung_only());
+  EXPECT_FALSE(Status().members(2).metrics().has_thread_stacks())
+      << "an event: in the diagnosis, not the member's metrics";
+
+  // Progress ends the verdict and its stacks.
+  ASSERT_TRUE(Beat(2, Collectives(9, 9)).ok());
+  EXPECT_FALSE(Status().diagnosis().has_hang_stacks());
+}
+
 TEST_F(HealthManagerTest, HangWithRanksInsideACollective) {
   StartJob(3);
   ASSERT_TRUE(Beat(0, Collectives(8, 7)).ok());

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -239,6 +240,72 @@ std::string DiagnosisText(const v1::JobStatus& job) {
   return rows.empty() ? "" : RenderTable(rows);
 }
 
+// The frame a one-line summary of a stack names: the innermost of
+// gradsync's own, else the innermost that is not a wait primitive.
+const std::string& TellingFrame(const v1::StackGroup& g) {
+  for (const std::string& f : g.frames()) {
+    if (absl::StartsWith(f, "gradsync::")) return f;
+  }
+  for (const std::string& f : g.frames()) {
+    if (!absl::StartsWith(f, "absl::") && !absl::StartsWith(f, "Absl") &&
+        !absl::StartsWith(f, "?? ") && !absl::StartsWith(f, "__") &&
+        !absl::StartsWith(f, "pthread_") && f != "syscall") {
+      return f;
+    }
+  }
+  return g.frames(0);
+}
+
+// The stacks a hang verdict asked for: the threads of the hung ranks, and
+// of the rank ahead, that the other side has not, in full (the contrast);
+// the threads both sides have, a line each. Empty when no hang asked.
+std::string HangStacksText(const v1::JobDiagnosis& d) {
+  if (!d.has_hang_stacks()) return "";
+  constexpr int kMaxFrames = 32;
+  const v1::HangStacks& h = d.hang_stacks();
+  const auto ranks = [](const auto& list) {
+    return absl::StrJoin(list.begin(), list.end(), ",");
+  };
+  const auto threads = [&](const v1::StackGroup& g) {
+    return absl::StrCat(g.ranks_size() == 1 ? "rank " : "ranks ",
+                        ranks(g.ranks()), ", ", g.threads(),
+                        g.threads() == 1 ? " thread (" : " threads (",
+                        absl::StrJoin(g.thread_names(), ", "), ")");
+  };
+  std::string out = absl::StrCat(
+      "\nstacks (asked ", h.hung_ranks_size() == 1 ? "rank " : "ranks ",
+      ranks(h.hung_ranks()), " behind",
+      h.healthy_rank() >= 0 ? absl::StrCat(" and rank ", h.healthy_rank(),
+                                           " ahead for contrast")
+                            : "",
+      "; answered: ", h.answered_size() == 0 ? "none yet" : ranks(h.answered()),
+      "):\n");
+  std::vector<const v1::StackGroup*> shared;
+  for (const v1::StackGroup& g : h.groups()) {
+    const bool ahead_only = g.ranks_size() == 1 && g.ranks(0) == h.healthy_rank();
+    if (!g.hung_only() && !ahead_only) {
+      shared.push_back(&g);
+      continue;
+    }
+    absl::StrAppend(&out, "  ", threads(g), g.hung_only() ? ", behind" : ", ahead",
+                    " only:\n");
+    const int shown = std::min(g.frames_size(), kMaxFrames);
+    for (int i = 0; i < shown; ++i) {
+      absl::StrAppend(&out, "      ", g.frames(i), "\n");
+    }
+    if (shown < g.frames_size()) {
+      absl::StrAppend(&out, "      ... ", g.frames_size() - shown,
+                      " more (--json shows all)\n");
+    }
+  }
+  if (!shared.empty()) absl::StrAppend(&out, "  on both sides:\n");
+  for (const v1::StackGroup* g : shared) {
+    absl::StrAppend(&out, "    ", threads(*g), " in ", TellingFrame(*g), "\n");
+  }
+  for (const std::string& e : h.errors()) absl::StrAppend(&out, "  ", e, "\n");
+  return out;
+}
+
 // The job's latest recoveries, newest first; empty when there were none.
 std::string RecoveriesTable(const v1::JobStatus& job, absl::Time now) {
   if (job.recoveries_size() == 0) return "";
@@ -377,6 +444,7 @@ std::string FormatJobStatus(const v1::JobStatus& job, absl::Time now) {
   }
   const std::string diagnosis = DiagnosisText(job);
   if (!diagnosis.empty()) absl::StrAppend(&out, "\ndiagnosis:\n", diagnosis);
+  absl::StrAppend(&out, HangStacksText(job.diagnosis()));
   absl::StrAppend(&out, RecoveriesTable(job, now));
   if (job.waiting_size() > 0) {
     absl::StrAppend(&out, "\nwaiting for the next round:\n",
@@ -434,8 +502,30 @@ Json StatusJson(const v1::JobStatus& job) {
                                                      divergence.tensors().end())},
                 {"verdict", divergence.verdict()}};
   }
+  Json hang_stacks = nullptr;
+  if (job.diagnosis().has_hang_stacks()) {
+    const v1::HangStacks& h = job.diagnosis().hang_stacks();
+    Json groups = Json::array();
+    for (const v1::StackGroup& g : h.groups()) {
+      groups.push_back(
+          {{"ranks", std::vector<int>(g.ranks().begin(), g.ranks().end())},
+           {"threads", g.threads()},
+           {"thread_names", std::vector<std::string>(g.thread_names().begin(),
+                                                     g.thread_names().end())},
+           {"frames", std::vector<std::string>(g.frames().begin(),
+                                               g.frames().end())},
+           {"hung_only", g.hung_only()}});
+    }
+    hang_stacks = {
+        {"hung_ranks", std::vector<int>(h.hung_ranks().begin(), h.hung_ranks().end())},
+        {"healthy_rank", h.healthy_rank()},
+        {"answered", std::vector<int>(h.answered().begin(), h.answered().end())},
+        {"groups", std::move(groups)},
+        {"errors", std::vector<std::string>(h.errors().begin(), h.errors().end())}};
+  }
   out["diagnosis"] = {
       {"hang", job.diagnosis().hang()},
+      {"hang_stacks", std::move(hang_stacks)},
       {"desync", job.diagnosis().desync()},
       {"stragglers", std::move(stragglers)},
       {"divergence", std::move(diverged)},

@@ -35,6 +35,9 @@ class MetricsInbox {
 
   // The socket's path, for GRADSYNC_AGENT_SOCKET.
   const std::string& path() const { return path_; }
+  // Its private directory (0700), where the agent keeps the processes'
+  // stacks files too.
+  const std::string& dir() const { return dir_; }
 
  private:
   MetricsInbox(int fd, std::string dir, std::string path, Callback on_message);

@@ -19,6 +19,7 @@
 #include "common/logging.h"
 #include "common/process_usage.h"
 #include "worker/launch/gpus.h"
+#include "worker/launch/process_stacks.h"
 #include "worker/runtime/coordinator_store.h"
 #include "worker/runtime/join.h"
 #include "worker/runtime/launched_process.h"
@@ -142,10 +143,30 @@ absl::Status NodeAgent::PrepareSlots() {
     slot.request = *std::move(request);
     HealthReporterOptions reporting;
     reporting.open_stream = heartbeats_.opener();
+    reporting.capture_stacks = [this, i](int64_t request) {
+      return SlotStacks(static_cast<size_t>(i), request);
+    };
     slot.reporter = std::make_unique<HealthReporter>(client_, reporting);
     slots_.push_back(std::move(slot));
   }
+  absl::MutexLock lock(&mu_);
+  stack_targets_.resize(slots_.size());
   return absl::OkStatus();
+}
+
+v1::ThreadStacks NodeAgent::SlotStacks(size_t i, int64_t request) const {
+  StackTarget target;
+  {
+    absl::MutexLock lock(&mu_);
+    target = stack_targets_[i];
+  }
+  if (target.pid == 0) {
+    v1::ThreadStacks none;
+    none.set_request(request);
+    none.set_error("no process is running");
+    return none;
+  }
+  return CaptureProcessStacks(request, target.pid, target.file);
 }
 
 int NodeAgent::Run() {
@@ -325,7 +346,10 @@ absl::StatusOr<AgentContext> NodeAgent::ExchangeMaster(int restart) {
   context.coordinator = options_.coordinator;
   context.restart_count = restart;
   context.max_restarts = options_.max_restarts;
-  if (inbox_ != nullptr) context.agent_socket = inbox_->path();
+  if (inbox_ != nullptr) {
+    context.agent_socket = inbox_->path();
+    context.stacks_dir = inbox_->dir();
+  }
   if (first.node_rank() == 0) {
     absl::StatusOr<int> port = PickFreePort();
     if (!port.ok()) return port.status();
@@ -410,10 +434,23 @@ absl::Status NodeAgent::StartProcess(
     size_t i, const std::map<std::string, std::string>& variables,
     int restart) {
   Slot& slot = slots_[i];
+  // A process registers for stacks in a file of its own, empty at its start.
+  const auto stacks = variables.find("GRADSYNC_STACKS_FILE");
+  const std::string stacks_file =
+      stacks == variables.end() ? "" : stacks->second;
+  if (!stacks_file.empty()) {
+    const int fd = open(stacks_file.c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd);
+  }
   absl::StatusOr<std::unique_ptr<LocalProcess>> process = LocalProcess::Start(
       options_.command, MergeEnvironment(environment_, variables));
   if (!process.ok()) return process.status();
   slot.process = *std::move(process);
+  {
+    absl::MutexLock lock(&mu_);
+    stack_targets_[i] = StackTarget{slot.process->pid(), stacks_file};
+  }
   // Self-managed processes change ranks as they re-form: their output is
   // labelled by the local slot instead.
   const std::string label =
@@ -426,6 +463,7 @@ absl::Status NodeAgent::StartProcess(
     const int code = process->Wait();
     absl::MutexLock lock(&mu_);
     exits_[i] = code;
+    stack_targets_[i].pid = 0;  // reaped: the pid may be reused
   });
   return absl::OkStatus();
 }

@@ -133,6 +133,9 @@ class NodeAgent {
   // A process's own metrics (MetricsInbox): kept as its snapshot and passed
   // on to its member's reporter at once.
   void OnProcessMetrics(const v1::HeartbeatRequest& message);
+  // The stacks of slot `i`'s process, answering the coordinator's request
+  // `request` (on its reporter's thread).
+  v1::ThreadStacks SlotStacks(size_t i, int64_t request) const;
   // Where stream `stream` (1 stdout, 2 stderr) of the process of local rank
   // `local_rank`, labelled `label` ("rank3", "local1"), goes in attempt
   // `restart`.
@@ -170,6 +173,12 @@ class NodeAgent {
     int64_t gpu_memory_bytes = 0;  // sampled by the agent (nvidia-smi)
   };
   std::map<int, Reported> reported_ ABSL_GUARDED_BY(mu_);
+  // By slot: its process and its stacks file (empty: none), for SlotStacks.
+  struct StackTarget {
+    pid_t pid = 0;
+    std::string file;
+  };
+  std::vector<StackTarget> stack_targets_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gradsync

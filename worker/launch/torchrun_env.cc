@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
+#include "worker/runtime/thread_stacks.h"
 
 namespace gradsync {
 
@@ -31,7 +32,15 @@ std::map<std::string, std::string> TorchrunVariables(
   if (!c.agent_socket.empty()) {
     variables["GRADSYNC_AGENT_SOCKET"] = c.agent_socket;
   }
+  if (!c.stacks_dir.empty()) {
+    variables["GRADSYNC_STACKS_FILE"] = StacksFile(c, a.local_rank());
+    variables["GRADSYNC_STACKS_SIGNAL"] = absl::StrCat(ThreadStackSignal());
+  }
   return variables;
+}
+
+std::string StacksFile(const AgentContext& context, int local_rank) {
+  return absl::StrCat(context.stacks_dir, "/stacks-", local_rank);
 }
 
 std::vector<std::string> MergeEnvironment(

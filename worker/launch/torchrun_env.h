@@ -23,7 +23,12 @@ struct AgentContext {
   int max_restarts = 0;
   // Where processes send their own metrics (MetricsInbox); empty: nowhere.
   std::string agent_socket;
+  // Where each process's stacks file is (process_stacks.h); empty: none.
+  std::string stacks_dir;
 };
+
+// The stacks file of the process with local rank `local_rank`.
+std::string StacksFile(const AgentContext& context, int local_rank);
 
 // The variables for the process of `assignment`: RANK, LOCAL_RANK,
 // WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK,
@@ -32,7 +37,8 @@ struct AgentContext {
 // TORCHELASTIC_RUN_ID (the job), TORCHELASTIC_USE_AGENT_STORE=False (rank 0
 // hosts the store: there is no agent store), GRADSYNC_COORDINATOR,
 // GRADSYNC_JOB, GRADSYNC_ROUND, GRADSYNC_BACKEND, GRADSYNC_AGENT_SOCKET (when
-// set in `context`). Every node runs one role,
+// set in `context`), GRADSYNC_STACKS_FILE and GRADSYNC_STACKS_SIGNAL (when
+// `context` has a stacks_dir; see worker/launch/process_stacks.h). Every node runs one role,
 // so role ranks are global ranks.
 std::map<std::string, std::string> TorchrunVariables(
     const v1::Assignment& assignment, const AgentContext& context);

@@ -1,5 +1,7 @@
 #include "worker/runtime/collective_watchdog.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -85,6 +87,7 @@ void CollectiveWatchdog::Check() {
 }
 
 void CollectiveWatchdog::Run() {
+  pthread_setname_np(pthread_self(), "gs-watchdog");  // for stacks and top
   for (;;) {
     {
       absl::MutexLock lock(&mu_);

@@ -1,5 +1,7 @@
 #include "worker/runtime/health_reporter.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <memory>
 #include <utility>
@@ -8,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
 #include "common/logging.h"
+#include "worker/runtime/thread_stacks.h"
 
 namespace gradsync {
 namespace {
@@ -75,6 +78,7 @@ void HealthReporter::Start(
   ready_times_.clear();
   fingerprints_.clear();
   verdict_ = Verdict();
+  stacks_asked_ = stacks_answered_ = 0;
   if (!thread_.joinable()) {
     // The first Start, or one after Finish()/Stop() ended the thread (a
     // member that rejoins to finish in the next round).
@@ -125,6 +129,12 @@ v1::HeartbeatRequest HealthReporter::NextRequestLocked() {
   return request;
 }
 
+std::optional<int64_t> HealthReporter::TakeStacksRequestLocked() {
+  if (stacks_asked_ == stacks_answered_) return std::nullopt;
+  stacks_answered_ = stacks_asked_;
+  return stacks_asked_;
+}
+
 void HealthReporter::TakeFingerprintsLocked(v1::WorkerMetrics* metrics) {
   for (v1::ReplicaFingerprint& f : fingerprints_) {
     *metrics->add_replica_fingerprints() = std::move(f);
@@ -147,6 +157,9 @@ void HealthReporter::OnAnswer(const v1::HeartbeatResponse& response) {
     verdict_.state = response.job_state();
     verdict_.reason = response.reason();
     verdict_.reform_at_step_boundary = response.reform_at_step_boundary();
+    if (response.stacks_request() != 0) {
+      stacks_asked_ = response.stacks_request();  // the run loop notices
+    }
     const absl::Duration interval =
         FromProtoDuration(response.heartbeat_interval());
     if (interval > absl::ZeroDuration() && interval != interval_) {
@@ -195,6 +208,7 @@ struct HealthReporter::Loop {
 // stream when it has none, sends one heartbeat and waits for the next one's
 // time. Stopping sends a last heartbeat and closes the stream cleanly.
 void HealthReporter::Run() {
+  pthread_setname_np(pthread_self(), "gs-heartbeat");  // for stacks and top
   Loop loop;
   loop.backoff = options_.initial_backoff;
   mu_.Lock();
@@ -291,24 +305,38 @@ void HealthReporter::OpenStreamLocked(Loop* loop) {
 }
 
 void HealthReporter::SendAndAwaitNextLocked(Loop* loop) {
+  const std::optional<int64_t> stacks = TakeStacksRequestLocked();
   v1::HeartbeatRequest request = NextRequestLocked();
   mu_.Unlock();
+  if (stacks.has_value()) {
+    *request.mutable_metrics()->mutable_thread_stacks() =
+        options_.capture_stacks ? options_.capture_stacks(*stacks)
+                                : CaptureThreadStacks(*stacks);
+    GS_LOG(INFO) << "job '" << request.member().job_id() << "' rank "
+                 << request.member().rank()
+                 << ": the coordinator diagnosed a hang; sending the stacks of "
+                 << request.metrics().thread_stacks().threads_size()
+                 << " threads";
+  }
   const absl::Time sent_at = absl::Now();
   const bool queued = loop->stream->Send(std::move(request));
   mu_.Lock();
   if (queued) ++stats_.heartbeats_sent;
   // The next heartbeat is due one interval after this one, by the interval
   // the coordinator asks for at the time: a new one told while waiting
-  // moves the deadline (earlier when it is shorter).
+  // moves the deadline (earlier when it is shorter). A request for stacks
+  // is answered at once.
   while (true) {
     const absl::Duration waiting_for = interval_;
     const auto woken = [this, loop, waiting_for]() {
       mu_.AssertReaderHeld();
-      return MemberChangedOrStoppingLocked(*loop) || interval_ != waiting_for;
+      return MemberChangedOrStoppingLocked(*loop) ||
+             interval_ != waiting_for || stacks_asked_ != stacks_answered_;
     };
     if (!mu_.AwaitWithDeadline(absl::Condition(&woken),
                                sent_at + waiting_for) ||
-        MemberChangedOrStoppingLocked(*loop)) {
+        MemberChangedOrStoppingLocked(*loop) ||
+        stacks_asked_ != stacks_answered_) {
       return;
     }
   }

@@ -42,6 +42,10 @@
 // kept when the one carrying them is dropped) are queued until a heartbeat,
 // or the completion report, carries them; every other field is replaced by
 // each Update().
+//
+// When an answer asks for the process's stacks (a hang verdict), the
+// reporter sends its next heartbeat at once with them
+// (WorkerMetrics.thread_stacks, options.capture_stacks), once per request.
 #ifndef GRADSYNC_WORKER_RUNTIME_HEALTH_REPORTER_H_
 #define GRADSYNC_WORKER_RUNTIME_HEALTH_REPORTER_H_
 
@@ -82,6 +86,11 @@ struct HealthReporterOptions {
   std::function<std::unique_ptr<HeartbeatStream>(
       std::function<void(const v1::HeartbeatResponse&)>)>
       open_stream;
+  // Answers the coordinator's HeartbeatResponse.stacks_request (a hang
+  // verdict): by default the stacks of this process's threads
+  // (CaptureThreadStacks); a node agent points it at the process it reports
+  // for. Runs on the reporter's thread, between heartbeats.
+  std::function<v1::ThreadStacks(int64_t request)> capture_stacks;
 };
 
 // Thread-safe: Update() and verdict() may be called from any thread while
@@ -190,6 +199,10 @@ class HealthReporter {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The next heartbeat: member, snapshot and the queued events.
   v1::HeartbeatRequest NextRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The stacks request to answer in the next heartbeat, if any (taken: it
+  // is answered once).
+  std::optional<int64_t> TakeStacksRequestLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the queued replica fingerprints into `metrics`.
   void TakeFingerprintsLocked(v1::WorkerMetrics* metrics)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -214,6 +227,10 @@ class HealthReporter {
   std::deque<v1::StepReady> ready_times_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::ReplicaFingerprint> fingerprints_ ABSL_GUARDED_BY(mu_);
   Verdict verdict_ ABSL_GUARDED_BY(mu_);
+  // The coordinator's latest HeartbeatResponse.stacks_request, and the one
+  // last answered.
+  int64_t stacks_asked_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t stacks_answered_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void(const absl::Status&)> on_round_over_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };

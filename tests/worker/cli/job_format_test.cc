@@ -312,6 +312,71 @@ TEST(FormatJobStatusTest, MonitoredJobShowsTrainingColumnsAndDiagnosis) {
   EXPECT_LT(text.find("members (round 3)"), text.find("diagnosis:"));
 }
 
+// MonitoredJob with the stacks its hang verdict asked of rank 1 (behind)
+// and rank 0 (ahead).
+v1::JobStatus HungJobWithStacks() {
+  v1::JobStatus job = MonitoredJob();
+  v1::HangStacks* h = job.mutable_diagnosis()->mutable_hang_stacks();
+  h->add_hung_ranks(1);
+  h->set_healthy_rank(0);
+  h->add_answered(0);
+  h->add_answered(1);
+  v1::StackGroup* hung = h->add_groups();
+  hung->add_ranks(1);
+  hung->set_threads(1);
+  hung->add_thread_names("gradsync-worker");
+  hung->add_frames("gradsync::HealthReporter::AwaitRoundOver()");
+  hung->add_frames("gradsync::TrainingRun::Impl::MaybeHang()");
+  hung->set_hung_only(true);
+  v1::StackGroup* shared = h->add_groups();
+  shared->add_ranks(0);
+  shared->add_ranks(1);
+  shared->set_threads(4);
+  shared->add_thread_names("grpc_global_tim");
+  for (const char* f : {"syscall", "absl::Mutex::Block()", "?? (libgrpc.so+0x10)",
+                        "PollerLoop", "start_thread"}) {
+    shared->add_frames(f);
+  }
+  v1::StackGroup* ahead = h->add_groups();
+  ahead->add_ranks(0);
+  ahead->set_threads(1);
+  ahead->add_thread_names("gradsync-worker");
+  ahead->add_frames("gradsync::Work::Wait()");
+  h->add_errors("rank 0: thread 12 did not answer within 200ms");
+  return job;
+}
+
+TEST(FormatJobStatusTest, HangStacksShowWhatOnlyTheHungRanksDo) {
+  const std::string text = FormatJobStatus(HungJobWithStacks(), kNow);
+  EXPECT_THAT(text, HasSubstr("\nstacks (asked rank 1 behind and rank 0 ahead "
+                              "for contrast; answered: 0,1):\n"
+                              "  rank 1, 1 thread (gradsync-worker), behind only:\n"
+                              "      gradsync::HealthReporter::AwaitRoundOver()\n"
+                              "      gradsync::TrainingRun::Impl::MaybeHang()\n"
+                              "  rank 0, 1 thread (gradsync-worker), ahead only:\n"
+                              "      gradsync::Work::Wait()\n"
+                              "  on both sides:\n"
+                              "    ranks 0,1, 4 threads (grpc_global_tim) in "
+                              "PollerLoop\n"
+                              "  rank 0: thread 12 did not answer within 200ms\n"));
+  EXPECT_LT(text.find("diagnosis:"), text.find("stacks (asked"));
+  EXPECT_THAT(FormatJobStatus(MonitoredJob(), kNow),
+              Not(HasSubstr("stacks (asked")));
+}
+
+TEST(JobStatusToJsonTest, HangStacksAreInTheJsonWhole) {
+  nlohmann::json j = nlohmann::json::parse(JobStatusToJson(HungJobWithStacks()));
+  const nlohmann::json& h = j["diagnosis"]["hang_stacks"];
+  EXPECT_EQ(h["hung_ranks"], nlohmann::json::array({1}));
+  EXPECT_EQ(h["healthy_rank"], 0);
+  ASSERT_EQ(h["groups"].size(), 3u);
+  EXPECT_EQ(h["groups"][1]["frames"].size(), 5u);
+  EXPECT_EQ(h["groups"][0]["hung_only"], true);
+  EXPECT_EQ(h["groups"][1]["ranks"], nlohmann::json::array({0, 1}));
+  EXPECT_TRUE(nlohmann::json::parse(JobStatusToJson(MonitoredJob()))
+                  ["diagnosis"]["hang_stacks"].is_null());
+}
+
 TEST(FormatJobStatusTest, EndedJobShowsWhenItEnded) {
   v1::JobStatus job = RunningJob();
   job.set_state(v1::JOB_STATE_SUCCEEDED);

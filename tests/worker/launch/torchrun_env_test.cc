@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/runtime/thread_stacks.h"
 
 namespace gradsync {
 namespace {
@@ -53,6 +54,22 @@ TEST(TorchrunEnvTest, VariablesFollowTheAssignment) {
       {"GRADSYNC_BACKEND", "gloo"},
   };
   EXPECT_EQ(TorchrunVariables(a, c), expected);
+}
+
+TEST(TorchrunEnvTest, TheAgentsSocketAndStacksFileWhenItHasThem) {
+  v1::Assignment a;
+  a.set_local_rank(3);
+  AgentContext c;
+  c.agent_socket = "/tmp/agent-x/metrics.sock";
+  c.stacks_dir = "/tmp/agent-x";
+  std::map<std::string, std::string> v = TorchrunVariables(a, c);
+  EXPECT_EQ(v["GRADSYNC_AGENT_SOCKET"], "/tmp/agent-x/metrics.sock");
+  EXPECT_EQ(v["GRADSYNC_STACKS_FILE"], "/tmp/agent-x/stacks-3");
+  EXPECT_EQ(v["GRADSYNC_STACKS_SIGNAL"], std::to_string(ThreadStackSignal()));
+  v = TorchrunVariables(a, AgentContext());
+  EXPECT_EQ(v.count("GRADSYNC_AGENT_SOCKET"), 0u);
+  EXPECT_EQ(v.count("GRADSYNC_STACKS_FILE"), 0u);
+  EXPECT_EQ(v.count("GRADSYNC_STACKS_SIGNAL"), 0u);
 }
 
 TEST(TorchrunEnvTest, MergeSetsOverTheBaseAndDefaultsThreadsAndMalloc) {

@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -237,8 +238,10 @@ class ScriptedStreams {
     };
   }
 
-  // Answers on the stream opened last: the job runs, at `interval`.
-  void Answer(absl::Duration interval, bool shedding) {
+  // Answers on the stream opened last: the job runs, at `interval`; a
+  // non-zero `stacks_request` asks for the process's stacks.
+  void Answer(absl::Duration interval, bool shedding,
+              int64_t stacks_request = 0) {
     std::function<void(const v1::HeartbeatResponse&)> answer;
     {
       absl::MutexLock lock(&mu_);
@@ -249,12 +252,19 @@ class ScriptedStreams {
     response.set_job_state(v1::JOB_STATE_RUNNING);
     *response.mutable_heartbeat_interval() = ToProtoDuration(interval);
     response.set_shedding_load(shedding);
+    response.set_stacks_request(stacks_request);
     answer(response);
   }
 
   int64_t sent() const {
     absl::MutexLock lock(&mu_);
     return sent_;
+  }
+  // The thread stacks each heartbeat sent so far carried (their request
+  // ids, in order).
+  std::vector<int64_t> stacks_sent() const {
+    absl::MutexLock lock(&mu_);
+    return stacks_sent_;
   }
   // Waits (bounded) until `n` heartbeats were sent in all.
   bool WaitForSent(int64_t n) {
@@ -270,9 +280,13 @@ class ScriptedStreams {
   class Stream final : public HeartbeatStream {
    public:
     explicit Stream(ScriptedStreams* streams) : streams_(streams) {}
-    bool Send(v1::HeartbeatRequest) override {
+    bool Send(v1::HeartbeatRequest request) override {
       absl::MutexLock lock(&streams_->mu_);
       ++streams_->sent_;
+      if (request.metrics().has_thread_stacks()) {
+        streams_->stacks_sent_.push_back(
+            request.metrics().thread_stacks().request());
+      }
       return true;
     }
     std::optional<absl::Status> ended() const override { return std::nullopt; }
@@ -284,6 +298,7 @@ class ScriptedStreams {
 
   mutable absl::Mutex mu_;
   int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int64_t> stacks_sent_ ABSL_GUARDED_BY(mu_);
   std::function<void(const v1::HeartbeatResponse&)> answer_
       ABSL_GUARDED_BY(mu_);
 };
@@ -329,6 +344,43 @@ TEST(HealthReporterIntervalTest, SendsAtTheIntervalTheCoordinatorAsksFor) {
   ASSERT_TRUE(slowed.WaitForSent(slowed.sent() + 3));
   reporter.Stop();
   peer.Stop();
+}
+
+// A request for stacks is answered at once, not at the next interval, and
+// once per request id.
+TEST(HealthReporterStacksTest, AnswersAStacksRequestAtOnceAndOnce) {
+  ClientOptions client_options;
+  client_options.target = "127.0.0.1:1";
+  auto client = *CoordinatorClient::Create(client_options);
+  ScriptedStreams streams;
+  HealthReporterOptions options = FastOptions();
+  options.interval = absl::Hours(1);  // nothing but the first and the asked
+  options.open_stream = streams.Opener();
+  std::vector<int64_t> captured;
+  absl::Mutex mu;
+  options.capture_stacks = [&](int64_t request) {
+    absl::MutexLock lock(&mu);
+    captured.push_back(request);
+    v1::ThreadStacks stacks;
+    stacks.set_request(request);
+    return stacks;
+  };
+  HealthReporter reporter(client.get(), options);
+  reporter.Start(Member(0), "inc-0");
+  ASSERT_TRUE(streams.WaitForSent(1));
+
+  streams.Answer(absl::Hours(1), /*shedding=*/false, /*stacks_request=*/41);
+  ASSERT_TRUE(streams.WaitForSent(2)) << "answered at once";
+  EXPECT_EQ(streams.stacks_sent(), std::vector<int64_t>{41});
+  // The same request again (a repeated answer) is not answered again; a new
+  // one is.
+  streams.Answer(absl::Hours(1), false, 41);
+  streams.Answer(absl::Hours(1), false, 42);
+  ASSERT_TRUE(streams.WaitForSent(3));
+  reporter.Stop();
+  EXPECT_EQ(streams.stacks_sent(), (std::vector<int64_t>{41, 42}));
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(captured, (std::vector<int64_t>{41, 42}));
 }
 
 }  // namespace

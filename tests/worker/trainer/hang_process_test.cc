@@ -3,9 +3,11 @@
 // (--failpoint=hang:STEP), over shared memory, Gloo TCP and the simulated
 // GPU (NCCL). The coordinator's self-set hang timeout (10 x the p99 of a
 // few-millisecond step, raised to its 1 s minimum) names the hung rank in
-// status within 2 s; the peers' collective watchdogs (here at least 3 s,
+// status within 2 s; the peers' collective watchdogs (here at least 4 s,
 // far below the fixed --timeout of 60 s) abort their round, the round
-// re-forms with all three and the job succeeds.
+// re-forms with all three and the job succeeds. Before that, the stacks the
+// verdict asked for show in status: the hung rank's training thread waiting
+// in the failpoint, which no peer's thread is.
 #include <iostream>
 #include <memory>
 #include <string>
@@ -13,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -61,7 +64,7 @@ class HangProcessTest : public ::testing::TestWithParam<std::string> {
         absl::StrCat("--node_id=n", index), GetParam(), "--model=mlp",
         "--hidden=24", "--dataset=synthetic", "--synthetic_size=96",
         "--batch_size=4", "--steps=1200", "--threads=1", "--log_every=0",
-        "--timeout=60s", "--min_collective_timeout=3s", "--join_timeout=60s"};
+        "--timeout=60s", "--min_collective_timeout=4s", "--join_timeout=60s"};
     if (hangs) argv.push_back(absl::StrCat("--failpoint=hang:", kHangStep));
     auto child = std::make_unique<Child>();
     EXPECT_TRUE(child->Start(argv, /*capture=*/true));
@@ -113,7 +116,47 @@ TEST_P(HangProcessTest, AHangIsNamedWithinTwoSecondsAndHealed) {
   EXPECT_TRUE(status.diagnosis().hang_timeout_self_set());
   EXPECT_EQ(status.diagnosis().hang_timeout().seconds(), 1);
 
-  // The peers' watchdogs (3 s) end the round, far inside the backends'
+  // The verdict asked the hung rank for its threads' stacks, and a peer
+  // for contrast; they answer with their next heartbeat, long before the
+  // peers' watchdogs (4 s) end the round. The hung rank's training thread
+  // stands in the wait for the round's end: a stack only it has.
+  const auto answered = [&](const v1::JobStatus& s) {
+    const auto& ranks = s.diagnosis().hang_stacks().answered();
+    return ranks.size() == 2;
+  };
+  while (!answered(status) && status.round() < 2 &&
+         absl::Now() < hit + absl::Seconds(30)) {
+    absl::SleepFor(absl::Milliseconds(20));
+    status = Status();
+  }
+  const v1::HangStacks& stacks = status.diagnosis().hang_stacks();
+  ASSERT_TRUE(answered(status)) << status.DebugString();
+  EXPECT_EQ(absl::StrCat(stacks.hung_ranks(0)), rank);
+  EXPECT_NE(absl::StrCat(stacks.healthy_rank()), rank);
+  bool found = false;
+  for (const v1::StackGroup& g : stacks.groups()) {
+    const std::string frames = absl::StrJoin(g.frames(), "\n");
+    if (!absl::StrContains(frames, "HealthReporter::AwaitRoundOver")) continue;
+    found = true;
+    EXPECT_TRUE(g.hung_only()) << frames;
+    std::cout << "the hung rank's training thread, as status shows it:\n"
+              << frames << "\n";
+  }
+  EXPECT_TRUE(found) << stacks.DebugString();
+  // `gradsync status` shows them.
+  Child cli;
+  ASSERT_TRUE(cli.Start({Runfile("worker/cli/gradsync"),
+                         "--coordinator=" + coordinator_.address(), "status",
+                         Job()},
+                        /*capture=*/true));
+  ASSERT_TRUE(WaitAll({&cli}, kBound));
+  std::cout << "gradsync status:\n" << cli.out();
+  EXPECT_THAT(cli.out(),
+              HasSubstr(absl::StrCat("\nstacks (asked rank ", rank, " behind")));
+  EXPECT_THAT(cli.out(), HasSubstr("1 thread (gradsync-worker), behind only:\n"));
+  EXPECT_THAT(cli.out(), HasSubstr("      gradsync::HealthReporter::AwaitRoundOver()\n"));
+
+  // The peers' watchdogs (4 s) end the round, far inside the backends'
   // fixed 60 s.
   ASSERT_TRUE(PumpUntil(children, kBound, [&] {
     return Status().round() == 2 || !hung.running();
@@ -129,7 +172,7 @@ TEST_P(HangProcessTest, AHangIsNamedWithinTwoSecondsAndHealed) {
   for (size_t i = 0; i < workers.size(); ++i) {
     EXPECT_EQ(workers[i]->exit_code(), 0) << workers[i]->describe();
     fired += absl::StrContains(
-        workers[i]->err(), "longer than the self-set collective timeout of 3s");
+        workers[i]->err(), "longer than the self-set collective timeout of 4s");
   }
   EXPECT_GE(fired, 1) << workers[0]->describe() << workers[2]->describe();
   EXPECT_THAT(hung.err(),
