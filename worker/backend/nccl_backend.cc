@@ -99,11 +99,11 @@ NcclBackend::~NcclBackend() {
   {
     absl::MutexLock lock(&mu_);
     // A healthy communicator with nothing pending finishes its work; one
-    // with collectives still in flight (a peer gone) is aborted.
+    // with collectives still in flight (a peer gone) is aborted, and the
+    // completion thread fails them once the device has ended them.
     if (!aborted_ && !pending_.empty()) {
       AbortLocked(absl::CancelledError("the nccl backend was destroyed"));
     }
-    FailPendingLocked(absl::CancelledError("the nccl backend was destroyed"));
     stopping_ = true;
   }
   if (completion_.joinable()) completion_.join();
@@ -255,13 +255,15 @@ std::shared_ptr<Work> NcclBackend::Launch(const char* collective,
   auto work = std::make_shared<EndedWork>(sequence, device_, comm_stream_);
   absl::Status enqueued = Enqueue(buffer, issue, comm, work.get());
   absl::MutexLock lock(&mu_);
-  if (enqueued.ok() && aborted_) enqueued = abort_status_;
-  if (!enqueued.ok()) {
+  if (!enqueued.ok()) {  // nothing of it reached the device
     return Work::Done(sequence,
                       absl::Status(enqueued.code(),
                                    absl::StrCat("nccl ", what, ": ",
                                                 enqueued.message())));
   }
+  // On the device now: pending until its end event is done, also when the
+  // communicator was aborted meanwhile (the completion thread then fails
+  // it), since until then the device may still use its buffer.
   pending_.push_back(Pending{work, absl::Now(), std::move(what)});
   return work;
 }
@@ -275,14 +277,19 @@ absl::Status NcclBackend::Enqueue(const Buffer& buffer, const IssueFn& issue,
   GS_RETURN_IF_ERROR(device_->StreamWaitEvent(comm_stream_, ready_event_));
   GS_RETURN_IF_ERROR(work->RecordStart(comm_stream_));
   if (buffer.count > 0) {
-    absl::Status issued = issue(comm, comm_stream_);
-    if (issued.ok()) {
-      issued = AwaitSettled("enqueue", absl::Now() + options().timeout);
-    }
-    if (!issued.ok()) {
+    const absl::Status issued = issue(comm, comm_stream_);
+    if (!issued.ok()) {  // not queued
       absl::MutexLock lock(&mu_);
       if (!aborted_) AbortLocked(issued);
       return issued;
+    }
+    // Queued: whether or not the enqueue settles, the collective ends on
+    // the stream, at its end event.
+    const absl::Status settled =
+        AwaitSettled("enqueue", absl::Now() + options().timeout);
+    if (!settled.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (!aborted_) AbortLocked(settled);
     }
   }
   // An empty collective moves nothing but still ends in issue order.
@@ -317,9 +324,11 @@ absl::Status NcclBackend::AwaitSettled(const std::string& what,
   }
 }
 
-// Finishes each pending Work once its end event is done and the
-// communicator reports no error: the host learns a collective's outcome
-// here, never before the device has finished it.
+// Finishes each pending Work once its end event is done: OK when the
+// communicator reports no error, else (and after an abort) with the error.
+// The host learns a collective's outcome here, never before the device has
+// finished with it, so a caller may free its buffer once Wait() returns,
+// also after an abort.
 void NcclBackend::CompletionLoop() {
   device_->MakeCurrent().IgnoreError();
   absl::MutexLock lock(&mu_);
@@ -331,21 +340,23 @@ void NcclBackend::CompletionLoop() {
     if (pending_.empty()) return;  // stopping
     std::shared_ptr<EndedWork> work = pending_.front().work;
     mu_.Unlock();
-    absl::Status ended = device_->SynchronizeEvent(work->end());
+    const absl::Status ended = device_->SynchronizeEvent(work->end());
     mu_.Lock();
-    if (pending_.empty() || pending_.front().work != work) continue;
-    if (!ended.ok()) {
-      AbortLocked(ended);
-      continue;
+    if (!aborted_ && !ended.ok()) AbortLocked(ended);
+    if (!aborted_) {
+      const absl::StatusOr<bool> settled = comm_->Settled();
+      if (!settled.ok()) AbortLocked(settled.status());
     }
-    absl::StatusOr<bool> settled = comm_->Settled();
-    if (!settled.ok()) {
-      AbortLocked(settled.status());
-      continue;
-    }
-    work->SetRunTimeFromEvents();
-    work->Finish(absl::OkStatus());
+    const Pending done = std::move(pending_.front());
     pending_.pop_front();
+    if (aborted_) {
+      done.work->Finish(absl::Status(
+          abort_status_.code(),
+          absl::StrCat("nccl ", done.what, ": ", abort_status_.message())));
+      continue;
+    }
+    done.work->SetRunTimeFromEvents();
+    done.work->Finish(absl::OkStatus());
   }
 }
 
@@ -377,17 +388,9 @@ void NcclBackend::AbortLocked(absl::Status status) {
                 << device_->name() << ": aborting the communicator: " << status;
   aborted_ = true;
   abort_status_ = status;
+  // Ends the collectives in flight on the device; the completion thread
+  // fails their Works as each one's end event is reached.
   if (comm_ != nullptr) comm_->Abort();
-  FailPendingLocked(status);
-}
-
-void NcclBackend::FailPendingLocked(const absl::Status& status) {
-  for (Pending& pending : pending_) {
-    pending.work->Finish(absl::Status(
-        status.code(),
-        absl::StrCat("nccl ", pending.what, ": ", status.message())));
-  }
-  pending_.clear();
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(

@@ -22,8 +22,14 @@
 //    Work and every later one;
 //  - a watchdog thread looks every 100 ms for asynchronous errors and for a
 //    collective older than the timeout (a hung peer): either aborts the
-//    communicator, which ends the collectives in flight, and fails every
-//    pending Work with a message naming the collective.
+//    communicator, which ends the collectives in flight; the completion
+//    thread then fails every pending Work, each once its end event is done,
+//    with a message naming the collective.
+// So a Work is finished, OK or not, only once the device is done with its
+// buffers: after Wait() returns the caller may free or reuse them, also
+// after an abort (on the simulated device, whose buffers are host memory,
+// an earlier finish let a freed bucket be written by the collective that
+// the abort was still ending).
 // After an abort every collective fails with ABORTED: the round must be
 // re-formed with a new backend (a new communicator), which is recoverable.
 #ifndef GRADSYNC_WORKER_BACKEND_NCCL_BACKEND_H_
@@ -60,8 +66,8 @@ struct NcclOptions {
 
 // Thread-safe. Collectives may be issued from any thread; they run in the
 // order their calls took the backend's issue lock. Lifetime: the backend
-// lives as long as its round; its Works may outlive it (they end CANCELLED
-// when it is destroyed first).
+// lives as long as its round; its Works may outlive it (destroying it with
+// collectives pending aborts them: they end CANCELLED once the device has).
 class NcclBackend final : public Backend {
  public:
   // Checks the options; the communicator is made by Connect.
@@ -111,8 +117,6 @@ class NcclBackend final : public Backend {
   void CompletionLoop();
   void WatchdogLoop();
   void AbortLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FailPendingLocked(const absl::Status& status)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const NcclOptions nccl_options_;
   NcclDevice* const device_;

@@ -246,6 +246,42 @@ TEST(NcclSimFailureTest, AbortEndsAHungCollectiveAndThePeers) {
   EXPECT_LT(absl::Now() - start, kBound);
 }
 
+// An abort fails a pending Work only once the device is done with its
+// buffer, so a caller may free the buffer when Wait() returns: here rank
+// 0's stream still holds its collective (an injected 300 ms delay before
+// it) when its owner aborts, and the Work ends only after the stream moved
+// past it. (An earlier finish let a worker free a bucket that the aborted
+// collective then wrote into, corrupting the heap.)
+TEST(NcclSimFailureTest, AnAbortedWorkEndsOnlyOnceTheDeviceIsDoneWithIt) {
+  constexpr absl::Duration kHeld = absl::Milliseconds(300);
+  auto devices = SimDevices(2);
+  InMemoryStore store;
+  auto group = StartNcclGroup(
+      devices, &store, kHealthyTimeout, [&](int rank) -> CommFaultPlan {
+        if (rank != 0) return nullptr;
+        return [kHeld](uint64_t n) {
+          CommFault fault;
+          if (n == 1) {
+            fault.kind = CommFault::Kind::kDelay;
+            fault.delay = kHeld;
+          }
+          return fault;
+        };
+      });
+  ASSERT_EQ(group.size(), 2u);
+  std::vector<float> data(16, 1.0f);
+  const absl::Time start = absl::Now();
+  auto held = group[0]->AllReduce(BufferOf(data), ReduceOp::kSum);
+  group[0]->Abort();
+  EXPECT_EQ(held->Wait(kBound).code(), absl::StatusCode::kAborted);
+  EXPECT_GE(absl::Now() - start, kHeld) << "finished before the device";
+  // A backend destroyed with a collective on its stream waits for it too.
+  auto queued = group[1]->AllReduce(BufferOf(data), ReduceOp::kSum);
+  group[1].reset();
+  EXPECT_TRUE(queued->IsCompleted());
+  EXPECT_FALSE(queued->Wait(kBound).ok());  // its peer aborted
+}
+
 // Rank 1 never creates its communicator: rank 0's creation fails at its
 // timeout, naming the wait, or at once when aborted from another thread.
 TEST(NcclSimFailureTest, CreationEndsAtTheTimeoutOrAtAnAbort) {
