@@ -132,6 +132,11 @@ absl::StatusOr<v1::JobConfig> NormalizeJobConfig(const v1::JobConfig& config) {
         "job '", out.job_id(), "': unknown divergence_policy ",
         out.divergence_policy()));
   }
+  if (!v1::StragglerPolicy_IsValid(out.straggler_policy())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", out.job_id(), "': unknown straggler_policy ",
+        out.straggler_policy()));
+  }
   return out;
 }
 
@@ -318,6 +323,16 @@ absl::StatusOr<v1::DivergencePolicy> ParseDivergencePolicy(
   if (lower == "fail") return v1::DIVERGENCE_POLICY_FAIL;
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown divergence policy '", name, "': use heal or fail"));
+}
+
+absl::StatusOr<v1::StragglerPolicy> ParseStragglerPolicy(
+    absl::string_view name) {
+  std::string lower = absl::AsciiStrToLower(name);
+  if (lower.empty()) return v1::STRAGGLER_POLICY_UNSPECIFIED;
+  if (lower == "rebalance") return v1::STRAGGLER_POLICY_REBALANCE;
+  if (lower == "report") return v1::STRAGGLER_POLICY_REPORT;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown straggler policy '", name, "': use rebalance or report"));
 }
 
 }  // namespace gradsync

@@ -85,6 +85,11 @@ absl::StatusOr<v1::FailurePolicy> ParseFailurePolicy(absl::string_view name);
 absl::StatusOr<v1::DivergencePolicy> ParseDivergencePolicy(
     absl::string_view name);
 
+// Parses "rebalance" or "report" ("" is UNSPECIFIED: the job's default,
+// rebalance).
+absl::StatusOr<v1::StragglerPolicy> ParseStragglerPolicy(
+    absl::string_view name);
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_COMMON_JOB_CONFIG_H_

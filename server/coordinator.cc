@@ -49,6 +49,10 @@ Coordinator::Coordinator(CoordinatorConfig config)
               [this](const HealthManager::Heal& heal) {
                 rendezvous_.HealDivergence(heal.job_id, heal.round, heal.ranks,
                                            heal.reason);
+              },
+              // A straggler's micro-batches move in a planned re-form.
+              [this](const HealthManager::Rebalance& r) {
+                rendezvous_.Rebalance(r.job_id, r.round, r.shares, r.reason);
               }),
       stream_limits_(config_.max_streams_per_connection),
       rendezvous_service_(&rendezvous_, &auth_),

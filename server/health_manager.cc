@@ -32,13 +32,15 @@ HealthConfig WithDefaults(HealthConfig config) {
 HealthManager::HealthManager(JobManager* jobs, Clock* clock,
                              HealthConfig config, LossCallback on_loss,
                              JobEndedCallback on_job_ended,
-                             HealCallback on_heal)
+                             HealCallback on_heal,
+                             RebalanceCallback on_rebalance)
     : jobs_(jobs),
       clock_(clock),
       config_(config),
       on_loss_(std::move(on_loss)),
       on_job_ended_(std::move(on_job_ended)),
       on_heal_(std::move(on_heal)),
+      on_rebalance_(std::move(on_rebalance)),
       shedder_(WithDefaults(config).shedding, clock->Now()) {}
 
 HealthManager::~HealthManager() = default;
@@ -138,6 +140,8 @@ std::shared_ptr<HealthManager::JobHealth> HealthManager::NewJobHealth(
     }
   }
   job->stragglers.emplace(static_cast<int>(world), job->straggler_threshold);
+  job->balancer.emplace(static_cast<int>(world));
+  job->rebalance = c.straggler_policy() != v1::STRAGGLER_POLICY_REPORT;
   std::optional<absl::Duration> fixed_hang;
   if (FromProtoDuration(c.hang_timeout()) > absl::ZeroDuration()) {
     fixed_hang = FromProtoDuration(c.hang_timeout());
@@ -302,6 +306,10 @@ absl::StatusOr<bool> HealthManager::HandleHeartbeat(
   RecordProgressLocked(job, session->rank, request->metrics(), now);
   if (job->detecting()) {
     RecordCollectives(job, session->rank, request->metrics());
+    if (request->metrics().has_micro_batches()) {
+      job->balancer->Observe(session->rank, request->metrics().step(),
+                             request->metrics().micro_batches());
+    }
     RecordReadyTimes(job, session->rank, request->metrics());
     RecordFingerprints(job, session->rank, request->metrics(),
                        /*can_heal=*/true);
@@ -422,11 +430,29 @@ void HealthManager::RecordReadyTimes(JobHealth* job, int rank,
     std::optional<std::vector<v1::Straggler>> stragglers =
         job->stragglers->Observe(rank, ready);
     if (!stragglers.has_value()) continue;
+    MaybeRebalance(job, *stragglers);
     job->diagnosis.clear_stragglers();
     for (v1::Straggler& s : *stragglers) {
       *job->diagnosis.add_stragglers() = std::move(s);
     }
   }
+}
+
+void HealthManager::MaybeRebalance(
+    JobHealth* job, const std::vector<v1::Straggler>& stragglers) {
+  if (!job->rebalance || job->rebalancing || job->succeeded > 0 ||
+      job->state != v1::JOB_STATE_RUNNING) {
+    return;
+  }
+  std::optional<ShareBalancer::Proposal> proposal =
+      job->balancer->Decide(stragglers);
+  if (!proposal.has_value()) return;
+  job->rebalancing = true;
+  GS_LOG(INFO) << "job '" << job->job_id << "' round " << job->round
+               << ": rebalancing: " << proposal->verdict;
+  absl::MutexLock lock(&job_ends_mu_);
+  rebalances_.push_back({job->job_id, job->round, std::move(proposal->shares),
+                         std::move(proposal->verdict)});
 }
 
 void HealthManager::ApplyPolicy(JobHealth* job, const std::string& what,
@@ -460,17 +486,25 @@ void HealthManager::ReportLosses(const std::vector<Loss>& losses) {
 void HealthManager::ReportQueued() {
   std::vector<JobEnd> ends;
   std::vector<Heal> heals;
+  std::vector<Rebalance> rebalances;
   std::vector<std::pair<std::string, v1::Divergence>> found;
   {
     absl::MutexLock lock(&job_ends_mu_);
     ends.swap(job_ends_);
     heals.swap(heals_);
+    rebalances.swap(rebalances_);
     found.swap(found_);
   }
-  if (!found.empty()) {
+  if (!found.empty() || !rebalances.empty()) {
     absl::MutexLock lock(&mu_);
     for (auto& [job_id, divergence] : found) {
       divergences_by_job_[job_id] = std::move(divergence);
+    }
+    for (const Rebalance& r : rebalances) {
+      v1::Rebalance& shown = rebalances_by_job_[r.job_id];
+      shown.set_round(r.round);
+      *shown.mutable_shares() = {r.shares.begin(), r.shares.end()};
+      shown.set_verdict(r.reason);
     }
   }
   if (on_job_ended_) {
@@ -480,6 +514,9 @@ void HealthManager::ReportQueued() {
   }
   if (on_heal_) {
     for (const Heal& heal : heals) on_heal_(heal);
+  }
+  if (on_rebalance_) {
+    for (const Rebalance& r : rebalances) on_rebalance_(r);
   }
 }
 
@@ -672,6 +709,7 @@ void HealthManager::Forget(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   reform_requests_.erase(job_id);
   divergences_by_job_.erase(job_id);
+  rebalances_by_job_.erase(job_id);
   auto it = jobs_health_.find(job_id);
   if (it == jobs_health_.end()) return;
   {

@@ -76,6 +76,7 @@
 #include "server/hang_stack_request.h"
 #include "server/health_detectors.h"
 #include "server/heartbeat_shedder.h"
+#include "server/share_balancer.h"
 #include "server/job_manager.h"
 #include "server/round_lifecycle.h"
 
@@ -150,6 +151,18 @@ class HealthManager : public RoundListener {
     std::string reason;      // the divergence's verdict
   };
   using HealCallback = std::function<void(const Heal&)>;
+  // A round whose ranks run an exact global batch, with a straggler, in a
+  // job whose straggler policy is REBALANCE, and shares that shorten its
+  // step (ShareBalancer): the composition root points it at the
+  // rendezvous, which re-forms the round at a step boundary with them.
+  // Called like JobEndedCallback, at most once per round.
+  struct Rebalance {
+    std::string job_id;
+    int64_t round = 0;
+    std::vector<int> shares;  // by rank
+    std::string reason;       // the proposal's verdict
+  };
+  using RebalanceCallback = std::function<void(const Rebalance&)>;
 
   // What one heartbeat stream remembers between messages so that the next
   // heartbeat of the same member skips the lookups. Owned by the stream;
@@ -160,7 +173,8 @@ class HealthManager : public RoundListener {
   HealthManager(JobManager* jobs, Clock* clock, HealthConfig config,
                 LossCallback on_loss = nullptr,
                 JobEndedCallback on_job_ended = nullptr,
-                HealCallback on_heal = nullptr);
+                HealCallback on_heal = nullptr,
+                RebalanceCallback on_rebalance = nullptr);
   ~HealthManager() override;
 
   // Creates the state of one heartbeat stream.
@@ -340,6 +354,11 @@ class HealthManager : public RoundListener {
     bool healing ABSL_GUARDED_BY(mu) = false;
     // Made with the round's world size and the job's threshold.
     std::optional<StragglerDetector> stragglers ABSL_GUARDED_BY(mu);
+    // Made with the round's world size; `rebalance` from the job's
+    // straggler policy; `rebalancing` once a rebalance was asked for.
+    std::optional<ShareBalancer> balancer ABSL_GUARDED_BY(mu);
+    bool rebalance = true;
+    bool rebalancing ABSL_GUARDED_BY(mu) = false;
     v1::JobDiagnosis diagnosis ABSL_GUARDED_BY(mu);
     // The stacks a standing hang verdict asked for (diagnosis.hang_stacks
     // mirrors its view).
@@ -397,6 +416,11 @@ class HealthManager : public RoundListener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   void RecordReadyTimes(JobHealth* job, int rank,
                         const v1::WorkerMetrics& metrics)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // After a straggler verdict: asks for a rebalance once, when the job's
+  // policy allows and the balancer proposes one.
+  void MaybeRebalance(JobHealth* job,
+                      const std::vector<v1::Straggler>& stragglers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // Heartbeat's work on the member's round (HandleHeartbeat), in steps:
   // notes the stream the heartbeat came on (false: a new one, whose member
@@ -505,6 +529,7 @@ class HealthManager : public RoundListener {
   const LossCallback on_loss_;
   const JobEndedCallback on_job_ended_;
   const HealCallback on_heal_;
+  const RebalanceCallback on_rebalance_;
   // Job ends and heals recorded under a job's lock, for ReportQueued; taken
   // under the jobs' locks, and nothing is taken under it.
   struct JobEnd {
@@ -515,6 +540,7 @@ class HealthManager : public RoundListener {
   absl::Mutex job_ends_mu_;
   std::vector<JobEnd> job_ends_ ABSL_GUARDED_BY(job_ends_mu_);
   std::vector<Heal> heals_ ABSL_GUARDED_BY(job_ends_mu_);
+  std::vector<Rebalance> rebalances_ ABSL_GUARDED_BY(job_ends_mu_);
   // Divergences found, by job, for divergences_by_job_.
   std::vector<std::pair<std::string, v1::Divergence>> found_
       ABSL_GUARDED_BY(job_ends_mu_);
@@ -542,6 +568,9 @@ class HealthManager : public RoundListener {
   // job id -> its latest divergence, shown in every later round's status
   // too (a heal re-forms the round).
   absl::flat_hash_map<std::string, v1::Divergence> divergences_by_job_
+      ABSL_GUARDED_BY(mu_);
+  // job id -> its latest rebalance, shown in every later round's status.
+  absl::flat_hash_map<std::string, v1::Rebalance> rebalances_by_job_
       ABSL_GUARDED_BY(mu_);
 };
 

@@ -39,11 +39,14 @@ std::string FormatRanks(const std::vector<int>& ranks, size_t max_items) {
 void HealthManager::Describe(v1::JobStatus* status, bool with_buckets) const {
   std::shared_ptr<JobHealth> job;
   std::optional<v1::Divergence> divergence;
+  std::optional<v1::Rebalance> rebalance;
   {
     absl::ReaderMutexLock lock(&mu_);
     const std::string& job_id = status->config().job_id();
     auto found = divergences_by_job_.find(job_id);
     if (found != divergences_by_job_.end()) divergence = found->second;
+    auto balanced = rebalances_by_job_.find(job_id);
+    if (balanced != rebalances_by_job_.end()) rebalance = balanced->second;
     auto it = jobs_health_.find(job_id);
     if (it == jobs_health_.end()) return;
     job = it->second;
@@ -82,6 +85,9 @@ void HealthManager::Describe(v1::JobStatus* status, bool with_buckets) const {
       job->hang_timeout->self_set());
   if (divergence.has_value()) {
     *status->mutable_diagnosis()->mutable_divergence() = *std::move(divergence);
+  }
+  if (rebalance.has_value()) {
+    *status->mutable_diagnosis()->mutable_rebalance() = *std::move(rebalance);
   }
   status->mutable_diagnosis()->set_overload(
       OverloadText(shedder_.state(), job->interval, job->missed));

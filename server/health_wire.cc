@@ -129,6 +129,13 @@ absl::Status ValidateMetrics(const v1::WorkerMetrics& m) {
   }
   GS_RETURN_IF_ERROR(ValidateFingerprints(m));
   GS_RETURN_IF_ERROR(ValidateThreadStacks(m.thread_stacks()));
+  const v1::MicroBatchLoad& load = m.micro_batches();
+  if (load.share() < 0 || load.per_step() < load.share() ||
+      !(load.seconds() >= 0) || load.seconds() > 1e6) {
+    return absl::InvalidArgumentError(
+        "metrics.micro_batches: share and per_step must be >= 0 with share "
+        "<= per_step, and seconds in [0, 1e6]");
+  }
   for (const v1::StepReady& ready : m.first_bucket_ready()) {
     GS_RETURN_IF_ERROR(
         CheckProtoTime("metrics.first_bucket_ready.time", ready.time()));

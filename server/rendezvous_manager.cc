@@ -374,9 +374,8 @@ void RendezvousManager::MemberLost(const std::string& job_id, int64_t round,
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
-    auto it = rendezvous_.find(job_id);
-    if (it == rendezvous_.end()) return;
-    JobRendezvous* job = it->second.get();
+    JobRendezvous* job = FindLocked(job_id);
+    if (job == nullptr) return;
     if (job->round != round || rank < 0 ||
         rank >= static_cast<int>(job->node_of_rank.size())) {
       return;
@@ -402,6 +401,12 @@ void RendezvousManager::MemberLost(const std::string& job_id, int64_t round,
   Finish(std::move(completions));
 }
 
+RendezvousManager::JobRendezvous* RendezvousManager::FindLocked(
+    const std::string& job_id) {
+  auto it = rendezvous_.find(job_id);
+  return it == rendezvous_.end() ? nullptr : it->second.get();
+}
+
 void RendezvousManager::HealDivergence(const std::string& job_id,
                                        int64_t round,
                                        const std::vector<int>& ranks,
@@ -409,9 +414,8 @@ void RendezvousManager::HealDivergence(const std::string& job_id,
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
-    auto it = rendezvous_.find(job_id);
-    if (it == rendezvous_.end()) return;
-    JobRendezvous* job = it->second.get();
+    JobRendezvous* job = FindLocked(job_id);
+    if (job == nullptr) return;
     if (job->round != round || !RoundRuns(job->phase)) return;
     for (int rank : ranks) {
       if (rank < 0 || rank >= static_cast<int>(job->members.size())) continue;
@@ -421,6 +425,56 @@ void RendezvousManager::HealDivergence(const std::string& job_id,
     MaybeCloseLocked(job, &completions);
   }
   Finish(std::move(completions));
+}
+
+void RendezvousManager::Rebalance(const std::string& job_id, int64_t round,
+                                  const std::vector<int>& shares,
+                                  const std::string& reason) {
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    JobRendezvous* job = FindLocked(job_id);
+    if (job == nullptr) return;
+    if (job->round != round || job->phase != RoundPhase::kRunning ||
+        shares.size() != job->members.size()) {
+      return;
+    }
+    const int nproc = job->config.nproc_per_node();
+    job->shares_by_place.clear();
+    for (size_t rank = 0; rank < shares.size(); ++rank) {
+      job->shares_by_place[{job->node_of_rank[rank],
+                            static_cast<int>(rank) % nproc}] = shares[rank];
+    }
+    job->reform_reason = absl::StrCat(
+        "rebalancing the global batch of round ", round, ": ", reason,
+        ": the round re-forms at a step boundary with the new shares");
+    GS_LOG(INFO) << "job '" << job_id << "': " << job->reform_reason;
+    SetPhaseLocked(job, RoundPhase::kReformRequested);
+    AddEventLocked(RoundEvent::Kind::kReformRequested, *job,
+                   job->reform_reason);
+  }
+  Finish(std::move(completions));
+}
+
+std::vector<int> RendezvousManager::SharesForLocked(
+    JobRendezvous* job, const Placement& placement) {
+  if (job->shares_by_place.empty()) return {};
+  const int nproc = job->config.nproc_per_node();
+  std::vector<int> shares(placement.shape.world_size, 0);
+  size_t found = 0;
+  for (size_t i = 0; i < placement.nodes.size(); ++i) {
+    for (int local = 0; local < nproc; ++local) {
+      auto share = job->shares_by_place.find({placement.nodes[i], local});
+      if (share == job->shares_by_place.end()) break;
+      shares[placement.node_rank[i] * nproc + local] = share->second;
+      ++found;
+    }
+  }
+  if (found != job->shares_by_place.size() || found != shares.size()) {
+    job->shares_by_place.clear();  // other members: an even division
+    return {};
+  }
+  return shares;
 }
 
 void RendezvousManager::CloseLocked(JobRendezvous* job,
@@ -542,6 +596,7 @@ void RendezvousManager::OpenRoundLocked(
   // The listeners (the KV round opens) hear of it before any assignment
   // leaves (Finish).
   AddEventLocked(RoundEvent::Kind::kClosed, *job, std::string());
+  const std::vector<int> shares = SharesForLocked(job, placement);
   for (size_t i = 0; i < chosen.size(); ++i) {
     const std::string& node_id = placement.nodes[i];
     const int node_rank = placement.node_rank[i];
@@ -555,6 +610,8 @@ void RendezvousManager::OpenRoundLocked(
       member.joined = it->join_time;
       member.assignment = AssignmentFor(job->config, shape, rank, node_rank);
       member.assignment.set_follows_planned_reform(follows_planned_reform);
+      *member.assignment.mutable_micro_batch_shares() = {shares.begin(),
+                                                         shares.end()};
       job->member_by_incarnation[it->node.incarnation_id()] = rank;
       job->node_of_rank[rank] = node_id;
       completions->emplace_back(RemovePendingLocked(job, it),

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -121,6 +122,18 @@ class RendezvousManager {
   void HealDivergence(const std::string& job_id, int64_t round,
                       const std::vector<int>& ranks, const std::string& reason);
 
+  // The micro-batches of round `round` of `job_id` should move between its
+  // ranks (failure detection, straggler policy REBALANCE): asks the members
+  // to re-form at a step boundary, as for a node that waits to join, and
+  // the next round with the same processes in the same places gives each
+  // rank its share (Assignment.micro_batch_shares; `shares` by rank of
+  // `round`). Shares stay with their processes' places while later rounds
+  // have the same members, and are dropped when the membership changes
+  // (an even division again). A no-op unless `round` runs undisturbed
+  // (kRunning) and `shares` has one entry per rank.
+  void Rebalance(const std::string& job_id, int64_t round,
+                 const std::vector<int>& shares, const std::string& reason);
+
   // Removes the waiting or spare process `incarnation_id` from `job_id`.
   // INVALID_ARGUMENT for a malformed id; NOT_FOUND when no such process is
   // waiting.
@@ -210,8 +223,12 @@ class RendezvousManager {
     // does not take its state from them. Cleared when it closes.
     absl::flat_hash_set<std::string> distrusted_sources;
     // In kReformRequested: why the members were asked to re-form at a step
-    // boundary (a node waits to join); empty otherwise.
+    // boundary (a node waits to join, or a rebalance); empty otherwise.
     std::string reform_reason;
+    // The micro-batch shares of the latest Rebalance, by (node id, local
+    // rank): given to every round whose places are exactly these, dropped
+    // at the first round whose places differ.
+    std::map<std::pair<std::string, int>, int> shares_by_place;
     // Waiting processes in join order, indexed by ticket and incarnation.
     std::list<Joiner> pending;
     absl::flat_hash_map<uint64_t, std::list<Joiner>::iterator> by_ticket;
@@ -234,6 +251,15 @@ class RendezvousManager {
   // Moves `job` to phase `to` (a transition RoundPhaseMayBecome allows):
   // the one place a phase changes.
   void SetPhaseLocked(JobRendezvous* job, RoundPhase to)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The micro-batch shares of a round placed as `placement`, by rank: the
+  // latest Rebalance's when its places are exactly the round's; otherwise
+  // none (and they are forgotten).
+  std::vector<int> SharesForLocked(JobRendezvous* job,
+                                   const Placement& placement)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rendezvous of `job_id`; null when it has none.
+  JobRendezvous* FindLocked(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues `event` for the listeners (Finish delivers it).
   void AddEventLocked(RoundEvent::Kind kind, const JobRendezvous& job,

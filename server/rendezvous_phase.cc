@@ -50,9 +50,8 @@ void RendezvousManager::JobEnded(const std::string& job_id, v1::JobState state,
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
-    auto it = rendezvous_.find(job_id);
-    if (it == rendezvous_.end()) return;
-    JobRendezvous* job = it->second.get();
+    JobRendezvous* job = FindLocked(job_id);
+    if (job == nullptr) return;
     if (job->phase == RoundPhase::kEnded) return;
     FailPendingLocked(
         job,

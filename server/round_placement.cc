@@ -62,6 +62,8 @@ v1::Assignment AssignmentFor(const v1::JobConfig& config,
                            : v1::FAILURE_POLICY_RECOVER);
   a.set_single_host(shape.single_host);
   a.set_may_grow(shape.num_nodes < config.max_nodes());
+  a.set_may_rebalance(config.straggler_policy() !=
+                      v1::STRAGGLER_POLICY_REPORT);
   return a;
 }
 

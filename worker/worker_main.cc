@@ -97,6 +97,19 @@ ABSL_FLAG(std::string, divergence_policy, "",
           "what a replica whose parameter fingerprints differ from the "
           "others' does to the job (set by its first join): heal (re-form "
           "the round from a rank of the majority; the default) or fail");
+ABSL_FLAG(std::string, straggler_policy, "",
+          "what a rank flagged as a straggler does to the job (set by its "
+          "first join): rebalance (with --global_batch_size, move "
+          "micro-batches away from it in proportion to measured speed, and "
+          "back when it recovers; the default) or report (only name it)");
+ABSL_FLAG(absl::Duration, straggler_threshold, absl::ZeroDuration(),
+          "how late a rank's first gradient bucket must be, consistently, to "
+          "flag it a straggler (set by the job's first join); 0: the "
+          "coordinator's --straggler_threshold (100ms)");
+ABSL_FLAG(double, slowdown, 1.0,
+          "for tests and benchmarks: make this process's training compute F "
+          "times slower (it sleeps F-1 times each micro-batch's compute "
+          "after its forward)");
 ABSL_FLAG(int64_t, fingerprint_every, 100,
           "fingerprint the parameters and optimizer state every N steps "
           "(and after the last) for the coordinator to compare across "
@@ -213,6 +226,7 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromFlags() {
   config.synthetic_size = absl::GetFlag(FLAGS_synthetic_size);
   config.batch_size = absl::GetFlag(FLAGS_batch_size);
   config.global_batch_size = absl::GetFlag(FLAGS_global_batch_size);
+  config.slowdown = absl::GetFlag(FLAGS_slowdown);
   config.fingerprint_every = absl::GetFlag(FLAGS_fingerprint_every);
   config.steps = absl::GetFlag(FLAGS_steps);
   config.epochs = absl::GetFlag(FLAGS_epochs);
@@ -318,6 +332,7 @@ class WorkerTrainer : public Trainer {
     context.rank = round.rank;
     context.world_size = round.world_size;
     context.source_rank = round.source_rank;
+    context.micro_batch_shares = round.micro_batch_shares;
     context.round = round.number;
     context.on_step = round.report_step;
     context.on_round_started = round.report_round_start;
@@ -371,6 +386,9 @@ JobOptions JobOptionsFromFlags(const TrainerConfig& config) {
   options.backend = absl::GetFlag(FLAGS_backend);
   options.failure_policy = absl::GetFlag(FLAGS_failure_policy);
   options.divergence_policy = absl::GetFlag(FLAGS_divergence_policy);
+  options.straggler_policy = absl::GetFlag(FLAGS_straggler_policy);
+  options.straggler_threshold = absl::GetFlag(FLAGS_straggler_threshold);
+  options.exact_global_batch = config.global_batch_size > 0;
   options.address = absl::GetFlag(FLAGS_address);
   options.network_interface = absl::GetFlag(FLAGS_network_interface);
   options.shared_memory = absl::GetFlag(FLAGS_shared_memory);

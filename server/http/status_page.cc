@@ -157,6 +157,10 @@ function renderJob(j) {
                d.divergence.verdict);
   }
   if (d.overload) notes.push("overload: " + d.overload);
+  if (d.rebalance && d.rebalance.verdict) {
+    notes.push("rebalanced (round " + num(d.rebalance.round) + "): " +
+               d.rebalance.verdict);
+  }
   for (const s of d.stragglers || []) {
     notes.push("straggler: rank " + num(s.rank) + ", " + ms(seconds(s.lag)) +
                " late (median of " + num(s.steps) + " steps)");

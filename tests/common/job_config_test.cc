@@ -280,6 +280,24 @@ TEST(NormalizeJobConfigTest, RejectsUnknownBackend) {
   EXPECT_THAT(config.status().message(), HasSubstr("unknown backend"));
 }
 
+TEST(NormalizeJobConfigTest, RejectsUnknownStragglerPolicy) {
+  v1::JobConfig config;
+  config.set_job_id("train");
+  config.set_straggler_policy(static_cast<v1::StragglerPolicy>(7));
+  absl::StatusOr<v1::JobConfig> out = NormalizeJobConfig(config);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(out.status().message(), HasSubstr("straggler_policy"));
+}
+
+TEST(ParseStragglerPolicyTest, NamesRoundTripAndUnknownIsRefused) {
+  EXPECT_EQ(*ParseStragglerPolicy(""), v1::STRAGGLER_POLICY_UNSPECIFIED);
+  EXPECT_EQ(*ParseStragglerPolicy("rebalance"), v1::STRAGGLER_POLICY_REBALANCE);
+  EXPECT_EQ(*ParseStragglerPolicy("Report"), v1::STRAGGLER_POLICY_REPORT);
+  absl::StatusOr<v1::StragglerPolicy> bad = ParseStragglerPolicy("ignore");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("use rebalance or report"));
+}
+
 TEST(SameJobConfigTest, DistinguishesAnyDifferingField) {
   absl::StatusOr<v1::JobConfig> a = NormalizeJobConfig(ConfigWithId("j"));
   ASSERT_TRUE(a.ok());

@@ -26,7 +26,7 @@ library=(
   common/token_file.cc
   server/authenticator.cc server/cancellable_reactor.cc
   server/completion_queues.cc server/connection_limits.cc server/coordinator.cc
-  server/group_commit.cc server/hang_stack_request.cc
+  server/group_commit.cc server/hang_stack_request.cc server/share_balancer.cc
   server/health_detection.cc server/health_detectors.cc
   server/health_manager.cc server/health_views.cc
   server/health_wire.cc server/heartbeat_shedder.cc server/job_manager.cc

@@ -41,6 +41,7 @@ class HealthManagerTest : public ::testing::Test {
     config.set_min_nodes(world);
     config.set_failure_policy(policy);
     config.set_divergence_policy(divergence_policy_);
+    config.set_straggler_policy(straggler_policy_);
     if (interval > absl::ZeroDuration()) {
       *config.mutable_heartbeat_interval() = ToProtoDuration(interval);
     }
@@ -136,7 +137,13 @@ class HealthManagerTest : public ::testing::Test {
                         },
                         [this](const HealthManager::Heal& heal) {
                           heals_.push_back(heal);
+                        },
+                        [this](const HealthManager::Rebalance& r) {
+                          rebalances_.push_back(r);
                         }};
+  // What it reported to its rebalance callback.
+  std::vector<HealthManager::Rebalance> rebalances_;
+  v1::StragglerPolicy straggler_policy_ = v1::STRAGGLER_POLICY_UNSPECIFIED;
   // What it reported to its heal callback.
   std::vector<HealthManager::Heal> heals_;
   // The divergence policy StartJob gives the job.
@@ -148,6 +155,7 @@ class HealthManagerTest : public ::testing::Test {
 
 // ---------------------------------------------------------------------------
 // Liveness and the state machine
+
 
 TEST_F(HealthManagerTest, MemberSilentForThreeIntervalsIsLostAndJobDegraded) {
   StartJob(2);
@@ -1045,6 +1053,65 @@ void ReportSteps(int first_step, int steps,
     }
     ASSERT_TRUE(beat(static_cast<int>(r), m).ok());
   }
+}
+
+// Steps `first`..`first + steps - 1` of an exact global batch of 24
+// micro-batches, 8 a rank: rank 2 takes 3 ms a micro-batch, the others 1 ms,
+// and its first bucket is 250 ms late; one heartbeat a rank and step.
+void ReportSlowRank(int first, int steps,
+                    const std::function<absl::Status(int, v1::WorkerMetrics)>&
+                        beat) {
+  const absl::Time base = absl::FromUnixSeconds(1767225600);
+  for (int s = first; s < first + steps; ++s) {
+    for (int r = 0; r < 3; ++r) {
+      v1::WorkerMetrics m;
+      m.set_step(s);
+      v1::MicroBatchLoad* load = m.mutable_micro_batches();
+      load->set_share(8);
+      load->set_per_step(24);
+      load->set_seconds(r == 2 ? 0.003 : 0.001);
+      v1::StepReady* ready = m.add_first_bucket_ready();
+      ready->set_step(s);
+      *ready->mutable_time() = ToProtoTime(
+          base + absl::Seconds(s) + absl::Milliseconds(r == 2 ? 250 : 0));
+      ASSERT_TRUE(beat(r, m).ok());
+    }
+  }
+}
+
+TEST_F(HealthManagerTest, AStragglerOfAGlobalBatchIsRebalancedOnce) {
+  StartJob(3);
+  auto beat = [this](int rank, v1::WorkerMetrics m) {
+    return Beat(rank, std::move(m)).status();
+  };
+  // Flagged after 5 steps (StragglerDetector), once every rank made 4
+  // reports (ShareBalancer::kWindow).
+  ReportSlowRank(1, 4, beat);
+  EXPECT_THAT(rebalances_, IsEmpty());
+  ReportSlowRank(5, 1, beat);
+  ASSERT_EQ(rebalances_.size(), 1u);
+  EXPECT_EQ(rebalances_[0].round, 1);
+  EXPECT_EQ(rebalances_[0].shares[2], 3);
+  EXPECT_THAT(rebalances_[0].reason,
+              HasSubstr("rank 2 takes 3.0x as long per micro-batch"));
+  const v1::Rebalance shown = Status().diagnosis().rebalance();
+  EXPECT_EQ(shown.round(), 1);
+  EXPECT_EQ(shown.shares(2), 3);
+  EXPECT_EQ(shown.verdict(), rebalances_[0].reason);
+  // Asked once a round.
+  ReportSlowRank(6, 8, beat);
+  EXPECT_EQ(rebalances_.size(), 1u);
+}
+
+TEST_F(HealthManagerTest, AStragglerPolicyOfReportOnlyNamesIt) {
+  straggler_policy_ = v1::STRAGGLER_POLICY_REPORT;
+  StartJob(3);
+  ReportSlowRank(1, 12, [this](int rank, v1::WorkerMetrics m) {
+    return Beat(rank, std::move(m)).status();
+  });
+  EXPECT_EQ(Status().diagnosis().stragglers_size(), 1);
+  EXPECT_THAT(rebalances_, IsEmpty());
+  EXPECT_FALSE(Status().diagnosis().has_rebalance());
 }
 
 TEST_F(HealthManagerTest, ConsistentlyLateRankIsFlaggedWithItsLag) {

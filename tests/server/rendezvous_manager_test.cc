@@ -702,6 +702,70 @@ TEST_F(RendezvousManagerTest, AHealTakesTheStateFromTheMajority) {
   EXPECT_EQ(a3.assignment().source_rank(), a3.assignment().rank());
 }
 
+// A rebalance asks the running round to re-form at a step boundary; the
+// next round, of the same processes in the same places, gives each rank
+// its share (by place, so whoever gets which rank), and so do later rounds
+// of the same members; a round with other members divides evenly again.
+TEST_F(RendezvousManagerTest, ARebalanceReformsTheRoundWithItsShares) {
+  UseConfig(ConfigSpec().Min(2).Max(3));
+  JoinOutcome a, b, c;
+  Join(Node("host-a", "inc-a"), &a);
+  Join(Node("host-b", "inc-b"), &b);
+  Join(Node("host-c", "inc-c"), &c);
+  ASSERT_TRUE(a.done() && b.done() && c.done());
+  EXPECT_TRUE(a.assignment().may_rebalance());
+  EXPECT_THAT(a.assignment().micro_batch_shares(), IsEmpty());
+  // Stale rounds, and shares that do not fit the round, change nothing.
+  rdzv_.Rebalance(kJob, 0, {11, 10, 3}, "stale");
+  rdzv_.Rebalance(kJob, 1, {12, 12}, "two shares for three ranks");
+  EXPECT_THAT(events_.Only(RoundEvent::Kind::kReformRequested), IsEmpty());
+  std::vector<int> shares(3);
+  shares[a.assignment().rank()] = 11;
+  shares[b.assignment().rank()] = 10;
+  shares[c.assignment().rank()] = 3;
+  rdzv_.Rebalance(kJob, 1, shares, "rank 2 is slow");
+  ASSERT_EQ(events_.Only(RoundEvent::Kind::kReformRequested).size(), 1u);
+  rdzv_.Rebalance(kJob, 1, shares, "asked already: a no-op");
+  EXPECT_EQ(events_.Only(RoundEvent::Kind::kReformRequested).size(), 1u);
+
+  JoinOutcome a2, b2, c2;
+  Rejoin(Node("host-c", "inc-c"), &c2, 1, 40);
+  Rejoin(Node("host-b", "inc-b"), &b2, 1, 40);
+  Rejoin(Node("host-a", "inc-a"), &a2, 1, 40);
+  ASSERT_TRUE(a2.done() && b2.done() && c2.done());
+  const auto share_of = [](const JoinOutcome& o) {
+    return o.assignment().micro_batch_shares(o.assignment().rank());
+  };
+  for (const JoinOutcome* o : {&a2, &b2, &c2}) {
+    EXPECT_EQ(o->assignment().round(), 2);
+    EXPECT_TRUE(o->assignment().follows_planned_reform());
+    ASSERT_EQ(o->assignment().micro_batch_shares_size(), 3);
+  }
+  EXPECT_EQ(share_of(a2), 11);
+  EXPECT_EQ(share_of(b2), 10);
+  EXPECT_EQ(share_of(c2), 3);
+  EXPECT_THAT(Status().recoveries(0).cause(), HasSubstr("rank 2 is slow"));
+
+  // Host-c is lost: the round re-forms with two, evenly.
+  rdzv_.MemberLost(kJob, 2, c2.assignment().rank(), "rank lost");
+  JoinOutcome a3, b3;
+  Rejoin(Node("host-a", "inc-a"), &a3, 2, 50);
+  Rejoin(Node("host-b", "inc-b"), &b3, 2, 50);
+  ASSERT_TRUE(a3.done() && b3.done());
+  EXPECT_EQ(a3.assignment().world_size(), 2);
+  EXPECT_THAT(a3.assignment().micro_batch_shares(), IsEmpty());
+}
+
+TEST_F(RendezvousManagerTest, AStragglerPolicyOfReportNeverRebalances) {
+  v1::JobConfig config = Config(ConfigSpec().Min(1).Max(1));
+  config.set_straggler_policy(v1::STRAGGLER_POLICY_REPORT);
+  config_ = config;
+  JoinOutcome a;
+  Join(Node("host-a", "inc-a"), &a);
+  ASSERT_TRUE(a.done());
+  EXPECT_FALSE(a.assignment().may_rebalance());
+}
+
 TEST_F(RendezvousManagerTest, DescribeWaitingOfUnknownJobIsANoOp) {
   v1::JobStatus status;
   rdzv_.DescribeWaiting("nope", &status);

@@ -224,6 +224,10 @@ std::string DiagnosisText(const v1::JobStatus& job) {
                           : " (the job's, or the default until the round "
                             "reports 8 steps)")});
   }
+  if (d.has_rebalance()) {
+    rows.push_back({"rebalanced", absl::StrCat("round ", d.rebalance().round(),
+                                               ": ", d.rebalance().verdict())});
+  }
   for (const v1::Straggler& s : d.stragglers()) {
     rows.push_back({"straggler",
                     absl::StrCat("rank ", s.rank(), " is ", Seconds(ToSeconds(s.lag())),
@@ -523,8 +527,16 @@ Json StatusJson(const v1::JobStatus& job) {
         {"groups", std::move(groups)},
         {"errors", std::vector<std::string>(h.errors().begin(), h.errors().end())}};
   }
+  Json rebalance = nullptr;
+  if (job.diagnosis().has_rebalance()) {
+    const v1::Rebalance& r = job.diagnosis().rebalance();
+    rebalance = {{"round", r.round()},
+                 {"shares", std::vector<int>(r.shares().begin(), r.shares().end())},
+                 {"verdict", r.verdict()}};
+  }
   out["diagnosis"] = {
       {"hang", job.diagnosis().hang()},
+      {"rebalance", std::move(rebalance)},
       {"hang_stacks", std::move(hang_stacks)},
       {"desync", job.diagnosis().desync()},
       {"stragglers", std::move(stragglers)},

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace gradsync {
 
@@ -35,6 +36,28 @@ MicroBatchShare GlobalBatchPlan::EvenShare(int rank, int world) const {
   MicroBatchShare share;
   share.count = base + (rank < extra ? 1 : 0);
   share.first = rank * base + std::min<int64_t>(rank, extra);
+  return share;
+}
+
+absl::StatusOr<MicroBatchShare> GlobalBatchPlan::Share(
+    int rank, int world, const std::vector<int>& shares) const {
+  if (shares.empty()) return EvenShare(rank, world);
+  int64_t sum = 0;
+  bool negative = false;
+  for (int s : shares) {
+    sum += s;
+    negative = negative || s < 0;
+  }
+  if (static_cast<int>(shares.size()) != world || negative ||
+      sum != micro_batches_per_step()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "micro-batch shares ", absl::StrJoin(shares, ","), " do not divide ",
+        micro_batches_per_step(), " micro-batches among ", world,
+        " ranks"));
+  }
+  MicroBatchShare share;
+  for (int r = 0; r < rank; ++r) share.first += shares[r];
+  share.count = shares[rank];
   return share;
 }
 

@@ -6,6 +6,7 @@
 #define GRADSYNC_WORKER_DATA_GLOBAL_BATCH_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -53,6 +54,15 @@ class GlobalBatchPlan {
   // than micro-batches, the last ranks get none (they take part in the
   // gradient all-reduce with zero gradients). Needs 0 <= rank < world.
   MicroBatchShare EvenShare(int rank, int world) const;
+
+  // Rank `rank`'s share when each rank r runs shares[r] of the step's
+  // micro-batches (the coordinator's Assignment.micro_batch_shares), in
+  // rank order; the even share when `shares` is empty. INVALID_ARGUMENT
+  // unless there is one share per rank of `world`, none negative, summing
+  // to micro_batches_per_step(). The loss divisor stays B / world: each
+  // sample still counts 1 / B whoever runs it.
+  absl::StatusOr<MicroBatchShare> Share(int rank, int world,
+                                        const std::vector<int>& shares) const;
 
   // The positions of micro-batch `j` of the step that begins at epoch
   // position `step_start`.

@@ -37,6 +37,18 @@ absl::StatusOr<v1::JoinRequest> BuildJoinRequest(const JoinConfig& config) {
   GS_ASSIGN_OR_RETURN(v1::DivergencePolicy divergence,
                       ParseDivergencePolicy(config.divergence_policy));
   job->set_divergence_policy(divergence);
+  GS_ASSIGN_OR_RETURN(v1::StragglerPolicy straggler,
+                      ParseStragglerPolicy(config.straggler_policy));
+  job->set_straggler_policy(straggler);
+  if (config.straggler_threshold < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the straggler threshold must not be negative, got ",
+        absl::FormatDuration(config.straggler_threshold)));
+  }
+  if (config.straggler_threshold > absl::ZeroDuration()) {
+    *job->mutable_straggler_threshold() =
+        ToProtoDuration(config.straggler_threshold);
+  }
 
   v1::NodeDescriptor node = LocalNodeDescriptor();
   if (!config.node_id.empty()) node.set_node_id(config.node_id);

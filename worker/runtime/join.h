@@ -25,6 +25,11 @@ struct JoinConfig {
   std::string failure_policy;
   // "heal", "fail" or "" (the job's default: heal).
   std::string divergence_policy;
+  // "rebalance", "report" or "" (the job's default: rebalance).
+  std::string straggler_policy;
+  // How late a rank's first gradient bucket must be, consistently, to flag
+  // it a straggler; zero: the coordinator's default.
+  absl::Duration straggler_threshold;
   absl::Duration join_timeout = absl::Minutes(10);
   absl::Duration last_call_timeout = absl::Seconds(30);
   // The address the other workers reach this process at.

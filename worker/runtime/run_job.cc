@@ -30,13 +30,16 @@ namespace {
 class RoundAdapter final : public RoundTrainer {
  public:
   // `device`: the process's NCCL device, once opened (null on the CPU).
+  // `exact_global_batch`: the trainer runs one (JobOptions).
   RoundAdapter(Trainer* trainer, HealthReporter* reporter,
                const std::unique_ptr<NcclDevice>* device,
-               const CollectiveWatchdogOptions& watchdog)
+               const CollectiveWatchdogOptions& watchdog,
+               bool exact_global_batch)
       : trainer_(trainer),
         reporter_(reporter),
         device_(device),
-        watchdog_(watchdog) {}
+        watchdog_(watchdog),
+        exact_global_batch_(exact_global_batch) {}
 
   bool has_state() const override { return trainer_->has_state(); }
   int64_t committed_step() const override { return trainer_->committed_step(); }
@@ -60,6 +63,8 @@ class RoundAdapter final : public RoundTrainer {
     round.num_nodes = assignment.num_nodes();
     round.backend_name = BackendName(assignment.backend());
     round.source_rank = assignment.source_rank();
+    round.micro_batch_shares.assign(assignment.micro_batch_shares().begin(),
+                                    assignment.micro_batch_shares().end());
     round.backend = &observed;
     if (device != nullptr) {
       round.device_index = device->index();
@@ -82,7 +87,10 @@ class RoundAdapter final : public RoundTrainer {
                    << ", state transfer " << absl::FormatDuration(state_transfer)
                    << ", first step " << absl::FormatDuration(first_step);
     };
-    if (assignment.may_grow()) {
+    // A round may re-form at a step boundary to admit a node, or to move
+    // an exact global batch's micro-batches between ranks.
+    if (assignment.may_grow() ||
+        (assignment.may_rebalance() && exact_global_batch_)) {
       round.reform_requested = [reporter = reporter_] {
         return reporter->verdict().reform_at_step_boundary;
       };
@@ -105,6 +113,7 @@ class RoundAdapter final : public RoundTrainer {
   HealthReporter* const reporter_;
   const std::unique_ptr<NcclDevice>* const device_;
   const CollectiveWatchdogOptions watchdog_;
+  const bool exact_global_batch_;
 };
 
 // The join request: the launcher's, or one built from `options`.
@@ -125,6 +134,8 @@ absl::StatusOr<v1::JoinRequest> MakeRequest(
   join.backend = options.backend;
   join.failure_policy = options.failure_policy;
   join.divergence_policy = options.divergence_policy;
+  join.straggler_policy = options.straggler_policy;
+  join.straggler_threshold = options.straggler_threshold;
   join.join_timeout = options.join_timeout;
   join.last_call_timeout = options.last_call_timeout;
   join.address = *address;
@@ -229,7 +240,8 @@ absl::Status RunJob(const JobOptions& options, Trainer* trainer) {
   watchdog.factor = options.collective_timeout_factor;
   watchdog.min = options.min_collective_timeout;
   watchdog.max = options.timeout;
-  RoundAdapter adapter(trainer, &reporter, &device, watchdog);
+  RoundAdapter adapter(trainer, &reporter, &device, watchdog,
+                       options.exact_global_batch);
   absl::Status trained =
       RunElastic(client.get(), request, elastic, &reporter, &adapter);
   if (!trained.ok()) {

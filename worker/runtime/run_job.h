@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -47,6 +48,13 @@ struct JobOptions {
   std::string failure_policy;
   // "heal", "fail" or "" (the job's default: heal).
   std::string divergence_policy;
+  // "rebalance", "report" or "" (the job's default: rebalance), and the
+  // straggler threshold (zero: the coordinator's): see JoinConfig.
+  std::string straggler_policy;
+  absl::Duration straggler_threshold;
+  // Whether the trainer runs an exact global batch (--global_batch_size):
+  // its rounds may then re-form to move micro-batches between ranks.
+  bool exact_global_batch = false;
   // The address other ranks reach this process at; empty: loopback for a
   // coordinator on loopback, else this host's name. Or a network interface
   // for Gloo to bind.
@@ -102,6 +110,9 @@ struct Round {
   // The rank whose training state every rank copies first: the one with
   // the most committed steps (a recovered round's survivor).
   int source_rank = 0;
+  // With an exact global batch: each rank's micro-batches per step, by
+  // rank (Assignment.micro_batch_shares); empty: an even division.
+  std::vector<int> micro_batch_shares;
   // The round's process group (collectives are recorded for heartbeats).
   Backend* backend = nullptr;
   // On "cuda" and "sim": the device this process uses, the same in every
@@ -117,7 +128,8 @@ struct Round {
   // that step took (shown in the job's status).
   std::function<void(absl::Duration state_transfer, absl::Duration first_step)>
       report_round_start;
-  // Set when the round may grow (MIN:MAX nodes with room): after each step,
+  // Set when the round may grow (MIN:MAX nodes with room), or may be
+  // rebalanced (an exact global batch, StragglerPolicy REBALANCE): after each step,
   // whether the coordinator asks the ranks to re-form the round at a step
   // boundary (see TrainContext::reform_requested in worker/trainer).
   std::function<bool()> reform_requested;

@@ -28,6 +28,14 @@ struct StepReport {
   // Whether rank 0 writes a checkpoint after this step (set on every rank:
   // the others may wait for it in their next collective).
   bool checkpoint = false;
+  // With an exact global batch: the micro-batches this rank ran, of the
+  // step's micro_batches_per_step, and what one took on average: those
+  // before the last, whose backward does not synchronize (forward and
+  // backward as the host saw them); a lone one without the wait for the
+  // step's collectives. Zero without an exact global batch.
+  int micro_batches = 0;
+  int micro_batches_per_step = 0;
+  absl::Duration micro_batch_time;
 };
 
 }  // namespace gradsync

@@ -92,6 +92,20 @@ absl::Status Telemetry::OnStep(const StepReport& report, int64_t samples) {
         absl::ToDoubleSeconds(report.ddp.exposed_communication));
     t->set_hidden_communication_seconds(
         absl::ToDoubleSeconds(report.ddp.hidden_communication));
+    if (report.micro_batches > 0) {
+      // A moving average too: a heartbeat carries the latest of several
+      // steps.
+      const double one = absl::ToDoubleSeconds(report.micro_batch_time);
+      micro_batch_seconds_ = micro_batch_seconds_ == 0
+                                 ? one
+                                 : 0.8 * micro_batch_seconds_ + 0.2 * one;
+      v1::MicroBatchLoad* load = metrics_.mutable_micro_batches();
+      load->set_share(report.micro_batches);
+      load->set_per_step(report.micro_batches_per_step);
+      load->set_seconds(micro_batch_seconds_);
+    } else {
+      metrics_.clear_micro_batches();
+    }
 
     // Bucket stats, and which bucket each collective of the step carried.
     std::map<uint64_t, int> bucket_of;

@@ -70,6 +70,9 @@ class Telemetry {
   absl::Mutex mu_;
   v1::WorkerMetrics metrics_ ABSL_GUARDED_BY(mu_);
   double samples_per_second_ ABSL_GUARDED_BY(mu_) = 0;
+  // With an exact global batch: a moving average of the compute time of
+  // one micro-batch (MicroBatchLoad.seconds).
+  double micro_batch_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   bool fingerprint_names_sent_ ABSL_GUARDED_BY(mu_) = false;
   absl::Notification stop_;
   std::thread refresher_;

@@ -241,6 +241,7 @@ absl::Status TrainingRun::Impl::JoinRound(
 torch::Tensor TrainingRun::Impl::RunMicroBatch(DistributedDataParallel* ddp,
                                                const MicroBatch& micro,
                                                bool sync) {
+  const absl::Time start = absl::Now();
   torch::Tensor x = data_.images.index_select(0, micro.indices);
   torch::Tensor y = data_.labels.index_select(0, micro.indices);
   // PyTorch's loop: out = ddp(x); loss = loss_fn(out, y).
@@ -260,7 +261,15 @@ torch::Tensor TrainingRun::Impl::RunMicroBatch(DistributedDataParallel* ddp,
                 : F::cross_entropy(output, y);
   loss = loss / micro.divisor;
   if (!micro.counts) loss = loss * 0.0;
+  absl::Duration slept;
+  if (config_.slowdown > 1) {  // before the backward, which may launch buckets
+    slept = last_micro_batch_compute_ * (config_.slowdown - 1);
+    absl::SleepFor(slept);
+  }
   loss.backward();
+  // A synchronizing backward also waits for the step's buckets: only the
+  // others measure this rank's compute.
+  if (!sync) last_micro_batch_compute_ = absl::Now() - start - slept;
   return loss.detach();
 }
 
@@ -323,10 +332,17 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
   }
   torch::Tensor step_loss = torch::zeros({}, torch::TensorOptions(device_));
   int64_t step_samples = 0;
+  // What the micro-batches before the last took: the last one's backward
+  // also synchronizes (bucket copies, launches, the wait for the peers).
+  absl::Time micro_start = context.clock->Now();
+  absl::Duration unsynced;
   for (size_t m = 0; m < micro.size(); ++m) {
-    step_loss += RunMicroBatch(ddp, micro[m], m + 1 == micro.size());
+    const bool last = m + 1 == micro.size();
+    step_loss += RunMicroBatch(ddp, micro[m], last);
     if (micro[m].counts) step_samples += micro[m].indices.size(0);
+    if (!last) unsynced = context.clock->Now() - micro_start;
   }
+  const absl::Duration micro_time = context.clock->Now() - micro_start;
   if (ddp != nullptr) GS_RETURN_IF_ERROR(ddp->CheckStep());
   report.loss = step_loss.item<double>();
   optimizer_->step();
@@ -344,6 +360,18 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
   window_samples_ += global_samples;
   report.step_time = context.clock->Now() - step_start;
   if (ddp != nullptr) report.ddp = ddp->last_step_timings();
+  if (plan_.has_value() && micro.front().counts) {
+    // The last backward waits for the step's buckets: that wait (the
+    // exposed communication) is the peers' time, not this rank's.
+    report.micro_batches = static_cast<int>(micro.size());
+    report.micro_batches_per_step =
+        static_cast<int>(plan_->micro_batches_per_step());
+    report.micro_batch_time =
+        micro.size() > 1
+            ? unsynced / static_cast<int64_t>(micro.size() - 1)
+            : std::max(micro_time - report.ddp.exposed_communication,
+                       absl::ZeroDuration());
+  }
   if (report.step > config_.warmup_steps) stats_.Add(report);
   ReportRoundStart(context);
   if (context.on_step) GS_RETURN_IF_ERROR(context.on_step(report, step_samples));

@@ -47,6 +47,13 @@ struct TrainerConfig {
   // forward passes, and SyncBatchNorm's forward is a collective). An epoch's
   // tail shorter than the global batch is dropped whatever drop_last says.
   int64_t global_batch_size = 0;
+  // For tests and benchmarks: at least 1; above, every micro-batch sleeps,
+  // between its forward and its backward, (slowdown - 1) times the compute
+  // of the latest micro-batch that did not synchronize (whose backward did
+  // not wait for the buckets), so that this rank's compute takes about
+  // slowdown times as long (gradsync-worker --slowdown). Needs steps of
+  // several micro-batches (an exact global batch, or accumulate) to act.
+  double slowdown = 1;
   // Every this many steps, and after the last, the step's report carries a
   // fingerprint of the replica (parameters and optimizer state) for the
   // coordinator to compare across ranks (worker/ddp/replica_fingerprint.h);
@@ -145,6 +152,10 @@ struct TrainContext {
   // (Assignment.source_rank), and the round, for the sample log.
   int source_rank = 0;
   int64_t round = 0;
+  // With global_batch_size: each rank's micro-batches per step, by rank
+  // (the coordinator's Assignment.micro_batch_shares); empty: an even
+  // division.
+  std::vector<int> micro_batch_shares;
   // Rank 0 prints progress here; nullptr prints nothing.
   std::FILE* progress = stdout;
   // Called after every optimizer step on the training thread with the step

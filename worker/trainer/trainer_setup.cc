@@ -33,6 +33,10 @@ absl::StatusOr<std::shared_ptr<CommHook>> MakeCommHook(
 namespace {
 
 absl::Status ValidateGlobalBatch(const TrainerConfig& config) {
+  if (!(config.slowdown >= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slowdown must be at least 1 (1: none), got ", config.slowdown));
+  }
   if (config.global_batch_size < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "global_batch_size must not be negative, got ",

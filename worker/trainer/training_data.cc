@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/data/distributed_sampler.h"
 #include "worker/data/global_batch.h"
@@ -188,8 +189,18 @@ std::vector<MicroBatch> TrainingRun::Impl::GlobalMicroBatches(
     const TrainContext& context, int64_t step, Position* cursor,
     int64_t* global_samples) {
   const torch::Tensor& order = EpochOrder(cursor->epoch);
+  // The coordinator's shares, or the even ones. Shares that do not fit
+  // (another global batch on some rank) fall back to the even division on
+  // every rank alike: all ranks read the same assignment.
+  absl::StatusOr<MicroBatchShare> given = plan_->Share(
+      context.rank, context.world_size, context.micro_batch_shares);
+  if (!given.ok() && bad_shares_round_ != context.round) {
+    bad_shares_round_ = context.round;
+    GS_LOG(WARNING) << "round " << context.round << ": " << given.status()
+                    << "; dividing them evenly";
+  }
   const MicroBatchShare share =
-      plan_->EvenShare(context.rank, context.world_size);
+      given.ok() ? *given : plan_->EvenShare(context.rank, context.world_size);
   const double divisor = plan_->LossDivisor(context.world_size);
   std::vector<MicroBatch> micro;
   for (int64_t j = share.first; j < share.first + share.count; ++j) {

@@ -177,6 +177,8 @@ class TrainingRun::Impl {
       int64_t step, Clock* clock);
   // Forward and backward of one micro-batch (synchronizing the gradients
   // when `sync`); returns its loss, detached.
+  // With config.slowdown above 1 it sleeps between the forward and the
+  // backward (see TrainerConfig::slowdown).
   torch::Tensor RunMicroBatch(DistributedDataParallel* ddp,
                               const MicroBatch& micro, bool sync);
   absl::Status Report(const TrainContext& context, const StepReport& report,
@@ -231,6 +233,11 @@ class TrainingRun::Impl {
   // Replica fingerprints taken, and the time they took.
   int64_t fingerprints_ = 0;
   absl::Duration fingerprint_time_;
+  // The compute of the last micro-batch (forward and backward, without the
+  // slowdown's sleep), for the next one's slowdown.
+  absl::Duration last_micro_batch_compute_;
+  // Warned that the round's micro-batch shares did not fit.
+  int64_t bad_shares_round_ = -1;
 };
 
 }  // namespace gradsync

@@ -346,6 +346,25 @@ v1::JobStatus HungJobWithStacks() {
   return job;
 }
 
+TEST(FormatJobStatusTest, ARebalanceShowsInTheDiagnosisAndTheJson) {
+  v1::JobStatus job = MonitoredJob();
+  v1::Rebalance* r = job.mutable_diagnosis()->mutable_rebalance();
+  r->set_round(3);
+  r->add_shares(11);
+  r->add_shares(10);
+  r->add_shares(3);
+  r->set_verdict("rank 2 takes 3.0x as long per micro-batch as rank 0");
+  EXPECT_THAT(FormatJobStatus(job, kNow),
+              ContainsRegex("\nrebalanced +round 3: rank 2 takes 3.0x as long "
+                            "per micro-batch as rank 0\n"));
+  nlohmann::json j = nlohmann::json::parse(JobStatusToJson(job));
+  EXPECT_EQ(j["diagnosis"]["rebalance"]["shares"],
+            nlohmann::json::array({11, 10, 3}));
+  EXPECT_EQ(j["diagnosis"]["rebalance"]["round"], 3);
+  EXPECT_TRUE(nlohmann::json::parse(JobStatusToJson(MonitoredJob()))
+                  ["diagnosis"]["rebalance"].is_null());
+}
+
 TEST(FormatJobStatusTest, HangStacksShowWhatOnlyTheHungRanksDo) {
   const std::string text = FormatJobStatus(HungJobWithStacks(), kNow);
   EXPECT_THAT(text, HasSubstr("\nstacks (asked rank 1 behind and rank 0 ahead "

@@ -68,6 +68,32 @@ TEST_P(EvenShareTest, EveryMicroBatchRunsOnceInRankOrderWithinOneOfEven) {
   EXPECT_DOUBLE_EQ(plan->LossDivisor(world) * world, plan->global_batch());
 }
 
+TEST(GivenSharesTest, RunInRankOrderAndAreChecked) {
+  absl::StatusOr<GlobalBatchPlan> plan = GlobalBatchPlan::Create(96, 4, 960);
+  ASSERT_TRUE(plan.ok());
+  const std::vector<int> shares = {11, 10, 3};
+  int64_t next = 0;
+  for (int rank = 0; rank < 3; ++rank) {
+    absl::StatusOr<MicroBatchShare> share = plan->Share(rank, 3, shares);
+    ASSERT_TRUE(share.ok()) << share.status();
+    EXPECT_EQ(share->first, next);
+    EXPECT_EQ(share->count, shares[rank]);
+    next += share->count;
+  }
+  EXPECT_EQ(next, 24);
+  // None: the even share.
+  absl::StatusOr<MicroBatchShare> even = plan->Share(1, 3, {});
+  ASSERT_TRUE(even.ok());
+  EXPECT_EQ(even->first, 8);
+  EXPECT_EQ(even->count, 8);
+  // Wrong sum, rank count or sign.
+  for (const std::vector<int>& bad : std::vector<std::vector<int>>{
+           {11, 10, 2}, {12, 12}, {25, 0, -1}}) {
+    absl::StatusOr<MicroBatchShare> refused = plan->Share(0, 3, bad);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     WorldSizes, EvenShareTest,
     ::testing::Combine(::testing::Values<int64_t>(1, 2, 6, 8, 13),

@@ -270,6 +270,8 @@ class RecoveryProcessTest : public ::testing::TestWithParam<Transport> {
   void ExpectGlobalBatchExactThroughAShrinkAndAGrow();
   // A replica corrupted by a flipped bit is found and healed (below).
   void ExpectACorruptedReplicaIsHealed();
+  // A straggler's micro-batches move to the others (below).
+  void ExpectAStragglerRebalanced();
 
   static CoordinatorProcess* coordinator_;
   std::vector<Worker> workers_;
@@ -621,6 +623,83 @@ void RecoveryProcessTest::ExpectGlobalBatchExactThroughAShrinkAndAGrow() {
   ExpectSameParametersAsTheReference(&run);
 }
 
+// The median step time in progress lines ("step 12/500 ... step 4.1 ms
+// ...") of `text`, skipping the first `skip`.
+double MedianStepMs(const std::string& text, size_t skip) {
+  std::vector<double> times;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::StartsWith(line, "step ")) continue;
+    const size_t at = line.find("  step ");
+    if (at == absl::string_view::npos) continue;
+    double ms = 0;
+    absl::string_view rest = line.substr(at + 7);
+    if (absl::SimpleAtod(rest.substr(0, rest.find(' ')), &ms)) times.push_back(ms);
+  }
+  if (times.size() <= skip) return 0;
+  times.erase(times.begin(), times.begin() + skip);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// Stragglers rebalanced: one of 3 ranks computes 4 times slower
+// (--slowdown=4). With an exact global batch of 24 micro-batches (8 a
+// rank) the coordinator flags it (--straggler_threshold=3ms), measures
+// what a micro-batch takes each rank, and re-forms the round at a step
+// boundary with micro-batches moved away from it (round 2, a planned
+// re-form, no step lost); steps get faster, and the job ends with the
+// parameters of an uninterrupted run without the slow rank.
+TEST_P(RecoveryProcessTest, AStragglersMicroBatchesMoveToTheOthers) {
+  ExpectAStragglerRebalanced();
+}
+
+void RecoveryProcessTest::ExpectAStragglerRebalanced() {
+  const std::string job = Job("rebalance");
+  // The reference's output is read only at the end: no progress lines,
+  // which would fill its pipe.
+  ComparedRun run = StartReference(
+      job, {"--synthetic_size=3840", "--steps=500", "--batch_size=16",
+            "--global_batch_size=384", "--max_recoveries=2", "--log_every=0"});
+  std::vector<std::string> flags = run.flags;
+  flags.push_back("--straggler_threshold=3ms");
+  flags.push_back("--log_every=1");  // rank 0's step times, before and after
+  for (int i = 0; i < 3; ++i) {
+    std::vector<std::string> mine = flags;
+    if (i == 1) mine.push_back("--slowdown=4");
+    StartWorker(job, i, "3", mine);
+  }
+  ExpectSurvivorsSucceeded({}, 2);
+  const v1::JobStatus status = JobStatus(job);
+  EXPECT_EQ(status.state(), v1::JOB_STATE_SUCCEEDED) << status.reason();
+  // Measured speeds are noisy here: a second rebalance may follow the first.
+  EXPECT_GE(status.round(), 2);
+  const v1::Rebalance& rebalance = status.diagnosis().rebalance();
+  EXPECT_EQ(rebalance.round(), status.round() - 1);
+  ASSERT_EQ(rebalance.shares_size(), 3) << status.DebugString();
+  // The slow process's rank in round 1, from its first line.
+  Worker* slow = &workers_[1];
+  const std::string& out = slow->child->out();
+  const size_t at = out.find("rank ");
+  ASSERT_NE(at, std::string::npos);
+  const int slow_rank = out[at + 5] - '0';
+  EXPECT_LT(rebalance.shares(slow_rank), 8) << rebalance.verdict();
+  EXPECT_THAT(rebalance.verdict(),
+              HasSubstr(absl::StrCat("rank ", slow_rank, " takes ")));
+  std::cout << "rebalanced: " << rebalance.verdict() << "\n";
+  // Rank 0's steps, before and after.
+  for (const Worker& w : workers_) {
+    const std::string& text = w.child->out();
+    if (!absl::StrContains(text, "rank 0 of 3 (node")) continue;
+    const size_t split = text.find(", round 2,");
+    ASSERT_NE(split, std::string::npos) << w.child->describe();
+    const double before = MedianStepMs(text.substr(0, split), 20);
+    const double after = MedianStepMs(text.substr(split), 5);
+    std::cout << "median step " << before << " ms before, " << after
+              << " ms after (" << after / before << "x)\n";
+    EXPECT_LT(after, before);
+  }
+  ExpectSameParametersAsTheReference(&run);
+}
+
 // Silent data corruption: one bit of one parameter flips in a random
 // process right after step 37 (failpoint corrupt_parameters). With
 // fingerprints every 50 steps, the coordinator finds at step 50 that its
@@ -734,6 +813,11 @@ TEST_P(SimulatedGpuRecoveryTest, SpareReplacesAKilledRankWithoutChangingTheResul
 
 TEST_P(SimulatedGpuRecoveryTest, AGlobalBatchStaysExactThroughAShrinkAndAGrow) {
   ExpectGlobalBatchExactThroughAShrinkAndAGrow();
+}
+
+// Micro-batches move between ranks of NCCL over the simulated device.
+TEST_P(SimulatedGpuRecoveryTest, AStragglersMicroBatchesMoveToTheOthers) {
+  ExpectAStragglerRebalanced();
 }
 
 // The fingerprints are taken where the tensors are (on the device).
