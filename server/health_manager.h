@@ -238,8 +238,8 @@ class HealthManager : public RoundListener {
 
   // Adds what monitoring knows to `status` (read from JobManager): each
   // member's metrics (with their per-bucket stats if `with_buckets`), last
-  // heartbeat and lag, and the job's diagnosis. A no-op when the status's
-  // round is not monitored.
+  // heartbeat and lag, and the job's diagnosis. Only the job's latest
+  // divergence and rebalance when the status's round is not monitored (yet).
   void Describe(v1::JobStatus* status, bool with_buckets = false) const;
   // Fills status->summary with what monitoring knows of every member of the
   // status's round, whichever members `status` lists: members heard from,

@@ -48,10 +48,22 @@ void HealthManager::Describe(v1::JobStatus* status, bool with_buckets) const {
     auto balanced = rebalances_by_job_.find(job_id);
     if (balanced != rebalances_by_job_.end()) rebalance = balanced->second;
     auto it = jobs_health_.find(job_id);
-    if (it == jobs_health_.end()) return;
-    job = it->second;
+    if (it != jobs_health_.end()) job = it->second;
   }
-  if (job->round != status->round()) return;
+  // The job's, whichever round is monitored (a heal or a rebalance
+  // re-forms the round it was found in).
+  const auto add_job_level = [&] {
+    if (divergence.has_value()) {
+      *status->mutable_diagnosis()->mutable_divergence() = *divergence;
+    }
+    if (rebalance.has_value()) {
+      *status->mutable_diagnosis()->mutable_rebalance() = *rebalance;
+    }
+  };
+  if (job == nullptr || job->round != status->round()) {
+    add_job_level();
+    return;
+  }
   absl::MutexLock lock(&job->mu);
   for (v1::Member& member : *status->mutable_members()) {
     const int r = member.rank();
@@ -83,12 +95,7 @@ void HealthManager::Describe(v1::JobStatus* status, bool with_buckets) const {
       ToProtoDuration(job->hang_timeout->value());
   status->mutable_diagnosis()->set_hang_timeout_self_set(
       job->hang_timeout->self_set());
-  if (divergence.has_value()) {
-    *status->mutable_diagnosis()->mutable_divergence() = *std::move(divergence);
-  }
-  if (rebalance.has_value()) {
-    *status->mutable_diagnosis()->mutable_rebalance() = *std::move(rebalance);
-  }
+  add_job_level();
   status->mutable_diagnosis()->set_overload(
       OverloadText(shedder_.state(), job->interval, job->missed));
 }

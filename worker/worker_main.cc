@@ -110,6 +110,9 @@ ABSL_FLAG(double, slowdown, 1.0,
           "for tests and benchmarks: make this process's training compute F "
           "times slower (it sleeps F-1 times each micro-batch's compute "
           "after its forward)");
+ABSL_FLAG(int64_t, slowdown_until_round, 0,
+          "with --slowdown: slow only in rounds up to this one (0: every "
+          "round), a straggler that recovers");
 ABSL_FLAG(int64_t, fingerprint_every, 100,
           "fingerprint the parameters and optimizer state every N steps "
           "(and after the last) for the coordinator to compare across "
@@ -227,6 +230,7 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromFlags() {
   config.batch_size = absl::GetFlag(FLAGS_batch_size);
   config.global_batch_size = absl::GetFlag(FLAGS_global_batch_size);
   config.slowdown = absl::GetFlag(FLAGS_slowdown);
+  config.slowdown_until_round = absl::GetFlag(FLAGS_slowdown_until_round);
   config.fingerprint_every = absl::GetFlag(FLAGS_fingerprint_every);
   config.steps = absl::GetFlag(FLAGS_steps);
   config.epochs = absl::GetFlag(FLAGS_epochs);

@@ -1101,6 +1101,13 @@ TEST_F(HealthManagerTest, AStragglerOfAGlobalBatchIsRebalancedOnce) {
   // Asked once a round.
   ReportSlowRank(6, 8, beat);
   EXPECT_EQ(rebalances_.size(), 1u);
+  // Shown while the next round is not monitored yet.
+  Supersede(1, "rebalancing");
+  CloseRound(2);
+  v1::JobStatus next = *jobs_.Get(kJob);
+  ASSERT_EQ(next.round(), 2);
+  health_.Describe(&next);
+  EXPECT_EQ(next.diagnosis().rebalance().round(), 1);
 }
 
 TEST_F(HealthManagerTest, AStragglerPolicyOfReportOnlyNamesIt) {

@@ -129,6 +129,8 @@ absl::StatusOr<TrainSummary> TrainingRun::Impl::TrainRoundOrThrow(
   }
   round_begin_ = context.clock->Now();
   round_start_reported_ = false;
+  slowed_ = config_.slowdown > 1 && (config_.slowdown_until_round <= 0 ||
+                                     context.round <= config_.slowdown_until_round);
   GS_RETURN_IF_ERROR(JoinRound(context, ddp));
   state_copied_ = context.clock->Now();
   Division division;
@@ -262,7 +264,7 @@ torch::Tensor TrainingRun::Impl::RunMicroBatch(DistributedDataParallel* ddp,
   loss = loss / micro.divisor;
   if (!micro.counts) loss = loss * 0.0;
   absl::Duration slept;
-  if (config_.slowdown > 1) {  // before the backward, which may launch buckets
+  if (slowed_) {  // before the backward, which may launch buckets
     slept = last_micro_batch_compute_ * (config_.slowdown - 1);
     absl::SleepFor(slept);
   }

@@ -53,7 +53,10 @@ struct TrainerConfig {
   // not wait for the buckets), so that this rank's compute takes about
   // slowdown times as long (gradsync-worker --slowdown). Needs steps of
   // several micro-batches (an exact global batch, or accumulate) to act.
+  // With slowdown_until_round R > 0, only in rounds up to R (a straggler
+  // that recovers).
   double slowdown = 1;
+  int64_t slowdown_until_round = 0;
   // Every this many steps, and after the last, the step's report carries a
   // fingerprint of the replica (parameters and optimizer state) for the
   // coordinator to compare across ranks (worker/ddp/replica_fingerprint.h);

@@ -234,8 +234,10 @@ class TrainingRun::Impl {
   int64_t fingerprints_ = 0;
   absl::Duration fingerprint_time_;
   // The compute of the last micro-batch (forward and backward, without the
-  // slowdown's sleep), for the next one's slowdown.
+  // slowdown's sleep), for the next one's slowdown; whether this round is
+  // slowed (config_.slowdown, slowdown_until_round).
   absl::Duration last_micro_batch_compute_;
+  bool slowed_ = false;
   // Warned that the round's micro-batch shares did not fit.
   int64_t bad_shares_round_ = -1;
 };

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -698,6 +699,65 @@ void RecoveryProcessTest::ExpectAStragglerRebalanced() {
     EXPECT_LT(after, before);
   }
   ExpectSameParametersAsTheReference(&run);
+}
+
+// A straggler that recovers gets its micro-batches back: one rank is 4x
+// slow in round 1 only (--slowdown_until_round=1). The coordinator moves
+// micro-batches away from it (round 2); then the ranks carrying its work
+// are the late ones, and it moves them back towards an even division
+// (round 3). The job is stopped once round 3 forms.
+TEST_P(RecoveryProcessTest, AStragglerThatRecoversGetsItsMicroBatchesBack) {
+  const std::string job = Job("recovers");
+  std::vector<std::string> flags = ModelFlags();
+  for (const char* flag :
+       {"--hidden=64", "--synthetic_size=3840", "--steps=100000",
+        "--batch_size=16", "--global_batch_size=384", "--max_recoveries=2",
+        "--straggler_threshold=3ms", "--log_every=0"}) {
+    flags.push_back(flag);
+  }
+  for (int i = 0; i < 3; ++i) {
+    std::vector<std::string> mine = flags;
+    if (i == 1) {
+      mine.push_back("--slowdown=4");
+      mine.push_back("--slowdown_until_round=1");
+    }
+    StartWorker(job, i, "3", mine);
+  }
+  v1::JobStatus status;
+  ASSERT_TRUE(PumpUntil(Children(), kBound, [&] {
+    // Ask only once the job exists (round 1 trains).
+    if (!absl::StrContains(workers_[0].child->out(), ", round 1,")) {
+      return false;
+    }
+    status = JobStatus(job);
+    return status.round() >= 3;
+  })) << status.DebugString() << Describe();
+  for (Worker& w : workers_) w.child->Signal(SIGKILL);
+  ASSERT_TRUE(WaitAll(Children(), kBound));
+  ASSERT_GE(status.recoveries_size(), 2) << status.DebugString();
+  const std::string& away = status.recoveries(0).cause();
+  const std::string& back = status.recoveries(1).cause();
+  std::cout << "away: " << away << "\nback: " << back << "\n";
+  const std::string& out = workers_[1].child->out();
+  const size_t at = out.find("rank ");
+  ASSERT_NE(at, std::string::npos);
+  const int slow_rank = out[at + 5] - '0';
+  // Away from the slow rank: its share in round 2.
+  EXPECT_THAT(away, HasSubstr(absl::StrCat("rank ", slow_rank, " takes ")));
+  std::smatch shares;
+  ASSERT_TRUE(std::regex_search(away, shares,
+                                std::regex("shares (\\d+),(\\d+),(\\d+) of")));
+  const int slow_share = std::stoi(shares[1 + slow_rank].str());
+  EXPECT_LT(slow_share, 8) << away;
+  // Back: round 2's re-division gives it more, and no rank is far from even
+  // (the speeds are measured on a shared machine).
+  const v1::Rebalance& latest = status.diagnosis().rebalance();
+  ASSERT_EQ(latest.shares_size(), 3);
+  EXPECT_EQ(latest.round(), 2);
+  EXPECT_GT(latest.shares(slow_rank), slow_share) << latest.verdict();
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_NEAR(latest.shares(rank), 8, 4) << latest.verdict();
+  }
 }
 
 // Silent data corruption: one bit of one parameter flips in a random
