@@ -671,21 +671,24 @@ void RecoveryProcessTest::ExpectAStragglerRebalanced() {
   ExpectSurvivorsSucceeded({}, 2);
   const v1::JobStatus status = JobStatus(job);
   EXPECT_EQ(status.state(), v1::JOB_STATE_SUCCEEDED) << status.reason();
-  // Measured speeds are noisy here: a second rebalance may follow the first.
+  // Measured speeds are noisy here: another rebalance may follow the
+  // first (one asked for at the very end is not carried out).
   EXPECT_GE(status.round(), 2);
-  const v1::Rebalance& rebalance = status.diagnosis().rebalance();
-  EXPECT_EQ(rebalance.round(), status.round() - 1);
-  ASSERT_EQ(rebalance.shares_size(), 3) << status.DebugString();
+  EXPECT_TRUE(status.diagnosis().has_rebalance());
+  ASSERT_GE(status.recoveries_size(), 1) << status.DebugString();
+  const std::string& first = status.recoveries(0).cause();
   // The slow process's rank in round 1, from its first line.
-  Worker* slow = &workers_[1];
-  const std::string& out = slow->child->out();
+  const std::string& out = workers_[1].child->out();
   const size_t at = out.find("rank ");
   ASSERT_NE(at, std::string::npos);
   const int slow_rank = out[at + 5] - '0';
-  EXPECT_LT(rebalance.shares(slow_rank), 8) << rebalance.verdict();
-  EXPECT_THAT(rebalance.verdict(),
-              HasSubstr(absl::StrCat("rank ", slow_rank, " takes ")));
-  std::cout << "rebalanced: " << rebalance.verdict() << "\n";
+  EXPECT_THAT(first, HasSubstr(absl::StrCat("rank ", slow_rank, " takes ")));
+  std::smatch shares;
+  ASSERT_TRUE(std::regex_search(first, shares,
+                                std::regex("shares (\\d+),(\\d+),(\\d+) of")))
+      << first;
+  EXPECT_LT(std::stoi(shares[1 + slow_rank].str()), 8) << first;
+  std::cout << "rebalanced: " << first << "\n";
   // Rank 0's steps, before and after.
   for (const Worker& w : workers_) {
     const std::string& text = w.child->out();
