@@ -4,7 +4,6 @@
 #include <signal.h>
 
 #include <string>
-#include <iostream>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -42,7 +41,6 @@ TEST(ThreadStacksTest, NamesTheFunctionEachThreadIsIn) {
   release.Notify();
   thread.join();
 
-  std::cerr << stacks.DebugString();
   EXPECT_EQ(stacks.request(), 7);
   EXPECT_EQ(stacks.error(), "");
   const v1::ThreadStack* found = FindThread(stacks, "gs-parked");
