@@ -44,8 +44,8 @@
 // does not wait for them.
 //
 // Implemented in health_manager.cc (monitoring, heartbeat ingest, completion,
-// transitions), health_detection.cc (broken streams, Poll: silence, hangs)
-// and health_views.cc (what status, the page and Prometheus show); the wire
+// transitions), health_detection.cc (broken streams, Poll: silence, hangs),
+// health_replicas.cc (divergences and rebalances) and health_views.cc (what status, the page and Prometheus show); the wire
 // checks are server/health_wire.h.
 //
 // Hot path: a heartbeat takes one per-job lock and swaps the reported metrics

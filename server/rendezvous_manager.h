@@ -42,7 +42,8 @@ namespace gradsync {
 
 // Implemented in rendezvous_manager.cc (joins, closing and superseding
 // rounds), rendezvous_phase.cc (the phase, the round events and their
-// delivery, a job's end), rendezvous_restore.cc (a restart on durable
+// delivery, a job's end), rendezvous_reform.cc (heals and rebalances),
+// rendezvous_restore.cc (a restart on durable
 // state) and rendezvous_views.cc (who waits, for status and metrics); a
 // join's checks are server/join_request.h, the placement decisions
 // server/round_placement.h.
