@@ -113,6 +113,9 @@ ABSL_FLAG(double, slowdown, 1.0,
 ABSL_FLAG(int64_t, slowdown_until_round, 0,
           "with --slowdown: slow only in rounds up to this one (0: every "
           "round), a straggler that recovers");
+ABSL_FLAG(absl::Duration, step_sleep, absl::ZeroDuration(),
+          "for tests: every training step first sleeps this long (a slow "
+          "step that costs no CPU)");
 ABSL_FLAG(int64_t, fingerprint_every, 100,
           "fingerprint the parameters and optimizer state every N steps "
           "(and after the last) for the coordinator to compare across "
@@ -231,6 +234,7 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromFlags() {
   config.global_batch_size = absl::GetFlag(FLAGS_global_batch_size);
   config.slowdown = absl::GetFlag(FLAGS_slowdown);
   config.slowdown_until_round = absl::GetFlag(FLAGS_slowdown_until_round);
+  config.step_sleep = absl::GetFlag(FLAGS_step_sleep);
   config.fingerprint_every = absl::GetFlag(FLAGS_fingerprint_every);
   config.steps = absl::GetFlag(FLAGS_steps);
   config.epochs = absl::GetFlag(FLAGS_epochs);

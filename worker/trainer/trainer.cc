@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/failpoint.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -319,6 +320,7 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
   StepReport report;
   report.step = position_.step + 1;
   GS_RETURN_IF_ERROR(MaybeHang(context, report.step));
+  absl::SleepFor(config_.step_sleep);
   Position cursor = position_;
   int64_t global_samples = 0;
   const std::vector<MicroBatch> micro =

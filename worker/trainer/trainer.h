@@ -57,6 +57,10 @@ struct TrainerConfig {
   // that recovers).
   double slowdown = 1;
   int64_t slowdown_until_round = 0;
+  // For tests: every training step first sleeps this long, before its
+  // first forward (a step that takes seconds without costing CPU: the
+  // self-set timeouts with slow steps). Zero: none.
+  absl::Duration step_sleep = absl::ZeroDuration();
   // Every this many steps, and after the last, the step's report carries a
   // fingerprint of the replica (parameters and optimizer state) for the
   // coordinator to compare across ranks (worker/ddp/replica_fingerprint.h);

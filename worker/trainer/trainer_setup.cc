@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/job_config.h"
 #include "common/status_macros.h"
 
@@ -104,6 +105,11 @@ absl::Status ValidateConfig(const TrainerConfig& config) {
     }
   }
   GS_RETURN_IF_ERROR(ValidateGlobalBatch(config));
+  if (config.step_sleep < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step_sleep must not be negative, got ",
+                     absl::FormatDuration(config.step_sleep)));
+  }
   if (config.fingerprint_every < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "fingerprint_every must not be negative, got ",

@@ -198,5 +198,19 @@ TEST(GlobalBatchConfigTest, RefusesWhatItCannotKeepExact) {
       << status;
 }
 
+// The test knobs that slow a rank down refuse values that mean nothing.
+TEST(SlowStepConfigTest, RefusesASlowdownBelowOneAndANegativeStepSleep) {
+  TrainerConfig config = Config(false);
+  config.slowdown = 0.5;
+  absl::Status status = TrainingRun::Create(config).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("slowdown"), std::string::npos) << status;
+  config = Config(false);
+  config.step_sleep = absl::Milliseconds(-1);
+  status = TrainingRun::Create(config).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("step_sleep"), std::string::npos) << status;
+}
+
 }  // namespace
 }  // namespace gradsync

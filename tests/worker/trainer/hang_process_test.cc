@@ -7,7 +7,9 @@
 // far below the fixed --timeout of 60 s) abort their round, the round
 // re-forms with all three and the job succeeds. Before that, the stacks the
 // verdict asked for show in status: the hung rank's training thread waiting
-// in the failpoint, which no peer's thread is.
+// in the failpoint, which no peer's thread is. And the other side: a job of
+// 10 s steps (--step_sleep), its ranks apart by 2 s, is never diagnosed hung.
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -34,13 +36,17 @@ using ::gradsync::testing::WaitAll;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kBound = absl::Seconds(120);
-// Late enough that the heartbeats brought the coordinator 8 step times
-// (its hang timeout sets itself then): steps take a few milliseconds.
+// Late enough that the heartbeats (every 250 ms, each bringing the step
+// time of a new step) brought the coordinator 8 step times, when its hang
+// timeout sets itself: steps take at least 2 ms (--step_sleep), so the
+// hang comes 1.2 s or more into the round. (Without the sleep a step took
+// 0.7 ms on an idle machine, and the hang came before the timeout had set
+// itself: the peers' 4 s watchdogs ended the round inside the fixed 30 s.)
 constexpr int kHangStep = 600;
 
-class HangProcessTest : public ::testing::TestWithParam<std::string> {
+// Three gradsync-workers of job "hang" with a coordinator of their own.
+class HangJobTest : public ::testing::Test {
  protected:
-  // Each test has a coordinator of its own.
   static std::string Job() { return "hang"; }
 
   void SetUp() override {
@@ -56,16 +62,18 @@ class HangProcessTest : public ::testing::TestWithParam<std::string> {
   }
   void TearDown() override { EXPECT_TRUE(coordinator_.Stop()); }
 
-  std::unique_ptr<Child> StartWorker(int index, bool hangs) {
+  // Worker `index` of three, training `steps` steps, with `extra` flags.
+  std::unique_ptr<Child> StartWorker(int index, int steps,
+                                     const std::vector<std::string>& extra) {
     std::vector<std::string> argv = {
         Runfile("worker/gradsync-worker"),
         absl::StrCat("--coordinator=", coordinator_.address()),
         "--job=" + Job(), "--nnodes=3",
-        absl::StrCat("--node_id=n", index), GetParam(), "--model=mlp",
+        absl::StrCat("--node_id=n", index), "--model=mlp",
         "--hidden=24", "--dataset=synthetic", "--synthetic_size=96",
-        "--batch_size=4", "--steps=1200", "--threads=1", "--log_every=0",
-        "--timeout=60s", "--min_collective_timeout=4s", "--join_timeout=60s"};
-    if (hangs) argv.push_back(absl::StrCat("--failpoint=hang:", kHangStep));
+        "--batch_size=4", absl::StrCat("--steps=", steps), "--threads=1",
+        "--log_every=0", "--timeout=60s", "--join_timeout=60s"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
     auto child = std::make_unique<Child>();
     EXPECT_TRUE(child->Start(argv, /*capture=*/true));
     return child;
@@ -78,6 +86,18 @@ class HangProcessTest : public ::testing::TestWithParam<std::string> {
 
   CoordinatorProcess coordinator_;
   std::unique_ptr<CoordinatorClient> client_;
+};
+
+// Over the transport GetParam() names.
+class HangProcessTest : public HangJobTest,
+                        public ::testing::WithParamInterface<std::string> {
+ protected:
+  std::unique_ptr<Child> StartWorker(int index, bool hangs) {
+    std::vector<std::string> extra = {GetParam(), "--min_collective_timeout=4s",
+                                      "--step_sleep=2ms"};
+    if (hangs) extra.push_back(absl::StrCat("--failpoint=hang:", kHangStep));
+    return HangJobTest::StartWorker(index, 1200, extra);
+  }
 };
 
 TEST_P(HangProcessTest, AHangIsNamedWithinTwoSecondsAndHealed) {
@@ -196,6 +216,65 @@ INSTANTIATE_TEST_SUITE_P(Transports, HangProcessTest,
                                       ? "SharedMemory"
                                       : "Gloo";
                          });
+
+// The other side of a self-set timeout: a job whose steps take 10 s is
+// never diagnosed hung. Ranks 0 and 1 compute 8 s a step and rank 2 10 s
+// (--step_sleep, over shared memory), so every step the first two wait 2 s
+// in a collective that rank 2 has not started: the positions a hang
+// verdict looks for, 10 s after the last collective finished. Until 8 step
+// times arrived the coordinator waits its fixed 30 s; from the third step
+// on (three ranks' samples) 10 x their 99th percentile, at least 100 s. A
+// timeout set from the collectives (milliseconds, raised to its 1 s
+// minimum) instead would call every step's wait a hang. Status is read
+// every 100 ms for the whole run; the job succeeds in its first round.
+TEST_F(HangJobTest, TenSecondStepsAreNeverDiagnosedAHang) {
+  constexpr int kSteps = 4;
+  std::vector<std::unique_ptr<Child>> workers;
+  std::vector<Child*> children;
+  for (int i = 0; i < 3; ++i) {
+    workers.push_back(
+        StartWorker(i, kSteps,
+                    {"--shared_memory=true",
+                     i == 2 ? "--step_sleep=10s" : "--step_sleep=8s"}));
+    children.push_back(workers.back().get());
+  }
+  std::string hang;
+  absl::Duration self_set_timeout;
+  int64_t last_step = 0;
+  int64_t steps_after_self_set = 0;
+  absl::Time next_read = absl::Now();
+  ASSERT_TRUE(PumpUntil(children, kBound, [&] {
+    if (absl::Now() >= next_read) {
+      next_read = absl::Now() + absl::Milliseconds(100);
+      const v1::JobStatus status = Status();
+      if (hang.empty()) hang = status.diagnosis().hang();
+      const int64_t step = status.summary().max_step();
+      if (status.diagnosis().hang_timeout_self_set()) {
+        self_set_timeout =
+            absl::Seconds(status.diagnosis().hang_timeout().seconds());
+        if (step > last_step) ++steps_after_self_set;
+      }
+      last_step = std::max(last_step, step);
+    }
+    for (Child* c : children) {
+      if (c->running()) return false;
+    }
+    return true;
+  }));
+  ASSERT_TRUE(WaitAll(children, kBound));
+  for (auto& w : workers) EXPECT_EQ(w->exit_code(), 0) << w->describe();
+  EXPECT_EQ(hang, "") << "a job of 10 s steps was diagnosed hung";
+  EXPECT_GE(self_set_timeout, absl::Seconds(100));
+  std::cout << "self-set hang timeout with 10 s steps: "
+            << absl::FormatDuration(self_set_timeout) << "; " << last_step
+            << " steps, " << steps_after_self_set
+            << " of them seen ending under it\n";
+  EXPECT_GE(steps_after_self_set, 1);
+  const v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_SUCCEEDED) << status.reason();
+  EXPECT_EQ(status.round(), 1);
+  EXPECT_EQ(status.recoveries_size(), 0);
+}
 
 }  // namespace
 }  // namespace gradsync
