@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Builds the gradsync Debian package: gradsync-coordinator, the gradsync
-# command (status, watch, launch), the systemd unit with its flags file, a
-# postinst that creates the gradsync system user, the README and docs/.
+# Builds the gradsync Debian packages:
+# - gradsync: gradsync-coordinator, the gradsync command (status, watch,
+#   launch), the systemd unit with its flags file, a postinst that creates
+#   the gradsync system user, the README and docs/;
+# - python3-gradsync: the Python package (python/, with its gRPC stubs
+#   generated from proto/ by python/setup.py) in /usr/lib/python3/dist-packages.
 #   deploy/build_deb.sh [--out=DIR] [--version=X.Y.Z] [--no_build]
 # The binaries come from $GRADSYNC_BIN (default: bazel-bin, built here with
 # Bazel unless --no_build). Depends: are the Debian packages that own the
 # shared libraries the binaries load (ldd, dpkg -S). gradsync-worker, the
 # LibTorch trainer, is not packaged: it links CUDA and NCCL from outside
-# Debian where they are installed. Prints the package's path.
+# Debian where they are installed. Prints the packages' paths, gradsync's
+# first, one a line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=. version=0.1.0 build=1
@@ -71,3 +75,34 @@ mkdir -p "$out"
 deb="$out/gradsync_${version}_$(dpkg --print-architecture).deb"
 fakeroot dpkg-deb --build --root-owner-group "$root" "$deb" >&2
 echo "$deb"
+
+# python3-gradsync: pip builds the package from a copy of python/ and the
+# protos (its build writes beside its sources), into dist-packages.
+src=$stage/src
+pyroot=$stage/pyroot
+mkdir -p "$src/proto/gradsync" "$pyroot/DEBIAN" "$pyroot/usr/lib/python3/dist-packages"
+cp -rL python "$src/python"
+rm -rf "$src/python/build" "$src/python/gradsync/_gen" "$src"/python/*.egg-info
+cp -rL proto/gradsync/v1 "$src/proto/gradsync/v1"
+/usr/bin/python3 -m pip install --quiet --no-build-isolation --no-index --no-deps \
+  --no-compile --target="$pyroot/usr/lib/python3/dist-packages" "$src/python" >&2
+rm -rf "$pyroot/usr/lib/python3/dist-packages/bin"
+cat >"$pyroot/DEBIAN/control" <<CONTROL
+Package: python3-gradsync
+Version: $version
+Architecture: all
+Maintainer: gradsync developers <gradsync@localhost>
+Depends: python3 (>= 3.9), python3-grpcio, python3-protobuf
+Recommends: gradsync (= $version), python3-torch
+Section: python
+Priority: optional
+Description: Python client and torch.distributed Store for gradsync
+ The gradsync Python package: jobs, status and the key-value store of a
+ gradsync coordinator (gradsync.Client), and PyTorch integration
+ (gradsync.torch: a torch.distributed Store on the coordinator's key-value
+ store, the gradsync:// init method, and monitor() for status of a
+ training loop).
+CONTROL
+pydeb="$out/python3-gradsync_${version}_all.deb"
+fakeroot dpkg-deb --build --root-owner-group "$pyroot" "$pydeb" >&2
+echo "$pydeb"

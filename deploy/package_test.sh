@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# //deploy:package_test: the Debian package builds, installs into a
-# throwaway root and its binaries run from there (a coordinator with durable
-# state answers the gradsync command and stops cleanly on SIGTERM); systemd
+# //deploy:package_test: the Debian packages build, install into a
+# throwaway root and run from there (a coordinator with durable state
+# answers the gradsync command, a PyTorch script under the unpacked
+# `gradsync launch` finds the unpacked Python package with no PYTHONPATH and
+# all-reduces through gradsync://, and the coordinator stops cleanly on
+# SIGTERM); systemd
 # accepts the unit and rates its hardening; the Kubernetes manifests parse
 # (kubectl kustomize: no cluster here for a server-side dry run).
 set -euo pipefail
@@ -10,9 +13,20 @@ tmp=${TEST_TMPDIR:-$(mktemp -d)}
 fail() { echo "package_test: FAIL: $*" >&2; exit 1; }
 
 # 1. Build and unpack.
-deb=$(GRADSYNC_BIN=$PWD deploy/build_deb.sh --no_build --out="$tmp/dist")
+debs=$(GRADSYNC_BIN=$PWD deploy/build_deb.sh --no_build --out="$tmp/dist")
+deb=$(sed -n 1p <<<"$debs")
+pydeb=$(sed -n 2p <<<"$debs")
 root=$tmp/root
 dpkg-deb -x "$deb" "$root"
+dpkg-deb -x "$pydeb" "$root"
+pycontrol=$(dpkg-deb -f "$pydeb")
+for field in "Package: python3-gradsync" "Architecture: all" "python3-grpcio"; do
+  grep -qF "$field" <<<"$pycontrol" || fail "python3-gradsync's control lacks '$field': $pycontrol"
+done
+for f in gradsync/__init__.py gradsync/torch.py \
+    gradsync/_gen/proto/gradsync/v1/kv_pb2_grpc.py; do
+  [ -e "$root/usr/lib/python3/dist-packages/$f" ] || fail "$f is not in python3-gradsync"
+done
 control=$(dpkg-deb -f "$deb")
 for field in "Package: gradsync" "Depends: adduser, " "libgrpc++1.51"; do
   grep -qF "$field" <<<"$control" || fail "control lacks '$field': $control"
@@ -38,6 +52,16 @@ for _ in $(seq 300); do [ -s "$tmp/port" ] && break; sleep 0.1; done
 [ -s "$tmp/port" ] || { kill -9 $pid; fail "the coordinator did not start: $(cat "$tmp/coordinator.log")"; }
 "$root/usr/bin/gradsync" --coordinator="127.0.0.1:$(cat "$tmp/port")" jobs \
   || { kill -9 $pid; fail "gradsync jobs failed"; }
+# Two processes of a PyTorch script under the unpacked launcher, with no
+# PYTHONPATH (and from another directory than the package's), under
+# Debian's Python, which has python3-torch.
+here=$PWD
+(cd "$tmp" && env -u PYTHONPATH timeout 120 "$root/usr/bin/gradsync" launch \
+  --coordinator="127.0.0.1:$(cat "$tmp/port")" --job=pkg --nnodes=1 --python=/usr/bin/python3 \
+  --nproc_per_node=2 "$here/python/tests/init_script.py") >"$tmp/launch.log" 2>&1 \
+  || { kill -9 $pid; fail "gradsync launch of a PyTorch script failed: $(cat "$tmp/launch.log")"; }
+grep -q "rank 1 of 2: sum 3" "$tmp/launch.log" \
+  || { kill -9 $pid; fail "the script did not all-reduce: $(cat "$tmp/launch.log")"; }
 kill -TERM $pid
 wait $pid || fail "the coordinator exited $? on SIGTERM: $(cat "$tmp/coordinator.log")"
 [ -n "$(ls -A "$tmp/state")" ] || fail "no state written to --state_dir"

@@ -13,6 +13,7 @@
 #include "worker/client/coordinator_client.h"
 #include "worker/launch/launch_options.h"
 #include "worker/launch/node_agent.h"
+#include "worker/launch/torchrun_env.h"
 
 extern char** environ;
 
@@ -60,6 +61,13 @@ int RunLaunchCommand(const std::vector<std::string>& args) {
   }
   // The processes talk to the coordinator with the same token.
   if (!token->empty()) environment.push_back("GRADSYNC_TOKEN=" + *token);
+  // Python scripts find the gradsync package installed beside this command.
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    environment = WithPythonPath(std::move(environment),
+                                 PackagedPythonPath(std::string(exe, n)));
+  }
   NodeAgent agent(*std::move(options), client->get(), std::move(environment));
   // The signal thread ends on a stop signal, or on SIGUSR1 from here once
   // the agent is done.

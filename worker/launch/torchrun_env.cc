@@ -1,6 +1,11 @@
 #include "worker/launch/torchrun_env.h"
 
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/job_config.h"
 #include "worker/runtime/thread_stacks.h"
 
@@ -63,6 +68,37 @@ std::vector<std::string> MergeEnvironment(
     out.push_back(absl::StrCat(name, "=", value));
   }
   return out;
+}
+
+std::string PackagedPythonPath(const std::string& executable) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::path exe = fs::weakly_canonical(executable, error);
+  if (error) return "";
+  const fs::path prefix = exe.parent_path().parent_path();
+  if (prefix.empty() || prefix == "/usr") return "";
+  const fs::path folder = prefix / "lib" / "python3" / "dist-packages";
+  if (!fs::is_regular_file(folder / "gradsync" / "__init__.py", error)) {
+    return "";
+  }
+  return folder.string();
+}
+
+std::vector<std::string> WithPythonPath(std::vector<std::string> environment,
+                                        const std::string& folder) {
+  if (folder.empty()) return environment;
+  for (std::string& entry : environment) {
+    if (!absl::StartsWith(entry, "PYTHONPATH=")) continue;
+    const std::string value = entry.substr(sizeof("PYTHONPATH=") - 1);
+    for (absl::string_view part : absl::StrSplit(value, ':')) {
+      if (part == folder) return environment;
+    }
+    entry = value.empty() ? absl::StrCat("PYTHONPATH=", folder)
+                          : absl::StrCat(entry, ":", folder);
+    return environment;
+  }
+  environment.push_back(absl::StrCat("PYTHONPATH=", folder));
+  return environment;
 }
 
 }  // namespace gradsync

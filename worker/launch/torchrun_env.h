@@ -55,6 +55,19 @@ std::vector<std::string> MergeEnvironment(
     const std::vector<std::string>& base,
     const std::map<std::string, std::string>& variables);
 
+// Where the gradsync Python package is installed beside `executable` (the
+// gradsync command): PREFIX/lib/python3/dist-packages for PREFIX/bin/gradsync,
+// when it holds gradsync/__init__.py (the python3-gradsync package unpacked
+// under the same prefix) and PREFIX is not /usr, whose dist-packages are on
+// Debian Python's path already. Empty otherwise.
+std::string PackagedPythonPath(const std::string& executable);
+
+// `environment` ("NAME=VALUE" entries) with `folder` appended to PYTHONPATH,
+// after what it had (the user's own entries win); unchanged for an empty
+// `folder` or one PYTHONPATH lists already.
+std::vector<std::string> WithPythonPath(std::vector<std::string> environment,
+                                        const std::string& folder);
+
 }  // namespace gradsync
 
 #endif  // GRADSYNC_WORKER_LAUNCH_TORCHRUN_ENV_H_

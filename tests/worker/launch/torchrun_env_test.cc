@@ -1,11 +1,14 @@
 #include "worker/launch/torchrun_env.h"
 
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/subprocess.h"
 #include "worker/runtime/thread_stacks.h"
 
 namespace gradsync {
@@ -86,6 +89,36 @@ TEST(TorchrunEnvTest, MergeSetsOverTheBaseAndDefaultsThreadsAndMalloc) {
       {"OMP_NUM_THREADS=8", "MALLOC_TRIM_THRESHOLD_=0"}, {});
   EXPECT_THAT(mine, Contains("OMP_NUM_THREADS=8"));
   EXPECT_THAT(mine, Contains("MALLOC_TRIM_THRESHOLD_=0"));
+}
+
+// The Python package unpacked beside the command (PREFIX/bin/gradsync,
+// PREFIX/lib/python3/dist-packages/gradsync) is found; /usr's is on
+// Python's path already, and a prefix without it gives nothing.
+TEST(PythonPathTest, FindsThePackageInstalledBesideTheCommand) {
+  namespace fs = std::filesystem;
+  const fs::path prefix = testing::TempPath("python_path_prefix");
+  fs::create_directories(prefix / "bin");
+  const std::string exe = (prefix / "bin" / "gradsync").string();
+  std::ofstream(exe) << "";
+  EXPECT_EQ(PackagedPythonPath(exe), "");  // no package there yet
+  const fs::path folder = prefix / "lib" / "python3" / "dist-packages";
+  fs::create_directories(folder / "gradsync");
+  std::ofstream((folder / "gradsync" / "__init__.py").string()) << "";
+  EXPECT_EQ(PackagedPythonPath(exe), folder.string());
+  EXPECT_EQ(PackagedPythonPath("/usr/bin/gradsync"), "");
+}
+
+TEST(PythonPathTest, AppendsAfterTheUsersOwnEntriesOnce) {
+  EXPECT_THAT(WithPythonPath({"HOME=/root"}, "/opt/g/lib"),
+              Contains("PYTHONPATH=/opt/g/lib"));
+  EXPECT_THAT(WithPythonPath({"PYTHONPATH=/mine"}, "/opt/g/lib"),
+              Contains("PYTHONPATH=/mine:/opt/g/lib"));
+  EXPECT_THAT(WithPythonPath({"PYTHONPATH=/opt/g/lib:/mine"}, "/opt/g/lib"),
+              Contains("PYTHONPATH=/opt/g/lib:/mine"));
+  EXPECT_THAT(WithPythonPath({"PYTHONPATH="}, "/opt/g/lib"),
+              Contains("PYTHONPATH=/opt/g/lib"));
+  const std::vector<std::string> unchanged = {"PYTHONPATH=/mine"};
+  EXPECT_EQ(WithPythonPath(unchanged, ""), unchanged);
 }
 
 }  // namespace
