@@ -5,9 +5,12 @@
 // shrinks from 3 ranks to 2, or grows from 2 to 3, at a step boundary ends
 // there too. Without the option the per-rank batch makes the result depend
 // on the world size (the contrast that shows the check can fail).
+#include <cstdio>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -60,7 +63,8 @@ std::vector<std::unique_ptr<TrainingRun>> MakeRuns(const TrainerConfig& config,
 // One round of `runs` (rank i is runs[i]) that ends after `stop_after` more
 // committed steps (0: runs to the end). Returns each rank's status.
 std::vector<absl::Status> TrainRound(
-    const std::vector<TrainingRun*>& runs, int64_t round, int stop_after) {
+    const std::vector<TrainingRun*>& runs, int64_t round, int stop_after,
+    const std::vector<int>& shares = {}) {
   const int world = static_cast<int>(runs.size());
   std::vector<absl::Status> statuses(world);
   RunGlooRanks(world, [&](int rank, Backend* backend) {
@@ -70,6 +74,7 @@ std::vector<absl::Status> TrainRound(
     context.world_size = world;
     context.round = round;
     context.progress = nullptr;
+    context.micro_batch_shares = shares;
     int steps = 0;
     if (stop_after > 0) {
       context.reform_requested = [&steps, stop_after] {
@@ -157,6 +162,48 @@ TEST_P(GlobalBatchTrainingTest, AShrinkOrAGrowEndsAsTheUninterruptedRun) {
   const std::string grown = Path("grown");
   TrainThroughAReform(Config(GetParam()), 2, 3, 9, grown);
   EXPECT_LE(ErrorBetween(grown, reference), 1e-5);
+}
+
+// Micro-batches per rank in step 1 of `sample_log` (a line per
+// micro-batch: round, step, epoch, rank, indices).
+std::vector<int> StepOneShares(const std::string& sample_log, int world) {
+  std::vector<int> shares(world, 0);
+  std::ifstream in(sample_log);
+  int64_t round, step, epoch;
+  int rank;
+  std::string indices;
+  while (in >> round >> step >> epoch >> rank >> indices) {
+    if (step == 1 && rank >= 0 && rank < world) ++shares[rank];
+  }
+  return shares;
+}
+
+// The coordinator's shares (Assignment.micro_batch_shares) set each rank's
+// micro-batches; shares that do not fit the global batch fall back to the
+// even division on every rank alike. Either way the result is the one-rank
+// run's.
+TEST_P(GlobalBatchTrainingTest, TheCoordinatorsSharesOrEvenOnesIfTheyDoNotFit) {
+  const std::string one = Path("one-rank-shares");
+  TrainUninterrupted(Config(GetParam()), 1, one);
+  const std::vector<std::pair<std::vector<int>, std::vector<int>>> cases = {
+      {{4, 1, 1}, {4, 1, 1}},  // taken
+      {{4, 4, 4}, {2, 2, 2}},  // 12 of 6 micro-batches: even
+      {{6, 0}, {2, 2, 2}},     // shares for 2 ranks in a round of 3: even
+  };
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const auto& [given, used] = cases[c];
+    TrainerConfig config = Config(GetParam());
+    config.save_params = Path(absl::StrCat("shares-", c));
+    config.sample_log = TempPath(absl::StrCat("shares-", c, GetParam(), ".log"));
+    std::remove(config.sample_log.c_str());
+    std::vector<std::unique_ptr<TrainingRun>> runs = MakeRuns(config, 3);
+    ASSERT_EQ(runs.size(), 3u);
+    for (const absl::Status& s : TrainRound(Pointers(runs, 3), 1, 0, given)) {
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    EXPECT_EQ(StepOneShares(config.sample_log, 3), used) << "case " << c;
+    EXPECT_LE(ErrorBetween(config.save_params, one), 1e-5) << "case " << c;
+  }
 }
 
 // The contrast: with the per-rank batch (no global batch), 2 and 3 ranks
