@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # How soon a real hang is named and healed: the self-set timeouts against
 # fixed ones, side by side in one run. Three gradsync-workers (a small MLP,
-# steps of a few milliseconds, shared memory) and a coordinator on loopback;
+# steps of a few milliseconds: --step_sleep=3ms, so that the 2000 steps
+# before the hang bring the coordinator the 8 step times its timeout sets
+# itself from, at its default 1 s heartbeats; shared memory) and a
+# coordinator on loopback;
 # one worker stands still before step 2000's first collective while its
 # heartbeats go on (--failpoint=hang:2000). Each mode polls `gradsync status
 # --json` until the hang is named, then until round 2 (the healed round)
@@ -18,26 +21,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-bazel-bin}
 py=/usr/bin/python3
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source bench/lib.sh
 
 now() { date +%s.%N; }
 
 # run MODE COORDINATOR_FLAGS WORKER_FLAGS: prints "named N s, healed M s".
 run() {
   local mode=$1 cflags=$2 wflags=$3
-  "$bin/server/gradsync-coordinator" --listen=127.0.0.1:0 --port_file="$work/$mode.port" \
-    $cflags >"$work/$mode.coordinator.log" 2>&1 &
-  local coordinator=$!
-  pids+=("$coordinator")
-  for _ in $(seq 100); do [[ -s $work/$mode.port ]] && break; sleep 0.1; done
-  local address="127.0.0.1:$(cat "$work/$mode.port")"
+  # shellcheck disable=SC2086  # the flags are words
+  start_coordinator "$mode" $cflags
+  local coordinator=$coordinator_pid
   local workers=()
   for i in 0 1 2; do
     local fail=""
@@ -45,7 +38,7 @@ run() {
     "$bin/worker/gradsync-worker" --coordinator="$address" --job=hang \
       --nnodes=3 --node_id="n$i" --model=mlp --hidden=24 --dataset=synthetic \
       --synthetic_size=96 --batch_size=4 --steps=4000 --threads=1 \
-      --log_every=0 --timeout=60s $wflags $fail \
+      --log_every=0 --timeout=60s --step_sleep=3ms $wflags $fail \
       >"$work/$mode.$i.log" 2>&1 &
     workers+=("$!")
     pids+=("$!")

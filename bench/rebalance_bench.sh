@@ -16,14 +16,7 @@ cd "$(dirname "$0")/.."
 bin=${1:-bazel-bin}
 slowdown=${2:-2}
 pairs=${3:-3}
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source bench/lib.sh
 
 # The median of the last 300 "step ... step X ms" lines of file $1.
 median_ms() {
@@ -34,11 +27,7 @@ median_ms() {
 # run NAME POLICY: prints rank 0's median step time, ms.
 run() {
   local name=$1 policy=$2
-  "$bin/server/gradsync-coordinator" --listen=127.0.0.1:0 \
-    --port_file="$work/$name.port" >"$work/$name.coordinator.log" 2>&1 &
-  pids+=("$!")
-  for _ in $(seq 100); do [[ -s $work/$name.port ]] && break; sleep 0.1; done
-  local address="127.0.0.1:$(cat "$work/$name.port")"
+  start_coordinator "$name"
   local workers=()
   for i in 0 1 2; do
     local slow=""
@@ -54,7 +43,7 @@ run() {
   for w in "${workers[@]}"; do
     wait "$w" || { echo "$name: a worker failed" >&2; tail "$work/$name".*.log >&2; return 1; }
   done
-  kill "${pids[0]}" 2>/dev/null || true
+  kill "$coordinator_pid" 2>/dev/null || true
   local rank0
   rank0=$(grep -l "rank 0 of 3" "$work/$name".[012].log | head -1)
   if [[ $policy == rebalance ]]; then

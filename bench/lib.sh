@@ -1,0 +1,32 @@
+# What the benchmark scripts share (sourced after setting $bin, the folder
+# that holds server/gradsync-coordinator): a scratch folder $work, the
+# processes in $pids killed and the folder removed at exit, and a
+# coordinator on a loopback port.
+#   bin=${1:-bazel-bin}; source bench/lib.sh
+work=$(mktemp -d)
+pids=()
+bench_cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap bench_cleanup EXIT
+
+# start_coordinator NAME [FLAG...]: a coordinator from $bin on 127.0.0.1
+# (log: $work/NAME.coordinator.log), killed at exit; sets coordinator_pid
+# and address (HOST:PORT) once it serves, fails after 10 s otherwise.
+start_coordinator() {
+  local name=$1
+  shift
+  "$bin/server/gradsync-coordinator" --listen=127.0.0.1:0 \
+    --port_file="$work/$name.port" "$@" >"$work/$name.coordinator.log" 2>&1 &
+  coordinator_pid=$!
+  pids+=("$coordinator_pid")
+  for _ in $(seq 100); do [[ -s $work/$name.port ]] && break; sleep 0.1; done
+  [[ -s $work/$name.port ]] || {
+    echo "$name: the coordinator did not start" >&2
+    cat "$work/$name.coordinator.log" >&2
+    return 1
+  }
+  address="127.0.0.1:$(cat "$work/$name.port")"
+}
