@@ -32,7 +32,8 @@
 #                      skips wherever there is a GPU)
 #     abort_recreate   20 cycles of a communicator aborted and re-created on
 #                      the GPU, with the GPU memory in use before and after
-#     worker_fault     gradsync-worker --device=cuda trains and survives an
+#     worker_fault     gradsync-worker --device=cuda trains (an exact global
+#                      batch of 8 micro-batches) and survives an
 #                      asynchronous NCCL error injected by a failpoint
 #     users_script     deploy/gpu/ddp_resnet50.py (PyTorch's DDP tutorial
 #                      code, ResNet-50, SyncBatchNorm) under gradsync launch
@@ -377,13 +378,14 @@ if starting worker_fault; then
     start_coordinator
     run_step worker_fault 180 "$worker" --coordinator="$coordinator_address" \
       --job=gpu-fault --nnodes=1 --device=cuda --steps=200 --timeout=20s \
+      --batch_size=32 --global_batch_size=256 \
       --failpoint=nccl_async_error:60 --summary_json="$logs/worker_summary.json"
     stop_coordinator
     hit=$(grep -c 'failpoint nccl_async_error hit' "$logs/worker_fault.log" 2>/dev/null)
     [ "${hit:-0}" -gt 0 ] || fail_step "the failpoint nccl_async_error did not fire"
     ms=$("$python" -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["mean_step_ms"], 2))' \
       "$logs/worker_summary.json" 2>/dev/null)
-    conclude worker_fault "MLP, 200 steps, async NCCL error injected at collective 60 and healed" \
+    conclude worker_fault "MLP, 200 steps of an exact global batch (8 micro-batches timed on the device), async NCCL error injected at collective 60 and healed" \
       "mean_step_ms=${ms:-};failpoint_hit=${hit:-0}"
   else
     record worker_fault failed "missing binaries" 0

@@ -31,8 +31,9 @@ struct StepReport {
   // With an exact global batch: the micro-batches this rank ran, of the
   // step's micro_batches_per_step, and what one took on average: those
   // before the last, whose backward does not synchronize (forward and
-  // backward as the host saw them); a lone one without the wait for the
-  // step's collectives. Zero without an exact global batch.
+  // backward, on CUDA measured from and to an idle device); a lone one
+  // without the wait for the step's collectives. Zero without an exact
+  // global batch.
   int micro_batches = 0;
   int micro_batches_per_step = 0;
   absl::Duration micro_batch_time;

@@ -338,13 +338,22 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
   int64_t step_samples = 0;
   // What the micro-batches before the last took: the last one's backward
   // also synchronizes (bucket copies, launches, the wait for the peers).
+  // On a GPU the host runs ahead of the device, so for the straggler
+  // balancer's speeds (an exact global batch) the device is waited for
+  // before the first micro-batch and after the one before the last: two
+  // waits a step, both before any gradient collective of the step starts.
+  const bool time_on_device =
+      device_.is_cuda() && plan_.has_value() && micro.size() > 1;
+  if (time_on_device) torch::cuda::synchronize();
   absl::Time micro_start = context.clock->Now();
   absl::Duration unsynced;
   for (size_t m = 0; m < micro.size(); ++m) {
     const bool last = m + 1 == micro.size();
     step_loss += RunMicroBatch(ddp, micro[m], last);
     if (micro[m].counts) step_samples += micro[m].indices.size(0);
-    if (!last) unsynced = context.clock->Now() - micro_start;
+    if (last) continue;
+    if (time_on_device && m + 2 == micro.size()) torch::cuda::synchronize();
+    unsynced = context.clock->Now() - micro_start;
   }
   const absl::Duration micro_time = context.clock->Now() - micro_start;
   if (ddp != nullptr) GS_RETURN_IF_ERROR(ddp->CheckStep());
