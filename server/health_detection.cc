@@ -76,6 +76,23 @@ void HealthManager::AddBrokenStreams(JobHealth* job, HealthUpdate* update) {
   }
 }
 
+void HealthManager::AddStoppedMembers(JobHealth* job, HealthUpdate* update) {
+  if (update->job_state != v1::JOB_STATE_FAILED) return;
+  std::vector<bool> changed(job->members.size());
+  for (const HealthUpdate::MemberChange& c : update->members) {
+    if (c.rank >= 0 && c.rank < static_cast<int>(changed.size())) {
+      changed[c.rank] = true;
+    }
+  }
+  for (size_t r = 0; r < job->members.size(); ++r) {
+    if (changed[r] || job->members[r].state != v1::MEMBER_STATE_ACTIVE) {
+      continue;
+    }
+    update->members.push_back({static_cast<int>(r), v1::MEMBER_STATE_EXITED,
+                               "stopped: the job failed"});
+  }
+}
+
 void HealthManager::ReportBrokenStreams(JobHealth* job,
                                         std::vector<Loss>* losses) {
   for (size_t r = 0; r < job->members.size(); ++r) {

@@ -504,7 +504,10 @@ void HealthManager::ReportQueued() {
 }
 
 absl::Status HealthManager::Transition(JobHealth* job, HealthUpdate update) {
-  if (IsTerminal(update.job_state)) AddBrokenStreams(job, &update);
+  if (IsTerminal(update.job_state)) {
+    AddBrokenStreams(job, &update);
+    AddStoppedMembers(job, &update);
+  }
   absl::Status recorded = jobs_->RecordHealth(job->job_id, job->round, update);
   if (!recorded.ok()) {
     // The round ended meanwhile: superseded (RoundEnded is on its way) or

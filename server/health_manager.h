@@ -484,6 +484,12 @@ class HealthManager : public RoundListener {
   // LOST (no round is left to reconnect to); the reason names them.
   void AddBrokenStreams(JobHealth* job, HealthUpdate* update)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // When the job fails: its members still ACTIVE (not changed by `update`)
+  // are EXITED, "stopped: the job failed", so that every member's state is
+  // final (their processes are being stopped; a report that comes later
+  // changes nothing).
+  void AddStoppedMembers(JobHealth* job, HealthUpdate* update)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // A superseded round's members whose stream broke, as losses (the round
   // replacing it need not wait for them).
   void ReportBrokenStreams(JobHealth* job, std::vector<Loss>* losses)

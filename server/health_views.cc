@@ -74,6 +74,8 @@ void HealthManager::Describe(v1::JobStatus* status, bool with_buckets) const {
       *out->mutable_last_seen() = ToProtoTime(m.last_seen);
       out->mutable_metrics()->CopyFrom(m.metrics);
       if (with_buckets) *out->mutable_metrics()->mutable_buckets() = m.buckets;
+      // A node agent's process: its own pid, not the agent's that joined.
+      if (m.metrics.pid() > 0) out->mutable_node()->set_pid(m.metrics.pid());
     }
     const absl::Duration lag = job->stragglers->lag(r);
     if (lag > absl::ZeroDuration()) *out->mutable_lag() = ToProtoDuration(lag);

@@ -103,10 +103,10 @@ absl::Status ValidateThreadStacks(const v1::ThreadStacks& stacks) {
 absl::Status ValidateMetrics(const v1::WorkerMetrics& m) {
   if (m.step() < 0 || m.last_started_collective() < 0 ||
       m.last_finished_collective() < 0 || m.rss_bytes() < 0 ||
-      m.gpu_memory_bytes() < 0) {
+      m.gpu_memory_bytes() < 0 || m.pid() < 0) {
     return absl::InvalidArgumentError(
-        "metrics: step, collective sequence numbers and memory sizes must be "
-        ">= 0");
+        "metrics: step, collective sequence numbers, memory sizes and pid "
+        "must be >= 0");
   }
   if (m.recent_collectives_size() > kMaxEvents ||
       m.first_bucket_ready_size() > kMaxEvents ||

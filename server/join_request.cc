@@ -9,6 +9,7 @@ namespace gradsync {
 namespace {
 
 constexpr size_t kMaxIdBytes = 253;
+constexpr size_t kMaxRejoinReasonBytes = 1024;
 constexpr int kMaxAddresses = 64;
 constexpr int kMaxDeviceCount = 1024;
 
@@ -99,6 +100,10 @@ absl::Status CheckProcessJoin(const v1::JoinRequest& request) {
     return absl::InvalidArgumentError(absl::StrCat(
         "committed_step must be >= 0, got ", request.committed_step()));
   }
+  if (request.rejoin_reason().size() > kMaxRejoinReasonBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rejoin_reason is at most ", kMaxRejoinReasonBytes, " bytes"));
+  }
   // Refuse a node that cannot run NCCL a job forced to NCCL by this very
   // request before GetOrCreate can create the job: a refused join must not
   // leave a job behind, or its retry with another backend would meet a config
@@ -142,6 +147,7 @@ absl::StatusOr<std::vector<v1::JoinRequest>> SplitNodeJoin(
     join.set_has_state(process.has_state());
     join.set_committed_step(process.committed_step());
     if (process.has_local_slot()) join.set_local_slot(process.local_slot());
+    join.set_rejoin_reason(request.rejoin_reason());
     if (!incarnations.insert(process.node().incarnation_id()).second) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a node join lists incarnation '", process.node().incarnation_id(),

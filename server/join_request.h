@@ -34,7 +34,8 @@ absl::Status NcclRefusal(const v1::JoinRequest& request);
 // Checks a node descriptor from a join; INVALID_ARGUMENT naming the field.
 absl::Status ValidateNodeDescriptor(const v1::NodeDescriptor& node);
 
-// Checks one process's join (its node, local slot and committed step), and
+// Checks one process's join (its node, local slot, committed step and
+// rejoin reason), and
 // refuses (NcclRefusal) a process that cannot run the NCCL its own settings
 // would force on a job they create: a refused join leaves no job behind.
 absl::Status CheckProcessJoin(const v1::JoinRequest& request);

@@ -228,12 +228,16 @@ bool RendezvousManager::JoinOfTheRunningRoundLocked(
       return true;
     }
     const bool planned = job->phase == RoundPhase::kReformRequested;
+    const bool told = !planned && !request.rejoin_reason().empty();
     SupersedeLocked(
         job, planned ? job->reform_reason
+             : told  ? request.rejoin_reason()
                      : absl::StrCat("rank ", m.assignment.rank(), " (",
                                     DescribeProcess(m.node),
                                     ") rejoined after round ", job->round));
-    job->cause_is_rejoin = !planned;
+    // A bare rejoin's cause gives way to the first loss reported before
+    // the next round closes; a reason the rejoiner gave stays.
+    job->cause_is_rejoin = !planned && !told;
     job->reform_as_planned = planned;
   } else if (job->node_rank_by_node.contains(node.node_id())) {
     SupersedeLocked(job, absl::StrCat(DescribeProcess(node),
@@ -474,6 +478,7 @@ absl::Status RendezvousManager::RecordCloseLocked(
     recovery->set_new_world_size(shape.world_size);
     recovery->set_resume_step(shape.resume_step);
     recovery->set_source_rank(shape.source_rank);
+    recovery->set_resumed_in_place(shape.resumed_in_place);
     *recovery->mutable_round_close_time() = ToProtoTime(now);
     *recovery->mutable_rendezvous() =
         ToProtoDuration(now - FromProtoTime(recovery->detect_time()));
@@ -551,8 +556,11 @@ void RendezvousManager::OpenRoundLocked(
   GS_LOG(INFO) << "job '" << job->config.job_id() << "' round " << job->round
                << " closed: " << chosen.size() << " node(s), world size "
                << shape.world_size << ", backend " << BackendName(shape.backend)
-               << ", resume after step " << shape.resume_step << " from rank "
-               << shape.source_rank << ", " << job->pending.size()
+               << (shape.resumed_in_place
+                       ? absl::StrCat(", resume after step ", shape.resume_step,
+                                      " from rank ", shape.source_rank)
+                       : std::string(", no member holds training state"))
+               << ", " << job->pending.size()
                << " spare process(es)";
 }
 

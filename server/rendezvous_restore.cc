@@ -51,6 +51,7 @@ RoundShape RecordedShape(const v1::JobStatus& record) {
     if (last.new_round() == record.round()) {
       shape.resume_step = last.resume_step();
       shape.source_rank = last.source_rank();
+      shape.resumed_in_place = last.resumed_in_place();
     }
   }
   std::vector<v1::NodeDescriptor> nodes;

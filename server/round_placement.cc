@@ -154,6 +154,9 @@ Placement PlaceRound(
   shape.num_nodes = num_nodes;
   shape.backend = NegotiateBackend(config.backend(), descriptors);
   std::tie(shape.resume_step, shape.source_rank) = ChooseResumeSource(states);
+  shape.resumed_in_place =
+      std::any_of(states.begin(), states.end(),
+                  [](const std::pair<bool, int64_t>& s) { return s.first; });
   shape.single_host = OnOneHost(descriptors);
   return placement;
 }

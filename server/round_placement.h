@@ -26,6 +26,9 @@ struct RoundShape {
   v1::Backend backend = v1::BACKEND_UNSPECIFIED;
   int64_t resume_step = 0;
   int source_rank = 0;
+  // Whether some member holds training state (the round goes on from
+  // resume_step in place); false when every process starts afresh.
+  bool resumed_in_place = false;
   bool single_host = false;
 };
 

@@ -1,7 +1,8 @@
 """A Python process that is a member of a job by itself (no launcher): it
-joins the rendezvous, heartbeats from a thread, and reports its completion
-when the interpreter exits. Used by the gradsync:// init method outside
-`gradsync launch`.
+joins the rendezvous, heartbeats from a thread (with what
+gradsync.torch.monitor reports, through Member.report), and reports its
+completion when the interpreter exits. Used by the gradsync:// init method
+outside `gradsync launch`.
 
 Completion: success at a normal exit; failure (exit code 1, with the
 exception) after an uncaught exception. A process that ends with os._exit
@@ -20,6 +21,14 @@ from gradsync._proto import (health_pb2, health_pb2_grpc, job_pb2,
 from gradsync.client import _call
 
 _DEFAULT_INTERVAL = 1.0  # until the coordinator answers with the job's own
+_MAX_EVENTS = 256  # the coordinator's limit per heartbeat (newest kept)
+_current = None  # this process's Member, once it joined
+
+
+def current():
+    """The Member this process joined as (gradsync:// outside `gradsync
+    launch`), or None."""
+    return _current
 
 
 class Member:
@@ -56,6 +65,9 @@ class Member:
         self._stop = threading.Event()
         self._interval = _DEFAULT_INTERVAL
         self._failure = None  # (exit code, message) after an uncaught exception
+        self._lock = threading.Lock()
+        self._latest = job_pb2.WorkerMetrics(state=job_pb2.WORKER_STATE_TRAINING)
+        self._events, self._ready = [], []  # since the last heartbeat
         self._thread = threading.Thread(target=self._heartbeat, daemon=True,
                                         name="gradsync-heartbeats")
         self._thread.start()
@@ -66,13 +78,35 @@ class Member:
             previous_hook(kind, value, traceback)
         sys.excepthook = hook
         atexit.register(self.finish)
+        global _current
+        _current = self
+
+    def report(self, metrics):
+        """Makes `metrics` (a gradsync.v1.WorkerMetrics, e.g. from
+        gradsync.torch.monitor) this member's latest: the next heartbeat
+        carries them, with every collective and step event reported since
+        the previous one (the newest 256 of each)."""
+        with self._lock:
+            self._events = (self._events + list(metrics.recent_collectives))[-_MAX_EVENTS:]
+            self._ready = (self._ready + list(metrics.first_bucket_ready))[-_MAX_EVENTS:]
+            self._latest = job_pb2.WorkerMetrics()
+            self._latest.CopyFrom(metrics)
+            del self._latest.recent_collectives[:]
+            del self._latest.first_bucket_ready[:]
+
+    def _next_metrics(self):
+        with self._lock:
+            metrics = job_pb2.WorkerMetrics()
+            metrics.CopyFrom(self._latest)
+            metrics.recent_collectives.extend(self._events)
+            metrics.first_bucket_ready.extend(self._ready)
+            self._events, self._ready = [], []
+        return metrics
 
     def _requests(self):
         while not self._stop.is_set():
-            yield health_pb2.HeartbeatRequest(
-                member=self._ref,
-                metrics=job_pb2.WorkerMetrics(
-                    state=job_pb2.WORKER_STATE_TRAINING))
+            yield health_pb2.HeartbeatRequest(member=self._ref,
+                                              metrics=self._next_metrics())
             self._stop.wait(self._interval)
 
     def _heartbeat(self):

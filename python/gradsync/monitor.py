@@ -2,20 +2,24 @@
 coordinator's hang, desync and straggler diagnosis.
 
     ddp = DistributedDataParallel(model)
-    gradsync.torch.monitor(ddp, batch_size=64)   # under `gradsync launch`
+    gradsync.torch.monitor(ddp, batch_size=64)
 
 It registers a DDP communication hook that wraps the default all-reduce: it
 numbers every bucket's all-reduce (the collective's sequence number), keeps
 its fingerprint (op, dtype, element count, bucket index), times it, notes
 when each step's first bucket became ready, and counts a step when the last
-bucket of an iteration is reduced. After each collective's start and end a
-sender thread sends the latest state, as one datagram, to the local
-`gradsync launch` agent (GRADSYNC_AGENT_SOCKET), which folds it into the
-heartbeats it sends for this rank; gradsync status then shows the rank's
-step, samples/s, step time, per-bucket all-reduce times, and a rank that
-stops issuing collectives is named in the hang diagnosis. Training never
-waits for the agent: while a datagram is on its way, newer state
-accumulates and goes in the next one.
+bucket of an iteration is reduced; the step's communication time (COMM
+TIME in status) is the wait the step's last bucket made it do: from its
+launch, when backward produced its last gradient, to its end. After each
+collective's start and end a sender thread passes the latest state on:
+under `gradsync launch` as one datagram to the local agent
+(GRADSYNC_AGENT_SOCKET), which folds it into the heartbeats it sends for
+this rank; in a process that joined by itself (init_method="gradsync://...")
+to its own membership, whose next heartbeat carries it. gradsync status then
+shows the rank's step, samples/s, step and communication time, per-bucket
+all-reduce times, and a rank that stops issuing collectives is named in the
+hang diagnosis. Training never waits for either: while a state is on its
+way, newer state accumulates and goes in the next one.
 """
 import faulthandler
 import os
@@ -26,6 +30,7 @@ import time
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from gradsync import member as _member
 from gradsync._proto import health_pb2, job_pb2
 
 _DTYPES = {
@@ -40,16 +45,7 @@ class Monitor:
 
     def __init__(self, ddp, batch_size=None, process_group=None,
                  agent_socket=None):
-        self._path = agent_socket or os.environ.get("GRADSYNC_AGENT_SOCKET")
-        if not self._path:
-            raise ValueError("gradsync.torch.monitor needs GRADSYNC_AGENT_SOCKET: "
-                             "run the program under `gradsync launch`")
-        self._member = health_pb2.MemberRef(
-            job_id=os.environ.get("GRADSYNC_JOB", ""),
-            round=int(os.environ.get("GRADSYNC_ROUND", "0")),
-            rank=int(os.environ.get("RANK", "0")))
-        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._socket.settimeout(5.0)
+        self._send = _sender(agent_socket)
         self._group = process_group
         self._batch_size = batch_size
         self._lock = threading.Lock()
@@ -60,6 +56,7 @@ class Monitor:
         self._step = 0
         self._step_seconds = 0.0
         self._step_end = None    # time.perf_counter() of the last step's end
+        self._exposed = 0.0      # the last step's wait for its last bucket
         self._first_of_step = True
         self._events = []        # fingerprints not yet sent
         self._ready = []         # StepReady not yet sent
@@ -102,6 +99,7 @@ class Monitor:
                     index=index, bytes=nbytes, allreduce_seconds=seconds,
                     algbw_bytes_per_second=nbytes / seconds if seconds > 0 else 0)
                 if is_last:
+                    self._exposed = seconds
                     self._end_step_locked()
                 self._mark_locked()
             return f.value()
@@ -127,10 +125,7 @@ class Monitor:
                 self._dirty = False
                 request = self._request_locked()
                 self._events, self._ready = [], []
-            try:
-                self._socket.sendto(request.SerializeToString(), self._path)
-            except OSError:
-                pass  # the agent is gone: training goes on
+            self._send(request)
 
     def _request_locked(self):
         metrics = job_pb2.WorkerMetrics(
@@ -141,9 +136,40 @@ class Monitor:
             buckets=[self._buckets[i] for i in sorted(self._buckets)])
         if self._step_seconds > 0:
             metrics.step_timings.step_seconds = self._step_seconds
+            metrics.step_timings.communication_seconds = self._exposed
             if self._batch_size:
                 metrics.samples_per_second = self._batch_size / self._step_seconds
-        return health_pb2.HeartbeatRequest(member=self._member, metrics=metrics)
+        return health_pb2.HeartbeatRequest(metrics=metrics)
+
+
+def _sender(agent_socket):
+    """Where the monitor's state goes: a function of a HeartbeatRequest
+    (its metrics). The `gradsync launch` agent's socket (`agent_socket`, or
+    GRADSYNC_AGENT_SOCKET), else this process's own membership."""
+    path = agent_socket or os.environ.get("GRADSYNC_AGENT_SOCKET")
+    if path:
+        ref = health_pb2.MemberRef(
+            job_id=os.environ.get("GRADSYNC_JOB", ""),
+            round=int(os.environ.get("GRADSYNC_ROUND", "0")),
+            rank=int(os.environ.get("RANK", "0")))
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.settimeout(5.0)
+
+        def to_agent(request):
+            request.member.CopyFrom(ref)
+            try:
+                sock.sendto(request.SerializeToString(), path)
+            except OSError:
+                pass  # the agent is gone: training goes on
+        return to_agent
+    member = _member.current()
+    if member is None:
+        raise ValueError(
+            "gradsync.torch.monitor reports through `gradsync launch` "
+            "(GRADSYNC_AGENT_SOCKET) or through this process's own membership "
+            "(dist.init_process_group(init_method=\"gradsync://HOST:PORT/JOB"
+            "?nnodes=N\") first); this process has neither")
+    return lambda request: member.report(request.metrics)
 
 
 def _register_for_stacks():
@@ -166,6 +192,7 @@ def _register_for_stacks():
 
 
 def monitor(ddp, batch_size=None, process_group=None):
-    """Reports `ddp`'s steps and collectives to the local gradsync launch
-    agent (see the module comment); returns the Monitor."""
+    """Reports `ddp`'s steps and collectives to the coordinator, through the
+    local gradsync launch agent or this process's own membership (see the
+    module comment); returns the Monitor."""
     return Monitor(ddp, batch_size=batch_size, process_group=process_group)

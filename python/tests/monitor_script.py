@@ -2,6 +2,10 @@
 test_monitor.py under `gradsync launch`.
 
   monitor_script.py [--steps N] [--pause SECONDS] [--hang_rank R --hang_at S]
+                    [--init URL]
+
+--init is the process group's init method (default env://, as under
+`gradsync launch`; gradsync://HOST:PORT/JOB?nnodes=N joins without it).
 
 With --hang_rank, rank R stops issuing collectives before step S's backward
 (it sleeps), as a rank stuck in data loading would.
@@ -21,9 +25,10 @@ parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--pause", type=float, default=0.0)
 parser.add_argument("--hang_rank", type=int, default=-1)
 parser.add_argument("--hang_at", type=int, default=0)
+parser.add_argument("--init", default="env://")
 args = parser.parse_args()
 
-dist.init_process_group("gloo", init_method="env://")
+dist.init_process_group("gloo", init_method=args.init)
 rank = dist.get_rank()
 torch.manual_seed(0)
 # Buckets fill in reverse parameter order and close past 1 MiB: the last

@@ -1,12 +1,19 @@
 """gradsync.torch.monitor(): a PyTorch job's steps and collectives reach the
-coordinator through `gradsync launch`, and a rank that stops issuing
-collectives is named by the hang diagnosis, with its Python stacks."""
+coordinator through `gradsync launch` or the process's own membership, and
+a rank that stops issuing collectives is named by the hang diagnosis, with
+its Python stacks. And what status says of a PyTorch job under `gradsync
+launch`: each rank's own pid, a killed rank's exit as the recovery's cause,
+no resumption claimed, every member final when the job fails."""
 import os
 import re
+import signal
+import subprocess
+import sys
 import time
 
 import gradsync
-from conftest import HERE, launch, running_coordinator
+from gradsync._proto import job_pb2
+from conftest import HERE, binary, launch, running_coordinator
 
 SCRIPT = os.path.join(HERE, "monitor_script.py")
 
@@ -24,18 +31,38 @@ def poll(client, job, predicate, seconds=120):
     raise AssertionError(f"timed out; last status: {status}")
 
 
+def both_training(client, job):
+    """The status once both members of `job` reported 3 steps."""
+    return poll(client, job, lambda s: len(s.members) == 2 and all(
+        m.metrics.step >= 3 for m in s.members))
+
+
+def assert_monitored(member):
+    """What monitor() reports shows in status: collectives (one or two
+    buckets a step: DDP rebuilds them after the first), step and
+    communication time."""
+    m = member.metrics
+    assert m.last_finished_collective > m.step, member
+    assert m.step_timings.step_seconds > 0, member
+    assert m.step_timings.communication_seconds > 0, member
+
+
+def parent_of(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def test_steps_and_buckets_show_in_status(coordinator):
     agent = launch(coordinator, "monitored", 2,
                    [SCRIPT, "--steps", "30", "--pause", "0.1"])
     try:
         client = gradsync.Client(coordinator)
-        status = poll(client, "monitored", lambda s: len(s.members) == 2 and all(
-            m.metrics.step >= 3 for m in s.members))
+        status = both_training(client, "monitored")
         for m in status.members:
-            # One or two buckets a step (DDP rebuilds them after the first).
-            assert m.metrics.last_finished_collective > m.metrics.step
-            assert m.metrics.step_timings.step_seconds > 0
+            assert_monitored(m)
             assert m.metrics.samples_per_second > 0
+            # The rank's own process, which the agent started.
+            assert m.node.pid != agent.pid and parent_of(m.node.pid) == agent.pid
     finally:
         out, err = agent.communicate(timeout=180)
     assert agent.returncode == 0, err
@@ -78,3 +105,69 @@ def test_a_rank_that_stops_issuing_collectives_is_named():
             agent.terminate()
             agent.communicate(timeout=60)
         assert agent.returncode == 128 + 15
+
+
+def test_without_the_launcher_it_reports_through_the_membership(coordinator):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("GRADSYNC_") and k not in ("RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = os.path.dirname(HERE)
+    url = f"gradsync://{coordinator}/alone?nnodes=2"
+    processes = [subprocess.Popen(
+        [sys.executable, SCRIPT, "--init", url, "--steps", "40", "--pause",
+         "0.1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env) for _ in range(2)]
+    try:
+        client = gradsync.Client(coordinator)
+        status = both_training(client, "alone")
+        for m in status.members:
+            assert_monitored(m)
+            assert m.node.pid in [p.pid for p in processes]
+    finally:
+        outputs = [p.communicate(timeout=180)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs
+    job = client.get_job("alone")
+    assert gradsync.Client.state_name(job.state) == "succeeded", job
+
+
+def run_and_kill(coordinator, job, rank, max_restarts):
+    """Two nodes of one process each under their own agents; `rank`'s
+    process is SIGKILLed (found by its pid as status shows it) once both
+    trained 3 steps. Returns the job's final status, the pid, and the
+    agents' exit codes and output."""
+    agents = [launch(coordinator, job, 1,
+                     [SCRIPT, "--steps", "60", "--pause", "0.1"],
+                     extra=("--nnodes=2", f"--node_id={node}",
+                            f"--max_restarts={max_restarts}"))
+              for node in ("a", "b")]
+    client = gradsync.Client(coordinator)
+    try:
+        pid = both_training(client, job).members[rank].node.pid
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        outputs = [a.communicate(timeout=180) for a in agents]
+    return client.get_job(job), pid, [a.returncode for a in agents], outputs
+
+
+def test_a_killed_ranks_exit_is_the_recovery_cause(coordinator):
+    job, pid, codes, outputs = run_and_kill(coordinator, "killed", 1, 1)
+    assert codes == [0, 0], outputs
+    assert gradsync.Client.state_name(job.state) == "succeeded", job
+    assert len(job.recoveries) == 1, job
+    recovery = job.recoveries[0]
+    assert recovery.cause == (f"rank 1 (pid {pid}) exited with code 137 "
+                              "(SIGKILL)"), recovery
+    assert not recovery.resumed_in_place
+    text = subprocess.run(
+        [binary("worker/cli/gradsync"), f"--coordinator={coordinator}",
+         "status", "killed"], capture_output=True, text=True,
+        timeout=60).stdout
+    assert "no: processes restarted" in text and "after step" not in text, text
+
+
+def test_when_the_job_fails_every_member_is_final(coordinator):
+    job, pid, codes, outputs = run_and_kill(coordinator, "ends", 0, 0)
+    assert max(codes) == 137, outputs
+    assert gradsync.Client.state_name(job.state) == "failed", job
+    assert f"rank 0 (pid {pid}) exited with code 137 (SIGKILL)" in job.reason
+    for m in job.members:
+        assert m.state == job_pb2.MEMBER_STATE_EXITED, job

@@ -350,6 +350,42 @@ TEST_F(HealthManagerTest, AMemberInItsGraceWhenTheJobFailsIsLost) {
               HasSubstr("and the job ended before it heartbeat again"));
 }
 
+// Every member's state is final once the job fails: members still active
+// are EXITED "stopped: the job failed"; a report that comes later changes
+// nothing.
+TEST_F(HealthManagerTest, MembersStillActiveWhenTheJobFailsAreStopped) {
+  StartJob(3, v1::FAILURE_POLICY_FAIL);
+  BeatAll();
+  ASSERT_TRUE(Complete(1, true, 0, "").ok());
+  ASSERT_TRUE(Complete(0, false, 137, "exited with code 137 (SIGKILL)").ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(status.members(0).state(), v1::MEMBER_STATE_EXITED);
+  EXPECT_THAT(status.members(0).state_reason(), HasSubstr("code 137"));
+  EXPECT_EQ(status.members(1).state_reason(), "succeeded");
+  EXPECT_EQ(status.members(2).state(), v1::MEMBER_STATE_EXITED);
+  EXPECT_EQ(status.members(2).state_reason(), "stopped: the job failed");
+  (void)Complete(2, false, 1, "its peer died");
+  EXPECT_EQ(Status().members(2).state_reason(), "stopped: the job failed");
+}
+
+// A node agent heartbeats for the process it started: status shows that
+// process's pid, not the agent's that joined.
+TEST_F(HealthManagerTest, TheProcessesOwnPidIsShown) {
+  StartJob(2, v1::FAILURE_POLICY_RECOVER);
+  const int64_t agent = Status().members(0).node().pid();
+  v1::WorkerMetrics metrics;
+  metrics.set_pid(agent + 1000);
+  ASSERT_TRUE(Beat(0, metrics).ok());
+  ASSERT_TRUE(Beat(1).ok());
+  const v1::JobStatus status = Status();
+  EXPECT_EQ(status.members(0).node().pid(), agent + 1000);
+  EXPECT_EQ(status.members(1).node().pid(), jobs_.Get(kJob)->members(1).node().pid())
+      << "no pid in its metrics: the one that joined";
+  metrics.set_pid(-1);
+  EXPECT_EQ(Beat(0, metrics).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(HealthManagerTest, StreamBreakingAfterTheRoundWasSupersededIsReported) {
   StartJob(2, v1::FAILURE_POLICY_RECOVER);
   BeatAll();
@@ -495,9 +531,11 @@ TEST_F(HealthManagerTest, AFailedMemberFailsTheJobWithItsExitCodeAndMessage) {
             "rank 2 (host-2) failed with exit code 3: CUDA out of memory at "
             "step 1200");
   EXPECT_EQ(status.members(2).state(), v1::MEMBER_STATE_EXITED);
-  // Failed jobs are not monitored for liveness any more.
+  // Failed jobs are not monitored for liveness any more: the others,
+  // stopped when the job failed, are not found LOST later.
   Advance(absl::Minutes(1));
-  EXPECT_EQ(Status().members(0).state(), v1::MEMBER_STATE_ACTIVE);
+  EXPECT_EQ(Status().members(0).state(), v1::MEMBER_STATE_EXITED);
+  EXPECT_EQ(Status().members(0).state_reason(), "stopped: the job failed");
 }
 
 TEST_F(HealthManagerTest, EndedJobsAreForgottenAfterRetention) {

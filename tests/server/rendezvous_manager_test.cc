@@ -662,6 +662,8 @@ TEST_F(RendezvousManagerTest, ALossAfterASurvivorsRejoinBecomesTheCause) {
   EXPECT_EQ(status.recoveries(0).cause(),
             "rank 1 (host-b) lost: heartbeat stream broke");
   EXPECT_EQ(status.recoveries(0).new_world_size(), 2);
+  EXPECT_TRUE(status.recoveries(0).resumed_in_place());
+  EXPECT_EQ(status.recoveries(0).resume_step(), 5);
 }
 
 // A heal after a divergence: every member rejoins, and the state comes from
@@ -2034,6 +2036,40 @@ class NodeJoinTest : public RendezvousManagerTest {
     return rdzv_.JoinNode(request, outcome->Callback());
   }
 };
+
+// A node agent whose process died rejoins with how it ended: that is the
+// recovery's cause (a loss reported before the round closes does not
+// replace it), and with no process holding state the round did not resume
+// in place.
+TEST_F(NodeJoinTest, AnAgentsRejoinReasonIsTheCause) {
+  UseConfig(ConfigSpec().Min(2).Max(2).Nproc(2));
+  NodeJoinOutcome a, b;
+  JoinNode(NodeRequest("host-a", 2), &a);
+  JoinNode(NodeRequest("host-b", 2), &b);
+  ASSERT_TRUE(a.done() && b.done());
+  const std::string why = "rank 1 (pid 4242) exited with code 137 (SIGKILL)";
+  v1::JoinNodeRequest again = NodeRequest("host-a", 2, /*last_round=*/1);
+  again.set_rejoin_reason(why);
+  NodeJoinOutcome a2, b2;
+  JoinNode(again, &a2);
+  EXPECT_EQ(Status().reason(), why);
+  rdzv_.MemberLost(kJob, 1, /*rank=*/2, "rank 2 (host-b) lost: late report");
+  JoinNode(NodeRequest("host-b", 2, /*last_round=*/1), &b2);
+  ASSERT_TRUE(a2.done() && b2.done());
+  const v1::JobStatus status = Status();
+  ASSERT_EQ(status.recoveries_size(), 1);
+  EXPECT_EQ(status.recoveries(0).cause(), why);
+  EXPECT_FALSE(status.recoveries(0).resumed_in_place());
+
+  v1::JoinNodeRequest long_reason = NodeRequest("host-a", 2, /*last_round=*/2);
+  long_reason.set_rejoin_reason(std::string(1025, 'x'));
+  NodeJoinOutcome refused;
+  JoinNode(long_reason, &refused);
+  ASSERT_TRUE(refused.done());
+  EXPECT_EQ(refused.status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Status().round(), 2) << "a refused join changes nothing";
+}
 
 TEST_F(NodeJoinTest, OneAnswerCarriesEveryProcessAssignmentInRequestOrder) {
   UseConfig(ConfigSpec().Min(2).Max(2).Nproc(4));

@@ -113,6 +113,16 @@ TEST_F(RoundPlacementTest, ResumesFromTheMostAdvancedRankByRank) {
   EXPECT_THAT(p.node_rank, ElementsAre(0, 2, 1));
   EXPECT_EQ(p.shape.resume_step, 9);
   EXPECT_EQ(p.shape.source_rank, 2) << "b's rank, not its join index";
+  EXPECT_TRUE(p.shape.resumed_in_place);
+}
+
+TEST_F(RoundPlacementTest, InPlaceOnlyWhenSomeProcessHoldsState) {
+  Add("a");
+  Add("b");
+  EXPECT_FALSE(Place(Config(/*max_nodes=*/2, /*nproc=*/1)).shape.resumed_in_place);
+  Add("c", "h", -1, /*has_state=*/true, /*step=*/0);
+  EXPECT_TRUE(Place(Config(/*max_nodes=*/3, /*nproc=*/1)).shape.resumed_in_place)
+      << "state at step 0 is still state";
 }
 
 TEST_F(RoundPlacementTest, NcclOnlyWhenEveryProcessCanUseIt) {

@@ -109,6 +109,7 @@ Json SummaryJson(const v1::JobStatus& job) {
                           {"cause", r.cause()},
                           {"old_world_size", r.old_world_size()},
                           {"new_world_size", r.new_world_size()},
+                          {"resumed_in_place", r.resumed_in_place()},
                           {"resume_step", r.resume_step()},
                           {"source_rank", r.source_rank()},
                           {"detected", Rfc3339(r.detect_time())},
@@ -323,8 +324,10 @@ std::string RecoveriesTable(const v1::JobStatus& job, absl::Time now) {
     rows.push_back(
         {absl::StrCat(r.failed_round(), " -> ", r.new_round()),
          absl::StrCat(r.old_world_size(), " -> ", r.new_world_size()),
-         absl::StrCat("after step ", r.resume_step(), " from rank ",
-                      r.source_rank()),
+         r.resumed_in_place()
+             ? absl::StrCat("after step ", r.resume_step(), " from rank ",
+                            r.source_rank())
+             : "no: processes restarted",
          Seconds(ToSeconds(r.detection())), Seconds(ToSeconds(r.rendezvous())),
          Seconds(ToSeconds(s.process_group())),
          Seconds(ToSeconds(s.state_transfer())),

@@ -37,6 +37,14 @@ int ExitCodeOf(int wait_status) {
   return 1;
 }
 
+std::string ExitText(int exit_code) {
+  std::string text = absl::StrCat("exited with code ", exit_code);
+  const int signal = exit_code - 128;
+  const char* name = signal > 0 && signal < NSIG ? sigabbrev_np(signal) : nullptr;
+  if (name != nullptr) absl::StrAppend(&text, " (SIG", name, ")");
+  return text;
+}
+
 absl::StatusOr<std::unique_ptr<LocalProcess>> LocalProcess::Start(
     const std::vector<std::string>& argv, const std::vector<std::string>& env) {
   if (argv.empty()) return absl::InvalidArgumentError("no program to start");

@@ -20,6 +20,11 @@ namespace gradsync {
 // 128 + the signal that killed it (as a shell reports it).
 int ExitCodeOf(int wait_status);
 
+// How a process with exit code `exit_code` (ExitCodeOf) ended, for people:
+// "exited with code 3", or for 128 + a signal "exited with code 137
+// (SIGKILL)".
+std::string ExitText(int exit_code);
+
 // A started process. It runs in a process group of its own (what it starts
 // is stopped with it, and a terminal's Ctrl-C reaches only the agent, which
 // then stops it), with no signal blocked, and gets SIGKILL if the agent

@@ -110,7 +110,8 @@ std::string NodeAgent::Describe(const Outcome& outcome,
   switch (outcome.kind) {
     case Outcome::kFailed:
       return absl::StrCat("rank ", slots_[outcome.slot].assignment.rank(),
-                          " exited with code ", outcome.exit_code);
+                          " (pid ", outcome.pid, ") ",
+                          ExitText(outcome.exit_code));
     case Outcome::kRoundOver:
     case Outcome::kJobFailed:
       return absl::StrCat("the coordinator ended round ", round, ": ",
@@ -185,8 +186,9 @@ int NodeAgent::Run() {
                     << "; processes cannot report their own metrics";
   }
   int64_t round = 0;
+  std::string reason;  // how the process whose exit made the group rejoin ended
   for (int restart = 0;; ++restart) {
-    absl::Status joined = JoinRound(round);
+    absl::Status joined = JoinRound(round, reason);
     if (StopCode() != 0) return StopCode();
     if (!joined.ok()) {
       GS_LOG(ERROR) << "gradsync launch: cannot join job '" << options_.job
@@ -210,6 +212,7 @@ int NodeAgent::Run() {
     if (std::optional<int> code = GiveUp(outcome, restart, round)) {
       return *code;
     }
+    reason = outcome.kind == Outcome::kFailed ? Describe(outcome, round) : "";
   }
 }
 
@@ -297,7 +300,8 @@ std::optional<int> NodeAgent::GiveUp(const Outcome& outcome, int restart,
   return outcome.kind == Outcome::kFailed ? outcome.exit_code : 1;
 }
 
-absl::Status NodeAgent::JoinRound(int64_t last_round) {
+absl::Status NodeAgent::JoinRound(int64_t last_round,
+                                  const std::string& reason) {
   {
     absl::MutexLock lock(&mu_);
     if (stop_signal_ != 0) return absl::CancelledError("stopped");
@@ -307,6 +311,7 @@ absl::Status NodeAgent::JoinRound(int64_t last_round) {
   v1::JoinNodeRequest request;
   request.set_job_id(slots_[0].request.job_id());
   *request.mutable_config() = slots_[0].request.config();
+  request.set_rejoin_reason(reason);
   for (const Slot& slot : slots_) {
     v1::ProcessJoin* process = request.add_processes();
     *process->mutable_node() = slot.request.node();
@@ -450,6 +455,8 @@ absl::Status NodeAgent::StartProcess(
   {
     absl::MutexLock lock(&mu_);
     stack_targets_[i] = StackTarget{slot.process->pid(), stacks_file};
+    auto reported = reported_.find(slot.assignment.rank());
+    if (reported != reported_.end()) reported->second.pid = slot.process->pid();
   }
   // Self-managed processes change ranks as they re-form: their output is
   // labelled by the local slot instead.
@@ -603,6 +610,7 @@ void NodeAgent::ReportMetrics() {
     }
     metrics.set_rss_bytes(reported->second.rss_bytes);
     metrics.set_cpu_seconds(reported->second.cpu_seconds);
+    metrics.set_pid(reported->second.pid);
     if (metrics.gpu_memory_bytes() == 0) {  // unless the process said
       metrics.set_gpu_memory_bytes(reported->second.gpu_memory_bytes);
     }
@@ -622,6 +630,7 @@ void NodeAgent::OnProcessMetrics(const v1::HeartbeatRequest& message) {
   v1::WorkerMetrics metrics = message.metrics();
   metrics.set_rss_bytes(reported->second.rss_bytes);
   metrics.set_cpu_seconds(reported->second.cpu_seconds);
+  metrics.set_pid(reported->second.pid);
   if (metrics.state() == v1::WORKER_STATE_UNSPECIFIED) {
     metrics.set_state(v1::WORKER_STATE_TRAINING);
   }
@@ -653,7 +662,7 @@ NodeAgent::Outcome NodeAgent::Supervise() {
           for (size_t i = 0; i < exits_.size() && !outcome; ++i) {
             if (exits_[i].has_value() && *exits_[i] != 0) {
               outcome = Outcome{Outcome::kFailed, static_cast<int>(i),
-                                *exits_[i], {}};
+                                *exits_[i], {}, slots_[i].process->pid()};
             }
           }
           if (!outcome && round_over_.has_value()) {

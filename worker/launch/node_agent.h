@@ -91,11 +91,14 @@ class NodeAgent {
     int slot = -1;
     int exit_code = 0;
     absl::Status status;  // why, for every kind but kFailed and kSucceeded
+    int64_t pid = 0;      // kFailed: the process that exited
   };
 
   // Builds the slots' join requests (fresh incarnations kept across rounds).
   absl::Status PrepareSlots();
-  absl::Status JoinRound(int64_t last_round);
+  // Joins the next round for the node's processes; `reason` (may be empty)
+  // says why they rejoin: the round's recovery cause.
+  absl::Status JoinRound(int64_t last_round, const std::string& reason = "");
   // Starts the round's processes and supervises them until an outcome;
   // they are stopped on return.
   Outcome RunProcesses(int restart);
@@ -171,6 +174,7 @@ class NodeAgent {
     int64_t rss_bytes = 0;      // sampled by the agent
     double cpu_seconds = 0;     // sampled by the agent
     int64_t gpu_memory_bytes = 0;  // sampled by the agent (nvidia-smi)
+    int64_t pid = 0;               // the process's own (the agent joined)
   };
   std::map<int, Reported> reported_ ABSL_GUARDED_BY(mu_);
   // By slot: its process and its stacks file (empty: none), for SlotStacks.

@@ -414,6 +414,7 @@ v1::JobStatus RecoveredJob() {
   r->set_cause("rank 1 (host-a) lost: heartbeat stream broke");
   r->set_old_world_size(4);
   r->set_new_world_size(4);
+  r->set_resumed_in_place(true);
   r->set_resume_step(1200);
   r->set_source_rank(2);
   *r->mutable_detect_time() = ToProtoTime(kNow - absl::Minutes(5));
@@ -441,10 +442,26 @@ TEST(FormatJobStatusTest, RecoveriesAreListedNewestFirst) {
                                   "\\(host-a\\) lost"));
 }
 
+// A PyTorch script's processes restarted by their agents: nothing resumed
+// in place, so no "after step 0 from rank 0".
+TEST(FormatJobStatusTest, ARecoveryWithoutStateSaysTheProcessesRestarted) {
+  v1::JobStatus job = RecoveredJob();
+  v1::Recovery* r = job.mutable_recoveries(0);
+  r->set_resumed_in_place(false);
+  r->set_resume_step(0);
+  r->set_source_rank(0);
+  const std::string text = FormatJobStatus(job, kNow);
+  EXPECT_THAT(text, ContainsRegex("2 -> 3 +4 -> 4 +no: processes restarted +"));
+  EXPECT_THAT(text, Not(HasSubstr("after step")));
+  nlohmann::json j = nlohmann::json::parse(JobStatusToJson(job));
+  EXPECT_EQ(j["recoveries"][0]["resumed_in_place"], false);
+}
+
 TEST(JobStatusToJsonTest, RecoveriesAreInTheJson) {
   nlohmann::json j = nlohmann::json::parse(JobStatusToJson(RecoveredJob()));
   EXPECT_EQ(j["recovery_count"], 1);
   ASSERT_EQ(j["recoveries"].size(), 1u);
+  EXPECT_EQ(j["recoveries"][0]["resumed_in_place"], true);
   EXPECT_EQ(j["recoveries"][0]["resume_step"], 1200);
   EXPECT_EQ(j["recoveries"][0]["source_rank"], 2);
   EXPECT_DOUBLE_EQ(j["recoveries"][0]["rendezvous_seconds"].get<double>(), 0.035);

@@ -47,6 +47,14 @@ TEST(LocalProcessTest, SignalStopsTheProcessGroup) {
   (*process)->Signal(SIGKILL);   // reaped: a no-op
 }
 
+TEST(LocalProcessTest, ExitTextNamesTheSignal) {
+  EXPECT_EQ(ExitText(0), "exited with code 0");
+  EXPECT_EQ(ExitText(3), "exited with code 3");
+  EXPECT_EQ(ExitText(128 + SIGKILL), "exited with code 137 (SIGKILL)");
+  EXPECT_EQ(ExitText(128 + SIGTERM), "exited with code 143 (SIGTERM)");
+  EXPECT_EQ(ExitText(255), "exited with code 255");
+}
+
 TEST(LocalProcessTest, AProgramThatCannotRunIsNotFound) {
   auto process = LocalProcess::Start({"/nonexistent/train"}, {});
   ASSERT_FALSE(process.ok());
