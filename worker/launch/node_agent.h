@@ -19,7 +19,7 @@
 // gradsync's own trainer (--self_managed) heartbeats and heals by itself:
 // the agent hands each process its first assignment (launched_process.h)
 // and restarts only a process that fails, which rejoins and takes its
-// place while the others re-form in place.
+// place while the others re-form in place (self_managed.cc).
 // Node rank 0's agent picks MASTER_PORT and publishes it with its address
 // in the round's key-value store; the others read it there.
 #ifndef GRADSYNC_WORKER_LAUNCH_NODE_AGENT_H_
