@@ -22,7 +22,6 @@
 #include "worker/launch/process_stacks.h"
 #include "worker/runtime/coordinator_store.h"
 #include "worker/runtime/join.h"
-#include "worker/runtime/launched_process.h"
 
 namespace gradsync {
 namespace {
