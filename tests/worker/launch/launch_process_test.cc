@@ -23,7 +23,9 @@
 namespace gradsync {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
 using ::testing::Not;
 using testing::Child;
 using testing::CoordinatorProcess;
@@ -173,11 +175,16 @@ TEST_F(LaunchProcessTest, AFailedProcessRestartsTheGroup) {
                                             " restart=1")));
   }
   EXPECT_THAT(a->err() + b->err(),
-              HasSubstr("rank 1 exited with code 3; restarting the group "
-                        "(restart 1 of 2)"));
+              ContainsRegex("rank 1 \\(pid [0-9]+\\) exited with code 3; "
+                            "restarting the group \\(restart 1 of 2\\)"));
   const v1::JobStatus job = Job("flaky");
   EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.DebugString();
   EXPECT_EQ(job.round(), 2);
+  // The agent said how its process ended when it rejoined: the cause.
+  ASSERT_EQ(job.recoveries_size(), 1);
+  EXPECT_THAT(job.recoveries(0).cause(),
+              MatchesRegex("rank 1 \\(pid [0-9]+\\) exited with code 3"));
+  EXPECT_FALSE(job.recoveries(0).resumed_in_place());
 }
 
 TEST_F(LaunchProcessTest, RestartsRunOutAndTheJobFailsWithTheExitCode) {

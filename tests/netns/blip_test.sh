@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# //tests/netns:blip_test: the harness's first scenarios, over three
+# simulated hosts (tests/netns/lib.sh): a coordinator on one, a
+# gradsync-worker on each of the two others (Gloo over the switch), 100
+# steps of 100 ms (--step_sleep). The coordinator hears heartbeats every
+# 500 ms and finds a member lost after 6 missed (3 s).
+#   blip: worker b's link is cut for 1 s mid-training: nobody is LOST, no
+#         recovery, the job SUCCEEDS in round 1;
+#   loss: the same cut for 6 s: b is found lost (the harness can cut), the
+#         job re-forms and still SUCCEEDS (--nnodes=1:2).
+set -uo pipefail
+cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
+bin=$PWD
+tmp=${TEST_TMPDIR:-$(mktemp -d)}
+py=/usr/bin/python3
+# shellcheck source=tests/netns/lib.sh
+source tests/netns/lib.sh
+fail() { echo "blip_test: FAIL: $*" >&2; exit 1; }
+
+netns_init
+netns_host coord
+netns_host a
+netns_host b
+coord=$(netns_addr coord)
+netns_run coord "$bin/server/gradsync-coordinator" --listen="$coord:0" \
+  --port_file="$tmp/port" --heartbeat_interval=500ms --missed_heartbeats=6 \
+  2>"$tmp/coordinator.log" &
+for _ in $(seq 200); do [ -s "$tmp/port" ] && break; sleep 0.1; done
+[ -s "$tmp/port" ] || fail "no coordinator: $(cat "$tmp/coordinator.log")"
+address="$coord:$(cat "$tmp/port")"
+
+# field JOB EXPR: EXPR (Python, over the status JSON `j`) printed.
+field() {
+  netns_run coord "$bin/worker/cli/gradsync" --coordinator="$address" \
+    status "$1" --json 2>/dev/null |
+    $py -c "import json,sys; j=json.load(sys.stdin); print($2)" 2>/dev/null
+}
+
+# scenario JOB CUT_SECONDS: trains JOB on hosts a and b, cuts b's link for
+# CUT_SECONDS once both passed step 20, waits for both workers (2 min at
+# most); leaves the status JSON in $tmp/JOB.json.
+scenario() {
+  local job=$1 cut=$2 workers=() host
+  for host in a b; do
+    netns_run "$host" timeout 120 "$bin/worker/gradsync-worker" \
+      --coordinator="$address" --job="$job" --nnodes=1:2 --node_id="$host" \
+      --address="$(netns_addr "$host")" --shared_memory=false --model=mlp \
+      --hidden=24 --dataset=synthetic --synthetic_size=96 --batch_size=4 \
+      --steps=100 --step_sleep=100ms --threads=1 --log_every=0 \
+      >"$tmp/$job.$host.log" 2>&1 &
+    workers+=("$!")
+  done
+  local deadline=$((SECONDS + 60))
+  until [ "$(field "$job" "min([m.get('step', 0) for m in j['members']] or [0]) if len(j['members']) == 2 else 0")" -ge 20 ] 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || fail "$job: the workers did not reach step 20"
+    sleep 0.2
+  done
+  netns_cut b
+  sleep "$cut"
+  netns_mend b
+  local w
+  for w in "${workers[@]}"; do
+    wait "$w" || fail "$job: a worker failed: $(tail -5 "$tmp/$job".*.log)"
+  done
+  netns_run coord "$bin/worker/cli/gradsync" --coordinator="$address" \
+    status "$job" --json >"$tmp/$job.json"
+}
+
+check() { $py -c "import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$tmp/$1.json"; }
+
+scenario blip 1
+check blip "j['state'] == 'succeeded'" || fail "blip: $(cat "$tmp/blip.json")"
+check blip "j.get('recovery_count', 0) == 0 and j['round'] == 1" ||
+  fail "blip: a 1 s cut re-formed the job: $(cat "$tmp/blip.json")"
+check blip "all(m['state'] == 'exited' for m in j['members'])" ||
+  fail "blip: a member was lost: $(cat "$tmp/blip.json")"
+echo "blip_test: a 1 s cut of host b: no loss, round 1, succeeded"
+
+scenario loss 6
+check loss "j['state'] == 'succeeded'" || fail "loss: $(cat "$tmp/loss.json")"
+check loss "j.get('recovery_count', 0) >= 1 and 'lost' in j['recoveries'][0]['cause']" ||
+  fail "loss: a 6 s cut was not a loss: $(cat "$tmp/loss.json")"
+echo "blip_test: a 6 s cut of host b: $($py -c "import json; print(json.load(open('$tmp/loss.json'))['recoveries'][0]['cause'])"); succeeded"
+echo "blip_test: OK"
