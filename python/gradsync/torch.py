@@ -61,6 +61,10 @@ class StoreTimeout(StoreError):
     keys still missing."""
 
 
+class QueueEmpty(StoreError):
+    """queue_pop(key, block=False) of an empty queue."""
+
+
 def _bytes(value):
     return value.encode() if isinstance(value, str) else bytes(value)
 
@@ -142,6 +146,78 @@ class Store(dist.Store):
     # C++ names (a PrefixStore over this store calls them so).
     getNumKeys = num_keys
     deleteKey = delete_key
+
+    # torch 2.x's calls beyond StoreTestBase's: its trampoline looks up
+    # append, multi_get, multi_set and has_extended_api (torch 1.13 has no
+    # such calls and never makes them; they work here all the same).
+    def has_extended_api(self):
+        return True
+
+    def append(self, key, value):
+        """Appends `value` to `key`'s value, creating the key; atomic (a
+        compare-and-set, retried while other writers come between)."""
+        key, value = _PREFIX + key, _bytes(value)
+        current = self._current(key)
+        while True:
+            swapped, now = self._do(self._kv.compare_and_set, key, current,
+                                    (current or b"") + value)
+            if swapped:
+                return
+            current = now
+
+    def multi_get(self, keys):
+        """The values of `keys`, in order, once all exist (as get)."""
+        self.wait(keys)
+        return [self._do(self._kv.get, _PREFIX + k) for k in keys]
+
+    def multi_set(self, keys, values):
+        """Sets each key to its value, in order (one call per key: readers
+        may see some set before the others)."""
+        if len(keys) != len(values):
+            raise ValueError(f"multi_set: {len(keys)} keys, {len(values)} values")
+        for key, value in zip(keys, values):
+            self.set(key, value)
+
+    # Queues (torch 2.x's queue_push/queue_pop/queue_len): items under
+    # KEY/queue/N, N counted by KEY/queue/tail; KEY/queue/head is the next to
+    # pop, advanced by compare-and-set so that each item is popped once.
+    def queue_push(self, key, value):
+        index = self.add(f"{key}/queue/tail", 1) - 1
+        self.set(f"{key}/queue/{index}", value)
+
+    def queue_pop(self, key, block=True):
+        """The oldest item of queue `key`, removed. Blocks until there is
+        one, up to the store's timeout (StoreTimeout); with block=False an
+        empty queue raises QueueEmpty at once."""
+        head_key = _PREFIX + f"{key}/queue/head"
+        while True:
+            head = self._current(head_key)
+            index = int(head) if head else 0
+            item = f"{key}/queue/{index}"
+            if not block and not self.check([item]):
+                raise QueueEmpty(f"gradsync store: queue '{key}' is empty",
+                                 "NOT_FOUND")
+            self.wait([item])
+            swapped, _ = self._do(self._kv.compare_and_set, head_key, head,
+                                  str(index + 1).encode())
+            if swapped:
+                value = self._do(self._kv.get, _PREFIX + item)
+                self.delete_key(item)
+                return value
+
+    def queue_len(self, key):
+        tail = self._current(_PREFIX + f"{key}/queue/tail")
+        head = self._current(_PREFIX + f"{key}/queue/head")
+        return int(tail or 0) - int(head or 0)
+
+    def _current(self, key):
+        """`key`'s value (the full key, prefix included), or None."""
+        try:
+            return self._kv.get(key)
+        except Error as e:
+            if e.code == "NOT_FOUND":
+                return None
+            raise StoreError(f"gradsync store: {e}", e.code) from None
 
 
 def _int_setting(query, name, env):

@@ -8,6 +8,7 @@ import datetime
 import itertools
 import os
 import re
+import threading
 import time
 
 import pytest
@@ -190,3 +191,63 @@ def test_large_values_take_the_coordinators_flag(coordinator_client):
         store.set("k" * 2000, "v")
         assert store.get("k" * 2000) == b"v"
         client.close()
+
+
+# torch 2.x's calls beyond StoreTestBase (append, multi_get, multi_set,
+# queues): the installed torch 1.13 has none of them, so TCPStore cannot be
+# the control here; gradsync.torch.Store offers them with TCPStore 2.x's
+# semantics (its trampoline calls them by these names).
+@pytest.fixture
+def gradsync_store(coordinator_client):
+    job, round_ = _round_of_new_job(coordinator_client)
+    return gtorch.Store(coordinator_client, job, round_, timeout=SHORT)
+
+
+def test_append_creates_and_extends(gradsync_store):
+    assert gradsync_store.has_extended_api()
+    gradsync_store.append("log", "a")
+    gradsync_store.append("log", b"bc")
+    assert gradsync_store.get("log") == b"abc"
+
+
+def test_appends_from_many_threads_all_land(gradsync_store):
+    threads = [threading.Thread(target=lambda i=i: gradsync_store.append(
+        "log", f"{i};")) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    parts = gradsync_store.get("log").decode().rstrip(";").split(";")
+    assert sorted(map(int, parts)) == list(range(8))
+
+
+def test_multi_set_then_multi_get(gradsync_store):
+    gradsync_store.multi_set(["a", "b"], ["1", b"2"])
+    assert gradsync_store.multi_get(["b", "a"]) == [b"2", b"1"]
+    with pytest.raises(gtorch.StoreTimeout, match="timeout.*'missing'"):
+        gradsync_store.multi_get(["a", "missing"])
+    with pytest.raises(ValueError):
+        gradsync_store.multi_set(["a"], [])
+
+
+def test_a_queue_pops_in_push_order_once(gradsync_store):
+    for item in ("x", "y", "z"):
+        gradsync_store.queue_push("q", item)
+    assert gradsync_store.queue_len("q") == 3
+    assert [gradsync_store.queue_pop("q") for _ in range(3)] == [b"x", b"y", b"z"]
+    assert gradsync_store.queue_len("q") == 0
+    with pytest.raises(gtorch.QueueEmpty):
+        gradsync_store.queue_pop("q", block=False)
+    with pytest.raises(gtorch.StoreTimeout):
+        gradsync_store.queue_pop("q")  # blocks up to the store's timeout
+
+
+def test_a_blocked_pop_takes_the_next_push(gradsync_store):
+    popped = []
+    popper = threading.Thread(
+        target=lambda: popped.append(gradsync_store.queue_pop("q")))
+    popper.start()
+    time.sleep(0.1)
+    gradsync_store.queue_push("q", "late")
+    popper.join(timeout=30)
+    assert popped == [b"late"]
