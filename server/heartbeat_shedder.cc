@@ -85,11 +85,18 @@ void HeartbeatShedder::DecideLocked(absl::Time now, double rate, bool calm) {
   // Overloaded at the current factor? Then to which factor.
   const char* why = nullptr;
   int target = factor;
+  // Heartbeats at the jobs' own intervals, a second.
+  const double at_one = backlog_.expected_rate * factor;
+  // Fewer than min_samples a window cannot be what keeps the coordinator
+  // behind (the machine is busy with something else): slowing them would
+  // relieve nothing and only delay finding failures. Still behind: the
+  // allowance on LOST deadlines stands.
+  const bool heartbeats_matter =
+      at_one * absl::ToDoubleSeconds(config_.window) >= config_.min_samples;
   if (config_.max_delay > absl::ZeroDuration() &&
-      backlog_.delay > config_.max_delay) {
+      backlog_.delay > config_.max_delay && heartbeats_matter) {
     // Saturated: slow down until what members send fits in what the
     // coordinator handled, with headroom; if it fits, it is draining.
-    const double at_one = backlog_.expected_rate * factor;
     while (target < config_.max_factor &&
            at_one / target > config_.headroom * rate) {
       target = std::min(target * 2, config_.max_factor);

@@ -36,7 +36,10 @@
 //       the smallest power of 2 (up to max_factor) at which the members'
 //       heartbeats (expected_rate, from the intervals asked of every active
 //       member) fit within headroom x that capacity; if they already do,
-//       the backlog is draining and the factor stays.
+//       the backlog is draining and the factor stays. Not when the members
+//       send fewer than min_samples heartbeats a window at their jobs' own
+//       intervals: so few cannot be the load (a busy machine is), and
+//       slowing them only delays finding failures.
 //     - the heartbeats of members already told the current factor are late
 //       as above, or, while behind, at least overloaded_fraction of the
 //       members are overdue: the factor doubles (up to max_factor).

@@ -763,15 +763,15 @@ TEST_P(RecoveryProcessTest, AStragglerThatRecoversGetsItsMicroBatchesBack) {
   const int slow_share = ShareIn(away, slow_rank);
   ASSERT_GE(slow_share, 0) << away;
   EXPECT_LT(slow_share, 8) << away;
-  // Back: round 2's re-division gives it more, and no rank is far from even
-  // (the speeds are measured on a shared machine).
+  // Back: round 2's re-division gives it more. (Not asserted: how close to
+  // even the shares come. The speeds are measured on a shared machine, where
+  // a full test run beside this one made another rank look 5.6x slower for
+  // a window and the shares went 18,3,3; the balancer follows what it
+  // measures, which share_balancer_test pins.)
   const v1::Rebalance& latest = status.diagnosis().rebalance();
   ASSERT_EQ(latest.shares_size(), 3);
   EXPECT_EQ(latest.round(), 2);
   EXPECT_GT(latest.shares(slow_rank), slow_share) << latest.verdict();
-  for (int rank = 0; rank < 3; ++rank) {
-    EXPECT_NEAR(latest.shares(rank), 8, 4) << latest.verdict();
-  }
 }
 
 // Silent data corruption: one bit of one parameter flips in a random
