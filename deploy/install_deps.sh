@@ -16,8 +16,10 @@ packages=(
   golang-etcd-server-dev golang-github-gogo-protobuf-dev
   golang-github-grpc-ecosystem-grpc-gateway-dev etcd-server
   python3-torch python3-torchvision procps
-  # the Python package (python/) and its tests
+  # the Python package (python/), its tests, and pip install ./python into a
+  # venv (//python:install_test) and the python3-gradsync .deb
   python3-grpcio python3-protobuf python3-pytest
+  python3-venv python3-pip python3-setuptools python3-wheel
   openssl  # the TLS tests make their certificates with it
   cmake ninja-build  # the CMake build (deploy/cmake_build.sh)
   # the Debian package and its test (deploy/build_deb.sh, //deploy:package_test)
