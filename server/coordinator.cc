@@ -19,6 +19,21 @@
 
 namespace gradsync {
 
+namespace {
+
+// The health settings, the shedder told of a heartbeat rate cap: at the
+// cap, heartbeats are the load however few they are.
+HealthConfig HealthSettings(const CoordinatorConfig& config) {
+  HealthConfig health = config.health;
+  if (config.max_heartbeat_rate > 0) {
+    health.shedding.min_rate =
+        std::min(health.shedding.min_rate, config.max_heartbeat_rate);
+  }
+  return health;
+}
+
+}  // namespace
+
 Coordinator::Coordinator(CoordinatorConfig config)
     : config_(std::move(config)),
       clock_(config_.clock != nullptr ? config_.clock : RealClock::Get()),
@@ -35,7 +50,7 @@ Coordinator::Coordinator(CoordinatorConfig config)
       // any assignment leaves).
       rendezvous_(&jobs_, clock_, {&kv_, &health_}),
       // A lost member re-forms its round (failure policy RECOVER).
-      health_(&jobs_, clock_, config_.health,
+      health_(&jobs_, clock_, HealthSettings(config_),
               [this](const HealthManager::Loss& loss) {
                 rendezvous_.MemberLost(loss.job_id, loss.round, loss.rank,
                                        loss.reason, loss.detection);

@@ -87,12 +87,11 @@ void HeartbeatShedder::DecideLocked(absl::Time now, double rate, bool calm) {
   int target = factor;
   // Heartbeats at the jobs' own intervals, a second.
   const double at_one = backlog_.expected_rate * factor;
-  // Fewer than min_samples a window cannot be what keeps the coordinator
+  // Fewer than min_rate a second cannot be what keeps the coordinator
   // behind (the machine is busy with something else): slowing them would
   // relieve nothing and only delay finding failures. Still behind: the
   // allowance on LOST deadlines stands.
-  const bool heartbeats_matter =
-      at_one * absl::ToDoubleSeconds(config_.window) >= config_.min_samples;
+  const bool heartbeats_matter = at_one >= config_.min_rate;
   if (config_.max_delay > absl::ZeroDuration() &&
       backlog_.delay > config_.max_delay && heartbeats_matter) {
     // Saturated: slow down until what members send fits in what the

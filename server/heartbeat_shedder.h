@@ -37,7 +37,7 @@
 //       heartbeats (expected_rate, from the intervals asked of every active
 //       member) fit within headroom x that capacity; if they already do,
 //       the backlog is draining and the factor stays. Not when the members
-//       send fewer than min_samples heartbeats a window at their jobs' own
+//       send fewer than min_rate heartbeats a second at their jobs' own
 //       intervals: so few cannot be the load (a busy machine is), and
 //       slowing them only delays finding failures.
 //     - the heartbeats of members already told the current factor are late
@@ -87,6 +87,11 @@ struct HeartbeatSheddingConfig {
   absl::Duration max_delay = absl::ZeroDuration();
   // Fewer heartbeats with a gap in a window are not judged late.
   int64_t min_samples = 100;
+  // Heartbeats a second (at the jobs' own intervals) below which a queue
+  // delay is not blamed on them: at tens of microseconds each, 50 a second
+  // are a fraction of a percent of a core. The coordinator lowers it to its
+  // --max_heartbeat_rate, a capacity an operator set.
+  double min_rate = 50;
   // A heartbeat is late when it follows its member's previous one by more
   // than this many intervals (the interval that member was asked for); a
   // member silent that long is overdue.
