@@ -4,7 +4,9 @@ gradsync.torch.monitor reports, through Member.report), and reports its
 completion when the interpreter exits. Used by the gradsync:// init method
 outside `gradsync launch`.
 
-Completion: success at a normal exit; failure (exit code 1, with the
+Heartbeats: on a stream that is opened again, with backoff, when it
+breaks (a blip, a coordinator restart). Completion: success at a normal
+exit; failure (exit code 1, with the
 exception) after an uncaught exception. A process that ends with os._exit
 or a signal reports nothing: its heartbeats stop and the coordinator finds
 it lost, as for any dead worker.
@@ -16,12 +18,21 @@ import socket
 import sys
 import threading
 
+import grpc
+
 from gradsync._proto import (health_pb2, health_pb2_grpc, job_pb2,
                              rendezvous_pb2, rendezvous_pb2_grpc)
 from gradsync.client import _call
 
 _DEFAULT_INTERVAL = 1.0  # until the coordinator answers with the job's own
 _MAX_EVENTS = 256  # the coordinator's limit per heartbeat (newest kept)
+# Backoff between heartbeat streams after one broke.
+_MIN_BACKOFF, _MAX_BACKOFF = 0.1, 1.0
+# Answers after which there is nothing to reconnect to: the round is over
+# (ABORTED), the job ended or is unknown, or the member is refused.
+_FINAL = (grpc.StatusCode.ABORTED, grpc.StatusCode.FAILED_PRECONDITION,
+          grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
+          grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
 _current = None  # this process's Member, once it joined
 
 
@@ -110,16 +121,40 @@ class Member:
             self._stop.wait(self._interval)
 
     def _heartbeat(self):
-        try:
-            for answer in self._monitor.Heartbeat(self._requests(),
-                                                  metadata=self._metadata):
-                seconds = answer.heartbeat_interval.ToTimedelta().total_seconds()
-                if seconds > 0:
-                    self._interval = seconds
-        except Exception as e:  # the stream ended: the round is over
-            if not self._stop.is_set():
-                print(f"gradsync: heartbeats of rank {self._ref.rank} "
-                      f"stopped: {e}", file=sys.stderr, flush=True)
+        """Heartbeats on a stream, and on a new one (after 0.1-1 s of
+        backoff) when it breaks: a blip or a coordinator restart keeps the
+        member's place if it comes back within the coordinator's reconnect
+        grace. An answer that the round is over, or the job gone, ends it."""
+        backoff, said = _MIN_BACKOFF, False
+        while not self._stop.is_set():
+            try:
+                for answer in self._monitor.Heartbeat(self._requests(),
+                                                      metadata=self._metadata):
+                    seconds = answer.heartbeat_interval.ToTimedelta().total_seconds()
+                    if seconds > 0:
+                        self._interval = seconds
+                    if said:
+                        print(f"gradsync: heartbeats of rank {self._ref.rank} "
+                              "reach the coordinator again", file=sys.stderr,
+                              flush=True)
+                    backoff, said = _MIN_BACKOFF, False
+                why = "the coordinator closed the stream"
+            except grpc.RpcError as e:
+                if e.code() in _FINAL:
+                    if not self._stop.is_set():
+                        print(f"gradsync: heartbeats of rank {self._ref.rank} "
+                              f"stopped: {e.code().name}: {e.details()}",
+                              file=sys.stderr, flush=True)
+                    return
+                why = f"{e.code().name}: {e.details()}"
+            if self._stop.is_set():
+                return
+            if not said:
+                print(f"gradsync: heartbeats of rank {self._ref.rank} broke "
+                      f"({why}); reconnecting", file=sys.stderr, flush=True)
+                said = True
+            self._stop.wait(backoff)
+            backoff = min(2 * backoff, _MAX_BACKOFF)
 
     def finish(self):
         """Stops heartbeating and reports the completion (once)."""

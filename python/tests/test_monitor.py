@@ -7,6 +7,7 @@ no resumption claimed, every member final when the job fails."""
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -107,15 +108,21 @@ def test_a_rank_that_stops_issuing_collectives_is_named():
         assert agent.returncode == 128 + 15
 
 
-def test_without_the_launcher_it_reports_through_the_membership(coordinator):
+def standalone(coordinator, job, steps):
+    """Two processes of the monitored script that join `job` by themselves
+    (gradsync://, no launcher), training `steps` steps of at least 0.1 s."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("GRADSYNC_") and k not in ("RANK", "WORLD_SIZE")}
     env["PYTHONPATH"] = os.path.dirname(HERE)
-    url = f"gradsync://{coordinator}/alone?nnodes=2"
-    processes = [subprocess.Popen(
-        [sys.executable, SCRIPT, "--init", url, "--steps", "40", "--pause",
-         "0.1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=env) for _ in range(2)]
+    url = f"gradsync://{coordinator}/{job}?nnodes=2"
+    return [subprocess.Popen(
+        [sys.executable, SCRIPT, "--init", url, "--steps", str(steps),
+         "--pause", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env=env) for _ in range(2)]
+
+
+def test_without_the_launcher_it_reports_through_the_membership(coordinator):
+    processes = standalone(coordinator, "alone", 40)
     try:
         client = gradsync.Client(coordinator)
         status = both_training(client, "alone")
@@ -127,6 +134,34 @@ def test_without_the_launcher_it_reports_through_the_membership(coordinator):
     assert [p.returncode for p in processes] == [0, 0], outputs
     job = client.get_job("alone")
     assert gradsync.Client.state_name(job.state) == "succeeded", job
+
+
+def test_a_coordinator_restart_keeps_the_members_places(tmp_path):
+    """The coordinator stops (SIGTERM) and comes back on the same port and
+    state while two processes that joined by themselves train: their
+    heartbeat streams break and they open new ones, so nobody is lost and
+    the job succeeds in its first round."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    flags = (f"--listen=127.0.0.1:{port}", f"--state_dir={tmp_path}")
+    coordinator = f"127.0.0.1:{port}"
+    with running_coordinator(*flags):
+        processes = standalone(coordinator, "restarted", 80)
+        before = both_training(gradsync.Client(coordinator), "restarted")
+        step = max(m.metrics.step for m in before.members)
+    with running_coordinator(*flags):
+        client = gradsync.Client(coordinator)
+        # The restarted coordinator hears of the steps only from heartbeats
+        # on the members' new streams.
+        poll(client, "restarted", lambda s: len(s.members) == 2 and all(
+            m.metrics.step >= step + 5 for m in s.members), seconds=60)
+        outputs = [p.communicate(timeout=180)[0] for p in processes]
+        job = client.get_job("restarted")
+    assert [p.returncode for p in processes] == [0, 0], outputs
+    assert gradsync.Client.state_name(job.state) == "succeeded", job
+    assert job.round == 1 and job.recovery_count == 0, job
+    assert all("reach the coordinator again" in o for o in outputs), outputs
 
 
 def run_and_kill(coordinator, job, rank, max_restarts):
