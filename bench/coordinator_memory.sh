@@ -12,9 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bazel build //bench:heartbeat_load //server:gradsync-coordinator \
-  //worker/cli:gradsync 2>&1 | tail -n 1
+  //cli:gradsync 2>&1 | tail -n 1
 load=bazel-bin/bench/heartbeat_load
-cli=bazel-bin/worker/cli/gradsync
+cli=bazel-bin/cli/gradsync
 
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p" <<<"$2"; }
 

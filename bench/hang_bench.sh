@@ -53,7 +53,7 @@ run() {
   while [[ -z $healed ]]; do
     (( $(date +%s) < deadline )) || { echo "$mode: not healed"; return 1; }
     local json
-    json=$("$bin/worker/cli/gradsync" --coordinator="$address" status hang \
+    json=$("$bin/cli/gradsync" --coordinator="$address" status hang \
       --json 2>/dev/null || true)
     local t; t=$(now)
     if [[ -z $named ]] && $py -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if d.get("diagnosis",{}).get("hang") else 1)' "$json" 2>/dev/null; then

@@ -25,7 +25,7 @@ for arg in "$@"; do
 done
 if [ "$build" = 1 ]; then
   deploy/install_deps.sh
-  bazel build //server:gradsync-coordinator //worker/cli:gradsync >&2
+  bazel build //server:gradsync-coordinator //cli:gradsync >&2
 fi
 bin=bazel-bin
 py=/usr/bin/python3
@@ -65,7 +65,7 @@ run_torchrun() {  # ROUND
 
 run_launch() {  # ROUND
   local start; start=$(now)
-  timeout 300 "$bin/worker/cli/gradsync" launch --coordinator="$coordinator" \
+  timeout 300 "$bin/cli/gradsync" launch --coordinator="$coordinator" \
     --job="startup-$1" --nproc_per_node="$nproc" --python="$py" \
     "$script" "$work/p-launch" >"$work/launch-$1.log" 2>&1
   first_step "$work/launch-$1.log" "$start"
@@ -90,7 +90,7 @@ run_many_torchrun() {
 }
 run_many_launch() {
   local dir="$work/many-launch-$1" start; mkdir -p "$dir"; start=$(now)
-  OUT_DIR=$dir timeout 300 "$bin/worker/cli/gradsync" launch \
+  OUT_DIR=$dir timeout 300 "$bin/cli/gradsync" launch \
     --coordinator="$coordinator" --job="many-$1" --nproc_per_node="$many" \
     -- /bin/sh -c "$trivial" >"$work/many-launch-$1.log" 2>&1
   many_up "$dir" "$start"

@@ -25,9 +25,9 @@ for arg in "$@"; do
 done
 bin=${GRADSYNC_BIN:-bazel-bin}
 if [ "$build" = 1 ] && [ -z "${GRADSYNC_BIN:-}" ]; then
-  bazel build //server:gradsync-coordinator //worker/cli:gradsync >&2
+  bazel build //server:gradsync-coordinator //cli:gradsync >&2
 fi
-binaries=(server/gradsync-coordinator worker/cli/gradsync)
+binaries=(server/gradsync-coordinator cli/gradsync)
 for b in "${binaries[@]}"; do
   [ -x "$bin/$b" ] || { echo "build_deb: $bin/$b is missing" >&2; exit 1; }
 done

@@ -12,7 +12,7 @@ deploy/install_deps.sh
 
 echo "== building (the first build on 2 cores takes a while)"
 bazel build //server:gradsync-coordinator //worker:gradsync-worker \
-  //worker/cli:gradsync 2>&1 | tail -n 2
+  //cli:gradsync 2>&1 | tail -n 2
 bin=bazel-bin
 work=$(mktemp -d)
 pids=()
@@ -30,7 +30,7 @@ pids+=("$coordinator_pid")
 for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.1; done
 [ -s "$work/port" ] || { echo "coordinator did not start" >&2; exit 1; }
 address="127.0.0.1:$(cat "$work/port")"
-cli=("$bin/worker/cli/gradsync" "--coordinator=$address")
+cli=("$bin/cli/gradsync" "--coordinator=$address")
 
 echo "== two workers join job 'demo' (1 node x 2 processes) and train"
 train=(--coordinator="$address" --job=demo --nnodes=1 --nproc_per_node=2

@@ -150,7 +150,7 @@ EOF
 # Binaries, as the CMake build lays them out (bazel-bin's layout).
 coordinator=$build_dir/server/gradsync-coordinator
 worker=$build_dir/worker/gradsync-worker
-launcher=$build_dir/worker/cli/gradsync
+launcher=$build_dir/cli/gradsync
 nccl_test=$build_dir/tests/worker/backend/nccl_backend_test
 cuda_test=$build_dir/tests/worker/backend/cuda_nccl_device_test
 

@@ -19,7 +19,7 @@ fail() { echo "gpu_run_test: FAIL: $*" >&2; exit 1; }
 export PATH="/usr/bin:$PATH"
 
 build=$tmp/build
-mkdir -p "$build/tests/worker/backend" "$build/worker/cli" "$build/server" "$tmp/bin"
+mkdir -p "$build/tests/worker/backend" "$build/cli" "$build/server" "$tmp/bin"
 
 # A gtest binary of a GPU machine: runs the cases its --gtest_filter selects
 # (gtest's syntax: POSITIVE[-NEGATIVE], ':'-separated globs), each OK, except
@@ -72,7 +72,7 @@ exec sleep 60
 EOF
 # The launcher, as if the users' script ran: its result line unless
 # $FAKE_NO_RESULT.
-cat >"$build/worker/cli/gradsync" <<'EOF'
+cat >"$build/cli/gradsync" <<'EOF'
 #!/usr/bin/env bash
 echo "launch: 1 process on 1 GPU"
 [ -n "${FAKE_NO_RESULT:-}" ] ||
@@ -80,7 +80,7 @@ echo "launch: 1 process on 1 GPU"
 EOF
 # A Python without torch: LibTorch is left out, the steps here need none.
 printf '#!/bin/sh\nexit 1\n' >"$tmp/bin/python"
-chmod +x "$build/server/gradsync-coordinator" "$build/worker/cli/gradsync" "$tmp/bin/python"
+chmod +x "$build/server/gradsync-coordinator" "$build/cli/gradsync" "$tmp/bin/python"
 
 # gpu_run NAME ARGS...: runs gpu_run.sh on the stand-ins into $tmp/NAME;
 # sets $status.

@@ -42,7 +42,7 @@ for _ in $(seq 300); do [ -s "$tmp/port" ] && break; sleep 0.1; done
 address=127.0.0.1:$(cat "$tmp/port")
 "$venv/bin/python" -c "import gradsync; print(gradsync.Client('$address').list_jobs())" \
   >/dev/null || fail "gradsync.Client could not list jobs"
-timeout 120 "$here/worker/cli/gradsync" launch --coordinator="$address" \
+timeout 120 "$here/cli/gradsync" launch --coordinator="$address" \
   --job=venv --nnodes=1 --nproc_per_node=2 --python="$venv/bin/python" \
   "$here/python/tests/init_script.py" >"$tmp/launch.log" 2>&1 \
   || fail "gradsync launch failed: $(cat "$tmp/launch.log")"

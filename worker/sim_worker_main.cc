@@ -28,7 +28,7 @@
 #include "common/logging.h"
 #include "common/token_file.h"
 #include "common/status_macros.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 #include "worker/runtime/health_reporter.h"
 #include "worker/runtime/join.h"
 
@@ -228,7 +228,7 @@ absl::Status Run() {
                  absl::GetFlag(FLAGS_tls_key)};
   GS_ASSIGN_OR_RETURN(options.token,
                       ClientToken(absl::GetFlag(FLAGS_token_file)));
-  GS_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Create(options));
+  GS_ASSIGN_OR_RETURN(auto client, GrpcCoordinatorClient::Create(options));
   GS_ASSIGN_OR_RETURN(v1::Assignment assignment, client->Join(request));
   GS_RETURN_IF_ERROR(Bootstrap(*client, assignment, request.node()));
   if (absl::GetFlag(FLAGS_train_steps) <= 0) return absl::OkStatus();

@@ -1,7 +1,7 @@
 """Fixtures: gradsync's binaries and a coordinator on a free loopback port.
 
 The binaries come from $GRADSYNC_BIN (a folder holding
-server/gradsync-coordinator and worker/cli/gradsync), by default the
+server/gradsync-coordinator and cli/gradsync), by default the
 repository's bazel-bin.
 """
 import contextlib
@@ -59,7 +59,7 @@ def coordinator():
 def launch(coordinator, job, nproc, program, extra=()):
     """Starts `gradsync launch` of `program` as one node of `nproc`."""
     return subprocess.Popen(
-        [binary("worker/cli/gradsync"), "launch",
+        [binary("cli/gradsync"), "launch",
          f"--coordinator={coordinator}", f"--job={job}",
          f"--nproc_per_node={nproc}", "--python", sys.executable, *extra,
          "--", *program],

@@ -87,7 +87,7 @@ def test_a_token_goes_with_every_call(tmp_path):
                              f"--admin_token_file={admin}") as coordinator:
         def create(job):
             out = subprocess.run(
-                [binary("worker/cli/gradsync"), f"--coordinator={coordinator}",
+                [binary("cli/gradsync"), f"--coordinator={coordinator}",
                  f"--token_file={admin}", "create", job, "--json"],
                 check=True, capture_output=True, text=True).stdout
             return json.loads(out)["token"]

@@ -193,7 +193,7 @@ def test_a_killed_ranks_exit_is_the_recovery_cause(coordinator):
                               "(SIGKILL)"), recovery
     assert not recovery.resumed_in_place
     text = subprocess.run(
-        [binary("worker/cli/gradsync"), f"--coordinator={coordinator}",
+        [binary("cli/gradsync"), f"--coordinator={coordinator}",
          "status", "killed"], capture_output=True, text=True,
         timeout=60).stdout
     assert "no: processes restarted" in text and "after step" not in text, text

@@ -17,7 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 
 namespace gradsync {
 namespace {
@@ -62,13 +62,13 @@ class AuthProcessTest : public ::testing::Test {
     options.target = coordinator_->address();
     options.token = token;
     options.retry.budget = absl::Seconds(5);
-    return *CoordinatorClient::Create(options);
+    return *GrpcCoordinatorClient::Create(options);
   }
 
   // `gradsync create JOB --nnodes=N --json` as the admin: the job's token.
   std::string Create(const std::string& job, int nodes) {
     Child cli;
-    EXPECT_TRUE(cli.Start({Runfile("worker/cli/gradsync"),
+    EXPECT_TRUE(cli.Start({Runfile("cli/gradsync"),
                            "--coordinator=" + coordinator_->address(),
                            "--token_file=" + admin_file_, "create", job,
                            absl::StrCat("--nnodes=", nodes), "--json"},
@@ -86,7 +86,7 @@ class AuthProcessTest : public ::testing::Test {
   // `gradsync ARGS...` as the admin; its stdout (empty when it failed).
   std::string AdminCli(const std::vector<std::string>& args) {
     Child cli;
-    std::vector<std::string> argv = {Runfile("worker/cli/gradsync"),
+    std::vector<std::string> argv = {Runfile("cli/gradsync"),
                                      "--coordinator=" + coordinator_->address(),
                                      "--token_file=" + admin_file_};
     argv.insert(argv.end(), args.begin(), args.end());
@@ -231,7 +231,7 @@ TEST_F(AuthProcessTest, TheAdminRotatesAndRevokesAJobsToken) {
   ClientOptions options;
   options.target = open.address();
   absl::StatusOr<std::string> none =
-      (*CoordinatorClient::Create(options))->RotateToken("r");
+      (*GrpcCoordinatorClient::Create(options))->RotateToken("r");
   EXPECT_TRUE(absl::IsFailedPrecondition(none.status())) << none.status();
   EXPECT_THAT(none.status().message(), HasSubstr("--auth=none"));
   EXPECT_TRUE(open.Stop());

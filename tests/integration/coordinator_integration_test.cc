@@ -31,7 +31,7 @@
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
 #include "server/coordinator.h"
 #include "tests/testing/ports.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 
 namespace gradsync {
 namespace {
@@ -198,7 +198,7 @@ class CoordinatorTest : public ::testing::Test {
   std::unique_ptr<CoordinatorClient> NewClient(int max_attempts = 10) {
     ClientOptions options = Options(target_);
     options.retry.max_attempts = max_attempts;
-    auto client = CoordinatorClient::Create(options);
+    auto client = GrpcCoordinatorClient::Create(options);
     EXPECT_TRUE(client.ok()) << client.status();
     return client.ok() ? std::move(*client) : nullptr;
   }
@@ -392,7 +392,7 @@ TEST_F(CoordinatorTest, TwoHundredConcurrentClientsJoinAndBootstrap) {
       threads.emplace_back([&, i] {
         Outcome& out = outcomes[i];
         // Each thread has its own client (channel), like separate workers.
-        auto created = CoordinatorClient::Create(Options(target_));
+        auto created = GrpcCoordinatorClient::Create(Options(target_));
         if (!created.ok()) {
           out.status = created.status();
           return;
@@ -1422,7 +1422,7 @@ TEST_F(CoordinatorTest, ClientReachesACoordinatorThatStartsLater) {
   ClientOptions options = Options(target);
   options.retry.initial_backoff = absl::Milliseconds(20);
   options.retry.max_backoff = absl::Milliseconds(200);
-  auto created = CoordinatorClient::Create(options);
+  auto created = GrpcCoordinatorClient::Create(options);
   ASSERT_TRUE(created.ok()) << created.status();
   std::unique_ptr<CoordinatorClient> client = std::move(*created);
 
@@ -1485,7 +1485,7 @@ TEST_F(CoordinatorTest, ClientGivesUpOnAnAbsentCoordinatorWithinItsBudget) {
   ClientOptions options = Options(absl::StrCat("127.0.0.1:", PickUnusedPort()));
   options.retry.max_attempts = 4;
   options.retry.initial_backoff = absl::Milliseconds(10);
-  auto client = CoordinatorClient::Create(options);
+  auto client = GrpcCoordinatorClient::Create(options);
   ASSERT_TRUE(client.ok());
   const absl::Time start = absl::Now();
   auto jobs = (*client)->ListJobs();
@@ -1506,7 +1506,7 @@ TEST_F(CoordinatorTest, ShutdownWithAPendingJoinEndsItPromptly) {
   ClientOptions options =
       Options(absl::StrCat("127.0.0.1:", coordinator->port()));
   options.retry.max_attempts = 1;  // report the first failure
-  auto client = CoordinatorClient::Create(options);
+  auto client = GrpcCoordinatorClient::Create(options);
   ASSERT_TRUE(client.ok());
 
   absl::Status joined;

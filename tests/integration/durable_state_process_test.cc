@@ -19,7 +19,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/etcd_process.h"
 #include "tests/testing/subprocess.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 
 namespace gradsync {
 namespace {
@@ -37,7 +37,7 @@ constexpr absl::Duration kBound = absl::Seconds(60);
 std::unique_ptr<CoordinatorClient> Client(const std::string& address) {
   ClientOptions options;
   options.target = address;
-  return *CoordinatorClient::Create(options);
+  return *GrpcCoordinatorClient::Create(options);
 }
 
 // Starts simulated worker `index` of the `world` of `job`, training `steps`

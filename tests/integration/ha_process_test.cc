@@ -24,7 +24,7 @@
 #include "tests/testing/eventually.h"
 #include "tests/testing/ports.h"
 #include "tests/testing/subprocess.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 
 namespace gradsync {
 namespace {
@@ -88,7 +88,7 @@ class HaProcessTest : public ::testing::Test {
     ASSERT_FALSE(b_->serving()) << "two replicas serve at once";
     ClientOptions options;
     options.target = absl::StrCat(a_->address(), ",", b_->address());
-    client_ = *CoordinatorClient::Create(options);
+    client_ = *GrpcCoordinatorClient::Create(options);
   }
 
   void TearDown() override {
@@ -204,7 +204,7 @@ TEST_F(HaProcessTest, WorkersLeaveAStoppedLeaderThatExitsWhenItResumes) {
   // (Asked directly: client_ tries the stopped leader first.)
   ClientOptions options;
   options.target = b_->address();
-  std::unique_ptr<CoordinatorClient> to_b = *CoordinatorClient::Create(options);
+  std::unique_ptr<CoordinatorClient> to_b = *GrpcCoordinatorClient::Create(options);
   int64_t step_on_b = 0;
   ASSERT_TRUE(Eventually(
       [&] { return BothReport("frozen", step_at_stop, &step_on_b, to_b.get()); },

@@ -29,7 +29,7 @@
 #include "gtest/gtest.h"
 #include "server/coordinator.h"
 #include "tests/testing/eventually.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 
 namespace gradsync {
 namespace {
@@ -82,7 +82,7 @@ class HealthIntegrationTest : public ::testing::Test {
     ASSERT_TRUE(coordinator_->Start().ok());
     ClientOptions options;
     options.target = absl::StrCat("127.0.0.1:", coordinator_->port());
-    auto client = CoordinatorClient::Create(options);
+    auto client = GrpcCoordinatorClient::Create(options);
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = *std::move(client);
   }
@@ -594,7 +594,7 @@ TEST(ForgottenJobTokenTest, AnOldTokenCannotRecreateTheJob) {
   ClientOptions options;
   options.target = absl::StrCat("127.0.0.1:", coordinator.port());
   options.token = "admin-secret";
-  std::unique_ptr<CoordinatorClient> admin = *CoordinatorClient::Create(options);
+  std::unique_ptr<CoordinatorClient> admin = *GrpcCoordinatorClient::Create(options);
   v1::JobConfig job;
   job.set_job_id("tokened");
   job.set_min_nodes(1);
@@ -603,7 +603,7 @@ TEST(ForgottenJobTokenTest, AnOldTokenCannotRecreateTheJob) {
   ASSERT_TRUE(created.ok()) << created.status();
   options.token = created->token();
   options.retry.max_attempts = 1;
-  std::unique_ptr<CoordinatorClient> worker = *CoordinatorClient::Create(options);
+  std::unique_ptr<CoordinatorClient> worker = *GrpcCoordinatorClient::Create(options);
   v1::JoinRequest join;
   join.set_job_id("tokened");
   *join.mutable_node() = LocalNodeDescriptor();

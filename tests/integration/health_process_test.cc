@@ -19,7 +19,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/eventually.h"
 #include "tests/testing/subprocess.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 
 namespace gradsync {
 namespace {
@@ -43,7 +43,7 @@ class HealthProcessTest : public ::testing::Test {
                                    info->name()));
     ClientOptions options;
     options.target = coordinator_.address();
-    client_ = *CoordinatorClient::Create(options);
+    client_ = *GrpcCoordinatorClient::Create(options);
   }
 
   void TearDown() override { EXPECT_TRUE(coordinator_.Stop()); }
@@ -190,7 +190,7 @@ TEST_F(HealthProcessTest, WatchFollowsTheJobUntilItSucceeds) {
   auto workers = StartWorkers("short", 2, 30, absl::Milliseconds(50));
   ASSERT_TRUE(Eventually([&] { return Job("short").ok(); }, kTrainingBound));
   Child watch;
-  ASSERT_TRUE(watch.Start({Runfile("worker/cli/gradsync"),
+  ASSERT_TRUE(watch.Start({Runfile("cli/gradsync"),
                            absl::StrCat("--coordinator=", coordinator_.address()),
                            "watch", "short", "--json", "--interval=100ms"},
                           /*capture=*/true));

@@ -58,7 +58,7 @@
 #include "proto/gradsync/v1/kv.grpc.pb.h"
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
 #include "tests/testing/subprocess.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 
 namespace gradsync {
 namespace {
@@ -1003,7 +1003,7 @@ TEST_F(HostileClientTest, StillServesAWorkerAfterward) {
   ClientOptions options;
   options.target = coordinator_->address();
   options.token = kAdminToken;
-  std::unique_ptr<CoordinatorClient> admin = *CoordinatorClient::Create(options);
+  std::unique_ptr<CoordinatorClient> admin = *GrpcCoordinatorClient::Create(options);
   v1::JobConfig config;
   config.set_job_id("after-the-attack");
   config.set_min_nodes(1);
@@ -1013,7 +1013,7 @@ TEST_F(HostileClientTest, StillServesAWorkerAfterward) {
   ASSERT_TRUE(created.ok()) << created.status();
 
   options.token = created->token();
-  std::unique_ptr<CoordinatorClient> worker = *CoordinatorClient::Create(options);
+  std::unique_ptr<CoordinatorClient> worker = *GrpcCoordinatorClient::Create(options);
   v1::JoinRequest join;
   join.set_job_id(config.job_id());
   *join.mutable_node() = LocalNodeDescriptor();

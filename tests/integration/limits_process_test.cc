@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/eventually.h"
 #include "tests/testing/subprocess.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 
 namespace gradsync {
 namespace {
@@ -29,7 +29,7 @@ class LimitsProcessTest : public ::testing::Test {
          "--missed_heartbeats=100", "--max_streams_per_connection=2"}));
     ClientOptions options;
     options.target = coordinator_.address();
-    client_ = *CoordinatorClient::Create(options);
+    client_ = *GrpcCoordinatorClient::Create(options);
   }
   void TearDown() override { EXPECT_TRUE(coordinator_.Stop()); }
 

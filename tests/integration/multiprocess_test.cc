@@ -69,7 +69,7 @@ class MultiprocessTest : public ::testing::Test {
   void SetUp() override {
     coordinator_bin_ = Runfile("server/gradsync-coordinator");
     worker_bin_ = Runfile("worker/gradsync-sim-worker");
-    cli_bin_ = Runfile("worker/cli/gradsync");
+    cli_bin_ = Runfile("cli/gradsync");
     for (const std::string& bin : {coordinator_bin_, worker_bin_, cli_bin_}) {
       ASSERT_EQ(access(bin.c_str(), X_OK), 0) << bin << " is not executable";
     }

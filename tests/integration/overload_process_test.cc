@@ -23,7 +23,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/eventually.h"
 #include "tests/testing/subprocess.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 #include "worker/runtime/health_reporter.h"
 
 namespace gradsync {
@@ -72,7 +72,7 @@ class OverloadProcessTest : public ::testing::Test {
     for (int i = 0; i < kConnections; ++i) {
       ClientOptions options;
       options.target = coordinator_.address();
-      clients_.push_back(*CoordinatorClient::Create(options));
+      clients_.push_back(*GrpcCoordinatorClient::Create(options));
     }
   }
 

@@ -21,7 +21,7 @@
 #include "proto/gradsync/v1/job.pb.h"
 #include "server/coordinator.h"
 #include "tests/testing/open_calls.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 
 namespace gradsync {
 namespace {
@@ -50,7 +50,7 @@ class Load {
     options.target = address;
     options.call_timeout = absl::Milliseconds(500);
     options.retry.max_attempts = 1;
-    client_ = *CoordinatorClient::Create(options);
+    client_ = *GrpcCoordinatorClient::Create(options);
     thread_ = std::thread([this] { Run(); });
   }
   ~Load() {

@@ -20,7 +20,7 @@
 #include "gtest/gtest.h"
 #include "proto/gradsync/v1/jobs.grpc.pb.h"
 #include "server/coordinator.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 
 namespace gradsync {
 namespace {
@@ -90,7 +90,7 @@ TEST(StandbyServerTest, ClientGivenTheStandbyFirstFollowsTheLeader) {
   options.target =
       absl::StrCat(Local((*standby)->port()), ",", Local(leader.port()));
   options.retry.budget = absl::Seconds(3);
-  auto client = CoordinatorClient::Create(options);
+  auto client = GrpcCoordinatorClient::Create(options);
   ASSERT_TRUE(client.ok()) << client.status();
   // The heartbeat stream opened first reaches the standby, and ends with
   // its answer...
@@ -135,7 +135,7 @@ TEST(StandbyServerTest, StaleLeaderIsRetriedWithBackoffWithinTheBudget) {
   ClientOptions options;
   options.target = Local((*standby)->port());
   options.retry.budget = absl::Seconds(2);
-  auto client = CoordinatorClient::Create(options);
+  auto client = GrpcCoordinatorClient::Create(options);
   ASSERT_TRUE(client.ok()) << client.status();
   const absl::Time start = absl::Now();
   absl::StatusOr<v1::JobStatus> status = (*client)->GetJob("any");

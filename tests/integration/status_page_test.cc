@@ -18,7 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 
 namespace gradsync {
 namespace {
@@ -77,7 +77,7 @@ TEST(StatusPageTest, ChromiumShowsEveryRankOfATrainingJob) {
   // Until both ranks report step times.
   ClientOptions options;
   options.target = coordinator.address();
-  auto client = *CoordinatorClient::Create(options);
+  auto client = *GrpcCoordinatorClient::Create(options);
   std::vector<Child*> children = {workers[0].get(), workers[1].get()};
   ASSERT_TRUE(PumpUntil(children, kBound, [&] {
     absl::StatusOr<v1::JobStatus> job = client->GetJob("web");

@@ -18,7 +18,7 @@
 #include "tests/testing/etcd_process.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/test_pki.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 
 namespace gradsync {
 namespace {
@@ -68,7 +68,7 @@ class TlsProcessTest : public ::testing::Test {
     options.retry.budget = absl::Seconds(2);
     options.tls = tls;
     absl::StatusOr<std::unique_ptr<CoordinatorClient>> client =
-        CoordinatorClient::Create(options);
+        GrpcCoordinatorClient::Create(options);
     if (!client.ok()) return client.status();
     return (*client)->GetJob("tls").status();
   }
@@ -106,7 +106,7 @@ TEST_F(TlsProcessTest, AWorkerWithACertificateTrainsAndOthersAreRefused) {
       "--train_steps=20", "--step_time=10ms"};
   worker.insert(worker.end(), tls.begin(), tls.end());
   ASSERT_TRUE(RunTool(worker));
-  std::vector<std::string> status = {Runfile("worker/cli/gradsync"),
+  std::vector<std::string> status = {Runfile("cli/gradsync"),
                                      "--coordinator=" + coordinator_.address(),
                                      "status", "tls"};
   status.insert(status.end(), tls.begin(), tls.end());

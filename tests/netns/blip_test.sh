@@ -31,7 +31,7 @@ address="$coord:$(cat "$tmp/port")"
 
 # field JOB EXPR: EXPR (Python, over the status JSON `j`) printed.
 field() {
-  netns_run coord "$bin/worker/cli/gradsync" --coordinator="$address" \
+  netns_run coord "$bin/cli/gradsync" --coordinator="$address" \
     status "$1" --json 2>/dev/null |
     $py -c "import json,sys; j=json.load(sys.stdin); print($2)" 2>/dev/null
 }
@@ -62,7 +62,7 @@ scenario() {
   for w in "${workers[@]}"; do
     wait "$w" || fail "$job: a worker failed: $(tail -5 "$tmp/$job".*.log)"
   done
-  netns_run coord "$bin/worker/cli/gradsync" --coordinator="$address" \
+  netns_run coord "$bin/cli/gradsync" --coordinator="$address" \
     status "$job" --json >"$tmp/$job.json"
 }
 

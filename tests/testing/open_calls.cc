@@ -31,7 +31,7 @@ OpenCalls::OpenCalls(const std::string& address, absl::Duration join_bound,
   ClientOptions options;
   options.target = address;
   options.retry.max_attempts = 1;
-  client_ = *CoordinatorClient::Create(options);
+  client_ = *GrpcCoordinatorClient::Create(options);
   setup_ = std::thread([this] {
     SetUp();
     setup_ended_.Notify();

@@ -12,7 +12,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 
 namespace gradsync::testing {
 

@@ -1,6 +1,6 @@
-// CoordinatorClient's heartbeat streams (Monitor.Heartbeat and
+// GrpcCoordinatorClient's heartbeat streams (Monitor.Heartbeat and
 // Monitor.NodeHeartbeat) over gRPC's callback API: the reactor behind
-// HeartbeatStream and NodeHeartbeatStream (see coordinator_client.h).
+// HeartbeatStream and NodeHeartbeatStream (see grpc_coordinator_client.h).
 #include <algorithm>
 #include <functional>
 #include <memory>
@@ -11,7 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 
 namespace gradsync {
 namespace {
@@ -182,7 +182,7 @@ class StreamReactor final : public OutgoingStream<Request>,
 }  // namespace
 
 template <typename Request, typename Response>
-std::unique_ptr<OutgoingStream<Request>> CoordinatorClient::OpenStream(
+std::unique_ptr<OutgoingStream<Request>> GrpcCoordinatorClient::OpenStream(
     void (v1::Monitor::Stub::async::*method)(
         grpc::ClientContext*, grpc::ClientBidiReactor<Request, Response>*),
     std::function<void(const Response&)> on_response) {
@@ -203,13 +203,13 @@ std::unique_ptr<OutgoingStream<Request>> CoordinatorClient::OpenStream(
       });
 }
 
-std::unique_ptr<HeartbeatStream> CoordinatorClient::OpenHeartbeatStream(
+std::unique_ptr<HeartbeatStream> GrpcCoordinatorClient::OpenHeartbeatStream(
     std::function<void(const v1::HeartbeatResponse&)> on_response) {
   return OpenStream(&v1::Monitor::Stub::async::Heartbeat,
                     std::move(on_response));
 }
 
-std::unique_ptr<NodeHeartbeatStream> CoordinatorClient::OpenNodeHeartbeatStream(
+std::unique_ptr<NodeHeartbeatStream> GrpcCoordinatorClient::OpenNodeHeartbeatStream(
     std::function<void(const v1::NodeHeartbeatResponse&)> on_response) {
   return OpenStream(&v1::Monitor::Stub::async::NodeHeartbeat,
                     std::move(on_response));

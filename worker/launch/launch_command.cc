@@ -10,14 +10,42 @@
 #include "absl/synchronization/notification.h"
 #include "common/logging.h"
 #include "common/token_file.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 #include "worker/launch/launch_options.h"
 #include "worker/launch/node_agent.h"
+#include "worker/launch/self_managed_agent.h"
 #include "worker/launch/torchrun_env.h"
 
 extern char** environ;
 
 namespace gradsync {
+namespace {
+
+// Runs `agent` (NodeAgent or SelfManagedAgent) to its exit code while a
+// thread of its own takes `stop_signals` (blocked in every thread) and
+// stops it.
+template <typename Agent>
+int RunStoppable(Agent* agent, sigset_t stop_signals) {
+  // The signal thread ends on a stop signal, or on SIGUSR1 from here once
+  // the agent is done.
+  sigaddset(&stop_signals, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::thread signals([agent, stop_signals] {
+    int signal = 0;
+    while (sigwait(&stop_signals, &signal) == 0) {
+      if (signal == SIGUSR1) return;
+      GS_LOG(WARNING) << "gradsync launch: received " << strsignal(signal)
+                      << ": stopping the processes";
+      agent->RequestStop(signal);
+    }
+  });
+  const int code = agent->Run();
+  pthread_kill(signals.native_handle(), SIGUSR1);
+  signals.join();
+  return code;
+}
+
+}  // namespace
 
 int RunLaunchCommand(const std::vector<std::string>& args) {
   if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
@@ -49,7 +77,7 @@ int RunLaunchCommand(const std::vector<std::string>& args) {
   }
   client_options.token = *token;
   absl::StatusOr<std::unique_ptr<CoordinatorClient>> client =
-      CoordinatorClient::Create(client_options);
+      GrpcCoordinatorClient::Create(client_options);
   if (!client.ok()) {
     std::fprintf(stderr, "gradsync launch: %s\n",
                  std::string(client.status().message()).c_str());
@@ -68,24 +96,13 @@ int RunLaunchCommand(const std::vector<std::string>& args) {
     environment = WithPythonPath(std::move(environment),
                                  PackagedPythonPath(std::string(exe, n)));
   }
+  if (options->self_managed) {
+    SelfManagedAgent agent(*std::move(options), client->get(),
+                           std::move(environment));
+    return RunStoppable(&agent, stop_signals);
+  }
   NodeAgent agent(*std::move(options), client->get(), std::move(environment));
-  // The signal thread ends on a stop signal, or on SIGUSR1 from here once
-  // the agent is done.
-  sigaddset(&stop_signals, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  std::thread signals([&agent, stop_signals] {
-    int signal = 0;
-    while (sigwait(&stop_signals, &signal) == 0) {
-      if (signal == SIGUSR1) return;
-      GS_LOG(WARNING) << "gradsync launch: received " << strsignal(signal)
-                      << ": stopping the processes";
-      agent.RequestStop(signal);
-    }
-  });
-  const int code = agent.Run();
-  pthread_kill(signals.native_handle(), SIGUSR1);
-  signals.join();
-  return code;
+  return RunStoppable(&agent, stop_signals);
 }
 
 }  // namespace gradsync

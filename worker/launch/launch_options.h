@@ -76,7 +76,7 @@ struct LaunchOptions {
   std::string token_file;
   std::string python = "python3";
   // The processes heartbeat and rejoin on their own (gradsync-worker):
-  // see NodeAgent. Set by --self_managed, or when the program's file name is
+  // see SelfManagedAgent. Set by --self_managed, or when the program's file name is
   // gradsync-worker.
   bool self_managed = false;
   // The command each process runs: [python, -u, script or -m module,] args.

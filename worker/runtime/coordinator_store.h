@@ -10,14 +10,13 @@
 
 namespace gradsync {
 
-// A Store backed by the coordinator's key-value store, in one job round. It
-// lives in the runtime, not beside the backends, because it is a gRPC client:
-// backends see only the Store interface (as Gloo keeps its stores apart from
-// its transports).
-//
+// A Store backed by the coordinator's key-value store, in one job round
 // (keys vanish when the round ends, and a stale round's calls fail with
-// ABORTED). Keys are prefixed with `prefix`, so several backends of one
-// round can bootstrap side by side. Thread-safe; `client` must outlive it.
+// ABORTED). It lives in the runtime, not beside the backends, because it
+// talks to the coordinator: backends see only the Store interface (as Gloo
+// keeps its stores apart from its transports). Keys are prefixed with
+// `prefix`, so several backends of one round can bootstrap side by side.
+// Thread-safe; `client` must outlive it.
 class CoordinatorStore final : public Store {
  public:
   CoordinatorStore(CoordinatorClient* client, v1::Scope scope,

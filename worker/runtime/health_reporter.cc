@@ -222,7 +222,7 @@ void HealthReporter::Run() {
     if (loop.warned && stats_.answers > loop.answers_at_open) {
       // An answer on the new stream: the coordinator is back.
       GS_LOG(INFO) << "heartbeats reach the coordinator at "
-                   << client_->options().target << " again";
+                   << client_->target() << " again";
       loop.warned = false;
       loop.backoff = options_.initial_backoff;
     }
@@ -276,7 +276,7 @@ void HealthReporter::EndMemberLocked(Loop* loop, const absl::Status& why) {
 void HealthReporter::BackOffLocked(Loop* loop, const absl::Status& why) {
   if (!loop->warned) {
     GS_LOG(WARNING) << "cannot send heartbeats to the coordinator at "
-                    << client_->options().target << " (" << why
+                    << client_->target() << " (" << why
                     << "); training goes on, retrying with backoff";
     loop->warned = true;
   }

@@ -11,7 +11,7 @@
 #include "common/status_macros.h"
 #include "common/token_file.h"
 #include "worker/backend/observed_backend.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 #include "worker/runtime/collective_watchdog.h"
 #include "worker/runtime/device.h"
 #include "worker/runtime/elastic.h"
@@ -215,7 +215,7 @@ absl::Status RunJob(const JobOptions& options, Trainer* trainer) {
   client_options.target = coordinator;
   client_options.tls = {options.tls_ca, options.tls_cert, options.tls_key};
   GS_ASSIGN_OR_RETURN(client_options.token, ClientToken(options.token_file));
-  GS_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Create(client_options));
+  GS_ASSIGN_OR_RETURN(auto client, GrpcCoordinatorClient::Create(client_options));
 
   std::unique_ptr<NcclDevice> device;  // outlives every round's backend
   ElasticOptions elastic;

@@ -34,7 +34,7 @@
 #include "worker/backend/backend.h"
 #include "worker/backend/store.h"
 #include "worker/backend/work.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 #include "worker/runtime/coordinator_store.h"
 
 namespace gradsync {
@@ -404,7 +404,7 @@ TEST(GlooBackendCoordinatorTest, RanksBootstrapThroughTheCoordinator) {
   OnEveryRank(kWorld, [&](int thread) {
     ClientOptions options;
     options.target = target;
-    auto client = CoordinatorClient::Create(options);
+    auto client = GrpcCoordinatorClient::Create(options);
     if (!client.ok()) {
       results[thread] = client.status();
       return;

@@ -18,7 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 
 namespace gradsync {
 namespace {
@@ -59,7 +59,7 @@ class LaunchProcessTest : public ::testing::Test {
                                    "launch"));
     ClientOptions options;
     options.target = coordinator_.address();
-    client_ = *CoordinatorClient::Create(options);
+    client_ = *GrpcCoordinatorClient::Create(options);
   }
   void TearDown() override { EXPECT_TRUE(coordinator_.Stop()); }
 
@@ -68,7 +68,7 @@ class LaunchProcessTest : public ::testing::Test {
                                int nproc, const std::vector<std::string>& flags,
                                const std::vector<std::string>& program) {
     std::vector<std::string> argv = {
-        Runfile("worker/cli/gradsync"), "launch",
+        Runfile("cli/gradsync"), "launch",
         "--coordinator=" + coordinator_.address(), "--rdzv_id=" + job,
         absl::StrCat("--nnodes=", nnodes),
         absl::StrCat("--nproc_per_node=", nproc),
@@ -122,7 +122,7 @@ TEST_F(LaunchProcessTest, ATorchrunScriptEndsAsUnderTorchrun) {
 
   std::string status;
   Child cli;
-  ASSERT_TRUE(cli.Start({Runfile("worker/cli/gradsync"),
+  ASSERT_TRUE(cli.Start({Runfile("cli/gradsync"),
                          "--coordinator=" + coordinator_.address(), "status",
                          "torch"},
                         /*capture=*/true));

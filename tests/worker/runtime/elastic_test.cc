@@ -18,7 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 #include "tests/testing/eventually.h"
 #include "worker/runtime/health_reporter.h"
 #include "worker/runtime/process_group.h"
@@ -75,7 +75,7 @@ class ElasticTest : public ::testing::Test {
     ASSERT_TRUE(coordinator_->Start().ok());
     ClientOptions options;
     options.target = absl::StrCat("127.0.0.1:", coordinator_->port());
-    client_ = *CoordinatorClient::Create(options);
+    client_ = *GrpcCoordinatorClient::Create(options);
   }
 
   // Runs one single-process job `job` under `policy` through `trainer`.

@@ -18,7 +18,7 @@
 #include "server/coordinator.h"
 #include "server/storage/in_memory_storage.h"
 #include "tests/testing/eventually.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 
 namespace gradsync {
 namespace {
@@ -55,7 +55,7 @@ class HealthReporterTest : public ::testing::Test {
   std::unique_ptr<CoordinatorClient> Client(int port) {
     ClientOptions options;
     options.target = absl::StrCat("127.0.0.1:", port);
-    return *CoordinatorClient::Create(options);
+    return *GrpcCoordinatorClient::Create(options);
   }
 
   // Joins one worker with incarnation `incarnation`.
@@ -315,7 +315,7 @@ TEST(HealthReporterIntervalTest, SendsAtTheIntervalTheCoordinatorAsksFor) {
   // No coordinator: the streams are scripted (the client never connects).
   ClientOptions client_options;
   client_options.target = "127.0.0.1:1";
-  auto client = *CoordinatorClient::Create(client_options);
+  auto client = *GrpcCoordinatorClient::Create(client_options);
   ScriptedStreams slowed, peer_streams;
   HealthReporterOptions options = FastOptions();
   options.interval = absl::Milliseconds(20);
@@ -351,7 +351,7 @@ TEST(HealthReporterIntervalTest, SendsAtTheIntervalTheCoordinatorAsksFor) {
 TEST(HealthReporterStacksTest, AnswersAStacksRequestAtOnceAndOnce) {
   ClientOptions client_options;
   client_options.target = "127.0.0.1:1";
-  auto client = *CoordinatorClient::Create(client_options);
+  auto client = *GrpcCoordinatorClient::Create(client_options);
   ScriptedStreams streams;
   HealthReporterOptions options = FastOptions();
   options.interval = absl::Hours(1);  // nothing but the first and the asked

@@ -14,7 +14,7 @@
 #include "server/coordinator.h"
 #include "server/storage/in_memory_storage.h"
 #include "tests/testing/eventually.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 #include "worker/runtime/health_reporter.h"
 
 namespace gradsync {
@@ -41,7 +41,7 @@ class NodeHeartbeatsTest : public ::testing::Test {
     if (client_ == nullptr) {  // kept across restarts, as the reporters are
       ClientOptions options;
       options.target = absl::StrCat("127.0.0.1:", port_);
-      client_ = *CoordinatorClient::Create(options);
+      client_ = *GrpcCoordinatorClient::Create(options);
     }
   }
 

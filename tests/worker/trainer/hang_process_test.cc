@@ -23,7 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 
 namespace gradsync {
 namespace {
@@ -58,7 +58,7 @@ class HangJobTest : public ::testing::Test {
         {"--heartbeat_interval=250ms", "--missed_heartbeats=12"}));
     ClientOptions options;
     options.target = coordinator_.address();
-    client_ = *CoordinatorClient::Create(options);
+    client_ = *GrpcCoordinatorClient::Create(options);
   }
   void TearDown() override { EXPECT_TRUE(coordinator_.Stop()); }
 
@@ -165,7 +165,7 @@ TEST_P(HangProcessTest, AHangIsNamedWithinTwoSecondsAndHealed) {
   EXPECT_TRUE(found) << stacks.DebugString();
   // `gradsync status` shows them.
   Child cli;
-  ASSERT_TRUE(cli.Start({Runfile("worker/cli/gradsync"),
+  ASSERT_TRUE(cli.Start({Runfile("cli/gradsync"),
                          "--coordinator=" + coordinator_.address(), "status",
                          Job()},
                         /*capture=*/true));

@@ -38,7 +38,7 @@
 #include "common/job_config.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 #include "tests/worker/ddp/state_compare.h"
 
 namespace gradsync {
@@ -172,7 +172,7 @@ class RecoveryProcessTest : public ::testing::TestWithParam<Transport> {
   v1::JobStatus JobStatus(const std::string& job) {
     ClientOptions options;
     options.target = coordinator_->address();
-    auto client = CoordinatorClient::Create(options);
+    auto client = GrpcCoordinatorClient::Create(options);
     EXPECT_TRUE(client.ok()) << client.status();
     absl::StatusOr<v1::JobStatus> status = (*client)->GetJob(job);
     EXPECT_TRUE(status.ok()) << status.status();

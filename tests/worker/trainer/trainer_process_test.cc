@@ -20,7 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
-#include "worker/client/coordinator_client.h"
+#include "worker/client/grpc_coordinator_client.h"
 #include "tests/worker/ddp/state_compare.h"
 
 namespace gradsync {
@@ -282,7 +282,7 @@ TEST_P(KilledRankTest, FailsTheOthersWithinTheTimeout) {
   // at the latest when its reconnect grace (3 s) ends.
   ClientOptions options;
   options.target = coordinator_->address();
-  auto client = CoordinatorClient::Create(options);
+  auto client = GrpcCoordinatorClient::Create(options);
   ASSERT_TRUE(client.ok()) << client.status();
   bool lost = false;
   while (!lost && absl::Now() - killed < absl::Seconds(5)) {
@@ -344,7 +344,7 @@ TEST_F(TrainerProcessTest, TrainingGoesOnThroughACoordinatorRestart) {
   // of training.
   ClientOptions options;
   options.target = first.address();
-  auto client = *CoordinatorClient::Create(options);
+  auto client = *GrpcCoordinatorClient::Create(options);
   bool training = false;
   for (int i = 0; i < 600 && !training; ++i) {
     absl::StatusOr<v1::JobStatus> job = client->GetJob("restart");
@@ -370,7 +370,7 @@ TEST_F(TrainerProcessTest, TrainingGoesOnThroughACoordinatorRestart) {
   }
   options.target = second.address();
   absl::StatusOr<v1::JobStatus> job =
-      (*CoordinatorClient::Create(options))->GetJob("restart");
+      (*GrpcCoordinatorClient::Create(options))->GetJob("restart");
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason();
   for (const v1::Member& member : job->members()) {

@@ -1,4 +1,4 @@
-#include "worker/cli/job_format.h"
+#include "cli/job_format.h"
 
 #include <algorithm>
 

@@ -1,7 +1,7 @@
 // How the CLI shows jobs: readable tables and JSON. Pure functions of the
 // status and the current time, so tests can pin the output.
-#ifndef GRADSYNC_WORKER_CLI_JOB_FORMAT_H_
-#define GRADSYNC_WORKER_CLI_JOB_FORMAT_H_
+#ifndef GRADSYNC_CLI_JOB_FORMAT_H_
+#define GRADSYNC_CLI_JOB_FORMAT_H_
 
 #include <string>
 #include <vector>
@@ -45,4 +45,4 @@ std::string CreatedJobToJson(const v1::CreateJobResponse& created);
 
 }  // namespace gradsync
 
-#endif  // GRADSYNC_WORKER_CLI_JOB_FORMAT_H_
+#endif  // GRADSYNC_CLI_JOB_FORMAT_H_

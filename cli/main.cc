@@ -35,8 +35,8 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/token_file.h"
-#include "worker/cli/job_format.h"
-#include "worker/client/coordinator_client.h"
+#include "cli/job_format.h"
+#include "worker/client/grpc_coordinator_client.h"
 #include "worker/launch/launch_command.h"
 
 ABSL_FLAG(std::string, tls_ca, "",
@@ -159,7 +159,7 @@ absl::StatusOr<std::unique_ptr<gradsync::CoordinatorClient>> ClientFromFlags() {
                  absl::GetFlag(FLAGS_tls_key)};
   GS_ASSIGN_OR_RETURN(options.token,
                       gradsync::ClientToken(absl::GetFlag(FLAGS_token_file)));
-  return gradsync::CoordinatorClient::Create(options);
+  return gradsync::GrpcCoordinatorClient::Create(options);
 }
 
 // gradsync create JOB

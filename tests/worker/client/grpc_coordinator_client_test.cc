@@ -1,0 +1,188 @@
+// GrpcCoordinatorClient's call layer against scripted key-value services in
+// this process (no coordinator): which errors are retried and for how long,
+// what an exhausted retry says, the token on every call, and a standby's
+// pointer to the leader.
+#include "worker/client/grpc_coordinator_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/host_ports.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/gradsync/v1/kv.grpc.pb.h"
+
+namespace gradsync {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Answers Get from a script: each call takes the next status (OK answers
+// with the value "v"); an empty script answers OK. Records each call's
+// authorization metadata.
+class ScriptedKv final : public v1::KeyValue::Service {
+ public:
+  void Script(std::deque<grpc::Status> statuses) {
+    absl::MutexLock lock(&mu_);
+    script_ = std::move(statuses);
+  }
+  // Every answer is UNAVAILABLE naming `leader` in the trailing metadata,
+  // as a standby replica answers.
+  void StandBy(const std::string& leader) {
+    absl::MutexLock lock(&mu_);
+    leader_ = leader;
+  }
+  int calls() const {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+  std::string authorization() const {
+    absl::MutexLock lock(&mu_);
+    return authorization_;
+  }
+
+  grpc::Status Get(grpc::ServerContext* context, const v1::GetRequest*,
+                   v1::GetResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    ++calls_;
+    auto auth = context->client_metadata().find("authorization");
+    authorization_ = auth == context->client_metadata().end()
+                         ? ""
+                         : std::string(auth->second.data(), auth->second.size());
+    if (!leader_.empty()) {
+      context->AddTrailingMetadata(kLeaderMetadataKey, leader_);
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "standing by");
+    }
+    grpc::Status status = grpc::Status::OK;
+    if (!script_.empty()) {
+      status = script_.front();
+      script_.pop_front();
+    }
+    if (status.ok()) response->set_value("v");
+    return status;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::deque<grpc::Status> script_ ABSL_GUARDED_BY(mu_);
+  std::string leader_ ABSL_GUARDED_BY(mu_);
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string authorization_ ABSL_GUARDED_BY(mu_);
+};
+
+// A gRPC server on a free loopback port with one ScriptedKv.
+struct KvServer {
+  KvServer() {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(&kv);
+    server = builder.BuildAndStart();
+  }
+  ~KvServer() { server->Shutdown(); }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port); }
+
+  ScriptedKv kv;
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
+};
+
+class GrpcCoordinatorClientTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<CoordinatorClient> Client(const std::string& target,
+                                            const std::string& token = "") {
+    ClientOptions options;
+    options.target = target;
+    options.token = token;
+    options.retry.initial_backoff = absl::Milliseconds(10);
+    options.retry.max_backoff = absl::Milliseconds(50);
+    options.retry.budget = absl::Seconds(1);
+    absl::StatusOr<std::unique_ptr<CoordinatorClient>> client =
+        GrpcCoordinatorClient::Create(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+  static absl::StatusOr<std::string> Get(CoordinatorClient* client) {
+    v1::Scope scope;
+    scope.set_job_id("j");
+    scope.set_round(1);
+    return client->Get(scope, "k");
+  }
+
+  KvServer server_;
+};
+
+TEST_F(GrpcCoordinatorClientTest, UnavailableIsRetriedUntilAnswered) {
+  server_.kv.Script({grpc::Status(grpc::StatusCode::UNAVAILABLE, "restarting"),
+                     grpc::Status(grpc::StatusCode::UNAVAILABLE, "restarting")});
+  std::unique_ptr<CoordinatorClient> client = Client(server_.address());
+  absl::StatusOr<std::string> value = Get(client.get());
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, "v");
+  EXPECT_EQ(server_.kv.calls(), 3);
+}
+
+TEST_F(GrpcCoordinatorClientTest, OtherErrorsAreReturnedAtOnceWithTheirCode) {
+  server_.kv.Script(
+      {grpc::Status(grpc::StatusCode::ABORTED, "round 1 was superseded")});
+  std::unique_ptr<CoordinatorClient> client = Client(server_.address());
+  absl::StatusOr<std::string> value = Get(client.get());
+  EXPECT_TRUE(absl::IsAborted(value.status())) << value.status();
+  EXPECT_EQ(value.status().message(), "round 1 was superseded");
+  EXPECT_EQ(server_.kv.calls(), 1);
+}
+
+TEST_F(GrpcCoordinatorClientTest, RetriesEndWithTheBudgetAndSaySo) {
+  std::deque<grpc::Status> down(
+      1000, grpc::Status(grpc::StatusCode::UNAVAILABLE, "restarting"));
+  server_.kv.Script(down);
+  std::unique_ptr<CoordinatorClient> client = Client(server_.address());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::string> value = Get(client.get());
+  EXPECT_TRUE(absl::IsUnavailable(value.status())) << value.status();
+  EXPECT_THAT(value.status().message(),
+              HasSubstr(absl::StrCat("get: cannot reach the coordinator at ",
+                                     server_.address(), " after ")));
+  EXPECT_THAT(value.status().message(), HasSubstr("restarting"));
+  EXPECT_GT(server_.kv.calls(), 2);
+  // The budget (1 s) bounds it, whatever the machine's load adds to a call.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+}
+
+TEST_F(GrpcCoordinatorClientTest, EveryCallCarriesTheToken) {
+  std::unique_ptr<CoordinatorClient> client =
+      Client(server_.address(), "s3cret");
+  ASSERT_TRUE(Get(client.get()).ok());
+  EXPECT_EQ(server_.kv.authorization(), "Bearer s3cret");
+  std::unique_ptr<CoordinatorClient> anonymous = Client(server_.address());
+  ASSERT_TRUE(Get(anonymous.get()).ok());
+  EXPECT_EQ(server_.kv.authorization(), "");
+}
+
+TEST_F(GrpcCoordinatorClientTest, CallsFollowTheLeaderAStandbyNames) {
+  KvServer leader;
+  server_.kv.StandBy(leader.address());
+  std::unique_ptr<CoordinatorClient> client = Client(server_.address());
+  ASSERT_TRUE(Get(client.get()).ok());
+  ASSERT_TRUE(Get(client.get()).ok());
+  // The standby was asked once; from then on calls go to the leader.
+  EXPECT_EQ(server_.kv.calls(), 1);
+  EXPECT_EQ(leader.kv.calls(), 2);
+}
+
+TEST(GrpcCoordinatorClientCreateTest, ABadTargetIsRefused) {
+  ClientOptions options;
+  options.target = "no-port-here";
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client =
+      GrpcCoordinatorClient::Create(options);
+  EXPECT_TRUE(absl::IsInvalidArgument(client.status())) << client.status();
+}
+
+}  // namespace
+}  // namespace gradsync
