@@ -27,15 +27,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
-#include "common/job_config.h"
+#include "cli/commands.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/token_file.h"
-#include "cli/job_format.h"
 #include "worker/client/grpc_coordinator_client.h"
 #include "worker/launch/launch_command.h"
 
@@ -72,79 +67,9 @@ ABSL_FLAG(bool, all, false,
 
 namespace {
 
-constexpr char kUsage[] =
-    "gradsync: inspect a gradsync coordinator.\n"
-    "Usage:\n"
-    "  gradsync --coordinator=HOST:PORT jobs [--json]\n"
-    "  gradsync --coordinator=HOST:PORT status JOB [--json]\n"
-    "      [--ranks=FIRST-LAST | --unhealthy | --all]\n"
-    "    (a summary, then the members: all of them up to 64 ranks, else the\n"
-    "    unhealthy ones; the flags choose)\n"
-    "  gradsync --coordinator=HOST:PORT watch JOB [--json] [--interval=1s]\n"
-    "      [--ranks=FIRST-LAST | --unhealthy | --all]\n"
-    "    (a live view, refreshed until the job ends; --json prints\n"
-    "    one JSON document per line per update)\n"
-    "  gradsync --coordinator=HOST:PORT create JOB --nnodes=N[:M]\n"
-    "      [--nproc_per_node=P] [--json]\n"
-    "    (with the admin's token; prints the job's token for its workers)\n"
-    "  gradsync --coordinator=HOST:PORT token rotate JOB\n"
-    "    (with the admin's token: prints a new token for the job; its old\n"
-    "    token authenticates no new call)\n"
-    "  gradsync --coordinator=HOST:PORT token revoke JOB\n"
-    "    (with the admin's token: the job keeps no token; only the admin\n"
-    "    acts in it until a rotate)\n"
-    "  gradsync launch --coordinator=HOST:PORT --job=ID [FLAGS] PROGRAM ...\n"
-    "    (start this node's processes of a job; gradsync launch --help)";
-
 int Fail(const std::string& message, int code) {
   std::fprintf(stderr, "gradsync: %s\n", message.c_str());
   return code;
-}
-
-// Jobs of more ranks than this list only their unhealthy members by
-// default: the summary says the rest.
-constexpr int kListAllUpTo = 64;
-// Members one `status` prints at most (unless --all or --ranks).
-constexpr int kListedMembers = 50;
-
-// The members `status` and `watch` ask for by flag: --ranks and
-// --unhealthy.
-absl::StatusOr<gradsync::v1::MemberQuery> MemberQueryFromFlags() {
-  gradsync::v1::MemberQuery query;
-  const std::string ranks = absl::GetFlag(FLAGS_ranks);
-  if (!ranks.empty()) {
-    std::pair<std::string, std::string> bounds = absl::StrSplit(ranks, '-');
-    int first = 0, last = 0;
-    if (!absl::SimpleAtoi(bounds.first, &first) ||
-        !absl::SimpleAtoi(bounds.second, &last) || first < 0 || last < first) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--ranks: '", ranks, "' is not FIRST-LAST (e.g. 0-63)"));
-    }
-    query.set_rank_from(first);
-    query.set_rank_to(last + 1);
-  }
-  query.set_unhealthy_only(absl::GetFlag(FLAGS_unhealthy));
-  return query;
-}
-
-// `query` (from the flags) for job `job_id`: when no flag chose, a job of
-// more than kListAllUpTo ranks lists only its unhealthy members. Asks the
-// coordinator for the job's summary, which is cheap, to know its size.
-absl::StatusOr<gradsync::v1::MemberQuery> MembersToShow(
-    gradsync::CoordinatorClient* client, const std::string& job_id,
-    gradsync::v1::MemberQuery query) {
-  if (absl::GetFlag(FLAGS_all) || !absl::GetFlag(FLAGS_ranks).empty() ||
-      query.unhealthy_only()) {
-    return query;
-  }
-  gradsync::v1::GetJobRequest request;
-  request.set_job_id(job_id);
-  request.mutable_members()->set_none(true);
-  absl::StatusOr<gradsync::v1::GetJobResponse> summary =
-      client->QueryJob(request);
-  if (!summary.ok()) return summary.status();
-  query.set_unhealthy_only(summary->job().world_size() > kListAllUpTo);
-  return query;
 }
 
 // The client of the coordinator the flags name; exits with code 2 when the
@@ -162,82 +87,18 @@ absl::StatusOr<std::unique_ptr<gradsync::CoordinatorClient>> ClientFromFlags() {
   return gradsync::GrpcCoordinatorClient::Create(options);
 }
 
-// gradsync create JOB
-int CreateJob(gradsync::CoordinatorClient* client, const std::string& job_id,
-              bool json) {
-  auto range = gradsync::ParseNodeRange(absl::GetFlag(FLAGS_nnodes));
-  if (!range.ok()) return Fail(std::string(range.status().message()), 2);
-  gradsync::v1::JobConfig config;
-  config.set_job_id(job_id);
-  config.set_min_nodes(range->first);
-  config.set_max_nodes(range->second);
-  config.set_nproc_per_node(absl::GetFlag(FLAGS_nproc_per_node));
-  auto created = client->CreateJob(config);
-  if (!created.ok()) return Fail(std::string(created.status().message()), 1);
-  std::cout << (json ? gradsync::CreatedJobToJson(*created)
-                     : gradsync::FormatCreatedJob(*created));
-  return 0;
-}
-
-// gradsync token rotate|revoke JOB
-int Token(gradsync::CoordinatorClient* client, const std::string& what,
-          const std::string& job_id) {
-  if (what == "rotate") {
-    auto rotated = client->RotateToken(job_id);
-    if (!rotated.ok()) return Fail(std::string(rotated.status().message()), 1);
-    std::cout << *rotated << "\n";
-    return 0;
-  }
-  absl::Status revoked = client->RevokeToken(job_id);
-  if (!revoked.ok()) return Fail(std::string(revoked.message()), 1);
-  std::cout << "job '" << job_id << "': token revoked\n";
-  return 0;
-}
-
-// gradsync status JOB
-int Status(gradsync::CoordinatorClient* client, const std::string& job_id,
-           const gradsync::v1::MemberQuery& flags_query, bool json) {
-  auto query = MembersToShow(client, job_id, flags_query);
-  if (!query.ok()) return Fail(std::string(query.status().message()), 1);
-  gradsync::v1::GetJobRequest request;
-  request.set_job_id(job_id);
-  request.set_with_buckets(json);
-  *request.mutable_members() = *query;
-  const bool paged = !json && !absl::GetFlag(FLAGS_all) &&
-                     absl::GetFlag(FLAGS_ranks).empty();
-  if (paged) request.mutable_members()->set_page_size(kListedMembers);
-  auto job = client->QueryJob(request);
-  if (!job.ok()) return Fail(std::string(job.status().message()), 1);
-  std::cout << (json ? gradsync::JobStatusToJson(job->job())
-                     : gradsync::FormatJobStatus(job->job(), absl::Now()));
-  return 0;
-}
-
-// gradsync watch JOB: until the job ends.
-int Watch(gradsync::CoordinatorClient* client, const std::string& job_id,
-          const gradsync::v1::MemberQuery& flags_query, bool json) {
-  auto query = MembersToShow(client, job_id, flags_query);
-  if (!query.ok()) return Fail(std::string(query.status().message()), 1);
-  // On a terminal, each update replaces the previous one.
-  const bool redraw = !json && isatty(STDOUT_FILENO);
-  absl::Status watched = client->WatchJob(
-      job_id, absl::GetFlag(FLAGS_interval), /*with_buckets=*/json,
-      [&](const gradsync::v1::JobStatus& job) {
-        if (json) {
-          std::cout << gradsync::JobStatusToJsonLine(job) << std::flush;
-          return true;
-        }
-        const absl::Time now = absl::Now();
-        std::cout << (redraw ? "\033[H\033[2J" : "\n")
-                  << "gradsync watch " << job_id << "  "
-                  << absl::FormatTime("%H:%M:%S", now, absl::LocalTimeZone())
-                  << "\n\n"
-                  << gradsync::FormatJobStatus(job, now) << std::flush;
-        return true;
-      },
-      *query);
-  if (!watched.ok()) return Fail(std::string(watched.message()), 1);
-  return 0;
+gradsync::CommandOptions CommandOptionsFromFlags() {
+  gradsync::CommandOptions options;
+  options.json = absl::GetFlag(FLAGS_json);
+  options.nnodes = absl::GetFlag(FLAGS_nnodes);
+  options.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
+  options.interval = absl::GetFlag(FLAGS_interval);
+  options.ranks = absl::GetFlag(FLAGS_ranks);
+  options.unhealthy = absl::GetFlag(FLAGS_unhealthy);
+  options.all = absl::GetFlag(FLAGS_all);
+  // On a terminal, each update of `watch` replaces the previous one.
+  options.redraw = !options.json && isatty(STDOUT_FILENO);
+  return options;
 }
 
 }  // namespace
@@ -247,38 +108,14 @@ int main(int argc, char** argv) {
     return gradsync::RunLaunchCommand(
         std::vector<std::string>(argv + 2, argv + argc));
   }
-  absl::SetProgramUsageMessage(kUsage);
+  absl::SetProgramUsageMessage(gradsync::kCommandUsage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() < 2) return Fail(std::string("no command\n") + kUsage, 2);
-  const std::string command = args[1];
+  if (args.size() < 2) {
+    return Fail(std::string("no command\n") + gradsync::kCommandUsage, 2);
+  }
   auto client = ClientFromFlags();
   if (!client.ok()) return Fail(std::string(client.status().message()), 2);
-  const bool json = absl::GetFlag(FLAGS_json);
-
-  if (command == "jobs" && args.size() == 2) {
-    auto jobs = (*client)->ListJobs();
-    if (!jobs.ok()) return Fail(std::string(jobs.status().message()), 1);
-    std::cout << (json ? gradsync::JobsToJson(*jobs)
-                       : gradsync::FormatJobsTable(*jobs, absl::Now()));
-    return 0;
-  }
-  if (command == "create" && args.size() == 3) {
-    return CreateJob(client->get(), args[2], json);
-  }
-  if (command == "token" && args.size() == 4 &&
-      (args[2] == std::string("rotate") || args[2] == std::string("revoke"))) {
-    return Token(client->get(), args[2], args[3]);
-  }
-  absl::StatusOr<gradsync::v1::MemberQuery> flags_query =
-      MemberQueryFromFlags();
-  if (!flags_query.ok()) {
-    return Fail(std::string(flags_query.status().message()), 2);
-  }
-  if (command == "status" && args.size() == 3) {
-    return Status(client->get(), args[2], *flags_query, json);
-  }
-  if (command == "watch" && args.size() == 3) {
-    return Watch(client->get(), args[2], *flags_query, json);
-  }
-  return Fail("unknown command or wrong arguments\n" + std::string(kUsage), 2);
+  return gradsync::RunCommand(
+      std::vector<std::string>(args.begin() + 1, args.end()),
+      CommandOptionsFromFlags(), client->get(), std::cout, std::cerr);
 }

@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 
 namespace gradsync {
 namespace {
@@ -63,54 +64,59 @@ absl::StatusOr<std::pair<int, int>> ParseNodeRange(absl::string_view text) {
   return std::make_pair(min_nodes, max_nodes);
 }
 
-absl::StatusOr<v1::JobConfig> NormalizeJobConfig(const v1::JobConfig& config) {
-  v1::JobConfig out = config;
-  absl::Status id = ValidateJobId(out.job_id());
-  if (!id.ok()) return id;
-  if (out.min_nodes() == 0) out.set_min_nodes(kDefaultMinNodes);
-  if (out.max_nodes() == 0) out.set_max_nodes(out.min_nodes());
-  if (out.min_nodes() < 1 || out.max_nodes() > kMaxNodes ||
-      out.max_nodes() < out.min_nodes()) {
+namespace {
+
+// The parts of NormalizeJobConfig: each fills in defaults of its fields of
+// `out` and checks them, with errors naming the job.
+
+absl::Status NormalizeShape(v1::JobConfig* out) {
+  if (out->min_nodes() == 0) out->set_min_nodes(kDefaultMinNodes);
+  if (out->max_nodes() == 0) out->set_max_nodes(out->min_nodes());
+  if (out->min_nodes() < 1 || out->max_nodes() > kMaxNodes ||
+      out->max_nodes() < out->min_nodes()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "job '", out.job_id(), "': nodes ", out.min_nodes(), ":",
-        out.max_nodes(), " is not a range with 1 <= MIN <= MAX <= ",
+        "job '", out->job_id(), "': nodes ", out->min_nodes(), ":",
+        out->max_nodes(), " is not a range with 1 <= MIN <= MAX <= ",
         kMaxNodes));
   }
-  if (out.nproc_per_node() == 0) out.set_nproc_per_node(kDefaultNprocPerNode);
-  if (out.nproc_per_node() < 1 || out.nproc_per_node() > kMaxNprocPerNode) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job '", out.job_id(), "': nproc_per_node must be in [1, ",
-                     kMaxNprocPerNode, "], got ", out.nproc_per_node()));
+  if (out->nproc_per_node() == 0) {
+    out->set_nproc_per_node(kDefaultNprocPerNode);
   }
-  absl::Status status = ValidateTimeout("join_timeout", out.join_timeout());
+  if (out->nproc_per_node() < 1 || out->nproc_per_node() > kMaxNprocPerNode) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", out->job_id(), "': nproc_per_node must be in [1, ",
+        kMaxNprocPerNode, "], got ", out->nproc_per_node()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NormalizeRendezvousTimeouts(v1::JobConfig* out) {
+  absl::Status status = ValidateTimeout("join_timeout", out->join_timeout());
   if (status.ok()) {
-    status = ValidateTimeout("last_call_timeout", out.last_call_timeout());
+    status = ValidateTimeout("last_call_timeout", out->last_call_timeout());
   }
   if (!status.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("job '", out.job_id(), "': ", status.message()));
+        absl::StrCat("job '", out->job_id(), "': ", status.message()));
   }
-  if (FromProtoDuration(out.join_timeout()) == absl::ZeroDuration()) {
-    *out.mutable_join_timeout() = ToProtoDuration(kDefaultJoinTimeout);
+  if (FromProtoDuration(out->join_timeout()) == absl::ZeroDuration()) {
+    *out->mutable_join_timeout() = ToProtoDuration(kDefaultJoinTimeout);
   }
-  if (!out.has_last_call_timeout()) {
-    *out.mutable_last_call_timeout() = ToProtoDuration(kDefaultLastCallTimeout);
+  if (!out->has_last_call_timeout()) {
+    *out->mutable_last_call_timeout() =
+        ToProtoDuration(kDefaultLastCallTimeout);
   }
-  if (!v1::Backend_IsValid(out.backend())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job '", out.job_id(), "': unknown backend ", out.backend()));
-  }
-  if (out.backend() == v1::BACKEND_UNSPECIFIED) {
-    out.set_backend(v1::BACKEND_AUTO);
-  }
-  // Health settings: zero means the coordinator's default, which only the
-  // coordinator knows, so they stay zero here (an unspecified failure policy
-  // is DEGRADE).
+  return absl::OkStatus();
+}
+
+// Health settings: zero means the coordinator's default, which only the
+// coordinator knows, so they stay zero here.
+absl::Status CheckHealthSettings(const v1::JobConfig& out) {
   for (const auto& [field, value] :
        {std::make_pair("heartbeat_interval", &out.heartbeat_interval()),
         std::make_pair("straggler_threshold", &out.straggler_threshold()),
         std::make_pair("hang_timeout", &out.hang_timeout())}) {
-    status = ValidateTimeout(field, *value);
+    absl::Status status = ValidateTimeout(field, *value);
     if (!status.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("job '", out.job_id(), "': ", status.message()));
@@ -122,21 +128,43 @@ absl::StatusOr<v1::JobConfig> NormalizeJobConfig(const v1::JobConfig& config) {
         "job '", out.job_id(), "': missed_heartbeats must be in [0, ",
         kMaxMissedHeartbeats, "], got ", out.missed_heartbeats()));
   }
-  if (!v1::FailurePolicy_IsValid(out.failure_policy())) {
+  return absl::OkStatus();
+}
+
+// The enums: known values only; an unspecified backend is AUTO (an
+// unspecified failure policy means DEGRADE where it is read).
+absl::Status NormalizeChoices(v1::JobConfig* out) {
+  auto unknown = [out](const char* what, int value) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "job '", out.job_id(), "': unknown failure_policy ",
-        out.failure_policy()));
+        "job '", out->job_id(), "': unknown ", what, " ", value));
+  };
+  if (!v1::Backend_IsValid(out->backend())) {
+    return unknown("backend", out->backend());
   }
-  if (!v1::DivergencePolicy_IsValid(out.divergence_policy())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job '", out.job_id(), "': unknown divergence_policy ",
-        out.divergence_policy()));
+  if (out->backend() == v1::BACKEND_UNSPECIFIED) {
+    out->set_backend(v1::BACKEND_AUTO);
   }
-  if (!v1::StragglerPolicy_IsValid(out.straggler_policy())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job '", out.job_id(), "': unknown straggler_policy ",
-        out.straggler_policy()));
+  if (!v1::FailurePolicy_IsValid(out->failure_policy())) {
+    return unknown("failure_policy", out->failure_policy());
   }
+  if (!v1::DivergencePolicy_IsValid(out->divergence_policy())) {
+    return unknown("divergence_policy", out->divergence_policy());
+  }
+  if (!v1::StragglerPolicy_IsValid(out->straggler_policy())) {
+    return unknown("straggler_policy", out->straggler_policy());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobConfig> NormalizeJobConfig(const v1::JobConfig& config) {
+  v1::JobConfig out = config;
+  GS_RETURN_IF_ERROR(ValidateJobId(out.job_id()));
+  GS_RETURN_IF_ERROR(NormalizeShape(&out));
+  GS_RETURN_IF_ERROR(NormalizeRendezvousTimeouts(&out));
+  GS_RETURN_IF_ERROR(NormalizeChoices(&out));
+  GS_RETURN_IF_ERROR(CheckHealthSettings(out));
   return out;
 }
 

@@ -158,8 +158,7 @@ RendezvousManager::JobRendezvous* RendezvousManager::JobFor(
     const v1::JobConfig& config) {
   std::unique_ptr<JobRendezvous>& job = rendezvous_[config.job_id()];
   if (job == nullptr) {
-    job = std::make_unique<JobRendezvous>(RoundPhase::kForming);
-    job->config = config;
+    job = std::make_unique<JobRendezvous>(RoundPhase::kForming, config);
   }
   return job.get();
 }
@@ -199,16 +198,11 @@ void RendezvousManager::JoinLocked(JobRendezvous* job,
   const std::string& job_id = job->config.job_id();
   ticket_job_[joiner.ticket] = job_id;
   join_deadlines_.emplace(joiner.deadline, joiner.ticket);
-  if (++job->pending_per_node[joiner.node.node_id()] ==
-      job->config.nproc_per_node()) {
-    ++job->complete_nodes;
-  }
-  auto it = job->pending.insert(job->pending.end(), std::move(joiner));
-  job->by_ticket[it->ticket] = it;
-  job->by_incarnation[it->node.incarnation_id()] = it;
+  auto it = job->pending.Add(std::move(joiner));
   GS_LOG(INFO) << "job '" << job_id << "': " << DescribeProcess(it->node)
                << (RoundRuns(job->phase) ? " joined as a spare" : " joined")
-               << " (" << job->complete_nodes << " complete node(s), need "
+               << " (" << job->pending.complete_nodes()
+               << " complete node(s), need "
                << job->config.min_nodes() << ":" << job->config.max_nodes()
                << ")";
   MaybeGrowLocked(job, it->node.node_id());
@@ -252,20 +246,15 @@ void RendezvousManager::ReplaceWaitingLocked(
     JobRendezvous* job, const v1::NodeDescriptor& node,
     std::vector<Completion>* completions) {
   const int nproc = job->config.nproc_per_node();
-  auto same = job->by_incarnation.find(node.incarnation_id());
-  if (same != job->by_incarnation.end()) {
+  auto same = job->pending.FindIncarnation(node.incarnation_id());
+  if (same != job->pending.end()) {
     completions->emplace_back(
-        RemovePendingLocked(job, same->second),
+        RemovePendingLocked(job, same),
         absl::AbortedError("replaced by a newer join from the same process"));
   }
-  auto count = job->pending_per_node.find(node.node_id());
-  if (count != job->pending_per_node.end() && count->second >= nproc) {
-    auto oldest = std::find_if(
-        job->pending.begin(), job->pending.end(), [&](const Joiner& j) {
-          return j.node.node_id() == node.node_id();
-        });
+  if (job->pending.NodeComplete(node.node_id())) {
     completions->emplace_back(
-        RemovePendingLocked(job, oldest),
+        RemovePendingLocked(job, job->pending.OldestOf(node.node_id())),
         absl::AbortedError(absl::StrCat(
             "replaced by a newer process on node '", node.node_id(),
             "', which already had ", nproc,
@@ -318,15 +307,16 @@ void RendezvousManager::MaybeCloseLocked(JobRendezvous* job,
   // Spares alone may reach MAX while nodes of the old round, which hold
   // the training state, are on their way back: they are awaited all the
   // same (they take places first).
-  if (job->complete_nodes >= config.max_nodes() && awaited_back) {
+  const int complete = job->pending.complete_nodes();
+  if (complete >= config.max_nodes() && awaited_back) {
     CloseLocked(job, completions);
     return;
   }
-  if (job->complete_nodes >= config.min_nodes() && reforming && awaited_back) {
+  if (complete >= config.min_nodes() && reforming && awaited_back) {
     CloseLocked(job, completions);  // a re-formed round: nobody else to wait for
     return;
   }
-  if (job->complete_nodes < config.min_nodes()) {
+  if (complete < config.min_nodes()) {
     if (job->phase == RoundPhase::kLastCall) {
       CancelLastCallLocked(job);
       SetPhaseLocked(job, reforming ? RoundPhase::kSuperseded
@@ -349,7 +339,7 @@ void RendezvousManager::MaybeGrowLocked(JobRendezvous* job,
                                         const std::string& node_id) {
   const int nodes = static_cast<int>(job->node_rank_by_node.size());
   if (job->phase != RoundPhase::kRunning || nodes >= job->config.max_nodes() ||
-      job->pending_per_node[node_id] != job->config.nproc_per_node()) {
+      job->pending.Waiting(node_id) != job->config.nproc_per_node()) {
     return;
   }
   job->reform_reason = absl::StrCat(
@@ -362,12 +352,8 @@ void RendezvousManager::MaybeGrowLocked(JobRendezvous* job,
 }
 
 bool RendezvousManager::AwaitedBackLocked(const JobRendezvous& job) const {
-  const int nproc = job.config.nproc_per_node();
   for (const std::string& node_id : job.awaited_nodes) {
-    auto count = job.pending_per_node.find(node_id);
-    if (count == job.pending_per_node.end() || count->second < nproc) {
-      return false;
-    }
+    if (!job.pending.NodeComplete(node_id)) return false;
   }
   return true;
 }
@@ -566,17 +552,10 @@ void RendezvousManager::OpenRoundLocked(
 
 RendezvousManager::JoinCallback RendezvousManager::RemovePendingLocked(
     JobRendezvous* job, std::list<Joiner>::iterator it) {
-  const int nproc = job->config.nproc_per_node();
-  auto count = job->pending_per_node.find(it->node.node_id());
-  if (count->second == nproc) --job->complete_nodes;
-  if (--count->second == 0) job->pending_per_node.erase(count);
-  job->by_ticket.erase(it->ticket);
-  job->by_incarnation.erase(it->node.incarnation_id());
-  ticket_job_.erase(it->ticket);
-  join_deadlines_.erase({it->deadline, it->ticket});
-  JoinCallback done = std::move(it->done);
-  job->pending.erase(it);
-  return done;
+  Joiner joiner = job->pending.Take(it);
+  ticket_job_.erase(joiner.ticket);
+  join_deadlines_.erase({joiner.deadline, joiner.ticket});
+  return std::move(joiner.done);
 }
 
 void RendezvousManager::CancelJoin(uint64_t ticket) {
@@ -587,10 +566,10 @@ void RendezvousManager::CancelJoin(uint64_t ticket) {
     if (owner == ticket_job_.end()) return;
     JobRendezvous* job = rendezvous_.at(owner->second).get();
     GS_LOG(INFO) << "job '" << owner->second << "': "
-                 << DescribeProcess(job->by_ticket.at(ticket)->node)
+                 << DescribeProcess(job->pending.FindTicket(ticket)->node)
                  << " cancelled its join";
     completions.emplace_back(
-        RemovePendingLocked(job, job->by_ticket.at(ticket)),
+        RemovePendingLocked(job, job->pending.FindTicket(ticket)),
         absl::CancelledError("the join was cancelled by its caller"));
     MaybeCloseLocked(job, &completions);
   }
@@ -616,16 +595,16 @@ absl::Status RendezvousManager::Leave(const std::string& job_id,
           absl::StrCat("job '", job_id, "' has no waiting processes"));
     }
     JobRendezvous* job = job_it->second.get();
-    auto it = job->by_incarnation.find(incarnation_id);
-    if (it == job->by_incarnation.end()) {
+    auto it = job->pending.FindIncarnation(incarnation_id);
+    if (it == job->pending.end()) {
       return absl::NotFoundError(absl::StrCat("no process with incarnation '",
                                               incarnation_id,
                                               "' is waiting in job '", job_id,
                                               "'"));
     }
     GS_LOG(INFO) << "job '" << job_id << "': "
-                 << DescribeProcess(it->second->node) << " left";
-    completions.emplace_back(RemovePendingLocked(job, it->second),
+                 << DescribeProcess(it->node) << " left";
+    completions.emplace_back(RemovePendingLocked(job, it),
                              absl::CancelledError("the process left the job"));
     MaybeCloseLocked(job, &completions);
   }
@@ -642,7 +621,7 @@ void RendezvousManager::Poll() {
     while (!join_deadlines_.empty() && join_deadlines_.begin()->first <= now) {
       uint64_t ticket = join_deadlines_.begin()->second;
       JobRendezvous* job = rendezvous_.at(ticket_job_.at(ticket)).get();
-      auto it = job->by_ticket.at(ticket);
+      auto it = job->pending.FindTicket(ticket);
       std::string message = TimeoutMessageLocked(*job, *it);
       GS_LOG(WARNING) << "join timed out: " << DescribeProcess(it->node)
                       << ": " << message;
@@ -674,7 +653,7 @@ std::string RendezvousManager::TimeoutMessageLocked(const JobRendezvous& job,
   return absl::StrCat(
       "job '", config.job_id(), "' needs at least ", config.min_nodes(),
       " node(s) of ", config.nproc_per_node(), " process(es); within ", waited,
-      " only ", job.complete_nodes, " complete node(s) joined (",
+      " only ", job.pending.complete_nodes(), " complete node(s) joined (",
       job.pending.size(),
       " process(es) waiting): check that every node was started with the "
       "same job and can reach the coordinator");

@@ -35,6 +35,7 @@
 #include "common/clock.h"
 #include "proto/gradsync/v1/rendezvous.pb.h"
 #include "server/job_manager.h"
+#include "server/pending_joins.h"
 #include "server/round_lifecycle.h"
 #include "server/round_placement.h"
 
@@ -170,19 +171,6 @@ class RendezvousManager {
   void DescribeWaiting(const std::string& job_id, v1::JobStatus* status) const;
 
  private:
-  // A process waiting for a round to close.
-  struct Joiner {
-    uint64_t ticket = 0;
-    v1::NodeDescriptor node;  // node_id filled in
-    // What training state the process holds (JoinRequest).
-    bool has_state = false;
-    int64_t committed_step = 0;
-    // The local rank it keeps (JoinRequest.local_slot); -1: none.
-    int local_slot = -1;
-    absl::Time join_time;
-    absl::Time deadline;
-    JoinCallback done;
-  };
   // A member of the latest closed round.
   struct Member {
     v1::NodeDescriptor node;
@@ -190,7 +178,10 @@ class RendezvousManager {
     absl::Time joined;
   };
   struct JobRendezvous {
-    explicit JobRendezvous(RoundPhase initial) : phase(initial) {}
+    JobRendezvous(RoundPhase initial, v1::JobConfig config_in)
+        : config(std::move(config_in)),
+          phase(initial),
+          pending(config.nproc_per_node()) {}
     v1::JobConfig config;
     int64_t round = 0;  // latest closed round; 0 before the first closes
     // Written by SetPhaseLocked only. While `round` runs, joiners are
@@ -230,13 +221,8 @@ class RendezvousManager {
     // rank): given to every round whose places are exactly these, dropped
     // at the first round whose places differ.
     std::map<std::pair<std::string, int>, int> shares_by_place;
-    // Waiting processes in join order, indexed by ticket and incarnation.
-    std::list<Joiner> pending;
-    absl::flat_hash_map<uint64_t, std::list<Joiner>::iterator> by_ticket;
-    absl::flat_hash_map<std::string, std::list<Joiner>::iterator>
-        by_incarnation;
-    absl::flat_hash_map<std::string, int> pending_per_node;
-    int complete_nodes = 0;  // nodes with nproc_per_node pending processes
+    // The processes waiting for the next round (spares while one runs).
+    PendingJoins pending;
     // Set while the phase is kLastCall.
     std::optional<absl::Time> last_call_deadline;
     // node id -> node rank it held last, so a returning node gets it back.
@@ -316,7 +302,7 @@ class RendezvousManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The chosen processes of a round being closed: [i][local] is the process
   // of local rank `local` on the i-th node of the placement.
-  using ChosenProcesses = std::vector<std::vector<std::list<Joiner>::iterator>>;
+  using ChosenProcesses = std::vector<std::vector<PendingJoins::Iterator>>;
   // Records the round `placement` closes with `chosen` (JobManager).
   absl::Status RecordCloseLocked(const JobRendezvous& job,
                                  const Placement& placement,
@@ -351,7 +337,7 @@ class RendezvousManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes a pending joiner, returning its callback.
   JoinCallback RemovePendingLocked(JobRendezvous* job,
-                                   std::list<Joiner>::iterator it)
+                                   PendingJoins::Iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string TimeoutMessageLocked(const JobRendezvous& job,
                                    const Joiner& joiner) const

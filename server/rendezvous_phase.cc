@@ -73,7 +73,7 @@ void RendezvousManager::FailPendingLocked(JobRendezvous* job,
   const std::string& job_id = job->config.job_id();
   while (!job->pending.empty()) {
     GS_LOG(INFO) << "job '" << job_id << "': "
-                 << DescribeProcess(job->pending.front().node)
+                 << DescribeProcess(job->pending.begin()->node)
                  << " stops waiting: " << status.message();
     completions->emplace_back(RemovePendingLocked(job, job->pending.begin()),
                               status);

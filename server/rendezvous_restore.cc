@@ -24,7 +24,8 @@ absl::Status RendezvousManager::Restore() {
       // Where the record says the job is: its round runs, or was superseded.
       job = std::make_unique<JobRendezvous>(
           record->state() == v1::JOB_STATE_WAITING ? RoundPhase::kSuperseded
-                                                   : RoundPhase::kRunning);
+                                                   : RoundPhase::kRunning,
+          record->config());
       absl::Status restored = RestoreLocked(*record, job.get());
       if (!restored.ok()) {
         rendezvous_.erase(job_id);

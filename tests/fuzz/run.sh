@@ -34,7 +34,7 @@ library=(
   server/join_request.cc server/local_placement.cc server/malformed_request.cc
   server/http/prometheus_metrics.cc server/http/http_server.cc
   server/health_service.cc
-  server/http/prometheus_text.cc server/rendezvous_manager.cc
+  server/http/prometheus_text.cc server/pending_joins.cc server/rendezvous_manager.cc
   server/rendezvous_phase.cc server/rendezvous_reform.cc server/rendezvous_restore.cc
   server/rendezvous_views.cc
   server/round_lifecycle.cc server/round_placement.cc

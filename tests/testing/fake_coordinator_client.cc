@@ -443,8 +443,10 @@ absl::StatusOr<v1::CreateJobResponse> FakeCoordinatorClient::CreateJob(
     return absl::AlreadyExistsError(
         absl::StrCat("job '", config.job_id(), "' exists"));
   }
+  v1::JobStatus& job = JobLocked(config.job_id());
+  *job.mutable_config() = config;
   v1::CreateJobResponse response;
-  *response.mutable_job() = JobLocked(config.job_id());
+  *response.mutable_job() = job;
   return response;
 }
 

@@ -176,9 +176,8 @@ absl::Status KeepDevice(v1::DeviceType type, int device_count,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status RunJob(const JobOptions& options, Trainer* trainer) {
+// What RunJob checks before it needs a device or the coordinator.
+absl::Status CheckJobOptions(const JobOptions& options, const Trainer* trainer) {
   if (trainer == nullptr) return absl::InvalidArgumentError("RunJob needs a trainer");
   if (options.max_recoveries < 0) {
     return absl::InvalidArgumentError("max_recoveries must be >= 0");
@@ -189,17 +188,39 @@ absl::Status RunJob(const JobOptions& options, Trainer* trainer) {
         "collective_timeout_factor must be >= 0 (0: off) and "
         "min_collective_timeout positive");
   }
-  GS_RETURN_IF_ERROR(CheckDeviceType(options.device));
-  const v1::DeviceType device_type = options.device;
+  return CheckDeviceType(options.device);
+}
+
+// How many devices of options.device this process may use (its own count,
+// or what it sees); FAILED_PRECONDITION for an accelerator it does not see.
+absl::StatusOr<int> UsableDevices(const JobOptions& options) {
   int device_count = options.device_count;
   if (device_count == 0) {
-    GS_ASSIGN_OR_RETURN(device_count, VisibleDevices(device_type));
+    GS_ASSIGN_OR_RETURN(device_count, VisibleDevices(options.device));
   }
-  if (device_type != v1::DEVICE_TYPE_CPU && device_count < 1) {
+  if (options.device != v1::DEVICE_TYPE_CPU && device_count < 1) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the job trains on ", DeviceTypeName(device_type),
+        "the job trains on ", DeviceTypeName(options.device),
         " but this process sees no such device"));
   }
+  return device_count;
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> Connect(
+    const std::string& coordinator, const JobOptions& options) {
+  ClientOptions client_options;
+  client_options.target = coordinator;
+  client_options.tls = {options.tls_ca, options.tls_cert, options.tls_key};
+  GS_ASSIGN_OR_RETURN(client_options.token, ClientToken(options.token_file));
+  return GrpcCoordinatorClient::Create(client_options);
+}
+
+}  // namespace
+
+absl::Status RunJob(const JobOptions& options, Trainer* trainer) {
+  GS_RETURN_IF_ERROR(CheckJobOptions(options, trainer));
+  const v1::DeviceType device_type = options.device;
+  GS_ASSIGN_OR_RETURN(const int device_count, UsableDevices(options));
   GS_ASSIGN_OR_RETURN(std::optional<LaunchedProcess> launched,
                       LaunchedProcessFromEnvironment());
   const std::string coordinator =
@@ -210,12 +231,8 @@ absl::Status RunJob(const JobOptions& options, Trainer* trainer) {
   GS_ASSIGN_OR_RETURN(
       v1::JoinRequest request,
       MakeRequest(options, launched, &address, device_type, device_count));
-
-  ClientOptions client_options;
-  client_options.target = coordinator;
-  client_options.tls = {options.tls_ca, options.tls_cert, options.tls_key};
-  GS_ASSIGN_OR_RETURN(client_options.token, ClientToken(options.token_file));
-  GS_ASSIGN_OR_RETURN(auto client, GrpcCoordinatorClient::Create(client_options));
+  GS_ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> client,
+                      Connect(coordinator, options));
 
   std::unique_ptr<NcclDevice> device;  // outlives every round's backend
   ElasticOptions elastic;

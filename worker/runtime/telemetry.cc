@@ -75,59 +75,9 @@ absl::Status Telemetry::OnStep(const StepReport& report, int64_t samples) {
     absl::MutexLock lock(&mu_);
     metrics_.set_state(v1::WORKER_STATE_TRAINING);
     metrics_.set_step(report.step);
-    const double seconds = absl::ToDoubleSeconds(report.step_time);
-    if (seconds > 0) {
-      const double rate = samples / seconds;
-      // A moving average: one slow step should not make the table jump.
-      samples_per_second_ = samples_per_second_ == 0
-                                ? rate
-                                : 0.8 * samples_per_second_ + 0.2 * rate;
-    }
-    metrics_.set_samples_per_second(samples_per_second_);
-    v1::StepTimings* t = metrics_.mutable_step_timings();
-    t->set_step_seconds(seconds);
-    t->set_forward_seconds(absl::ToDoubleSeconds(report.ddp.forward));
-    t->set_backward_seconds(absl::ToDoubleSeconds(report.ddp.backward_compute));
-    t->set_communication_seconds(
-        absl::ToDoubleSeconds(report.ddp.exposed_communication));
-    t->set_hidden_communication_seconds(
-        absl::ToDoubleSeconds(report.ddp.hidden_communication));
-    if (report.micro_batches > 0) {
-      // A moving average too: a heartbeat carries the latest of several
-      // steps.
-      const double one = absl::ToDoubleSeconds(report.micro_batch_time);
-      micro_batch_seconds_ = micro_batch_seconds_ == 0
-                                 ? one
-                                 : 0.8 * micro_batch_seconds_ + 0.2 * one;
-      v1::MicroBatchLoad* load = metrics_.mutable_micro_batches();
-      load->set_share(report.micro_batches);
-      load->set_per_step(report.micro_batches_per_step);
-      load->set_seconds(micro_batch_seconds_);
-    } else {
-      metrics_.clear_micro_batches();
-    }
-
-    // Bucket stats, and which bucket each collective of the step carried.
-    std::map<uint64_t, int> bucket_of;
-    metrics_.clear_buckets();
-    for (const BucketTiming& b : report.ddp.bucket_timings) {
-      bucket_of[b.sequence] = b.index;
-      v1::BucketStats* stats = metrics_.add_buckets();
-      stats->set_index(b.index);
-      stats->set_bytes(b.bytes);
-      const double s = absl::ToDoubleSeconds(b.allreduce);
-      stats->set_allreduce_seconds(s);
-      stats->set_algbw_bytes_per_second(s > 0 ? b.bytes / s : 0);
-    }
-    for (const CollectiveRecord& r : backend_->TakeRecords()) {
-      v1::CollectiveFingerprint* f = metrics_.add_recent_collectives();
-      f->set_sequence(static_cast<int64_t>(r.sequence));
-      f->set_op(r.op);
-      f->set_dtype(DataTypeName(r.dtype));
-      f->set_count(r.count);
-      auto it = bucket_of.find(r.sequence);
-      f->set_bucket_index(it == bucket_of.end() ? -1 : it->second);
-    }
+    SetStepTimingsLocked(report, samples);
+    SetMicroBatchesLocked(report);
+    SetCollectivesLocked(report);
     if (report.fingerprint != nullptr) AddFingerprintLocked(report);
     if (report.ddp.first_bucket_ready != absl::Time() &&
         report.ddp.first_bucket_ready != absl::InfiniteFuture()) {
@@ -143,6 +93,67 @@ absl::Status Telemetry::OnStep(const StepReport& report, int64_t samples) {
         absl::StrCat("the coordinator failed the job: ", verdict.reason));
   }
   return absl::OkStatus();
+}
+
+void Telemetry::SetStepTimingsLocked(const StepReport& report,
+                                     int64_t samples) {
+  const double seconds = absl::ToDoubleSeconds(report.step_time);
+  if (seconds > 0) {
+    const double rate = samples / seconds;
+    // A moving average: one slow step should not make the table jump.
+    samples_per_second_ = samples_per_second_ == 0
+                              ? rate
+                              : 0.8 * samples_per_second_ + 0.2 * rate;
+  }
+  metrics_.set_samples_per_second(samples_per_second_);
+  v1::StepTimings* t = metrics_.mutable_step_timings();
+  t->set_step_seconds(seconds);
+  t->set_forward_seconds(absl::ToDoubleSeconds(report.ddp.forward));
+  t->set_backward_seconds(absl::ToDoubleSeconds(report.ddp.backward_compute));
+  t->set_communication_seconds(
+      absl::ToDoubleSeconds(report.ddp.exposed_communication));
+  t->set_hidden_communication_seconds(
+      absl::ToDoubleSeconds(report.ddp.hidden_communication));
+}
+
+void Telemetry::SetMicroBatchesLocked(const StepReport& report) {
+  if (report.micro_batches <= 0) {
+    metrics_.clear_micro_batches();
+    return;
+  }
+  // A moving average too: a heartbeat carries the latest of several steps.
+  const double one = absl::ToDoubleSeconds(report.micro_batch_time);
+  micro_batch_seconds_ = micro_batch_seconds_ == 0
+                             ? one
+                             : 0.8 * micro_batch_seconds_ + 0.2 * one;
+  v1::MicroBatchLoad* load = metrics_.mutable_micro_batches();
+  load->set_share(report.micro_batches);
+  load->set_per_step(report.micro_batches_per_step);
+  load->set_seconds(micro_batch_seconds_);
+}
+
+void Telemetry::SetCollectivesLocked(const StepReport& report) {
+  // Bucket stats, and which bucket each collective of the step carried.
+  std::map<uint64_t, int> bucket_of;
+  metrics_.clear_buckets();
+  for (const BucketTiming& b : report.ddp.bucket_timings) {
+    bucket_of[b.sequence] = b.index;
+    v1::BucketStats* stats = metrics_.add_buckets();
+    stats->set_index(b.index);
+    stats->set_bytes(b.bytes);
+    const double s = absl::ToDoubleSeconds(b.allreduce);
+    stats->set_allreduce_seconds(s);
+    stats->set_algbw_bytes_per_second(s > 0 ? b.bytes / s : 0);
+  }
+  for (const CollectiveRecord& r : backend_->TakeRecords()) {
+    v1::CollectiveFingerprint* f = metrics_.add_recent_collectives();
+    f->set_sequence(static_cast<int64_t>(r.sequence));
+    f->set_op(r.op);
+    f->set_dtype(DataTypeName(r.dtype));
+    f->set_count(r.count);
+    auto it = bucket_of.find(r.sequence);
+    f->set_bucket_index(it == bucket_of.end() ? -1 : it->second);
+  }
 }
 
 void Telemetry::SetState(v1::WorkerState state) {

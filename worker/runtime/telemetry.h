@@ -58,6 +58,15 @@ class Telemetry {
   // Fills the collective counters and memory, then hands the snapshot to
   // the reporter.
   void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The parts of a step's report: step timings and throughput; the
+  // micro-batch load (an exact global batch); bucket stats and the step's
+  // collectives.
+  void SetStepTimingsLocked(const StepReport& report, int64_t samples)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetMicroBatchesLocked(const StepReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetCollectivesLocked(const StepReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues the report's replica fingerprint, with the tensors' names the
   // first time.
   void AddFingerprintLocked(const StepReport& report)

@@ -334,42 +334,13 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
   for (auto& p : model_->parameters()) {
     if (p.grad().defined()) p.mutable_grad().zero_();
   }
-  torch::Tensor step_loss = torch::zeros({}, torch::TensorOptions(device_));
-  int64_t step_samples = 0;
-  // What the micro-batches before the last took: the last one's backward
-  // also synchronizes (bucket copies, launches, the wait for the peers).
-  // On a GPU the host runs ahead of the device, so for the straggler
-  // balancer's speeds (an exact global batch) the device is waited for
-  // before the first micro-batch and after the one before the last: two
-  // waits a step, both before any gradient collective of the step starts.
-  const bool time_on_device =
-      device_.is_cuda() && plan_.has_value() && micro.size() > 1;
-  if (time_on_device) torch::cuda::synchronize();
-  absl::Time micro_start = context.clock->Now();
-  absl::Duration unsynced;
-  for (size_t m = 0; m < micro.size(); ++m) {
-    const bool last = m + 1 == micro.size();
-    step_loss += RunMicroBatch(ddp, micro[m], last);
-    if (micro[m].counts) step_samples += micro[m].indices.size(0);
-    if (last) continue;
-    if (time_on_device && m + 2 == micro.size()) torch::cuda::synchronize();
-    unsynced = context.clock->Now() - micro_start;
-  }
-  const absl::Duration micro_time = context.clock->Now() - micro_start;
+  const MicroBatchesRun run = RunMicroBatches(context, ddp, micro);
   if (ddp != nullptr) GS_RETURN_IF_ERROR(ddp->CheckStep());
-  report.loss = step_loss.item<double>();
+  report.loss = run.loss.item<double>();
   optimizer_->step();
   cursor.step = report.step;
   position_ = cursor;  // committed
-  // Under uneven inputs the last checkpoint waits for every rank.
-  report.checkpoint = CheckpointDue(Done() && !uneven());
-  GS_RETURN_IF_ERROR(MaybeCheckpoint(context, Done() && !uneven()));
-  Failpoint(kFailpointStep);
-  if (FailpointFiresAtStep(kFailpointCorruptParameters, report.step)) {
-    GS_RETURN_IF_ERROR(FlipOneParameterBit(*model_));
-  }
-  GS_ASSIGN_OR_RETURN(report.fingerprint,
-                      MaybeFingerprint(report.step, context.clock));
+  GS_RETURN_IF_ERROR(AfterCommit(context, &report));
   window_samples_ += global_samples;
   report.step_time = context.clock->Now() - step_start;
   if (ddp != nullptr) report.ddp = ddp->last_step_timings();
@@ -381,14 +352,53 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
         static_cast<int>(plan_->micro_batches_per_step());
     report.micro_batch_time =
         micro.size() > 1
-            ? unsynced / static_cast<int64_t>(micro.size() - 1)
-            : std::max(micro_time - report.ddp.exposed_communication,
+            ? run.unsynced / static_cast<int64_t>(micro.size() - 1)
+            : std::max(run.total - report.ddp.exposed_communication,
                        absl::ZeroDuration());
   }
   if (report.step > config_.warmup_steps) stats_.Add(report);
   ReportRoundStart(context);
-  if (context.on_step) GS_RETURN_IF_ERROR(context.on_step(report, step_samples));
+  if (context.on_step) GS_RETURN_IF_ERROR(context.on_step(report, run.samples));
   return Report(context, report, total_steps);
+}
+
+// On a GPU the host runs ahead of the device, so for the straggler
+// balancer's speeds (an exact global batch) the device is waited for before
+// the first micro-batch and after the one before the last: two waits a
+// step, both before any gradient collective of the step starts.
+TrainingRun::Impl::MicroBatchesRun TrainingRun::Impl::RunMicroBatches(
+    const TrainContext& context, DistributedDataParallel* ddp,
+    const std::vector<MicroBatch>& micro) {
+  MicroBatchesRun run;
+  run.loss = torch::zeros({}, torch::TensorOptions(device_));
+  const bool time_on_device =
+      device_.is_cuda() && plan_.has_value() && micro.size() > 1;
+  if (time_on_device) torch::cuda::synchronize();
+  const absl::Time start = context.clock->Now();
+  for (size_t m = 0; m < micro.size(); ++m) {
+    const bool last = m + 1 == micro.size();
+    run.loss += RunMicroBatch(ddp, micro[m], last);
+    if (micro[m].counts) run.samples += micro[m].indices.size(0);
+    if (last) continue;
+    if (time_on_device && m + 2 == micro.size()) torch::cuda::synchronize();
+    run.unsynced = context.clock->Now() - start;
+  }
+  run.total = context.clock->Now() - start;
+  return run;
+}
+
+absl::Status TrainingRun::Impl::AfterCommit(const TrainContext& context,
+                                            StepReport* report) {
+  // Under uneven inputs the last checkpoint waits for every rank.
+  report->checkpoint = CheckpointDue(Done() && !uneven());
+  GS_RETURN_IF_ERROR(MaybeCheckpoint(context, Done() && !uneven()));
+  Failpoint(kFailpointStep);
+  if (FailpointFiresAtStep(kFailpointCorruptParameters, report->step)) {
+    GS_RETURN_IF_ERROR(FlipOneParameterBit(*model_));
+  }
+  GS_ASSIGN_OR_RETURN(report->fingerprint,
+                      MaybeFingerprint(report->step, context.clock));
+  return absl::OkStatus();
 }
 
 // Every log_every steps and after the last: the loss averaged over ranks

@@ -181,6 +181,23 @@ class TrainingRun::Impl {
   // backward (see TrainerConfig::slowdown).
   torch::Tensor RunMicroBatch(DistributedDataParallel* ddp,
                               const MicroBatch& micro, bool sync);
+  // What a step's micro-batches gave: their summed loss (on the device),
+  // the samples that count, and how long they took: all of them, and all
+  // but the last (whose backward also waits for the step's collectives).
+  struct MicroBatchesRun {
+    torch::Tensor loss;
+    int64_t samples = 0;
+    absl::Duration total;
+    absl::Duration unsynced;
+  };
+  // Runs `micro` (all but the last under no_sync), timed on the device when
+  // the straggler balancer needs it (see the definition).
+  MicroBatchesRun RunMicroBatches(const TrainContext& context,
+                                  DistributedDataParallel* ddp,
+                                  const std::vector<MicroBatch>& micro);
+  // After step `report->step` committed: checkpoint, failpoints and the
+  // replica's fingerprint when due.
+  absl::Status AfterCommit(const TrainContext& context, StepReport* report);
   absl::Status Report(const TrainContext& context, const StepReport& report,
                       int64_t total_steps);
   // At a step boundary: ReformAtStepBoundary when any rank was asked to

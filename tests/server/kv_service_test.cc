@@ -1,0 +1,120 @@
+// KvService, the thin gRPC layer over KvManager, served alone in this
+// process (a fake clock, in-memory storage, no coordinator): who may call
+// about which job, that a refused or malformed call changes nothing, and
+// that the manager's answers reach the caller with their codes.
+#include "server/kv_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/grpc_status.h"
+#include "gtest/gtest.h"
+#include "proto/gradsync/v1/kv.grpc.pb.h"
+#include "server/authenticator.h"
+#include "server/job_manager.h"
+#include "server/kv_manager.h"
+#include "server/storage/in_memory_storage.h"
+
+namespace gradsync {
+namespace {
+
+constexpr char kAdmin[] = "admin-secret";
+
+class KvServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* job : {"a", "b"}) {
+      v1::JobConfig config;
+      config.set_job_id(job);
+      ASSERT_TRUE(jobs_.Create(config).ok());
+      kv_.OpenRound(job, 1);
+    }
+    ASSERT_TRUE(auth_.LoadFromStorage().ok());
+    absl::StatusOr<std::string> token = auth_.IssueToken("a");
+    ASSERT_TRUE(token.ok()) << token.status();
+    token_a_ = *token;
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::KeyValue::NewStub(grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override { server_->Shutdown(); }
+
+  // Set through the service with `token` (none when empty).
+  absl::Status Set(const std::string& token, const std::string& job,
+                   int64_t round, const std::string& key) {
+    grpc::ClientContext context;
+    if (!token.empty()) {
+      context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    }
+    v1::SetRequest request;
+    request.mutable_scope()->set_job_id(job);
+    request.mutable_scope()->set_round(round);
+    request.set_key(key);
+    request.set_value("value");
+    v1::SetResponse response;
+    return FromGrpcStatus(stub_->Set(&context, request, &response));
+  }
+
+  InMemoryStorage storage_;
+  FakeClock clock_;
+  JobManager jobs_{&storage_, &clock_};
+  KvManager kv_{&storage_, &clock_, &jobs_};
+  Authenticator auth_{&storage_, kAdmin};
+  KvService service_{&kv_, &auth_};
+  std::string token_a_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::KeyValue::Stub> stub_;
+};
+
+TEST_F(KvServiceTest, AJobsTokenReachesOnlyItsJobsStore) {
+  EXPECT_TRUE(Set(token_a_, "a", 1, "k").ok());
+  EXPECT_TRUE(kv_.Get({"a", 1}, "k").ok());
+
+  const absl::Status other_job = Set(token_a_, "b", 1, "k");
+  EXPECT_TRUE(absl::IsPermissionDenied(other_job)) << other_job;
+  EXPECT_EQ(other_job.message().find(token_a_), absl::string_view::npos);
+  const absl::Status anonymous = Set("", "b", 1, "k");
+  EXPECT_TRUE(absl::IsUnauthenticated(anonymous)) << anonymous;
+  const absl::Status wrong = Set("not-a-token", "b", 1, "k");
+  EXPECT_TRUE(absl::IsUnauthenticated(wrong)) << wrong;
+  // None of the refused calls wrote.
+  EXPECT_TRUE(absl::IsNotFound(kv_.Get({"b", 1}, "k").status()));
+
+  EXPECT_TRUE(Set(kAdmin, "b", 1, "k").ok());  // the admin may
+}
+
+TEST_F(KvServiceTest, TheManagersAnswersReachTheCallerWithTheirCodes) {
+  // A round that is not open, and a job that does not exist: the service
+  // answers what the manager says, code and message.
+  for (const auto& [job, round] :
+       std::vector<std::pair<std::string, int64_t>>{{"a", 2}, {"c", 1}}) {
+    const absl::Status direct = kv_.Set({job, round}, "k", "value");
+    ASSERT_FALSE(direct.ok());
+    const absl::Status served = Set(kAdmin, job, round, "k");
+    EXPECT_EQ(served.code(), direct.code()) << served << " vs " << direct;
+    EXPECT_EQ(served.message(), direct.message());
+  }
+}
+
+TEST_F(KvServiceTest, AMalformedRequestIsRefusedAndChangesNothing) {
+  const absl::Status no_key = Set(kAdmin, "a", 1, "");
+  EXPECT_TRUE(absl::IsInvalidArgument(no_key)) << no_key;
+  const absl::Status no_job = Set(kAdmin, "", 1, "k");
+  EXPECT_TRUE(absl::IsInvalidArgument(no_job)) << no_job;
+  absl::StatusOr<std::vector<Storage::Entry>> listed = kv_.List({"a", 1}, "", false);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_TRUE(listed->empty());
+}
+
+}  // namespace
+}  // namespace gradsync
