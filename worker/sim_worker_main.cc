@@ -147,12 +147,9 @@ absl::Status Bootstrap(CoordinatorClient& client, const v1::Assignment& a,
   return absl::OkStatus();
 }
 
-// The training loop a real trainer runs, with its collectives and compute
-// simulated: step s starts at t0 + (s - 1) * step_time on every rank (t0 is
-// rank 0's clock, shared through the store), so first-bucket-ready times
-// line up across ranks except for --lag.
-absl::Status Train(CoordinatorClient& client, const v1::Assignment& a,
-                   const v1::NodeDescriptor& node) {
+// Rank 0's clock when round `a` starts, shared through the store.
+absl::StatusOr<absl::Time> SharedStart(CoordinatorClient& client,
+                                       const v1::Assignment& a) {
   v1::Scope scope;
   scope.set_job_id(a.job_id());
   scope.set_round(a.round());
@@ -167,39 +164,56 @@ absl::Status Train(CoordinatorClient& client, const v1::Assignment& a,
   if (!absl::SimpleAtoi(t0_text, &t0_nanos)) {
     return absl::InternalError("rank 0 stored a malformed t0");
   }
-  const absl::Time t0 = absl::FromUnixNanos(t0_nanos);
-  const absl::Duration step_time = absl::GetFlag(FLAGS_step_time);
-  const int buckets = absl::GetFlag(FLAGS_buckets);
+  return absl::FromUnixNanos(t0_nanos);
+}
 
+// What a trainer's heartbeat says after step `step` (started at `start`):
+// its first bucket ready at mid-step (plus --lag), one all-reduce per
+// bucket (numbered on from `*sequence`; --desync_at makes one differ).
+v1::WorkerMetrics StepMetrics(int64_t step, absl::Time start,
+                              absl::Duration step_time, int64_t* sequence) {
+  v1::WorkerMetrics m;
+  m.set_state(v1::WORKER_STATE_TRAINING);
+  v1::StepReady* ready = m.add_first_bucket_ready();
+  ready->set_step(step);
+  *ready->mutable_time() =
+      ToProtoTime(start + step_time / 2 + absl::GetFlag(FLAGS_lag));
+  for (int b = 0; b < absl::GetFlag(FLAGS_buckets); ++b) {
+    v1::CollectiveFingerprint* f = m.add_recent_collectives();
+    f->set_sequence(++*sequence);
+    f->set_op("allreduce");
+    f->set_dtype("float32");
+    f->set_count(int64_t{1024} << b);
+    f->set_bucket_index(b);
+    if (*sequence == absl::GetFlag(FLAGS_desync_at)) {
+      f->set_count(f->count() + 1);
+    }
+  }
+  m.set_last_started_collective(*sequence);
+  m.set_last_finished_collective(*sequence);
+  m.set_step(step);
+  m.set_samples_per_second(32 / absl::ToDoubleSeconds(step_time));
+  m.mutable_step_timings()->set_step_seconds(absl::ToDoubleSeconds(step_time));
+  m.mutable_step_timings()->set_communication_seconds(
+      absl::ToDoubleSeconds(step_time) / 10);
+  return m;
+}
+
+// The training loop a real trainer runs, with its collectives and compute
+// simulated: step s starts at t0 + (s - 1) * step_time on every rank (t0 is
+// rank 0's clock, shared through the store), so first-bucket-ready times
+// line up across ranks except for --lag.
+absl::Status Train(CoordinatorClient& client, const v1::Assignment& a,
+                   const v1::NodeDescriptor& node) {
+  GS_ASSIGN_OR_RETURN(const absl::Time t0, SharedStart(client, a));
+  const absl::Duration step_time = absl::GetFlag(FLAGS_step_time);
   HealthReporter reporter(&client);
   reporter.Start(a, node.incarnation_id());
   int64_t sequence = 0;
   const int64_t steps = absl::GetFlag(FLAGS_train_steps);
   for (int64_t step = 1; step <= steps; ++step) {
-    const absl::Time start = t0 + (step - 1) * step_time;
-    v1::WorkerMetrics m;
-    m.set_state(v1::WORKER_STATE_TRAINING);
-    v1::StepReady* ready = m.add_first_bucket_ready();
-    ready->set_step(step);
-    *ready->mutable_time() =
-        ToProtoTime(start + step_time / 2 + absl::GetFlag(FLAGS_lag));
-    for (int b = 0; b < buckets; ++b) {
-      v1::CollectiveFingerprint* f = m.add_recent_collectives();
-      f->set_sequence(++sequence);
-      f->set_op("allreduce");
-      f->set_dtype("float32");
-      f->set_count(int64_t{1024} << b);
-      f->set_bucket_index(b);
-      if (sequence == absl::GetFlag(FLAGS_desync_at)) f->set_count(f->count() + 1);
-    }
-    m.set_last_started_collective(sequence);
-    m.set_last_finished_collective(sequence);
-    m.set_step(step);
-    m.set_samples_per_second(32 / absl::ToDoubleSeconds(step_time));
-    m.mutable_step_timings()->set_step_seconds(absl::ToDoubleSeconds(step_time));
-    m.mutable_step_timings()->set_communication_seconds(
-        absl::ToDoubleSeconds(step_time) / 10);
-    reporter.Update(m);
+    reporter.Update(
+        StepMetrics(step, t0 + (step - 1) * step_time, step_time, &sequence));
     if (step == absl::GetFlag(FLAGS_fail_at_step)) {
       GS_RETURN_IF_ERROR(reporter.Finish(
           false, 3, absl::StrCat("simulated failure at step ", step)));

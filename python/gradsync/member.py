@@ -6,11 +6,15 @@ outside `gradsync launch`.
 
 Heartbeats: on a stream that is opened again, with backoff, when it
 breaks (a blip, a coordinator restart). Completion: success at a normal
-exit; failure (exit code 1, with the
-exception) after an uncaught exception. A process that ends with os._exit
-or a signal reports nothing: its heartbeats stop and the coordinator finds
-it lost, as for any dead worker.
+exit; failure (exit code 1, with the exception) after an uncaught
+exception; failure with the code after sys.exit(N) (or exit(N)) from the
+main thread with N other than 0 and None (a string: code 1, the string as
+the message). Python tells an exit hook nothing of a `raise SystemExit(N)`
+written out by hand: that one reports success. A process that ends with
+os._exit or a signal reports nothing: its heartbeats stop and the
+coordinator finds it lost, as for any dead worker.
 """
+import builtins
 import atexit
 import os
 import secrets
@@ -40,6 +44,15 @@ def current():
     """The Member this process joined as (gradsync:// outside `gradsync
     launch`), or None."""
     return _current
+
+
+def _exit_outcome(code):
+    """(exit code, message) of sys.exit(code), as the interpreter exits."""
+    if code is None:
+        return (0, "")
+    if isinstance(code, int):
+        return (code, f"exited with code {code}" if code else "")
+    return (1, str(code))
 
 
 class Member:
@@ -88,9 +101,25 @@ class Member:
             self._failure = (1, f"{kind.__name__}: {value}")
             previous_hook(kind, value, traceback)
         sys.excepthook = hook
+        self._exit_code = None  # (exit code, message) given to sys.exit
+        self._hook_exits()
         atexit.register(self.finish)
         global _current
         _current = self
+
+    def _hook_exits(self):
+        """Wraps sys.exit (and the exit/quit builtins) so that the code a
+        main thread exits with is known at completion."""
+        def wrap(previous):
+            def exit_with(code=None):
+                if threading.current_thread() is threading.main_thread():
+                    self._exit_code = _exit_outcome(code)
+                previous(code)
+            return exit_with
+        sys.exit = wrap(sys.exit)
+        for name in ("exit", "quit"):
+            if callable(getattr(builtins, name, None)):
+                setattr(builtins, name, wrap(getattr(builtins, name)))
 
     def report(self, metrics):
         """Makes `metrics` (a gradsync.v1.WorkerMetrics, e.g. from
@@ -162,7 +191,7 @@ class Member:
             return
         self._stop.set()
         self._thread.join(timeout=self._interval + 5)
-        code, message = self._failure or (0, "")
+        code, message = self._failure or self._exit_code or (0, "")
         _call("report_completion", self._monitor.ReportCompletion,
               health_pb2.ReportCompletionRequest(
                   member=self._ref, success=code == 0, exit_code=code,

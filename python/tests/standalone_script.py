@@ -1,7 +1,9 @@
 """A plain Python process (no launcher, no RANK, no MASTER_ADDR) that joins
 job "standalone" through init_method="gradsync://...?nnodes=2": run twice
-by test_torch.py. With --fail_rank R, rank R raises after the all-reduce."""
+by test_torch.py. With --fail_rank R, rank R raises after the all-reduce;
+with --exit_rank R --exit_code N, rank R calls sys.exit(N) there."""
 import argparse
+import sys
 
 import torch
 import torch.distributed as dist
@@ -12,6 +14,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("coordinator")
 parser.add_argument("--job", default="standalone")
 parser.add_argument("--fail_rank", type=int, default=-1)
+parser.add_argument("--exit_rank", type=int, default=-1)
+parser.add_argument("--exit_code", type=int, default=0)
 args = parser.parse_args()
 dist.init_process_group(
     "gloo", init_method=f"gradsync://{args.coordinator}/{args.job}?nnodes=2")
@@ -22,4 +26,6 @@ print(f"rank {dist.get_rank()} of {dist.get_world_size()}: sum {t.item():g}",
 dist.barrier()
 if dist.get_rank() == args.fail_rank:
     raise RuntimeError("boom: rank gave up")
+if dist.get_rank() == args.exit_rank:
+    sys.exit(args.exit_code)
 dist.destroy_process_group()

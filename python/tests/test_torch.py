@@ -52,3 +52,20 @@ def test_an_uncaught_exception_fails_the_job(coordinator):
     job = gradsync.Client(coordinator).get_job("failing")
     assert gradsync.Client.state_name(job.state) == "failed", job
     assert "RuntimeError: boom: rank gave up" in job.reason, job.reason
+
+
+def test_sys_exit_with_a_code_fails_the_job_with_it(coordinator):
+    results = run_standalone(coordinator, "--job", "exiting",
+                             "--exit_rank", "1", "--exit_code", "3")
+    assert sorted(code for code, _ in results) == [0, 3], results
+    job = gradsync.Client(coordinator).get_job("exiting")
+    assert gradsync.Client.state_name(job.state) == "failed", job
+    assert "exited with code 3" in job.reason, job.reason
+
+
+def test_sys_exit_zero_is_a_success(coordinator):
+    results = run_standalone(coordinator, "--job", "exiting0",
+                             "--exit_rank", "1", "--exit_code", "0")
+    assert [code for code, _ in results] == [0, 0], results
+    job = gradsync.Client(coordinator).get_job("exiting0")
+    assert gradsync.Client.state_name(job.state) == "succeeded", job

@@ -28,13 +28,15 @@ library=(
   server/completion_queues.cc server/connection_limits.cc server/coordinator.cc
   server/group_commit.cc server/hang_stack_request.cc server/share_balancer.cc
   server/health_detection.cc server/health_detectors.cc
-  server/health_manager.cc server/health_replicas.cc server/health_views.cc
+  server/health_manager.cc server/health_replicas.cc server/health_transitions.cc
+  server/health_views.cc
   server/health_wire.cc server/heartbeat_shedder.cc server/job_manager.cc
   server/jobs_service.cc server/kv_manager.cc server/kv_service.cc
   server/join_request.cc server/local_placement.cc server/malformed_request.cc
   server/http/prometheus_metrics.cc server/http/http_server.cc
   server/health_service.cc
-  server/http/prometheus_text.cc server/pending_joins.cc server/rendezvous_manager.cc
+  server/http/prometheus_text.cc server/pending_joins.cc server/rendezvous_close.cc
+  server/rendezvous_manager.cc
   server/rendezvous_phase.cc server/rendezvous_reform.cc server/rendezvous_restore.cc
   server/rendezvous_views.cc
   server/round_lifecycle.cc server/round_placement.cc

@@ -18,6 +18,7 @@
 #include "server/job_manager.h"
 #include "server/kv_manager.h"
 #include "server/storage/in_memory_storage.h"
+#include "tests/testing/in_process_server.h"
 
 namespace gradsync {
 namespace {
@@ -37,17 +38,9 @@ class KvServiceTest : public ::testing::Test {
     absl::StatusOr<std::string> token = auth_.IssueToken("a");
     ASSERT_TRUE(token.ok()) << token.status();
     token_a_ = *token;
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
-    builder.RegisterService(&service_);
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    stub_ = v1::KeyValue::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    ASSERT_TRUE(server_.ok());
+    stub_ = v1::KeyValue::NewStub(server_.Channel());
   }
-  void TearDown() override { server_->Shutdown(); }
 
   // Set through the service with `token` (none when empty).
   absl::Status Set(const std::string& token, const std::string& job,
@@ -72,7 +65,7 @@ class KvServiceTest : public ::testing::Test {
   Authenticator auth_{&storage_, kAdmin};
   KvService service_{&kv_, &auth_};
   std::string token_a_;
-  std::unique_ptr<grpc::Server> server_;
+  InProcessServer server_{{&service_}};
   std::unique_ptr<v1::KeyValue::Stub> stub_;
 };
 

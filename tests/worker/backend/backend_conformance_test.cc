@@ -4,7 +4,8 @@
 // count (0, 1, odd sizes, past one shared-memory slot), checked against
 // closed forms; and over backend x world size: barriers, abort of a
 // collective in flight, long mixes issued back to back, empty collectives
-// in order, argument errors. What only one backend has (its dtypes, its
+// in order, argument errors; and the options every backend checks when it
+// is created. What only one backend has (its dtypes, its
 // bootstrap and peer-death paths, its processes) stays in its own test.
 #include <cstdint>
 #include <memory>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/worker/backend/backend_test_util.h"
 #include "tests/worker/backend/nccl_sim_group.h"
@@ -30,10 +32,12 @@ using ::gradsync::testing::BufferOf;
 using ::gradsync::testing::ExpectAllOk;
 using ::gradsync::testing::ExpectElements;
 using ::gradsync::testing::kBig;
+using ::gradsync::testing::kBound;
 using ::gradsync::testing::kHealthyTimeout;
 using ::gradsync::testing::OptionsFor;
 using ::gradsync::testing::RankSum;
 using ::testing::Combine;
+using ::testing::HasSubstr;
 using ::testing::Values;
 
 enum class Kind { kGloo, kShm, kNcclSim };
@@ -242,6 +246,58 @@ TEST_P(ArgumentConformanceTest, BadArgumentsFailAtOnceAndUseNoSequenceNumber) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ArgumentConformanceTest,
+                         Values(Kind::kGloo, Kind::kShm, Kind::kNcclSim),
+                         [](const ::testing::TestParamInfo<Kind>& info) {
+                           return KindName(info.param);
+                         });
+
+// ---------------------------------------------------------------------------
+// Creation: the options every backend checks alike, refused before anything
+// is made.
+
+absl::Status CreateWith(Kind kind, const BackendOptions& options) {
+  InMemoryStore store;
+  switch (kind) {
+    case Kind::kGloo:
+      return GlooBackend::Create(options, &store).status();
+    case Kind::kShm:
+      return ShmBackend::Create(options, &store).status();
+    case Kind::kNcclSim:
+      break;
+  }
+  std::vector<std::unique_ptr<NcclDevice>> devices =
+      ::gradsync::testing::SimDevices(1);
+  NcclOptions nccl;
+  nccl.device = devices[0].get();
+  return NcclBackend::Create(options, nccl).status();
+}
+
+class CreateConformanceTest : public ::testing::TestWithParam<Kind> {};
+
+TEST_P(CreateConformanceTest, BadCommonOptionsAreRefused) {
+  struct Case {
+    const char* what;
+    BackendOptions options;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"rank past the world", OptionsFor(2, 2, kBound),
+       "rank 2 is not in [0, 2)"},
+      {"negative rank", OptionsFor(-1, 2, kBound), "rank -1 is not in [0, 2)"},
+      {"empty world", OptionsFor(0, 0, kBound), "world size 0 is not positive"},
+      {"zero timeout", OptionsFor(0, 1, absl::ZeroDuration()),
+       "timeout 0 is not positive"},
+  };
+  for (const Case& c : cases) {
+    const absl::Status created = CreateWith(GetParam(), c.options);
+    EXPECT_EQ(created.code(), absl::StatusCode::kInvalidArgument)
+        << c.what << ": " << created;
+    EXPECT_THAT(std::string(created.message()), HasSubstr(c.message))
+        << c.what;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CreateConformanceTest,
                          Values(Kind::kGloo, Kind::kShm, Kind::kNcclSim),
                          [](const ::testing::TestParamInfo<Kind>& info) {
                            return KindName(info.param);

@@ -208,7 +208,7 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooGroupTest, Values(1, 2, 3, 4),
                          ::gradsync::testing::WorldName);
 
 // ---------------------------------------------------------------------------
-// Bad arguments.
+// Bad arguments (the options every backend checks: backend_conformance_test).
 
 TEST(GlooBackendArgumentsTest, CreateRejectsBadOptions) {
   InMemoryStore store;
@@ -224,26 +224,6 @@ TEST(GlooBackendArgumentsTest, CreateRejectsBadOptions) {
   GlooOptions no_such_interface;
   no_such_interface.network_interface = "gradsync-no-such-if";
   const Case cases[] = {
-      {"rank past the world",
-       OptionsFor(2, 2, kBound),
-       &store,
-       {},
-       "rank 2 is not in [0, 2)"},
-      {"negative rank",
-       OptionsFor(-1, 2, kBound),
-       &store,
-       {},
-       "rank -1 is not in [0, 2)"},
-      {"empty world",
-       OptionsFor(0, 0, kBound),
-       &store,
-       {},
-       "world size 0 is not positive"},
-      {"zero timeout",
-       OptionsFor(0, 1, absl::ZeroDuration()),
-       &store,
-       {},
-       "timeout 0 is not positive"},
       {"no store", OptionsFor(0, 1, kBound), nullptr, {}, "no store"},
       {"foreign address", OptionsFor(0, 1, kBound), &store, foreign_address,
        "cannot listen on host '192.0.2.1'"},

@@ -415,7 +415,7 @@ TEST(ShmBackendTest, SegmentNameIsRemovedOnceEveryRankAttached) {
 }
 
 // ---------------------------------------------------------------------------
-// Bad arguments.
+// Bad arguments (the options every backend checks: backend_conformance_test).
 
 TEST(ShmBackendArgumentsTest, CreateRejectsBadOptions) {
   InMemoryStore store;
@@ -427,26 +427,6 @@ TEST(ShmBackendArgumentsTest, CreateRejectsBadOptions) {
     const char* message;
   };
   const Case cases[] = {
-      {"rank past the world",
-       OptionsFor(2, 2, kBound),
-       &store,
-       {},
-       "shm backend: rank 2 is not in [0, 2)"},
-      {"negative rank",
-       OptionsFor(-1, 2, kBound),
-       &store,
-       {},
-       "rank -1 is not in [0, 2)"},
-      {"empty world",
-       OptionsFor(0, 0, kBound),
-       &store,
-       {},
-       "world size 0 is not positive"},
-      {"zero timeout",
-       OptionsFor(0, 1, absl::ZeroDuration()),
-       &store,
-       {},
-       "timeout 0 is not positive"},
       {"no store", OptionsFor(0, 1, kBound), nullptr, {}, "no store"},
       {"empty slots", OptionsFor(0, 1, kBound), &store, SlotOf(0),
        "slot_bytes 0 is not in [1, 1073741824]"},

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/gradsync/v1/kv.grpc.pb.h"
+#include "tests/testing/in_process_server.h"
 
 namespace gradsync {
 namespace {
@@ -76,21 +77,11 @@ class ScriptedKv final : public v1::KeyValue::Service {
   std::string authorization_ ABSL_GUARDED_BY(mu_);
 };
 
-// A gRPC server on a free loopback port with one ScriptedKv.
+// One ScriptedKv, served in this process.
 struct KvServer {
-  KvServer() {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
-    builder.RegisterService(&kv);
-    server = builder.BuildAndStart();
-  }
-  ~KvServer() { server->Shutdown(); }
-  std::string address() const { return absl::StrCat("127.0.0.1:", port); }
-
   ScriptedKv kv;
-  int port = 0;
-  std::unique_ptr<grpc::Server> server;
+  InProcessServer server{{&kv}};
+  std::string address() const { return server.address(); }
 };
 
 class GrpcCoordinatorClientTest : public ::testing::Test {
