@@ -11,6 +11,8 @@
 #   netns_run NAME CMD...      # runs CMD on host NAME (in the background:
 #                              # add &; netns_cleanup kills what remains)
 #   netns_cut NAME / netns_mend NAME   # NAME's link down / up again
+#   netns_partition "A B ..."  # the switch split: A B ... apart from the rest
+#   netns_heal                 # one switch again
 #
 # Names of this run carry its pid ($$): parallel runs do not meet.
 
@@ -79,4 +81,28 @@ netns_cleanup() {
   done
   wait 2>/dev/null
   return 0
+}
+
+# The switch splits in two: the hosts named in SET_A (a quoted list) reach
+# each other, the others reach each other, nobody across (their ports move
+# to a second bridge; TCP connections across stall, nothing resets).
+# netns_heal puts every host back on one switch.
+netns_partition() {
+  local name
+  ip -n "$netns_switch" link show br1 >/dev/null 2>&1 || {
+    ip -n "$netns_switch" link add br1 type bridge || netns_fail "no bridge"
+    ip -n "$netns_switch" link set br1 up
+  }
+  for name in "${netns_hosts[@]}"; do
+    case " $1 " in
+      *" $name "*) ;;
+      *) ip -n "$netns_switch" link set "${netns_prefix}${name}" master br1 ;;
+    esac
+  done
+}
+netns_heal() {
+  local name
+  for name in "${netns_hosts[@]}"; do
+    ip -n "$netns_switch" link set "${netns_prefix}${name}" master br0
+  done
 }
