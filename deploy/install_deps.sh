@@ -6,6 +6,7 @@ set -euo pipefail
 
 packages=(
   bazel-bootstrap bazel-rules-java g++
+  gcc  # also builds //tests/storage:power_loss_test's LD_PRELOAD shim
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
   libtorch-dev libgloo-dev libcpp-httplib-dev python3-prometheus-client
