@@ -1,5 +1,6 @@
 #include "server/storage/etcd_leadership.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -29,7 +30,8 @@ absl::StatusOr<int64_t> TryToLead(const EtcdConnection& etcd,
                                   etcdserverpb::Lease::Stub* leases,
                                   const std::string& key,
                                   const LeadershipOptions& options,
-                                  int64_t* lease) {
+                                  int64_t* lease, absl::Time* asked) {
+  *asked = absl::Now();  // the lease's TTL counts from after this
   etcdserverpb::LeaseGrantRequest grant;
   grant.set_ttl(absl::ToInt64Seconds(absl::Ceil(options.lease_ttl, absl::Seconds(1))));
   etcdserverpb::LeaseGrantResponse granted;
@@ -71,16 +73,18 @@ absl::StatusOr<std::unique_ptr<EtcdLeadership>> EtcdLeadership::Campaign(
     absl::StatusOr<std::string> leader = CurrentLeader(etcd, kv.get(), key);
     if (leader.ok() && leader->empty()) {
       int64_t lease = 0;
-      absl::StatusOr<int64_t> revision =
-          TryToLead(etcd, kv.get(), leases.get(), key, options, &lease);
+      absl::Time asked;
+      absl::StatusOr<int64_t> revision = TryToLead(
+          etcd, kv.get(), leases.get(), key, options, &lease, &asked);
       if (revision.ok() && *revision > 0) {
         GS_LOG(INFO) << "leading the coordinators under '" << options.prefix
                      << "' in etcd at " << etcd.endpoints() << " (lease "
                      << absl::StrCat(absl::Hex(lease)) << ", revision "
                      << *revision << ")";
-        return std::unique_ptr<EtcdLeadership>(
-            new EtcdLeadership(std::move(etcd), std::move(options),
-                               std::move(on_lost), lease, *revision));
+        const absl::Time valid_until = asked + options.lease_ttl;
+        return std::unique_ptr<EtcdLeadership>(new EtcdLeadership(
+            std::move(etcd), std::move(options), std::move(on_lost), lease,
+            *revision, valid_until));
       }
       if (!revision.ok()) leader = revision.status();
     }
@@ -100,7 +104,7 @@ absl::StatusOr<std::unique_ptr<EtcdLeadership>> EtcdLeadership::Campaign(
 
 EtcdLeadership::EtcdLeadership(EtcdConnection etcd, LeadershipOptions options,
                                LostCallback on_lost, int64_t lease,
-                               int64_t revision)
+                               int64_t revision, absl::Time valid_until)
     : etcd_(std::move(etcd)),
       options_(std::move(options)),
       on_lost_(std::move(on_lost)),
@@ -108,7 +112,7 @@ EtcdLeadership::EtcdLeadership(EtcdConnection etcd, LeadershipOptions options,
       lease_(lease),
       revision_(revision),
       leases_(etcdserverpb::Lease::NewStub(etcd_.channel())),
-      renewer_([this] { RenewLoop(); }) {}
+      renewer_([this, valid_until] { RenewLoop(valid_until); }) {}
 
 EtcdLeadership::~EtcdLeadership() {
   stop_.Notify();
@@ -124,33 +128,49 @@ EtcdLeadership::~EtcdLeadership() {
   }
 }
 
-void EtcdLeadership::RenewLoop() {
-  absl::Time renewed = absl::Now();
-  while (!stop_.WaitForNotificationWithTimeout(options_.lease_ttl / 4)) {
-    absl::StatusOr<int64_t> ttl = Renew();
+void EtcdLeadership::RenewLoop(absl::Time valid_until) {
+  // A lease outlives its last renewal by its TTL counted from when etcd
+  // took the renewal, which is after it was sent: `sent + TTL` is never
+  // later than the lease's end. The leadership ends a margin before that,
+  // so that a deposed leader has stopped before another one can lead.
+  const absl::Duration margin = options_.lease_ttl / 4;
+  while (true) {
+    const absl::Duration wait =
+        std::min(options_.lease_ttl / 4, valid_until - margin - absl::Now());
+    if (stop_.WaitForNotificationWithTimeout(
+            std::max(wait, absl::ZeroDuration()))) {
+      return;
+    }
+    const absl::Time sent = absl::Now();
+    const absl::Duration left = valid_until - margin - sent;
+    absl::StatusOr<int64_t> ttl =
+        left > absl::ZeroDuration()
+            ? Renew(std::min(options_.lease_ttl / 2, left))
+            : absl::DeadlineExceededError("no time left to renew");
     if (ttl.ok() && *ttl > 0) {
-      renewed = absl::Now();
+      valid_until = sent + std::min(absl::Seconds(*ttl), options_.lease_ttl);
       continue;
     }
     absl::Status why;
     if (ttl.ok()) {
       why = absl::AbortedError(absl::StrCat(
           "the lease of '", key_, "' expired: another coordinator may lead"));
-    } else if (absl::Now() - renewed > options_.lease_ttl) {
+    } else if (absl::Now() >= valid_until - margin) {
       why = absl::UnavailableError(absl::StrCat(
-          "the lease of '", key_, "' was not renewed for ",
-          absl::FormatDuration(options_.lease_ttl), ": ", ttl.status().message()));
+          "the lease of '", key_, "' could not be renewed (",
+          ttl.status().message(), "), and it may expire within ",
+          absl::FormatDuration(margin),
+          ": stopping before another coordinator can lead"));
     } else {
-      continue;  // a transient error: retry within the TTL
+      continue;  // a transient error: retry while the lease surely holds
     }
     if (!stop_.HasBeenNotified() && on_lost_) on_lost_(why);
     return;
   }
 }
 
-absl::StatusOr<int64_t> EtcdLeadership::Renew() {
-  std::unique_ptr<grpc::ClientContext> context =
-      etcd_.Context(options_.lease_ttl / 2);
+absl::StatusOr<int64_t> EtcdLeadership::Renew(absl::Duration deadline) {
+  std::unique_ptr<grpc::ClientContext> context = etcd_.Context(deadline);
   std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::LeaseKeepAliveRequest,
                                            etcdserverpb::LeaseKeepAliveResponse>>
       stream = leases_->LeaseKeepAlive(context.get());

@@ -45,7 +45,8 @@ class EtcdLeadership {
   // Blocks until this replica leads, logging which replica it waits for;
   // etcd errors are retried (logged) while standing by. `on_lost` runs once,
   // on the renewal thread, if the leadership ends before destruction (the
-  // lease expired or could not be renewed within its TTL).
+  // lease expired, or could not be renewed and might expire within
+  // TTL/4: see RenewLoop).
   static absl::StatusOr<std::unique_ptr<EtcdLeadership>> Campaign(
       EtcdConnection etcd, LeadershipOptions options, LostCallback on_lost);
 
@@ -59,14 +60,20 @@ class EtcdLeadership {
   int64_t revision() const { return revision_; }
 
  private:
+  // `valid_until`: before it, the lease surely holds.
   EtcdLeadership(EtcdConnection etcd, LeadershipOptions options,
-                 LostCallback on_lost, int64_t lease, int64_t revision);
+                 LostCallback on_lost, int64_t lease, int64_t revision,
+                 absl::Time valid_until);
 
   // Renews the lease every TTL/4 until stopped; reports a loss once the
-  // lease is gone or was not renewed for its TTL.
-  void RenewLoop();
-  // One renewal: the lease's remaining TTL (<= 0: expired).
-  absl::StatusOr<int64_t> Renew();
+  // lease is gone, or when it could not be renewed and might expire within
+  // a margin (TTL/4): the time it surely holds is counted from before each
+  // renewal was sent, so a deposed leader stops before etcd lets another
+  // one lead.
+  void RenewLoop(absl::Time valid_until);
+  // One renewal within `deadline`: the lease's remaining TTL in seconds
+  // (<= 0: expired).
+  absl::StatusOr<int64_t> Renew(absl::Duration deadline);
 
   const EtcdConnection etcd_;
   const LeadershipOptions options_;
