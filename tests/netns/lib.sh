@@ -2,8 +2,9 @@
 # in this folder): each host is a network namespace with one address on a
 # switch (a bridge in a namespace of its own), all made by the scenario and
 # removed when it exits. Needs root (ip netns, veth, bridge). No netem here:
-# faults are cuts of a host's link (blips, partitions of one host from all
-# the others); latency and loss in user space are still to come (issue 24).
+# faults are cuts of a host's link, partitions of the switch, and slow
+# links through a user-space switch (slow_switch.py: a TUN device per host,
+# packets delayed or dropped by one process).
 #
 #   source tests/netns/lib.sh
 #   netns_init                 # the switch; traps EXIT to remove everything
@@ -13,6 +14,11 @@
 #   netns_cut NAME / netns_mend NAME   # NAME's link down / up again
 #   netns_partition "A B ..."  # the switch split: A B ... apart from the rest
 #   netns_heal                 # one switch again
+#   netns_slow_links MS LOSS SEED  # (after the last netns_host) a second
+#                              # network through slow_switch.py: every
+#                              # packet MS ms late, LOSS (0-1) of them
+#                              # dropped; NAME's address there is
+#                              # $(netns_slow_addr NAME)
 #
 # Names of this run carry its pid ($$): parallel runs do not meet.
 
@@ -70,8 +76,32 @@ netns_run() {
 netns_cut() { ip -n "$netns_switch" link set "${netns_prefix}$1" down; }
 netns_mend() { ip -n "$netns_switch" link set "${netns_prefix}$1" up; }
 
+# The address of host NAME on the slow network (netns_slow_links).
+netns_slow_addr() { netns_addr "$1" | sed 's/^10\.77\./10.78./'; }
+
+netns_slow_pid=0
+netns_slow_links() {
+  local here name specs=()
+  here=$(dirname "${BASH_SOURCE[0]}")
+  for name in "${netns_hosts[@]}"; do
+    specs+=("${netns_prefix}${name}=$(netns_slow_addr "$name")")
+  done
+  coproc netns_slow { exec /usr/bin/python3 -u "$here/slow_switch.py" \
+    --delay_ms="$1" --loss="$2" --seed="$3" "${specs[@]}" 2>&1; }
+  netns_slow_pid=$netns_slow_PID
+  local ready=""
+  read -r -t 10 ready <&"${netns_slow[0]}" || true
+  [ "$ready" = ready ] || netns_fail "the slow switch did not start: $ready"
+  for name in "${netns_hosts[@]}"; do
+    ip -n "${netns_prefix}${name}" addr add "$(netns_slow_addr "$name")/24" \
+      dev gsnet0 || netns_fail "no slow link on $name"
+    ip -n "${netns_prefix}${name}" link set gsnet0 up
+  done
+}
+
 netns_cleanup() {
   local name ns pids
+  [ "$netns_slow_pid" = 0 ] || kill -9 "$netns_slow_pid" 2>/dev/null
   for name in "${netns_hosts[@]}" ""; do
     ns="${netns_prefix}${name}"
     [ -z "$name" ] && ns=$netns_switch

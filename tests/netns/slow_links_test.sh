@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# //tests/netns:slow_links_test: training and a recovery over slow, lossy
+# links (tests/netns/lib.sh's user-space switch: every packet between hosts
+# 200 ms late, 5% of them dropped; the drops drawn from a printed seed,
+# GRADSYNC_FAULT_SEED=N replays them). A coordinator and two
+# gradsync-workers (Gloo) on three hosts, 20 steps, heartbeats every 1 s,
+# a member lost after 5 missed.
+#   first the same job on the plain switch, for its step time;
+#   then over the slow links: worker b is killed (SIGKILL) after step 8
+#   and a new one started on b (--nnodes=2: a waits for it): it takes the
+#   training state from a over the slow links, the job recovers (nobody
+#   else is lost: the first recovery's cause is rank 1's) and SUCCEEDS.
+# Prints the median step time on both and their ratio (BENCHMARKS.md).
+set -uo pipefail
+cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
+bin=$PWD
+tmp=${TEST_TMPDIR:-$(mktemp -d)}
+py=/usr/bin/python3
+# shellcheck source=tests/netns/lib.sh
+source tests/netns/lib.sh
+fail() { echo "slow_links_test: FAIL: $*" >&2; exit 1; }
+
+seed=${GRADSYNC_FAULT_SEED:-$(( $(date +%s) % 100000 ))}
+echo "slow_links_test: seed $seed (replay: GRADSYNC_FAULT_SEED=$seed)"
+netns_init
+for host in coord a b; do netns_host "$host"; done
+netns_slow_links 200 0.05 "$seed"
+
+# coordinator ADDRESS_OF: a coordinator on host coord at `$ADDRESS_OF coord`.
+coordinator() {
+  local at; at=$($1 coord)
+  rm -f "$tmp/port"
+  netns_run coord "$bin/server/gradsync-coordinator" --listen="$at:0" \
+    --port_file="$tmp/port" --heartbeat_interval=1s --missed_heartbeats=5 \
+    2>>"$tmp/coordinator.log" &
+  for _ in $(seq 200); do [ -s "$tmp/port" ] && break; sleep 0.1; done
+  [ -s "$tmp/port" ] || fail "no coordinator: $(tail -5 "$tmp/coordinator.log")"
+  address="$at:$(cat "$tmp/port")"
+}
+field() {
+  netns_run coord "$bin/cli/gradsync" --coordinator="$address" \
+    status "$1" --json 2>/dev/null |
+    $py -c "import json,sys; j=json.load(sys.stdin); print($2)" 2>/dev/null
+}
+# worker JOB HOST ADDRESS_OF: a worker of JOB on HOST (in the background).
+worker() {
+  netns_run "$2" timeout 240 "$bin/worker/gradsync-worker" \
+    --coordinator="$address" --job="$1" --nnodes=2 --node_id="$2" \
+    --address="$($3 "$2")" --shared_memory=false --model=mlp --hidden=24 \
+    --dataset=synthetic --synthetic_size=96 --batch_size=4 --steps=20 \
+    --threads=1 --log_every=0 --summary_json="$tmp/$1.$2.summary.json" \
+    >>"$tmp/$1.$2.log" 2>&1 &
+}
+# Until both members of JOB passed step STEP (3 min at most).
+await_step() {
+  local deadline=$((SECONDS + 180))
+  until [ "$(field "$1" "min([m.get('step', 0) for m in j['members']] or [0]) if len(j['members']) == 2 else 0")" -ge "$2" ] 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || fail "$1: the workers did not reach step $2"
+    sleep 0.2
+  done
+}
+median_ms() { $py -c "import json,sys; print(round(json.load(open(sys.argv[1]))['median_step_ms'], 1))" "$tmp/$1.a.summary.json"; }
+
+coordinator netns_addr
+worker plain a netns_addr
+a_pid=$!
+sleep 0.5
+worker plain b netns_addr
+b_pid=$!
+wait "$a_pid" && wait "$b_pid" || fail "plain: a worker failed: $(tail -3 "$tmp"/plain.*.log)"
+plain=$(median_ms plain)
+
+coordinator netns_slow_addr
+worker slow a netns_slow_addr
+a_pid=$!
+sleep 0.5
+worker slow b netns_slow_addr
+b_pid=$!
+await_step slow 8
+victim=$(pgrep -f "^$bin/worker/gradsync-worker .*--job=slow .*--node_id=b")
+[ -n "$victim" ] || fail "slow: no worker process on b"
+kill -9 "$victim"
+wait "$b_pid" 2>/dev/null
+worker slow b netns_slow_addr
+b_pid=$!
+wait "$a_pid" || fail "slow: worker a failed: $(tail -5 "$tmp"/slow.a.log)"
+wait "$b_pid" || fail "slow: the new worker b failed: $(tail -5 "$tmp"/slow.b.log)"
+netns_run coord "$bin/cli/gradsync" --coordinator="$address" status slow \
+  --json >"$tmp/slow.json"
+$py -c "
+import json, sys
+j = json.load(open(sys.argv[1]))
+r = j.get('recoveries', [])
+sys.exit(0 if j['state'] == 'succeeded' and r and 'rank 1 ' in r[0]['cause'] else 1)" "$tmp/slow.json" ||
+  fail "slow: not a recovery from rank 1's loss: $(cat "$tmp/slow.json")"
+slow=$(median_ms slow)
+echo "slow_links_test: recovered: $($py -c "import json; print(json.load(open('$tmp/slow.json'))['recoveries'][0]['cause'])"); succeeded"
+echo "slow_links_test: median step (rank 0): plain ${plain} ms, 200 ms/5% loss ${slow} ms, ratio $($py -c "print(round($slow / $plain, 1))")"
+echo "slow_links_test: OK"
