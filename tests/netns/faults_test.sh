@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # //tests/netns:faults_test: faults drawn from a seed, over four simulated
 # hosts (tests/netns/lib.sh): a coordinator and three gradsync-workers
-# (Gloo over the switch, --nnodes=2:3), 200 steps of 100 ms. The
+# (Gloo over the switch, --nnodes=2:3), 200 steps of 100 ms (more with
+# GRADSYNC_FAULTS, below). The
 # coordinator hears heartbeats every 500 ms and finds a member lost after 6
 # missed (3 s).
 #   within the grace: a reference run without faults, then the same run
-#     under three faults drawn from the seed (a host's link cut, or the
+#     under three faults drawn from the seed (a host's link cut, the
 #     switch split into two sets of hosts, the coordinator's side and the
-#     other), 0.3-1.0 s each and 3-3.5 s apart. A connection is silent
+#     other, or every process of a host paused, the coordinator's too),
+#     0.3-1.0 s each and 3-3.5 s apart. A connection is silent
 #     longer than its path is cut: TCP retransmits after 0.2, 0.6, 1.4 s,
 #     so a 1 s cut silences it up to 1.4 s, and two cuts within one
 #     detection window add up (a first version drew them 0.8-1.5 s apart:
@@ -17,7 +19,10 @@
 #     reference run's bit for bit;
 #   a partition past it: {coordinator, a, b} | {c} for 6 s: c is found lost,
 #     the job re-forms without it and SUCCEEDS.
-# The seed is printed; GRADSYNC_FAULT_SEED=N replays a run's faults.
+# The seed is printed; GRADSYNC_FAULT_SEED=N replays a run's faults, and
+# GRADSYNC_FAULTS=N draws N faults instead of 3 (training lasts longer to
+# hold them: run it by hand for a longer soak, e.g. with
+# --test_env=GRADSYNC_FAULTS=40 --test_timeout=1800).
 set -uo pipefail
 cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
 bin=$PWD
@@ -28,6 +33,8 @@ source tests/netns/lib.sh
 fail() { echo "faults_test: FAIL: $*" >&2; exit 1; }
 
 seed=${GRADSYNC_FAULT_SEED:-$(( $(date +%s) % 100000 ))}
+faults=${GRADSYNC_FAULTS:-3}
+steps=$((65 + 45 * faults))  # 100 ms steps; a fault and its gap take <= 4.5 s
 echo "faults_test: seed $seed (replay: GRADSYNC_FAULT_SEED=$seed)"
 RANDOM=$seed
 
@@ -55,11 +62,11 @@ start() {
   local job=$1 host deadline
   workers=()
   for host in a b c; do
-    netns_run "$host" timeout 200 "$bin/worker/gradsync-worker" \
+    netns_run "$host" timeout $((steps + 60)) "$bin/worker/gradsync-worker" \
       --coordinator="$address" --job="$job" --nnodes=2:3 --node_id="$host" \
       --address="$(netns_addr "$host")" --shared_memory=false --model=mlp \
       --hidden=24 --dataset=synthetic --synthetic_size=96 --batch_size=4 \
-      --steps=200 --step_sleep=100ms --threads=1 --log_every=0 \
+      --steps="$steps" --step_sleep=100ms --threads=1 --log_every=0 \
       --save_params="$tmp/$job.params" >"$tmp/$job.$host.log" 2>&1 &
     workers+=("$!")
     deadline=$((SECONDS + 30))
@@ -87,8 +94,9 @@ await_training() {
   done
 }
 check() { $py -c "import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$tmp/$1.json"; }
-# A duration of MIN..MAX tenths of a second, from the seed.
-tenths() { local t=$(( $1 + RANDOM % ($2 - $1 + 1) )); echo "$((t / 10)).$((t % 10))"; }
+# Sets `tenths` to a duration of MIN..MAX tenths of a second, from the
+# seed (in this shell: bash reseeds RANDOM in a command substitution's).
+draw_tenths() { local t=$(( $1 + RANDOM % ($2 - $1 + 1) )); tenths="$((t / 10)).$((t % 10))"; }
 
 start reference
 finish reference
@@ -98,23 +106,32 @@ check reference "j['state'] == 'succeeded'" || fail "reference: $(cat "$tmp/refe
 start faults
 await_training faults
 hosts=(coord a b c)
-for i in 1 2 3; do
-  if [ $((RANDOM % 2)) = 0 ]; then
-    host=${hosts[$((RANDOM % 4))]}
-    what="cut $host"
-    netns_cut "$host"
-  else
-    side=""  # the coordinator's side: a random subset of the workers
-    for host in a b c; do [ $((RANDOM % 2)) = 0 ] && side+=" $host"; done
-    what="partition {coord$side} | {the others}"
-    netns_partition "coord$side"
-  fi
-  for_s=$(tenths 3 10)
-  echo "faults_test: fault $i: $what for ${for_s}s"
-  sleep "$for_s"
+for i in $(seq "$faults"); do
+  case $((RANDOM % 3)) in
+    0)
+      host=${hosts[$((RANDOM % 4))]}
+      what="cut $host"
+      netns_cut "$host"
+      ;;
+    1)
+      side=""  # the coordinator's side: a random subset of the workers
+      for host in a b c; do [ $((RANDOM % 2)) = 0 ] && side+=" $host"; done
+      what="partition {coord$side} | {the others}"
+      netns_partition "coord$side"
+      ;;
+    *)
+      host=${hosts[$((RANDOM % 4))]}
+      what="pause $host (SIGSTOP)"
+      netns_pause "$host"
+      ;;
+  esac
+  draw_tenths 3 10
+  echo "faults_test: fault $i: $what for ${tenths}s"
+  sleep "$tenths"
   netns_heal
-  for host in "${hosts[@]}"; do netns_mend "$host"; done
-  sleep "$(tenths 30 35)"
+  for host in "${hosts[@]}"; do netns_mend "$host"; netns_resume "$host"; done
+  draw_tenths 30 35
+  sleep "$tenths"
 done
 finish faults
 check faults "j['state'] == 'succeeded'" || fail "faults: $(cat "$tmp/faults.json")"
@@ -124,7 +141,7 @@ check faults "all(m['state'] == 'exited' for m in j['members'])" ||
   fail "faults within the grace lost a member: $(cat "$tmp/faults.json")"
 cmp -s "$tmp/reference.params" "$tmp/faults.params" ||
   fail "faults within the grace changed the trained parameters"
-echo "faults_test: 3 faults within the grace: no loss, round 1, the same parameters"
+echo "faults_test: $faults faults within the grace: no loss, round 1, the same parameters"
 
 start split
 await_training split

@@ -14,6 +14,8 @@
 #   netns_cut NAME / netns_mend NAME   # NAME's link down / up again
 #   netns_partition "A B ..."  # the switch split: A B ... apart from the rest
 #   netns_heal                 # one switch again
+#   netns_pause NAME / netns_resume NAME  # SIGSTOP / SIGCONT every process
+#                              # on host NAME
 #   netns_slow_links MS LOSS SEED  # (after the last netns_host) a second
 #                              # network through slow_switch.py: every
 #                              # packet MS ms late, LOSS (0-1) of them
@@ -75,6 +77,15 @@ netns_run() {
 # (TCP connections are not reset; they stall, as behind a dead switch).
 netns_cut() { ip -n "$netns_switch" link set "${netns_prefix}$1" down; }
 netns_mend() { ip -n "$netns_switch" link set "${netns_prefix}$1" up; }
+
+netns_pause() {
+  local pids; pids=$(ip netns pids "${netns_prefix}$1")
+  [ -z "$pids" ] || kill -STOP $pids 2>/dev/null
+}
+netns_resume() {
+  local pids; pids=$(ip netns pids "${netns_prefix}$1")
+  [ -z "$pids" ] || kill -CONT $pids 2>/dev/null
+}
 
 # The address of host NAME on the slow network (netns_slow_links).
 netns_slow_addr() { netns_addr "$1" | sed 's/^10\.77\./10.78./'; }
