@@ -4,12 +4,13 @@
 # 200 ms late, 5% of them dropped; the drops drawn from a printed seed,
 # GRADSYNC_FAULT_SEED=N replays them). A coordinator and two
 # gradsync-workers (Gloo) on three hosts, 20 steps, heartbeats every 1 s,
-# a member lost after 5 missed.
+# a member lost after 8 missed (a heartbeat may wait for a few
+# retransmissions of about a second each).
 #   first the same job on the plain switch, for its step time;
 #   then over the slow links: worker b is killed (SIGKILL) after step 8
 #   and a new one started on b (--nnodes=2: a waits for it): it takes the
-#   training state from a over the slow links, the job recovers (nobody
-#   else is lost: the first recovery's cause is rank 1's) and SUCCEEDS.
+#   training state from a over the slow links, the job recovers in place
+#   (rank 0 is never lost) and SUCCEEDS.
 # Prints the median step time on both and their ratio (BENCHMARKS.md).
 set -uo pipefail
 cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
@@ -31,7 +32,7 @@ coordinator() {
   local at; at=$($1 coord)
   rm -f "$tmp/port"
   netns_run coord "$bin/server/gradsync-coordinator" --listen="$at:0" \
-    --port_file="$tmp/port" --heartbeat_interval=1s --missed_heartbeats=5 \
+    --port_file="$tmp/port" --heartbeat_interval=1s --missed_heartbeats=8 \
     2>>"$tmp/coordinator.log" &
   for _ in $(seq 200); do [ -s "$tmp/port" ] && break; sleep 0.1; done
   [ -s "$tmp/port" ] || fail "no coordinator: $(tail -5 "$tmp/coordinator.log")"
@@ -87,12 +88,17 @@ wait "$a_pid" || fail "slow: worker a failed: $(tail -5 "$tmp"/slow.a.log)"
 wait "$b_pid" || fail "slow: the new worker b failed: $(tail -5 "$tmp"/slow.b.log)"
 netns_run coord "$bin/cli/gradsync" --coordinator="$address" status slow \
   --json >"$tmp/slow.json"
+# The cause is rank 1's loss, or rank 0's rejoin when its collective failed
+# first and the round closed before the coordinator found rank 1 lost;
+# rank 0 is never lost, and the round resumed in place from it.
 $py -c "
 import json, sys
 j = json.load(open(sys.argv[1]))
 r = j.get('recoveries', [])
-sys.exit(0 if j['state'] == 'succeeded' and r and 'rank 1 ' in r[0]['cause'] else 1)" "$tmp/slow.json" ||
-  fail "slow: not a recovery from rank 1's loss: $(cat "$tmp/slow.json")"
+ok = (j['state'] == 'succeeded' and r and r[0]['resumed_in_place'] and
+      not any('rank 0 ' in x['cause'] and 'lost' in x['cause'] for x in r))
+sys.exit(0 if ok else 1)" "$tmp/slow.json" ||
+  fail "slow: not a recovery in place with rank 0 kept: $(cat "$tmp/slow.json")"
 slow=$(median_ms slow)
 echo "slow_links_test: recovered: $($py -c "import json; print(json.load(open('$tmp/slow.json'))['recoveries'][0]['cause'])"); succeeded"
 echo "slow_links_test: median step (rank 0): plain ${plain} ms, 200 ms/5% loss ${slow} ms, ratio $($py -c "print(round($slow / $plain, 1))")"
