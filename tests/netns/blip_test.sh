@@ -7,7 +7,13 @@
 #   blip: worker b's link is cut for 1 s mid-training: nobody is LOST, no
 #         recovery, the job SUCCEEDS in round 1;
 #   loss: the same cut for 6 s: b is found lost (the harness can cut), the
-#         job re-forms and still SUCCEEDS (--nnodes=1:2).
+#         job re-forms and still SUCCEEDS (--nnodes=1:2);
+#   reset: b's TCP connections to the coordinator are reset (`ss -K`: its
+#         heartbeat stream breaks, as at a proxy restart): b reconnects
+#         within the coordinator's reconnect grace (its log says its
+#         heartbeats reach the coordinator again), nobody is LOST, round 1.
+#         With --reconnect_grace=0s b is lost at once ("heartbeat stream
+#         broke"; mutation-checked by hand).
 set -uo pipefail
 cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
 bin=$PWD
@@ -36,11 +42,12 @@ field() {
     $py -c "import json,sys; j=json.load(sys.stdin); print($2)" 2>/dev/null
 }
 
-# scenario JOB CUT_SECONDS: trains JOB on hosts a and b, cuts b's link for
-# CUT_SECONDS once both passed step 20, waits for both workers (2 min at
-# most); leaves the status JSON in $tmp/JOB.json.
+# scenario JOB FAULT...: trains JOB on hosts a and b, runs FAULT (a command)
+# once both passed step 20, waits for both workers (2 min at most); leaves
+# the status JSON in $tmp/JOB.json.
 scenario() {
-  local job=$1 cut=$2 workers=() host
+  local job=$1 workers=() host
+  shift
   for host in a b; do
     netns_run "$host" timeout 120 "$bin/worker/gradsync-worker" \
       --coordinator="$address" --job="$job" --nnodes=1:2 --node_id="$host" \
@@ -55,9 +62,7 @@ scenario() {
     [ $SECONDS -lt $deadline ] || fail "$job: the workers did not reach step 20"
     sleep 0.2
   done
-  netns_cut b
-  sleep "$cut"
-  netns_mend b
+  "$@"
   local w
   for w in "${workers[@]}"; do
     wait "$w" || fail "$job: a worker failed: $(tail -5 "$tmp/$job".*.log)"
@@ -68,7 +73,12 @@ scenario() {
 
 check() { $py -c "import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$tmp/$1.json"; }
 
-scenario blip 1
+# cut SECONDS: b's link down for SECONDS.
+cut() { netns_cut b; sleep "$1"; netns_mend b; }
+# reset: b's TCP connections to the coordinator aborted (RST).
+reset() { netns_run b ss -K dst "$coord" >/dev/null 2>&1; }
+
+scenario blip cut 1
 check blip "j['state'] == 'succeeded'" || fail "blip: $(cat "$tmp/blip.json")"
 check blip "j.get('recovery_count', 0) == 0 and j['round'] == 1" ||
   fail "blip: a 1 s cut re-formed the job: $(cat "$tmp/blip.json")"
@@ -76,9 +86,16 @@ check blip "all(m['state'] == 'exited' for m in j['members'])" ||
   fail "blip: a member was lost: $(cat "$tmp/blip.json")"
 echo "blip_test: a 1 s cut of host b: no loss, round 1, succeeded"
 
-scenario loss 6
+scenario loss cut 6
 check loss "j['state'] == 'succeeded'" || fail "loss: $(cat "$tmp/loss.json")"
 check loss "j.get('recovery_count', 0) >= 1 and 'lost' in j['recoveries'][0]['cause']" ||
   fail "loss: a 6 s cut was not a loss: $(cat "$tmp/loss.json")"
 echo "blip_test: a 6 s cut of host b: $($py -c "import json; print(json.load(open('$tmp/loss.json'))['recoveries'][0]['cause'])"); succeeded"
+scenario reset reset
+check reset "j['state'] == 'succeeded'" || fail "reset: $(cat "$tmp/reset.json")"
+check reset "j.get('recovery_count', 0) == 0 and j['round'] == 1" ||
+  fail "reset: a broken stream cost a round: $(cat "$tmp/reset.json")"
+grep -q "heartbeats reach the coordinator at .* again" "$tmp/reset.b.log" ||
+  fail "reset: b's heartbeats never broke (did the reset do anything?)"
+echo "blip_test: b's connections to the coordinator reset: no loss, round 1, succeeded"
 echo "blip_test: OK"
