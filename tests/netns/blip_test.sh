@@ -28,19 +28,9 @@ netns_host coord
 netns_host a
 netns_host b
 coord=$(netns_addr coord)
-netns_run coord "$bin/server/gradsync-coordinator" --listen="$coord:0" \
-  --port_file="$tmp/port" --heartbeat_interval=500ms --missed_heartbeats=6 \
-  2>"$tmp/coordinator.log" &
-for _ in $(seq 200); do [ -s "$tmp/port" ] && break; sleep 0.1; done
-[ -s "$tmp/port" ] || fail "no coordinator: $(cat "$tmp/coordinator.log")"
-address="$coord:$(cat "$tmp/port")"
-
-# field JOB EXPR: EXPR (Python, over the status JSON `j`) printed.
-field() {
-  netns_run coord "$bin/cli/gradsync" --coordinator="$address" \
-    status "$1" --json 2>/dev/null |
-    $py -c "import json,sys; j=json.load(sys.stdin); print($2)" 2>/dev/null
-}
+netns_coordinator coord "$coord" --heartbeat_interval=500ms \
+  --missed_heartbeats=6
+field() { netns_status coord "$@"; }
 
 # scenario JOB FAULT...: trains JOB on hosts a and b, runs FAULT (a command)
 # once both passed step 20, waits for both workers (2 min at most); leaves

@@ -41,19 +41,9 @@ RANDOM=$seed
 netns_init
 for host in coord a b c; do netns_host "$host"; done
 coord=$(netns_addr coord)
-netns_run coord "$bin/server/gradsync-coordinator" --listen="$coord:0" \
-  --port_file="$tmp/port" --heartbeat_interval=500ms --missed_heartbeats=6 \
-  2>"$tmp/coordinator.log" &
-for _ in $(seq 200); do [ -s "$tmp/port" ] && break; sleep 0.1; done
-[ -s "$tmp/port" ] || fail "no coordinator: $(cat "$tmp/coordinator.log")"
-address="$coord:$(cat "$tmp/port")"
-
-# field JOB EXPR: EXPR (Python, over the status JSON `j`) printed.
-field() {
-  netns_run coord "$bin/cli/gradsync" --coordinator="$address" \
-    status "$1" --json 2>/dev/null |
-    $py -c "import json,sys; j=json.load(sys.stdin); print($2)" 2>/dev/null
-}
+netns_coordinator coord "$coord" --heartbeat_interval=500ms \
+  --missed_heartbeats=6
+field() { netns_status coord "$@"; }
 
 # start JOB: a worker of JOB on each of a, b and c, in that order (each
 # waits to join before the next starts, so that node ranks follow it in

@@ -16,6 +16,11 @@
 #   netns_heal                 # one switch again
 #   netns_pause NAME / netns_resume NAME  # SIGSTOP / SIGCONT every process
 #                              # on host NAME
+#   netns_coordinator NAME AT FLAGS...  # a coordinator on host NAME at
+#                              # address AT; sets $address (HOST:PORT)
+#   netns_status NAME JOB EXPR # EXPR (Python over JOB's status JSON `j`),
+#                              # asked from host NAME
+# The last two use the scenario's $bin (the runfiles root) and $tmp.
 #   netns_slow_links MS LOSS SEED  # (after the last netns_host) a second
 #                              # network through slow_switch.py: every
 #                              # packet MS ms late, LOSS (0-1) of them
@@ -85,6 +90,24 @@ netns_pause() {
 netns_resume() {
   local pids; pids=$(ip netns pids "${netns_prefix}$1")
   [ -z "$pids" ] || kill -CONT $pids 2>/dev/null
+}
+
+netns_coordinator() {
+  local host=$1 at=$2 i
+  shift 2
+  rm -f "$tmp/port"
+  netns_run "$host" "$bin/server/gradsync-coordinator" --listen="$at:0" \
+    --port_file="$tmp/port" "$@" 2>>"$tmp/coordinator.log" &
+  for i in $(seq 200); do [ -s "$tmp/port" ] && break; sleep 0.1; done
+  [ -s "$tmp/port" ] ||
+    netns_fail "no coordinator: $(tail -5 "$tmp/coordinator.log")"
+  address="$at:$(cat "$tmp/port")"
+}
+netns_status() {
+  netns_run "$1" "$bin/cli/gradsync" --coordinator="$address" \
+    status "$2" --json 2>/dev/null |
+    /usr/bin/python3 -c "import json,sys; j=json.load(sys.stdin); print($3)" \
+      2>/dev/null
 }
 
 # The address of host NAME on the slow network (netns_slow_links).
