@@ -32,10 +32,9 @@ py=/usr/bin/python3
 source tests/netns/lib.sh
 fail() { echo "faults_test: FAIL: $*" >&2; exit 1; }
 
-seed=${GRADSYNC_FAULT_SEED:-$(( $(date +%s) % 100000 ))}
+netns_seed faults_test
 faults=${GRADSYNC_FAULTS:-3}
 steps=$((65 + 45 * faults))  # 100 ms steps; a fault and its gap take <= 4.5 s
-echo "faults_test: seed $seed (replay: GRADSYNC_FAULT_SEED=$seed)"
 RANDOM=$seed
 
 netns_init

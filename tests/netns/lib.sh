@@ -21,6 +21,8 @@
 #   netns_status NAME JOB EXPR # EXPR (Python over JOB's status JSON `j`),
 #                              # asked from host NAME
 # The last two use the scenario's $bin (the runfiles root) and $tmp.
+#   netns_seed TEST            # sets $seed (GRADSYNC_FAULT_SEED, or drawn)
+#                              # and prints it: "TEST: seed N (replay: ...)"
 #   netns_slow_links MS LOSS SEED  # (after the last netns_host) a second
 #                              # network through slow_switch.py: every
 #                              # packet MS ms late, LOSS (0-1) of them
@@ -90,6 +92,11 @@ netns_pause() {
 netns_resume() {
   local pids; pids=$(ip netns pids "${netns_prefix}$1")
   [ -z "$pids" ] || kill -CONT $pids 2>/dev/null
+}
+
+netns_seed() {
+  seed=${GRADSYNC_FAULT_SEED:-$(( $(date +%s) % 100000 ))}
+  echo "$1: seed $seed (replay: GRADSYNC_FAULT_SEED=$seed)"
 }
 
 netns_coordinator() {
