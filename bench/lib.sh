@@ -30,3 +30,29 @@ start_coordinator() {
   }
   address="127.0.0.1:$(cat "$work/$name.port")"
 }
+
+# start_etcd: a one-member etcd (Debian's etcd-server, default settings) on
+# loopback with its data in $work/etcd, killed at exit; sets etcd_endpoint
+# (HOST:PORT) once it answers /health, fails after 10 s otherwise.
+start_etcd() {
+  local cport pport
+  cport=$(free_port); pport=$(free_port)
+  /usr/bin/etcd --name=bench --data-dir="$work/etcd" \
+    --listen-client-urls="http://127.0.0.1:$cport" \
+    --advertise-client-urls="http://127.0.0.1:$cport" \
+    --listen-peer-urls="http://127.0.0.1:$pport" \
+    --initial-advertise-peer-urls="http://127.0.0.1:$pport" \
+    --initial-cluster="bench=http://127.0.0.1:$pport" \
+    --logger=zap --log-outputs="$work/etcd.log" &
+  pids+=("$!")
+  etcd_endpoint="127.0.0.1:$cport"
+  for _ in $(seq 1 100); do
+    curl -fs "http://$etcd_endpoint/health" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "etcd did not start (log: $work/etcd.log)" >&2
+  return 1
+}
+
+# A free loopback port (the kernel's pick for port 0).
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

@@ -23,35 +23,11 @@ for arg in "$@"; do
 done
 bazel build -c opt //bench:rendezvous_load 2>&1 | tail -n 1
 load=bazel-bin/bench/rendezvous_load
-state=$(mktemp -d)
-etcd_pid=""
-cleanup() {
-  if [ -n "$etcd_pid" ]; then
-    kill "$etcd_pid" 2>/dev/null && wait "$etcd_pid" 2>/dev/null || true
-  fi
-  rm -rf "$state"
-}
-trap cleanup EXIT
-
-# A free loopback port (the kernel's pick for port 0).
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+bin=bazel-bin
+source bench/lib.sh
+state=$work
 etcd_endpoint=""
-if [ -x /usr/bin/etcd ]; then
-  cport=$(free_port); pport=$(free_port)
-  /usr/bin/etcd --name=bench --data-dir="$state/etcd" \
-    --listen-client-urls="http://127.0.0.1:$cport" \
-    --advertise-client-urls="http://127.0.0.1:$cport" \
-    --listen-peer-urls="http://127.0.0.1:$pport" \
-    --initial-advertise-peer-urls="http://127.0.0.1:$pport" \
-    --initial-cluster="bench=http://127.0.0.1:$pport" \
-    --logger=zap --log-outputs="$state/etcd.log" &
-  etcd_pid=$!
-  etcd_endpoint="127.0.0.1:$cport"
-  for _ in $(seq 1 100); do  # up to 10 s for it to serve
-    curl -fs "http://$etcd_endpoint/health" >/dev/null 2>&1 && break
-    sleep 0.1
-  done
-fi
+if [ -x /usr/bin/etcd ]; then start_etcd; fi
 
 # TLS material for the fourth column.
 ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)

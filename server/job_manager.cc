@@ -1,23 +1,15 @@
 #include "server/job_manager.h"
 
-#include <google/protobuf/field_mask.pb.h>
-#include <google/protobuf/util/field_mask_util.h>
-
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
 #include "common/status_macros.h"
+#include "server/job_records.h"
 
 namespace gradsync {
 namespace {
-
-constexpr absl::string_view kJobsPrefix = "jobs/";
-
-std::string StorageKey(absl::string_view job_id) {
-  return absl::StrCat(kJobsPrefix, job_id);
-}
 
 std::string DescribeConfig(const v1::JobConfig& c) {
   return absl::StrCat(
@@ -40,16 +32,37 @@ JobManager::JobManager(Storage* storage, Clock* clock, JobLimits limits)
 
 absl::Status JobManager::LoadFromStorage() {
   GS_ASSIGN_OR_RETURN(std::vector<Storage::Entry> entries,
-                      storage_->Scan(kJobsPrefix, /*keys_only=*/false));
-  absl::MutexLock lock(&mu_);
-  for (const auto& [key, value] : entries) {
-    v1::JobStatus record;
-    if (!record.ParseFromString(value)) {
-      return absl::DataLossError(
-          absl::StrCat("stored job record '", key, "' does not parse"));
-    }
-    jobs_[record.config().job_id()] = std::move(record);
+                      storage_->Scan(kJobRecordsPrefix, /*keys_only=*/false));
+  GS_ASSIGN_OR_RETURN(LoadedJobRecords loaded, LoadJobRecords(entries));
+  entries.clear();
+  // Records of state format 1 are rewritten in parts before anything is
+  // served (a change record beside a record with its members inside would
+  // not be read back); parts a crash left behind are removed.
+  std::vector<Storage::Mutation> batch;
+  for (const std::string& id : loaded.inline_members) {
+    const v1::JobStatus& record = loaded.records[id];
+    AppendStoreWhole(record, record.round(), &batch);
   }
+  for (std::string& key : loaded.stale_keys) {
+    Storage::Mutation remove;
+    remove.kind = Storage::Mutation::Kind::kDelete;
+    remove.key = std::move(key);
+    batch.push_back(std::move(remove));
+  }
+  if (!batch.empty()) {
+    absl::Status rewritten = storage_->Apply(batch);
+    if (!rewritten.ok()) {
+      return absl::Status(
+          rewritten.code(),
+          absl::StrCat("rewriting ", loaded.inline_members.size(),
+                       " job records of state format 1 in parts and removing ",
+                       loaded.stale_keys.size(), " stale parts: ",
+                       rewritten.message()));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, record] : loaded.records) jobs_[id] = std::move(record);
+  for (const auto& [id, seq] : loaded.next_change) next_change_[id] = seq;
   return absl::OkStatus();
 }
 
@@ -127,25 +140,6 @@ absl::Status JobManager::CopyTo(absl::string_view job_id,
   return absl::OkStatus();
 }
 
-namespace {
-
-// The fields of a job record but its members, for selective copies.
-const google::protobuf::FieldMask& AllButMembers() {
-  static const auto* mask = [] {
-    auto* m = new google::protobuf::FieldMask();
-    const google::protobuf::Descriptor* d = v1::JobStatus::descriptor();
-    for (int i = 0; i < d->field_count(); ++i) {
-      if (d->field(i)->number() != v1::JobStatus::kMembersFieldNumber) {
-        m->add_paths(d->field(i)->name());
-      }
-    }
-    return m;
-  }();
-  return *mask;
-}
-
-}  // namespace
-
 absl::StatusOr<JobManager::SelectionCounts> JobManager::CopySelected(
     absl::string_view job_id, const MemberSelection& selection,
     v1::JobStatus* out) const {
@@ -155,10 +149,7 @@ absl::StatusOr<JobManager::SelectionCounts> JobManager::CopySelected(
     return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
   }
   const v1::JobStatus& record = it->second;
-  google::protobuf::util::FieldMaskUtil::MergeOptions options;
-  options.set_replace_repeated_fields(true);
-  google::protobuf::util::FieldMaskUtil::MergeMessageTo(record, AllButMembers(),
-                                                        options, out);
+  CopyAllButMembers(record, out);
   SelectionCounts counts;
   const int size = record.members_size();
   const int to = selection.rank_to > 0 ? std::min(selection.rank_to, size) : size;
@@ -230,14 +221,13 @@ absl::Status JobManager::RecordRoundClosed(absl::string_view job_id,
                                            const v1::Recovery* recovery) {
   absl::MutexLock lock(&mu_);
   GS_ASSIGN_OR_RETURN(v1::JobStatus * record, FindLocked(job_id));
-  v1::JobStatus updated = *record;
+  v1::JobStatus updated = WithoutMembers(*record);
   google::protobuf::Timestamp now = ToProtoTime(clock_->Now());
   updated.set_state(v1::JOB_STATE_RUNNING);
   updated.set_round(round);
   updated.set_world_size(static_cast<int32_t>(members.size()));
   updated.set_backend(backend);
   updated.clear_reason();
-  updated.clear_members();
   for (v1::Member& m : members) *updated.add_members() = std::move(m);
   *updated.mutable_update_time() = now;
   *updated.mutable_round_close_time() = now;
@@ -248,8 +238,11 @@ absl::Status JobManager::RecordRoundClosed(absl::string_view job_id,
     *kept->Add() = *recovery;
     updated.set_recovery_count(updated.recovery_count() + 1);
   }
-  GS_RETURN_IF_ERROR(PersistLocked(updated));
+  std::vector<Storage::Mutation> batch;
+  AppendStoreWhole(updated, record->round(), &batch);
+  GS_RETURN_IF_ERROR(storage_->Apply(batch));
   *record = std::move(updated);
+  next_change_[record->config().job_id()] = 0;
   if (recovery != nullptr) {
     recovery_phases_["detection"].Observe(FromProtoDuration(recovery->detection()));
     recovery_phases_["rendezvous"].Observe(
@@ -262,13 +255,12 @@ absl::Status JobManager::RecordRoundSuperseded(absl::string_view job_id,
                                                absl::string_view reason) {
   absl::MutexLock lock(&mu_);
   GS_ASSIGN_OR_RETURN(v1::JobStatus * record, FindLocked(job_id));
-  v1::JobStatus updated = *record;
-  updated.set_state(v1::JOB_STATE_WAITING);
-  updated.set_reason(std::string(reason));
-  *updated.mutable_update_time() = ToProtoTime(clock_->Now());
-  GS_RETURN_IF_ERROR(PersistLocked(updated));
-  *record = std::move(updated);
-  return absl::OkStatus();
+  const google::protobuf::Timestamp now = ToProtoTime(clock_->Now());
+  return UpdateLocked(record, [&](v1::JobStatus* r) {
+    r->set_state(v1::JOB_STATE_WAITING);
+    r->set_reason(std::string(reason));
+    *r->mutable_update_time() = now;
+  });
 }
 
 absl::Status JobManager::RecordRoundStart(absl::string_view job_id,
@@ -280,20 +272,18 @@ absl::Status JobManager::RecordRoundStart(absl::string_view job_id,
       record->recoveries(record->recoveries_size() - 1).new_round() != round) {
     return absl::OkStatus();
   }
-  v1::JobStatus updated = *record;
-  v1::Recovery* recovery =
-      updated.mutable_recoveries(updated.recoveries_size() - 1);
-  v1::RoundStartTimings* slowest = recovery->mutable_round_start();
-  const auto keep_max = [](const google::protobuf::Duration& d,
-                           google::protobuf::Duration* max) {
-    if (FromProtoDuration(d) > FromProtoDuration(*max)) *max = d;
-  };
-  keep_max(timings.process_group(), slowest->mutable_process_group());
-  keep_max(timings.state_transfer(), slowest->mutable_state_transfer());
-  keep_max(timings.first_step(), slowest->mutable_first_step());
-  recovery->set_round_start_reports(recovery->round_start_reports() + 1);
-  GS_RETURN_IF_ERROR(PersistLocked(updated));
-  *record = std::move(updated);
+  GS_RETURN_IF_ERROR(UpdateLocked(record, [&](v1::JobStatus* r) {
+    v1::Recovery* recovery = r->mutable_recoveries(r->recoveries_size() - 1);
+    v1::RoundStartTimings* slowest = recovery->mutable_round_start();
+    const auto keep_max = [](const google::protobuf::Duration& d,
+                             google::protobuf::Duration* max) {
+      if (FromProtoDuration(d) > FromProtoDuration(*max)) *max = d;
+    };
+    keep_max(timings.process_group(), slowest->mutable_process_group());
+    keep_max(timings.state_transfer(), slowest->mutable_state_transfer());
+    keep_max(timings.first_step(), slowest->mutable_first_step());
+    recovery->set_round_start_reports(recovery->round_start_reports() + 1);
+  }));
   recovery_phases_["process_group"].Observe(
       FromProtoDuration(timings.process_group()));
   recovery_phases_["state_transfer"].Observe(
@@ -345,24 +335,44 @@ absl::Status JobManager::RecordHealth(absl::string_view job_id, int64_t round,
         "round ", round, " of job '", job_id, "' is not running (job is ",
         JobStateName(record->state()), " in round ", record->round(), ")"));
   }
-  v1::JobStatus updated = *record;
-  for (const HealthUpdate::MemberChange& change : update.members) {
-    if (change.rank < 0 || change.rank >= updated.members_size()) continue;
-    v1::Member* member = updated.mutable_members(change.rank);
-    member->set_state(change.state);
-    member->set_state_reason(change.reason);
-  }
+  // The members' changes go into a change record of their own; the record
+  // is rewritten (without its members) only when the job's state changes.
   const absl::Time now = clock_->Now();
-  if (update.job_state != v1::JOB_STATE_UNSPECIFIED) {
-    updated.set_state(update.job_state);
-    updated.set_reason(update.reason);
-    if (IsTerminal(update.job_state)) {
-      *updated.mutable_end_time() = ToProtoTime(now);
-    }
+  v1::StoredMemberChanges changes;
+  *changes.mutable_update_time() = ToProtoTime(now);
+  for (const HealthUpdate::MemberChange& change : update.members) {
+    if (change.rank < 0 || change.rank >= record->members_size()) continue;
+    v1::Member* stored = changes.add_changes();
+    stored->set_rank(change.rank);
+    stored->set_state(change.state);
+    stored->set_state_reason(change.reason);
   }
-  *updated.mutable_update_time() = ToProtoTime(now);
-  GS_RETURN_IF_ERROR(PersistLocked(updated));
-  *record = std::move(updated);
+  const auto change_job = [&](v1::JobStatus* r) {
+    r->set_state(update.job_state);
+    r->set_reason(update.reason);
+    if (IsTerminal(update.job_state)) *r->mutable_end_time() = ToProtoTime(now);
+    *r->mutable_update_time() = ToProtoTime(now);
+  };
+  int64_t& seq = next_change_[record->config().job_id()];
+  std::vector<Storage::Mutation> batch;
+  AppendStoreChanges(job_id, round, seq, changes, &batch);
+  if (update.job_state != v1::JOB_STATE_UNSPECIFIED) {
+    v1::JobStatus header = WithoutMembers(*record);
+    change_job(&header);
+    AppendStoreRecord(header, &batch);
+  }
+  GS_RETURN_IF_ERROR(storage_->Apply(batch));
+  ++seq;
+  for (const v1::Member& change : changes.changes()) {
+    v1::Member* member = record->mutable_members(change.rank());
+    member->set_state(change.state());
+    member->set_state_reason(change.state_reason());
+  }
+  if (update.job_state != v1::JOB_STATE_UNSPECIFIED) {
+    change_job(record);
+  } else {
+    *record->mutable_update_time() = ToProtoTime(now);
+  }
   return absl::OkStatus();
 }
 
@@ -383,17 +393,26 @@ bool JobManager::ForgetIfEndedBefore(absl::string_view job_id,
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || !IsTerminal(it->second.state()) ||
-      FromProtoTime(it->second.end_time()) >= cutoff ||
-      !storage_->Delete(StorageKey(it->first)).ok()) {
+      FromProtoTime(it->second.end_time()) >= cutoff) {
     return false;
   }
+  std::vector<Storage::Mutation> batch;
+  AppendRemove(it->first, &batch);
+  if (!storage_->Apply(batch).ok()) return false;
+  next_change_.erase(it->first);
   jobs_.erase(it);
   return true;
 }
 
-absl::Status JobManager::PersistLocked(const v1::JobStatus& record) {
-  return storage_->Put(StorageKey(record.config().job_id()),
-                       record.SerializeAsString());
+absl::Status JobManager::UpdateLocked(
+    v1::JobStatus* record, const std::function<void(v1::JobStatus*)>& change) {
+  v1::JobStatus header = WithoutMembers(*record);
+  change(&header);
+  std::vector<Storage::Mutation> batch;
+  AppendStoreRecord(header, &batch);
+  GS_RETURN_IF_ERROR(storage_->Apply(batch));
+  change(record);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::JobStatus*> JobManager::FindLocked(
@@ -426,7 +445,9 @@ absl::StatusOr<v1::JobStatus> JobManager::CreateLocked(
   record.set_state(v1::JOB_STATE_WAITING);
   *record.mutable_create_time() = ToProtoTime(clock_->Now());
   *record.mutable_update_time() = record.create_time();
-  GS_RETURN_IF_ERROR(PersistLocked(record));
+  std::vector<Storage::Mutation> batch;
+  AppendStoreRecord(record, &batch);
+  GS_RETURN_IF_ERROR(storage_->Apply(batch));
   jobs_[normalized.job_id()] = record;
   return record;
 }

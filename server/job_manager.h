@@ -96,7 +96,8 @@ struct JobLimits {
 };
 
 // Owns the record (v1::JobStatus) of every job and writes each change through
-// to Storage under "jobs/<job_id>". Thread-safe. Never calls into another
+// to Storage under "jobs/<job_id>", in parts (server/job_records.h): a change
+// to a few members writes those members' changes, not the job. Thread-safe. Never calls into another
 // manager, so any manager may call it while holding its own lock. `storage`
 // and `clock` must outlive it.
 class JobManager {
@@ -198,7 +199,10 @@ class JobManager {
   bool ForgetIfEndedBefore(absl::string_view job_id, absl::Time cutoff);
 
  private:
-  absl::Status PersistLocked(const v1::JobStatus& record)
+  // Applies `change` to the stored record (without its members), then, once
+  // stored, to `record`.
+  absl::Status UpdateLocked(v1::JobStatus* record,
+                            const std::function<void(v1::JobStatus*)>& change)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::JobStatus*> FindLocked(absl::string_view job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -212,6 +216,8 @@ class JobManager {
   mutable absl::Mutex mu_;
   // job id -> record; every record is also in storage_.
   std::map<std::string, v1::JobStatus, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
+  // job id -> the seq of the job's next change record in its round.
+  std::map<std::string, int64_t, std::less<>> next_change_ ABSL_GUARDED_BY(mu_);
   // Soft state: since this coordinator started.
   std::map<std::string, PhaseHistogram> recovery_phases_ ABSL_GUARDED_BY(mu_);
 };

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "server/storage/etcd_client.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace gradsync {
@@ -56,7 +57,7 @@ absl::StatusOr<std::unique_ptr<EtcdStorage>> EtcdStorage::Open(
                                              options.call_timeout, options.tls));
   std::unique_ptr<EtcdStorage> storage(
       new EtcdStorage(std::move(options), etcd));
-  GS_RETURN_IF_ERROR(storage->CheckFormat(/*create=*/true));
+  GS_RETURN_IF_ERROR(storage->CheckFormat(/*create=*/true).status());
   if (storage->options_.lead) {
     LeadershipOptions leading = storage->options_.leadership;
     leading.prefix = storage->options_.prefix;
@@ -79,11 +80,14 @@ absl::StatusOr<StateSummary> EtcdStorage::Check(EtcdOptions options) {
                                              options.call_timeout, options.tls));
   options.lead = false;
   EtcdStorage storage(std::move(options), std::move(etcd));
-  GS_RETURN_IF_ERROR(storage.CheckFormat(/*create=*/false));
   StateSummary summary;
-  summary.format = kStateFormat;
+  GS_ASSIGN_OR_RETURN(summary.format, storage.CheckFormat(/*create=*/false));
   GS_ASSIGN_OR_RETURN(summary.entries, storage.Count(""));
-  GS_ASSIGN_OR_RETURN(summary.jobs, storage.Count("jobs/"));
+  GS_ASSIGN_OR_RETURN(std::vector<Entry> jobs_keys,
+                      storage.Scan("jobs/", /*keys_only=*/true));
+  for (const Entry& entry : jobs_keys) {  // records, not their parts
+    if (entry.first.find('/', 5) == std::string::npos) ++summary.jobs;
+  }
   GS_ASSIGN_OR_RETURN(summary.kv_keys, storage.Count("kv/"));
   return summary;
 }
@@ -218,9 +222,8 @@ absl::Status EtcdStorage::Apply(const std::vector<Mutation>& batch) {
   return Commit("transaction", std::move(ops)).status();
 }
 
-absl::Status EtcdStorage::CheckFormat(bool create) {
+absl::StatusOr<int> EtcdStorage::CheckFormat(bool create) {
   const std::string marker = absl::StrCat(options_.prefix, "format");
-  const std::string expected = absl::StrCat(kStateFormat);
   // Where the namespace is empty, create the marker (or only say so);
   // otherwise read the marker, in one transaction.
   etcdserverpb::TxnRequest request;
@@ -234,7 +237,7 @@ absl::Status EtcdStorage::CheckFormat(bool create) {
     etcdserverpb::PutRequest* put =
         request.add_success()->mutable_request_put();
     put->set_key(marker);
-    put->set_value(expected);
+    put->set_value(absl::StrCat(kStateFormat));
   }
   etcdserverpb::RangeRequest* read =
       request.add_failure()->mutable_request_range();
@@ -243,7 +246,7 @@ absl::Status EtcdStorage::CheckFormat(bool create) {
   grpc::Status status = kv_->Txn(etcd_.Context().get(), request, &response);
   if (!status.ok()) return etcd_.Failed("reading the state format", status);
   if (response.succeeded()) {  // an empty namespace
-    if (create) return absl::OkStatus();
+    if (create) return kStateFormat;
     return absl::NotFoundError(absl::StrCat("etcd at ", etcd_.endpoints(),
                                             ": no gradsync state under '",
                                             options_.prefix, "'"));
@@ -256,14 +259,42 @@ absl::Status EtcdStorage::CheckFormat(bool create) {
         "' are not a gradsync state (no '", marker,
         "'): give another --etcd_prefix, or remove them if they are stale"));
   }
-  if (found.kvs(0).value() != expected) {
+  int format = 0;
+  if (!absl::SimpleAtoi(found.kvs(0).value(), &format) ||
+      format < kOldestStateFormat || format > kStateFormat) {
     return absl::FailedPreconditionError(absl::StrCat(
         "etcd at ", etcd_.endpoints(), ": the state under '", options_.prefix,
         "' has format '", found.kvs(0).value(),
-        "', this gradsync-coordinator reads format ", expected,
-        ": run the gradsync that wrote it"));
+        "', this gradsync-coordinator reads formats ", kOldestStateFormat, "-",
+        kStateFormat, ": run the gradsync that wrote it"));
   }
-  return absl::OkStatus();
+  if (create && format < kStateFormat) return RaiseFormat(format);
+  return format;
+}
+
+absl::StatusOr<int> EtcdStorage::RaiseFormat(int format) {
+  const std::string marker = absl::StrCat(options_.prefix, "format");
+  etcdserverpb::TxnRequest request;
+  etcdserverpb::Compare* same = request.add_compare();
+  same->set_key(marker);
+  same->set_target(etcdserverpb::Compare::VALUE);
+  same->set_result(etcdserverpb::Compare::EQUAL);
+  same->set_value(absl::StrCat(format));
+  etcdserverpb::PutRequest* put = request.add_success()->mutable_request_put();
+  put->set_key(marker);
+  put->set_value(absl::StrCat(kStateFormat));
+  etcdserverpb::TxnResponse response;
+  grpc::Status status = kv_->Txn(etcd_.Context().get(), request, &response);
+  if (!status.ok()) return etcd_.Failed("raising the state format", status);
+  if (!response.succeeded()) {
+    return absl::AbortedError(absl::StrCat(
+        "etcd at ", etcd_.endpoints(), ": the state format under '",
+        options_.prefix, "' changed while it was raised from ", format,
+        ": start again"));
+  }
+  GS_LOG(INFO) << "etcd state under '" << options_.prefix << "': format "
+               << format << " raised to " << kStateFormat;
+  return kStateFormat;
 }
 
 absl::StatusOr<etcdserverpb::TxnResponse> EtcdStorage::Commit(

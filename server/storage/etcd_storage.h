@@ -95,10 +95,13 @@ class EtcdStorage final : public Storage {
   // it in errors.
   absl::StatusOr<etcdserverpb::TxnResponse> Commit(
       const char* what, std::vector<etcdserverpb::RequestOp> ops);
-  // Checks or writes the format marker (see Open).
-  // With `create`, an empty namespace gets the format marker; without, it
-  // is NOT_FOUND.
-  absl::Status CheckFormat(bool create);
+  // Checks or writes the format marker (see Open); returns the format.
+  // With `create`, an empty namespace gets the format marker and an older
+  // format is raised to kStateFormat; without, an empty namespace is
+  // NOT_FOUND.
+  absl::StatusOr<int> CheckFormat(bool create);
+  // Sets the marker from `format` to kStateFormat, unless it changed.
+  absl::StatusOr<int> RaiseFormat(int format);
   // How many keys start with `prefix` (in the data), as of one revision.
   absl::StatusOr<int64_t> Count(absl::string_view prefix) const;
 

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace gradsync {
@@ -135,11 +136,12 @@ absl::StatusOr<sqlite3*> OpenDatabase(const std::string& path, int flags) {
   return db;
 }
 
-// Checks that `db` holds gradsync state of this binary's format. With
-// `create`, an empty database is made one; `integrity_check` picks the full
-// check over the quick one.
-absl::Status CheckFormat(sqlite3* db, const std::string& path, bool create,
-                         bool integrity_check) {
+// Checks that `db` holds gradsync state of a format this binary reads;
+// returns the format. With `create`, an empty database is made one of
+// kStateFormat and an older format is raised to it; `integrity_check` picks
+// the full check over the quick one.
+absl::StatusOr<int64_t> CheckFormat(sqlite3* db, const std::string& path,
+                                    bool create, bool integrity_check) {
   GS_ASSIGN_OR_RETURN(int64_t application_id,
                       QueryInt(db, path, "PRAGMA application_id"));
   GS_ASSIGN_OR_RETURN(int64_t format, QueryInt(db, path, "PRAGMA user_version"));
@@ -151,8 +153,9 @@ absl::Status CheckFormat(sqlite3* db, const std::string& path, bool create,
                             "value BLOB NOT NULL) WITHOUT ROWID"));
     GS_RETURN_IF_ERROR(Exec(
         db, path, absl::StrCat("PRAGMA application_id=", kApplicationId).c_str()));
-    return Exec(db, path,
-                absl::StrCat("PRAGMA user_version=", kStateFormat).c_str());
+    GS_RETURN_IF_ERROR(Exec(
+        db, path, absl::StrCat("PRAGMA user_version=", kStateFormat).c_str()));
+    return kStateFormat;
   }
   if (application_id != kApplicationId) {
     return absl::DataLossError(absl::StrCat(
@@ -160,10 +163,11 @@ absl::Status CheckFormat(sqlite3* db, const std::string& path, bool create,
         " is not gradsync state (SQLite application_id ", application_id,
         "): point --state_dir at a gradsync state directory or an empty one"));
   }
-  if (format != kStateFormat) {
+  if (format < kOldestStateFormat || format > kStateFormat) {
     return absl::FailedPreconditionError(absl::StrCat(
         "state database ", path, " has state format ", format,
-        ", this gradsync-coordinator reads format ", kStateFormat, ": it was ",
+        ", this gradsync-coordinator reads formats ", kOldestStateFormat, "-",
+        kStateFormat, ": it was ",
         format > kStateFormat ? "written by a newer" : "written by an older",
         " gradsync; run that version, or restore a backup made by this one"));
   }
@@ -176,7 +180,14 @@ absl::Status CheckFormat(sqlite3* db, const std::string& path, bool create,
         "state database ", path, " is corrupt (", verdict,
         "): restore the state directory from a backup"));
   }
-  return absl::OkStatus();
+  if (create && format < kStateFormat) {
+    GS_RETURN_IF_ERROR(Exec(
+        db, path, absl::StrCat("PRAGMA user_version=", kStateFormat).c_str()));
+    GS_LOG(INFO) << "state database " << path << ": state format " << format
+                 << " raised to " << kStateFormat;
+    return kStateFormat;
+  }
+  return format;
 }
 
 // Takes DIR/LOCK; returns its descriptor.
@@ -237,7 +248,8 @@ absl::StatusOr<std::unique_ptr<SqliteStorage>> SqliteStorage::Open(
       OpenDatabase(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
   absl::Status status = writer.status();
   if (status.ok()) {
-    status = CheckFormat(*writer, path, /*create=*/true, /*integrity_check=*/false);
+    status = CheckFormat(*writer, path, /*create=*/true, /*integrity_check=*/false)
+                 .status();
   }
   if (status.ok()) {
     // WAL: readers never block the writer; FULL: a commit is on disk.
@@ -413,17 +425,17 @@ absl::StatusOr<StateSummary> CheckStateDir(const std::string& dir) {
   }
   GS_ASSIGN_OR_RETURN(sqlite3 * db, OpenDatabase(path, SQLITE_OPEN_READONLY));
   auto summarize = [&]() -> absl::StatusOr<StateSummary> {
-    GS_RETURN_IF_ERROR(
-        CheckFormat(db, path, /*create=*/false, /*integrity_check=*/true));
     StateSummary summary;
-    summary.format = kStateFormat;
+    GS_ASSIGN_OR_RETURN(summary.format, CheckFormat(db, path, /*create=*/false,
+                                                    /*integrity_check=*/true));
     GS_ASSIGN_OR_RETURN(summary.entries,
                         QueryInt(db, path, "SELECT count(*) FROM entries"));
     GS_ASSIGN_OR_RETURN(
         summary.jobs,
         QueryInt(db, path,
                  "SELECT count(*) FROM entries WHERE key >= CAST('jobs/' AS "
-                 "BLOB) AND key < CAST('jobs0' AS BLOB)"));
+                 "BLOB) AND key < CAST('jobs0' AS BLOB) AND "
+                 "instr(substr(CAST(key AS TEXT), 6), '/') = 0"));
     GS_ASSIGN_OR_RETURN(
         summary.kv_keys,
         QueryInt(db, path,

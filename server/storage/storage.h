@@ -17,10 +17,16 @@
 
 namespace gradsync {
 
-// The format of the state this binary reads and writes, kept by every
-// durable backend (SQLite's user_version, an etcd key). State written with
-// another format is refused at open, never reset.
-inline constexpr int kStateFormat = 1;
+// The format of the state this binary writes, kept by every durable backend
+// (SQLite's user_version, an etcd key). State of a format from
+// kOldestStateFormat on is read; a writable open raises its marker to
+// kStateFormat (the coordinator rewrites what changed as it loads it), so
+// that an older binary refuses it. State of any other format is refused at
+// open, never reset.
+//   1: a job's record held its members (jobs/<id>);
+//   2: in parts (server/job_records.h).
+inline constexpr int kStateFormat = 2;
+inline constexpr int kOldestStateFormat = 1;
 
 // An ordered key-value map. Implementations are thread-safe; each call is
 // atomic on its own (callers that need read-modify-write atomicity hold their
@@ -74,7 +80,7 @@ inline std::optional<std::string> PrefixEnd(absl::string_view prefix) {
 struct StateSummary {
   int format = 0;
   int64_t entries = 0;
-  int64_t jobs = 0;     // keys under "jobs/"
+  int64_t jobs = 0;     // job records (keys "jobs/<id>")
   int64_t kv_keys = 0;  // keys under "kv/"
 };
 

@@ -103,7 +103,7 @@ void ExpectLockedThenSound(const std::string& state_dir,
                           /*capture=*/true));
   ASSERT_TRUE(WaitAll({&check}, kBound));
   EXPECT_EQ(check.exit_code(), 0) << check.describe();
-  EXPECT_THAT(check.out(), HasSubstr(": ok (state format 1,"));
+  EXPECT_THAT(check.out(), HasSubstr(": ok (state format 2,"));
   EXPECT_THAT(check.out(), HasSubstr(" 1 jobs,"));
 }
 

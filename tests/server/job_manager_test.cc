@@ -1,5 +1,8 @@
 #include "server/job_manager.h"
 
+#include <google/protobuf/util/message_differencer.h>
+
+#include <map>
 #include <string>
 #include <vector>
 
@@ -7,6 +10,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/job_config.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/gradsync/v1/job.pb.h"
@@ -17,6 +21,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 
 v1::JobConfig Config(const std::string& id, int min_nodes = 0,
                      int max_nodes = 0) {
@@ -340,7 +345,182 @@ TEST_F(JobManagerTest, RecordsAreWrittenThroughToStorageUnderJobsPrefix) {
           .ok());
   ASSERT_TRUE(record.ParseFromString(storage_.Get("jobs/train").value()));
   EXPECT_EQ(record.state(), v1::JOB_STATE_RUNNING);
-  EXPECT_EQ(record.members_size(), 2);
+  EXPECT_EQ(record.world_size(), 2);
+  EXPECT_EQ(record.members_size(), 0);  // kept beside the record, in parts
+  v1::StoredMembers chunk;
+  ASSERT_TRUE(chunk.ParseFromString(
+      storage_.Get("jobs/train/members/00000000000000000001/00000000000000000000")
+          .value()));
+  EXPECT_EQ(chunk.members_size(), 2);
+}
+
+// The bytes of the entries under "jobs/" that `after` has and `before` did
+// not (new keys and changed values, keys counted too).
+int64_t BytesWritten(const std::vector<Storage::Entry>& before,
+                     const std::vector<Storage::Entry>& after) {
+  std::map<std::string, std::string> old(before.begin(), before.end());
+  int64_t bytes = 0;
+  for (const auto& [key, value] : after) {
+    auto it = old.find(key);
+    if (it == old.end() || it->second != value) bytes += key.size() + value.size();
+  }
+  return bytes;
+}
+
+std::vector<v1::Member> ManyMembers(int n) {
+  std::vector<v1::Member> members;
+  for (int r = 0; r < n; ++r) {
+    members.push_back(MemberWithRank(r, absl::StrCat("node-", r)));
+  }
+  return members;
+}
+
+TEST_F(JobManagerTest, AMemberChangeWritesTheChangeNotTheJob) {
+  constexpr int kMembers = 20000;
+  ASSERT_TRUE(jobs_.Create(Config("big", kMembers)).ok());
+  ASSERT_TRUE(jobs_.RecordRoundClosed("big", 1, v1::BACKEND_GLOO,
+                                      ManyMembers(kMembers)).ok());
+  const auto scan = [&] { return storage_.Scan("jobs/", false).value(); };
+  std::vector<Storage::Entry> closed = scan();
+  for (const auto& [key, value] : closed) {  // chunks stay far below etcd's limit
+    EXPECT_LT(value.size(), 256u * 1024) << key;
+  }
+  EXPECT_GT(closed.size(), 2u);
+
+  HealthUpdate exited;
+  exited.members.push_back({kMembers / 2, v1::MEMBER_STATE_EXITED, "succeeded"});
+  ASSERT_TRUE(jobs_.RecordHealth("big", 1, exited).ok());
+  std::vector<Storage::Entry> after = scan();
+  EXPECT_LT(BytesWritten(closed, after), 200);
+  EXPECT_EQ(storage_.Get("jobs/big").value(),
+            closed[0].second);  // the record itself is not rewritten
+
+  HealthUpdate lost;
+  lost.members.push_back({3, v1::MEMBER_STATE_LOST, "missed 3 heartbeats"});
+  lost.job_state = v1::JOB_STATE_DEGRADED;
+  lost.reason = "rank 3 lost";
+  ASSERT_TRUE(jobs_.RecordHealth("big", 1, lost).ok());
+  // The job's state changed: the record (without members) and the change.
+  EXPECT_LT(BytesWritten(after, scan()), 600);
+}
+
+TEST_F(JobManagerTest, ALoadedRecordEqualsTheLiveOneAfterEveryKindOfChange) {
+  ASSERT_TRUE(jobs_.Create(Config("train", 1, 4)).ok());
+  ASSERT_TRUE(jobs_.RecordRoundClosed("train", 1, v1::BACKEND_GLOO,
+                                      ManyMembers(4)).ok());
+  const auto reloaded_equals_live = [&](const char* after) {
+    JobManager reloaded(&storage_, &clock_);
+    ASSERT_TRUE(reloaded.LoadFromStorage().ok()) << after;
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+        jobs_.Get("train").value(), reloaded.Get("train").value()))
+        << after << ":\n" << reloaded.Get("train")->DebugString();
+  };
+  reloaded_equals_live("the close");
+  for (int r : {2, 0, 2}) {  // rank 2 changes twice: the later one counts
+    clock_.Advance(absl::Seconds(1));
+    HealthUpdate update;
+    update.members.push_back({r, v1::MEMBER_STATE_EXITED, absl::StrCat("r", r)});
+    ASSERT_TRUE(jobs_.RecordHealth("train", 1, update).ok());
+  }
+  reloaded_equals_live("three member changes");
+  HealthUpdate lost;
+  lost.members.push_back({1, v1::MEMBER_STATE_LOST, "stream broke"});
+  lost.job_state = v1::JOB_STATE_DEGRADED;
+  ASSERT_TRUE(jobs_.RecordHealth("train", 1, lost).ok());
+  ASSERT_TRUE(jobs_.RecordRoundSuperseded("train", "rank 1 lost").ok());
+  reloaded_equals_live("a superseded round");
+  v1::Recovery recovery;
+  recovery.set_new_round(2);
+  ASSERT_TRUE(jobs_.RecordRoundClosed("train", 2, v1::BACKEND_GLOO,
+                                      ManyMembers(3), &recovery).ok());
+  v1::RoundStartTimings timings;
+  timings.mutable_first_step()->set_seconds(2);
+  ASSERT_TRUE(jobs_.RecordRoundStart("train", 2, timings).ok());
+  HealthUpdate exited;
+  exited.members.push_back({0, v1::MEMBER_STATE_EXITED, "succeeded"});
+  ASSERT_TRUE(jobs_.RecordHealth("train", 2, exited).ok());
+  reloaded_equals_live("a recovery");
+  // Round 1's parts went with it.
+  const std::vector<Storage::Entry> keys = storage_.Scan("jobs/", true).value();
+  for (const auto& [key, value] : keys) {
+    EXPECT_THAT(key, Not(HasSubstr("/00000000000000000001/"))) << key;
+  }
+}
+
+TEST_F(JobManagerTest, PartsOfARoundCloseCutShortAreIgnoredAndRemoved) {
+  ASSERT_TRUE(jobs_.Create(Config("train", 2)).ok());
+  ASSERT_TRUE(jobs_.RecordRoundClosed("train", 1, v1::BACKEND_GLOO,
+                                      ManyMembers(2)).ok());
+  // What etcd keeps of a close of round 2 whose record was never written
+  // (its batch took several commits), and of a removal cut short.
+  const std::string stray =
+      "jobs/train/members/00000000000000000002/00000000000000000000";
+  v1::StoredMembers chunk;
+  *chunk.add_members() = MemberWithRank(0, "z");
+  ASSERT_TRUE(storage_.Put(stray, chunk.SerializeAsString()).ok());
+  const std::string orphan =
+      "jobs/gone/changes/00000000000000000001/00000000000000000000";
+  ASSERT_TRUE(storage_.Put(orphan, "").ok());
+
+  JobManager reloaded(&storage_, &clock_);
+  ASSERT_TRUE(reloaded.LoadFromStorage().ok());
+  absl::StatusOr<v1::JobStatus> train = reloaded.Get("train");
+  ASSERT_TRUE(train.ok());
+  EXPECT_EQ(train->round(), 1);
+  ASSERT_EQ(train->members_size(), 2);
+  EXPECT_EQ(train->members(0).node().node_id(), "node-0");
+  EXPECT_FALSE(reloaded.Exists("gone"));
+  EXPECT_EQ(storage_.Get(stray).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(storage_.Get(orphan).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, ARecordOfStateFormatOneIsReadAndRewrittenInParts) {
+  // Format 1 kept the members inside the record.
+  v1::JobStatus old = jobs_.Create(Config("train", 2)).value();
+  old.set_state(v1::JOB_STATE_RUNNING);
+  old.set_round(3);
+  old.set_world_size(2);
+  for (v1::Member& m : ManyMembers(2)) *old.add_members() = m;
+  ASSERT_TRUE(storage_.Put("jobs/train", old.SerializeAsString()).ok());
+
+  JobManager reloaded(&storage_, &clock_);
+  ASSERT_TRUE(reloaded.LoadFromStorage().ok());
+  EXPECT_EQ(reloaded.Get("train")->members_size(), 2);
+  v1::JobStatus record;
+  ASSERT_TRUE(record.ParseFromString(storage_.Get("jobs/train").value()));
+  EXPECT_EQ(record.members_size(), 0);
+  // A change now is read back with the rewritten parts.
+  HealthUpdate update;
+  update.members.push_back({1, v1::MEMBER_STATE_EXITED, "succeeded"});
+  ASSERT_TRUE(reloaded.RecordHealth("train", 3, update).ok());
+  JobManager again(&storage_, &clock_);
+  ASSERT_TRUE(again.LoadFromStorage().ok());
+  ASSERT_EQ(again.Get("train")->members_size(), 2);
+  EXPECT_EQ(again.Get("train")->members(1).state(), v1::MEMBER_STATE_EXITED);
+}
+
+TEST_F(JobManagerTest, ARecordWithoutAllItsMembersIsDataLoss) {
+  ASSERT_TRUE(jobs_.Create(Config("train", 2)).ok());
+  ASSERT_TRUE(jobs_.RecordRoundClosed("train", 1, v1::BACKEND_GLOO,
+                                      ManyMembers(2)).ok());
+  ASSERT_TRUE(storage_.DeletePrefix("jobs/train/members/").ok());
+  JobManager reloaded(&storage_, &clock_);
+  absl::Status status = reloaded.LoadFromStorage();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("'jobs/train' has 0 of the 2 members"));
+}
+
+TEST_F(JobManagerTest, AForgottenJobLeavesNothingInStorage) {
+  ASSERT_TRUE(jobs_.Create(Config("train", 2)).ok());
+  ASSERT_TRUE(jobs_.RecordRoundClosed("train", 1, v1::BACKEND_GLOO,
+                                      ManyMembers(2)).ok());
+  HealthUpdate done;
+  done.members.push_back({0, v1::MEMBER_STATE_EXITED, "succeeded"});
+  done.job_state = v1::JOB_STATE_SUCCEEDED;
+  ASSERT_TRUE(jobs_.RecordHealth("train", 1, done).ok());
+  clock_.Advance(absl::Hours(1));
+  ASSERT_TRUE(jobs_.ForgetIfEndedBefore("train", clock_.Now()));
+  EXPECT_THAT(storage_.Scan("jobs/", true).value(), IsEmpty());
 }
 
 TEST_F(JobManagerTest, ASecondManagerOnTheSameStorageLoadsEveryRecord) {

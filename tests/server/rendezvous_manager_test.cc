@@ -1579,13 +1579,15 @@ TEST_F(RendezvousRestoreTest, RoundWithALostMemberIsSupersededAtRestore) {
 
 TEST_F(RendezvousRestoreTest, DamagedRecordIsDataLoss) {
   RunThreeNodesAndRestart(ConfigSpec().Min(3).Max(3));
-  const std::string key = absl::StrCat("jobs/", kJob);
+  // Round 1's members, in their first (and only) part (server/job_records.h).
+  const std::string key = absl::StrCat(
+      "jobs/", kJob, "/members/00000000000000000001/00000000000000000000");
   absl::StatusOr<std::string> stored = storage_.Get(key);
   ASSERT_TRUE(stored.ok()) << stored.status();
-  v1::JobStatus record;
-  ASSERT_TRUE(record.ParseFromString(*stored));
-  record.mutable_members(1)->set_rank(7);
-  ASSERT_TRUE(storage_.Put(key, record.SerializeAsString()).ok());
+  v1::StoredMembers members;
+  ASSERT_TRUE(members.ParseFromString(*stored));
+  members.mutable_members(1)->set_rank(7);
+  ASSERT_TRUE(storage_.Put(key, members.SerializeAsString()).ok());
   absl::Status restored = RestartNow();
   EXPECT_EQ(restored.code(), absl::StatusCode::kDataLoss) << restored;
   EXPECT_THAT(restored.message(), HasSubstr("damaged"));

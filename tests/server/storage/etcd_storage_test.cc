@@ -188,6 +188,23 @@ TEST_F(EtcdNamespaceTest, AnotherFormatIsRefused) {
               HasSubstr(absl::StrCat("has format '", kStateFormat + 1, "'")));
 }
 
+TEST_F(EtcdNamespaceTest, AnOlderReadableFormatIsRaisedAtOpen) {
+  PutRaw("/older/format", absl::StrCat(kOldestStateFormat));
+  PutRaw("/older/d/jobs/a", "record");
+  EtcdOptions options;
+  options.endpoints = {etcd_.endpoint()};
+  options.prefix = "/older/";
+  absl::StatusOr<StateSummary> checked = EtcdStorage::Check(options);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(checked->format, kOldestStateFormat);  // a check writes nothing
+  absl::StatusOr<std::unique_ptr<EtcdStorage>> opened = Open("/older/");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ((*opened)->Get("jobs/a").value(), "record");
+  checked = EtcdStorage::Check(options);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(checked->format, kStateFormat);
+}
+
 TEST_F(EtcdNamespaceTest, CheckCountsWhatANamespaceHoldsAndWritesNothing) {
   EtcdOptions options;
   options.endpoints = {etcd_.endpoint()};
@@ -209,14 +226,15 @@ TEST_F(EtcdNamespaceTest, CheckCountsWhatANamespaceHoldsAndWritesNothing) {
   {
     absl::StatusOr<std::unique_ptr<EtcdStorage>> opened = Open("/checked/");
     ASSERT_TRUE(opened.ok()) << opened.status();
-    for (const char* key : {"jobs/a", "jobs/b", "kv/train/1/x", "other"}) {
+    for (const char* key : {"jobs/a", "jobs/b", "jobs/b/changes/1/0",
+                            "kv/train/1/x", "other"}) {
       ASSERT_TRUE((*opened)->Put(key, "v").ok());
     }
   }
   absl::StatusOr<StateSummary> summary = EtcdStorage::Check(options);
   ASSERT_TRUE(summary.ok()) << summary.status();
   EXPECT_EQ(summary->format, kStateFormat);
-  EXPECT_EQ(summary->entries, 4);
+  EXPECT_EQ(summary->entries, 5);
   EXPECT_EQ(summary->jobs, 2);
   EXPECT_EQ(summary->kv_keys, 1);
   // A foreign namespace is refused as by Open.

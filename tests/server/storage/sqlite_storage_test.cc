@@ -98,9 +98,30 @@ TEST_F(SqliteStorageTest, StateOfANewerFormatIsRefusedAndKept) {
   EXPECT_EQ((*storage)->Get("jobs/a").value(), "config");  // never reset
 }
 
+TEST_F(SqliteStorageTest, StateOfAnOlderReadableFormatIsRaisedAtOpen) {
+  {
+    auto storage = SqliteStorage::Open(dir_);
+    ASSERT_TRUE(storage.ok()) << storage.status();
+    ASSERT_TRUE((*storage)->Put("jobs/a", "record").ok());
+  }
+  RunSql(absl::StrCat("PRAGMA user_version=", kOldestStateFormat));
+  // A check reads it as it is, and changes nothing.
+  absl::StatusOr<StateSummary> checked = CheckStateDir(dir_);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(checked->format, kOldestStateFormat);
+  {
+    auto storage = SqliteStorage::Open(dir_);
+    ASSERT_TRUE(storage.ok()) << storage.status();
+    EXPECT_EQ((*storage)->Get("jobs/a").value(), "record");
+  }
+  checked = CheckStateDir(dir_);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(checked->format, kStateFormat);
+}
+
 TEST_F(SqliteStorageTest, StateOfAnOlderFormatIsRefused) {
   { ASSERT_TRUE(SqliteStorage::Open(dir_).ok()); }
-  RunSql("PRAGMA user_version=0");
+  RunSql(absl::StrCat("PRAGMA user_version=", kOldestStateFormat - 1));
   auto storage = SqliteStorage::Open(dir_);
   EXPECT_EQ(storage.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(storage.status().message(), HasSubstr("written by an older gradsync"));
@@ -130,12 +151,13 @@ TEST_F(SqliteStorageTest, CheckSummarizesAndMissingStateIsNotFound) {
     ASSERT_TRUE(storage.ok()) << storage.status();
     ASSERT_TRUE((*storage)->Put("jobs/a", "1").ok());
     ASSERT_TRUE((*storage)->Put("jobs/b", "1").ok());
+    ASSERT_TRUE((*storage)->Put("jobs/b/members/1/0", "1").ok());  // a part
     ASSERT_TRUE((*storage)->Put("kv/a/1/x", "1").ok());
     // Checked while the coordinator still holds the directory.
     absl::StatusOr<StateSummary> summary = CheckStateDir(dir_);
     ASSERT_TRUE(summary.ok()) << summary.status();
     EXPECT_EQ(summary->format, kStateFormat);
-    EXPECT_EQ(summary->entries, 3);
+    EXPECT_EQ(summary->entries, 4);
     EXPECT_EQ(summary->jobs, 2);
     EXPECT_EQ(summary->kv_keys, 1);
   }
