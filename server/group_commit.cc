@@ -8,8 +8,8 @@
 namespace gradsync {
 namespace {
 
-// Failed write ranges remembered for the callers still to learn of them.
-constexpr size_t kMaxFailures = 64;
+// Failed writes remembered for the callers still to learn of them.
+constexpr size_t kMaxFailures = 1 << 16;
 
 }  // namespace
 
@@ -68,19 +68,24 @@ void GroupCommit::FlushLoop() {
     std::vector<Queued> batch;
     batch.swap(queued_);
     mu_.Unlock();
-    std::vector<Storage::Mutation> mutations;
-    mutations.reserve(batch.size());
-    for (const Queued& q : batch) mutations.push_back(q.mutation);
-    const absl::Status status = storage_->Apply(mutations);
+    const std::map<std::string, absl::Status> failed = Commit(batch);
     std::vector<Queued> failed_after;
-    if (!status.ok()) failed_after = FailBatch(batch, status);
+    if (!failed.empty()) failed_after = FailJobs(batch, failed);
     mu_.Lock();
-    if (status.ok()) settled_seq_ = std::max(settled_seq_, batch.back().seq);
-    const absl::Status outcome = OutcomeLocked(batch.back().seq);
+    // Everything before the first write still queued is settled (the
+    // failed jobs' writes queued after the batch were taken out).
+    settled_seq_ = std::max(
+        settled_seq_, queued_.empty() ? last_seq_ : queued_.front().seq - 1);
+    std::vector<absl::Status> outcomes;
+    for (std::vector<Queued>* done : {&batch, &failed_after}) {
+      for (const Queued& q : *done) outcomes.push_back(OutcomeLocked(q.seq));
+    }
     mu_.Unlock();
+    size_t i = 0;
     for (std::vector<Queued>* done : {&batch, &failed_after}) {
       for (Queued& q : *done) {
-        if (q.done) q.done(outcome);
+        if (q.done) q.done(outcomes[i]);
+        ++i;
       }
     }
     mu_.Lock();
@@ -88,37 +93,74 @@ void GroupCommit::FlushLoop() {
   mu_.Unlock();
 }
 
-std::vector<GroupCommit::Queued> GroupCommit::FailBatch(
-    const std::vector<Queued>& batch, const absl::Status& status) {
-  GS_LOG(ERROR) << "storage failed " << batch.size()
-                << " write(s): " << status
-                << "; they and the writes queued after them fail";
+std::map<std::string, absl::Status> GroupCommit::Commit(
+    const std::vector<Queued>& batch) {
+  std::vector<Storage::Mutation> mutations;
+  mutations.reserve(batch.size());
+  // Each job's writes, in order (jobs never share a key).
+  std::map<std::string, std::vector<Storage::Mutation>> by_job;
+  for (const Queued& q : batch) {
+    mutations.push_back(q.mutation);
+    by_job[q.job_id].push_back(q.mutation);
+  }
+  const absl::Status status = storage_->Apply(mutations);
+  std::map<std::string, absl::Status> failed;
+  if (status.ok()) return failed;
+  if (by_job.size() == 1) {
+    failed[by_job.begin()->first] = status;
+    return failed;
+  }
+  // One job's refused write (a value over etcd's limit, say) must not fail
+  // the others': each job's writes again, alone. Writes are whole values,
+  // so a part of the batch that a backend committed before it failed is
+  // written again unchanged.
+  GS_LOG(WARNING) << "storage failed a batch of " << batch.size()
+                  << " write(s) of " << by_job.size() << " jobs: " << status
+                  << "; committing each job's writes alone";
+  for (const auto& [job_id, writes] : by_job) {
+    absl::Status alone = storage_->Apply(writes);
+    if (!alone.ok()) failed[job_id] = std::move(alone);
+  }
+  return failed;
+}
+
+std::vector<GroupCommit::Queued> GroupCommit::FailJobs(
+    const std::vector<Queued>& batch,
+    const std::map<std::string, absl::Status>& failed) {
+  for (const auto& [job_id, status] : failed) {
+    GS_LOG(ERROR) << "storage failed the writes of job '" << job_id
+                  << "': " << status
+                  << "; they and the job's writes queued after them fail";
+  }
   // The owner's lock keeps writers out until its memory is reloaded.
   absl::MutexLock owner_lock(owner_mu_);
   std::set<std::string> touched;
-  for (const Queued& q : batch) touched.insert(q.job_id);
+  for (const auto& [job_id, status] : failed) touched.insert(job_id);
   std::vector<Queued> after;
   {
     absl::MutexLock lock(&mu_);
-    for (const Queued& q : queued_) touched.insert(q.job_id);
-    after.swap(queued_);
-    failures_[last_seq_] = {batch.front().seq,
-                            absl::UnavailableError(absl::StrCat(
-                                "the coordinator could not store the write: ",
-                                status.message()))};
-    if (failures_.size() > kMaxFailures) failures_.erase(failures_.begin());
-    settled_seq_ = last_seq_;
+    std::vector<Queued> kept;
+    for (Queued& q : queued_) {
+      (touched.count(q.job_id) > 0 ? after : kept).push_back(std::move(q));
+    }
+    queued_.swap(kept);
+    const auto fail = [&](const Queued& q) {
+      auto it = failed.find(q.job_id);
+      if (it == failed.end()) return;
+      failures_[q.seq] = absl::UnavailableError(absl::StrCat(
+          "the coordinator could not store the write: ", it->second.message()));
+    };
+    for (const Queued& q : batch) fail(q);
+    for (const Queued& q : after) fail(q);
+    while (failures_.size() > kMaxFailures) failures_.erase(failures_.begin());
   }
   on_failure_(touched);
   return after;
 }
 
 absl::Status GroupCommit::OutcomeLocked(uint64_t seq) const {
-  auto failed = failures_.lower_bound(seq);
-  if (failed != failures_.end() && failed->second.first <= seq) {
-    return failed->second.second;
-  }
-  return absl::OkStatus();
+  auto failed = failures_.find(seq);
+  return failed == failures_.end() ? absl::OkStatus() : failed->second;
 }
 
 }  // namespace gradsync

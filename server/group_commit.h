@@ -4,10 +4,12 @@
 // gets a sequence number when it is queued; it is settled once it and every
 // write before it is durable or has failed.
 //
-// When a batch fails, it and every write queued after it up to then fail
-// with UNAVAILABLE, and the owner is told which jobs' writes failed, with
-// its own lock held, so that it can reload what it holds in memory from
-// storage before anyone writes again.
+// When a batch of one job's writes fails, they and that job's writes
+// queued after them up to then fail with UNAVAILABLE, and the owner is told
+// which jobs' writes failed, with its own lock held, so that it can reload
+// what it holds in memory from storage before anyone writes again. A failed
+// batch of several jobs' writes is tried again job by job, so that one
+// job's refused write (a value over etcd's limit) fails only that job's.
 //
 // Thread-safe. Lock order: the owner's lock (`owner_mu`) before this
 // class's own. Queue must be called with the owner's lock held, so that the
@@ -80,10 +82,15 @@ class GroupCommit {
   bool QueuedOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !queued_.empty() || stopping_;
   }
-  // A batch failed with `status`: fails it and everything queued after it
-  // (returned, for their callbacks) and tells the owner, under its lock.
-  std::vector<Queued> FailBatch(const std::vector<Queued>& batch,
-                                const absl::Status& status)
+  // Commits `batch`; returns the jobs whose writes failed, with why (each
+  // job's writes again alone when a batch of several jobs' fails).
+  std::map<std::string, absl::Status> Commit(const std::vector<Queued>& batch)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The writes of the `failed` jobs failed: fails them and those jobs'
+  // writes queued after them (returned, for their callbacks) and tells the
+  // owner, under its lock.
+  std::vector<Queued> FailJobs(const std::vector<Queued>& batch,
+                               const std::map<std::string, absl::Status>& failed)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The outcome of write `seq`, known durable or failed.
   absl::Status OutcomeLocked(uint64_t seq) const
@@ -99,10 +106,8 @@ class GroupCommit {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Every write up to this one is durable or has failed.
   uint64_t settled_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  // Failed writes: last seq of a failed range -> (first seq, error). The
-  // latest kMaxFailures ranges are kept.
-  std::map<uint64_t, std::pair<uint64_t, absl::Status>> failures_
-      ABSL_GUARDED_BY(mu_);
+  // Failed writes: seq -> error. The latest kMaxFailures are kept.
+  std::map<uint64_t, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
   std::thread flusher_;
 };
 

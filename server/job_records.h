@@ -5,7 +5,7 @@
 //   jobs/<id>                            the record without its members
 //   jobs/<id>/members/<round>/<chunk>    v1::StoredMembers: the members of
 //                                        the record's round, consecutive
-//                                        ranks, chunks of about 128 KiB
+//                                        ranks, chunks of about 32 KiB
 //   jobs/<id>/changes/<round>/<seq>      v1::StoredMemberChanges: changes
 //                                        to that round's members since it
 //                                        closed, applied in seq order

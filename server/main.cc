@@ -150,7 +150,9 @@ ABSL_FLAG(int64_t, max_kv_key_bytes, 1024,
 ABSL_FLAG(int64_t, max_kv_value_bytes, 1 << 20,
           "the largest value a job's key-value store takes (1 to 7 MiB: a "
           "request carries it under the coordinator's 8 MiB message limit; "
-          "etcd's own request limit, --etcd_max_request_bytes, may be lower)");
+          "with --etcd, a key and value of the largest sizes must fit "
+          "--etcd_max_request_bytes less 4 KiB, or the coordinator does not "
+          "start)");
 ABSL_FLAG(int64_t, max_kv_keys_per_job, 1000000,
           "keys in a job's key-value store");
 ABSL_FLAG(int64_t, max_kv_bytes_per_job, int64_t{1} << 30,
@@ -350,6 +352,8 @@ gradsync::StorageSpec StorageSpecFromFlags() {
   spec.etcd = absl::GetFlag(FLAGS_etcd);
   spec.etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix);
   spec.etcd_max_request_bytes = absl::GetFlag(FLAGS_etcd_max_request_bytes);
+  spec.largest_client_write_bytes = absl::GetFlag(FLAGS_max_kv_key_bytes) +
+                                    absl::GetFlag(FLAGS_max_kv_value_bytes);
   spec.etcd_tls = {absl::GetFlag(FLAGS_etcd_tls_ca),
                    absl::GetFlag(FLAGS_etcd_tls_cert),
                    absl::GetFlag(FLAGS_etcd_tls_key)};

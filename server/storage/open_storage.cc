@@ -35,6 +35,19 @@ absl::StatusOr<EtcdOptions> EtcdNamespace(const StorageSpec& spec) {
         kEtcdDefaultMaxRequestBytes, "), not ", spec.etcd_max_request_bytes));
   }
   options.max_request_bytes = spec.etcd_max_request_bytes;
+  // Room for the namespace and data prefixes, the job and round in a key,
+  // the leader's fence and etcd's framing.
+  const int64_t overhead = 4096 + static_cast<int64_t>(spec.etcd_prefix.size());
+  if (spec.largest_client_write_bytes > 0 &&
+      spec.largest_client_write_bytes + overhead > spec.etcd_max_request_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a key-value write of --max_kv_key_bytes + --max_kv_value_bytes = ",
+        spec.largest_client_write_bytes, " bytes (and ", overhead,
+        " of prefixes and framing) does not fit --etcd_max_request_bytes = ",
+        spec.etcd_max_request_bytes,
+        ": lower --max_kv_value_bytes, or raise etcd's --max-request-bytes "
+        "and this flag with it"));
+  }
   return options;
 }
 #endif

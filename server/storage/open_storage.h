@@ -21,6 +21,12 @@ struct StorageSpec {
   std::string etcd_prefix = "/gradsync/";
   // etcd's --max-request-bytes (--etcd_max_request_bytes; see EtcdOptions).
   int64_t etcd_max_request_bytes = 1536 * 1024;
+  // The largest key and value the coordinator takes from a client in one
+  // write (--max_kv_key_bytes + --max_kv_value_bytes): with etcd, opening
+  // is INVALID_ARGUMENT naming the flags unless such a write fits under
+  // etcd_max_request_bytes, so that etcd never refuses a write it was
+  // promised. 0: not checked.
+  int64_t largest_client_write_bytes = 0;
   // TLS toward etcd: its CA, and this coordinator's client certificate and
   // key when etcd asks for one (--etcd_tls_ca, --etcd_tls_cert,
   // --etcd_tls_key).

@@ -81,7 +81,7 @@ TEST(GroupCommitTest, WritesQueuedDuringACommitShareTheNext) {
   EXPECT_TRUE(storage.Get("k10").ok());
 }
 
-TEST(GroupCommitTest, AFailedCommitFailsItsWritesAndThoseQueuedBehindIt) {
+TEST(GroupCommitTest, AFailedCommitFailsItsJobsWritesAndThoseQueuedBehindThem) {
   ControlledStorage storage(/*open=*/false);
   absl::Mutex owner;
   Outcomes outcomes;
@@ -89,7 +89,7 @@ TEST(GroupCommitTest, AFailedCommitFailsItsWritesAndThoseQueuedBehindIt) {
   GroupCommit commit(&storage, &owner,
                      [&](const std::set<std::string>& job_ids) {
                        owner.AssertHeld();  // writers are kept out
-                       told = job_ids;
+                       told.insert(job_ids.begin(), job_ids.end());
                      });
   uint64_t a, b;
   {
@@ -99,7 +99,7 @@ TEST(GroupCommitTest, AFailedCommitFailsItsWritesAndThoseQueuedBehindIt) {
   storage.AwaitEntered(1);
   {
     absl::MutexLock lock(&owner);
-    b = commit.Queue("job-b", Put("b"), outcomes.At(1));
+    b = commit.Queue("job-a", Put("b"), outcomes.At(1));
   }
   storage.SetFailing(true);
   storage.Open();
@@ -112,7 +112,7 @@ TEST(GroupCommitTest, AFailedCommitFailsItsWritesAndThoseQueuedBehindIt) {
     // Told before the owner's lock is released (callers may learn of the
     // failure just before).
     absl::MutexLock lock(&owner);
-    EXPECT_THAT(told, ElementsAre("job-a", "job-b"));
+    EXPECT_THAT(told, ElementsAre("job-a"));
   }
   EXPECT_EQ(storage.batches().size(), 1u) << "b was never committed";
   // Later writes commit again.
@@ -125,6 +125,49 @@ TEST(GroupCommitTest, AFailedCommitFailsItsWritesAndThoseQueuedBehindIt) {
   EXPECT_TRUE(commit.AwaitDurable(c).ok());
   EXPECT_TRUE(storage.Get("c").ok());
   EXPECT_EQ(storage.Get("b").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(GroupCommitTest, OneJobsRefusedWriteFailsOnlyThatJobsWrites) {
+  ControlledStorage storage(/*open=*/false);
+  absl::Mutex owner;
+  std::set<std::string> told;  // guarded by `owner`
+  GroupCommit commit(&storage, &owner,
+                     [&](const std::set<std::string>& job_ids) {
+                       told.insert(job_ids.begin(), job_ids.end());
+                     });
+  storage.RefusePutsUnder("big/");
+  std::vector<uint64_t> seqs;
+  {
+    absl::MutexLock lock(&owner);
+    seqs.push_back(commit.Queue("hold", Put("held")));
+  }
+  storage.AwaitEntered(1);
+  {
+    // One batch: job a's writes around job b's refused one, and a write of
+    // b queued after it.
+    absl::MutexLock lock(&owner);
+    seqs.push_back(commit.Queue("a", Put("a1")));
+    seqs.push_back(commit.Queue("b", Put("big/b1")));
+    seqs.push_back(commit.Queue("a", Put("a2")));
+    seqs.push_back(commit.Queue("b", Put("b2")));
+  }
+  storage.Open();
+  for (int i : {0, 1, 3}) {
+    const absl::Status status = commit.AwaitDurable(seqs[i]);
+    EXPECT_TRUE(status.ok()) << i << ": " << status;
+  }
+  for (int i : {2, 4}) {
+    const absl::Status status = commit.AwaitDurable(seqs[i]);
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << i;
+    EXPECT_THAT(status.message(), HasSubstr("refused 'big/b1'")) << i;
+  }
+  {
+    absl::MutexLock lock(&owner);
+    EXPECT_THAT(told, ElementsAre("b"));
+  }
+  EXPECT_TRUE(storage.Get("a1").ok());
+  EXPECT_TRUE(storage.Get("a2").ok());
+  EXPECT_EQ(storage.Get("b2").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(GroupCommitTest, TheDestructorCommitsWhatIsStillQueued) {

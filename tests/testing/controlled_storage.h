@@ -1,18 +1,21 @@
 // A Storage whose writes a test controls: InMemoryStorage underneath, with
 // batches (Apply) that can be held at a gate, and writes that fail always
-// ("disk gone", every kind of write) or once (the next batch, "disk full",
-// storing nothing); the test can wait for batches to enter and read the
+// ("disk gone", every kind of write), once (the next batch, "disk full",
+// storing nothing) or for the batches that put a key under a prefix; the test can wait for batches to enter and read the
 // sizes of those that did. Thread-safe.
 #ifndef GRADSYNC_TESTS_TESTING_CONTROLLED_STORAGE_H_
 #define GRADSYNC_TESTS_TESTING_CONTROLLED_STORAGE_H_
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "server/storage/in_memory_storage.h"
@@ -51,6 +54,13 @@ class ControlledStorage final : public Storage {
       mu_.Await(absl::Condition(&open_));
       batches_.push_back(batch.size());
       if (failing_) return absl::UnavailableError("disk gone");
+      for (const Mutation& m : batch) {
+        if (!refused_prefix_.empty() && m.kind == Mutation::Kind::kPut &&
+            absl::StartsWith(m.key, refused_prefix_)) {
+          return absl::ResourceExhaustedError(
+              absl::StrCat("refused '", m.key, "'"));
+        }
+      }
       if (fail_next_) {
         fail_next_ = false;
         return absl::ResourceExhaustedError("disk full");
@@ -72,6 +82,12 @@ class ControlledStorage final : public Storage {
   void SetFailing(bool failing) {
     absl::MutexLock lock(&mu_);
     failing_ = failing;
+  }
+  // Batches that put a key starting with `prefix` fail, as etcd refuses a
+  // value over its limit (empty: none).
+  void RefusePutsUnder(std::string prefix) {
+    absl::MutexLock lock(&mu_);
+    refused_prefix_ = std::move(prefix);
   }
   // The next batch fails.
   void FailNext() {
@@ -108,6 +124,7 @@ class ControlledStorage final : public Storage {
   bool open_ ABSL_GUARDED_BY(mu_);
   bool failing_ ABSL_GUARDED_BY(mu_) = false;
   bool fail_next_ ABSL_GUARDED_BY(mu_) = false;
+  std::string refused_prefix_ ABSL_GUARDED_BY(mu_);
   int entered_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<size_t> batches_ ABSL_GUARDED_BY(mu_);
 };
