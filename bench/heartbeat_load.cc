@@ -20,6 +20,12 @@
 // #stale check then allows 2 of the intervals the coordinator asks for.
 // --max_heartbeat_rate caps the coordinator's ingest to reach its capacity
 // cheaply (CoordinatorConfig::max_heartbeat_rate).
+// --witness runs a small job beside the load in every level and times how
+// long the coordinator takes to find one of its members LOST (job
+// isolation: a flood in one job must not slow failure detection in
+// another); a level of 0 members is the witness alone:
+//   bazel-bin/bench/heartbeat_load --members=0,60000 --witness
+//       --duration=20s --status_members=0
 //
 //   bazel run -c opt //bench:heartbeat_load -- --members=10000,50000,100000
 //   bazel-bin/bench/heartbeat_load --members=30000,50000 --shed=off,on
@@ -46,6 +52,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -114,6 +121,12 @@ ABSL_FLAG(std::string, coordinator, "",
 ABSL_FLAG(int, coordinator_pid, 0,
           "with --coordinator (required): its process id, to report its "
           "resident memory");
+ABSL_FLAG(bool, witness, false,
+          "beside the load, a job of 3 members heartbeating at the same "
+          "interval; half-way through each level its rank 1 stops (its stream "
+          "open, as a hung process's) and the level reports how long the "
+          "coordinator took to find it LOST (a level of 0 members: the "
+          "witness alone, the baseline)");
 ABSL_FLAG(int, nproc_per_node, 1,
           "members per stream: above 1, the members of each simulated node "
           "share one Monitor.NodeHeartbeat stream and send their heartbeats "
@@ -522,6 +535,10 @@ struct LevelResult {
   int64_t rss_before = 0;
   int64_t rss_joined = 0;
   int64_t rss_heartbeating = 0;
+  // --witness: from the stopped member's last heartbeat to its LOST, and
+  // the largest factor the coordinator asked of the witness's members.
+  absl::Duration witness_detection = absl::InfiniteDuration();
+  int witness_factor = 1;
 };
 
 double RssGiB() {
@@ -558,6 +575,98 @@ absl::StatusOr<v1::JobStatus> JobWithMembers(const Target& target,
   grpc::Status status = jobs->GetJob(&context, request, &response);
   if (!status.ok()) return absl::UnavailableError(status.error_message());
   return std::move(*response.mutable_job());
+}
+
+// --witness: a job of 3 members beside the load, each on its own stream,
+// heartbeating every `interval` (times what the coordinator asks) on a
+// thread of its own until Stop(); StopRank1() silences rank 1 and returns
+// when its last heartbeat was sent.
+class Witness {
+ public:
+  Witness(const std::vector<std::unique_ptr<v1::Monitor::Stub>>& stubs,
+          ClientQueues* queues, std::vector<v1::MemberRef> refs,
+          absl::Duration interval)
+      : interval_(interval) {
+    for (size_t r = 0; r < refs.size(); ++r) {
+      beaters_.push_back(std::make_unique<StreamBeater<MemberStream>>(
+          stubs[r % stubs.size()].get(), queues->at(r), std::vector{refs[r]},
+          interval, /*obey=*/true));
+    }
+    thread_ = std::thread([this] { Beat(); });
+  }
+  ~Witness() { Stop(); }
+
+  absl::Time StopRank1() {
+    absl::MutexLock lock(&mu_);
+    rank1_stopped_ = true;
+    return rank1_last_;
+  }
+  int factor() const {
+    int most = 1;
+    for (const auto& b : beaters_) most = std::max(most, b->every());
+    return most;
+  }
+  // Stops beating and closes the streams (at most 60 s).
+  void Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    thread_.join();
+    for (auto& b : beaters_) b->Close();
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    for (auto& b : beaters_) {
+      while (!b->Done() && absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      if (!b->Done()) b.release();  // its operations still refer to it
+    }
+  }
+
+ private:
+  void Beat() {
+    const absl::Time begin = absl::Now();
+    for (int64_t cycle = 0;; ++cycle) {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithDeadline(absl::Condition(&stopping_),
+                                begin + cycle * interval_)) {
+        return;
+      }
+      for (size_t r = 0; r < beaters_.size(); ++r) {
+        if (r == 1 && rank1_stopped_) continue;
+        if (cycle % beaters_[r]->every() != 0) continue;
+        if (beaters_[r]->Beat(cycle + 1, absl::Now()) && r == 1) {
+          rank1_last_ = absl::Now();
+        }
+      }
+    }
+  }
+
+  const absl::Duration interval_;
+  std::vector<std::unique_ptr<Beater>> beaters_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool rank1_stopped_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time rank1_last_ ABSL_GUARDED_BY(mu_) = absl::Now();
+  std::thread thread_;
+};
+
+// Silences the witness's rank 1 and waits (up to 120 s) until the
+// coordinator shows it LOST; how long after its last heartbeat.
+absl::Duration WitnessDetection(const Target& target, v1::Jobs::Stub* jobs,
+                                const std::string& job, Witness* witness) {
+  const absl::Time last = witness->StopRank1();
+  const absl::Time give_up = absl::Now() + absl::Seconds(120);
+  while (absl::Now() < give_up) {
+    absl::StatusOr<v1::JobStatus> status = JobWithMembers(target, jobs, job);
+    if (status.ok() && status->members_size() > 1 &&
+        status->members(1).state() == v1::MEMBER_STATE_LOST) {
+      return absl::Now() - last;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::InfiniteDuration();
 }
 
 LevelResult RunLevel(const Target& target, int members, int level_index) {
@@ -608,6 +717,17 @@ LevelResult RunLevel(const Target& target, int members, int level_index) {
             stub, cq, std::move(node), interval, obey));
       }
     }
+  }
+
+  std::unique_ptr<Witness> witness;
+  const std::string witness_job = absl::StrCat("witness", level_index);
+  if (absl::GetFlag(FLAGS_witness)) {
+    std::vector<v1::MemberRef> refs = JoinJob(channels, witness_job, 3);
+    if (refs.empty()) {
+      ++result.failed_streams;
+      return result;
+    }
+    witness = std::make_unique<Witness>(stubs, &queues, std::move(refs), interval);
   }
 
   // Pacers: each sends its slice's heartbeats spread evenly over every
@@ -663,7 +783,7 @@ LevelResult RunLevel(const Target& target, int members, int level_index) {
   const absl::Time measure_start = absl::Now();
 
   // Time status queries of a job of --status_members members meanwhile.
-  if (absl::GetFlag(FLAGS_status_members) == members) {
+  if (absl::GetFlag(FLAGS_status_members) == members && !jobs.empty()) {
     std::vector<std::string> kinds =
         absl::StrSplit(absl::GetFlag(FLAGS_status_kinds), ',', absl::SkipEmpty());
     std::vector<std::vector<absl::Duration>> latencies(kinds.size());
@@ -712,6 +832,14 @@ LevelResult RunLevel(const Target& target, int members, int level_index) {
       result.status[k].latency = Summarize(std::move(latencies[k]));
     }
   }
+  if (witness != nullptr) {
+    // Half-way, once the shedding had time to settle.
+    const absl::Duration half = measure_start + measured / 2 - absl::Now();
+    if (half > absl::ZeroDuration()) absl::SleepFor(half);
+    result.witness_factor = witness->factor();
+    result.witness_detection =
+        WitnessDetection(target, jobs_stub.get(), witness_job, witness.get());
+  }
   const absl::Duration left = measure_start + measured - absl::Now();
   if (left > absl::ZeroDuration()) absl::SleepFor(left);
   const absl::Duration elapsed = absl::Now() - measure_start;
@@ -752,6 +880,7 @@ LevelResult RunLevel(const Target& target, int members, int level_index) {
   }
   stop.store(true);
   for (auto& t : threads) t.join();
+  if (witness != nullptr) witness->Stop();
   for (auto& b : beaters) b->Close();
   const absl::Time close_deadline = absl::Now() + absl::Seconds(60);
   for (auto& b : beaters) {
@@ -829,9 +958,10 @@ int Main() {
   for (absl::string_view text :
        absl::StrSplit(absl::GetFlag(FLAGS_members), ',', absl::SkipEmpty())) {
     int n = 0;
-    if (!absl::SimpleAtoi(text, &n) || n <= 0) {
-      std::fprintf(stderr, "--members: '%s' is not a positive count\n",
-                   std::string(text).c_str());
+    if (!absl::SimpleAtoi(text, &n) || n < 0 ||
+        (n == 0 && !absl::GetFlag(FLAGS_witness))) {
+      std::fprintf(stderr, "--members: '%s' is not a positive count (0 only "
+                   "with --witness)\n", std::string(text).c_str());
       return 2;
     }
     levels.push_back(n);
@@ -879,6 +1009,8 @@ int Main() {
   int failures = 0;
   int sustained = 0;
   int run = 0;
+  // --witness: the detection time with the witness alone, by shed mode.
+  std::map<std::string, absl::Duration> baseline;
   for (size_t i = 0; i < levels.size(); ++i) {
     for (const std::string& mode : modes) {
       // A fresh coordinator per level and mode (unless an external one
@@ -975,6 +1107,23 @@ int Main() {
       for (const LevelResult::StatusTiming& t : r.status) {
         absl::StrAppend(&line, " status_", t.kind, "_p99_ms=",
                         Ms(t.latency.p99));
+      }
+      if (absl::GetFlag(FLAGS_witness)) {
+        const bool found = r.witness_detection != absl::InfiniteDuration();
+        if (!found) ++failures;
+        std::printf("  witness job (3 members): rank 1 found LOST %s after its "
+                    "last heartbeat; its members asked for %dx the interval\n",
+                    found ? absl::FormatDuration(r.witness_detection).c_str()
+                          : "not within 120 s",
+                    r.witness_factor);
+        absl::StrAppendFormat(&line, " witness_detection_ms=%s witness_factor=%d",
+                              found ? Ms(r.witness_detection) : "-",
+                              r.witness_factor);
+        if (r.members == 0) baseline[r.shed] = r.witness_detection;
+        if (r.members > 0 && found && baseline.count(r.shed) > 0) {
+          std::printf("  witness detection / with the witness alone: %.2f\n",
+                      absl::FDivDuration(r.witness_detection, baseline[r.shed]));
+        }
       }
       std::printf("%s\n", line.c_str());
       std::fflush(stdout);

@@ -128,20 +128,28 @@ void HealthManager::Poll() {
   // First what the heartbeats since the last Poll say about the load, so
   // that detection below already allows for an overload they show.
   HeartbeatShedder::Counts load;
+  std::vector<double> rates;
+  rates.reserve(jobs.size());
   for (const std::shared_ptr<JobHealth>& job : jobs) {
     absl::MutexLock lock(&job->mu);
     load += job->load;
     job->load = HeartbeatShedder::Counts();
+    rates.push_back(job->full_rate);
   }
   polled_.delay = absl::Nanoseconds(queue_delay_ns_.load());
   shedder_.Update(now, load, polled_);
-  const int factor = shedder_.factor();
+  // The slowdown the load needs, shared fairly: a job that floods the
+  // coordinator is slowed, not the small jobs beside it.
+  const std::vector<int> factors = HeartbeatShedder::FairFactors(
+      shedder_.factor(), rates, config_.shedding.max_factor);
   const absl::Duration allowance = shedder_.Allowance(now);
   polled_ = HeartbeatShedder::Backlog();
-  for (const std::shared_ptr<JobHealth>& job : jobs) {
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    JobHealth* job = jobs[i].get();
     absl::MutexLock lock(&job->mu);
-    PollJob(job.get(), now, factor, allowance, &losses, &polled_);
-    if (!job->current) ended.push_back(job);
+    job->factor = factors[i];
+    PollJob(job, now, allowance, &losses, &polled_);
+    if (!job->current) ended.push_back(jobs[i]);
   }
   ReportLosses(losses);
   ReportQueued();
@@ -153,7 +161,7 @@ void HealthManager::Poll() {
   }
 }
 
-void HealthManager::PollJob(JobHealth* job, absl::Time now, int factor,
+void HealthManager::PollJob(JobHealth* job, absl::Time now,
                             absl::Duration allowance,
                             std::vector<Loss>* losses,
                             HeartbeatShedder::Backlog* backlog) {
@@ -190,15 +198,16 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now, int factor,
     ++active;
     if (m.heard) ++backlog->members;
     std::optional<std::string> lost =
-        LostReasonLocked(*job, m, silence, now, factor, backlog);
+        LostReasonLocked(*job, m, silence, now, job->factor, backlog);
     if (lost.has_value()) {
       update.members.push_back({static_cast<int>(r), v1::MEMBER_STATE_LOST,
                                 *std::move(lost)});
     }
   }
-  backlog->expected_rate +=
-      static_cast<double>(active) /
-      absl::ToDoubleSeconds(job->interval * factor);
+  job->full_rate =
+      static_cast<double>(active) / absl::ToDoubleSeconds(job->interval);
+  backlog->full_rate += job->full_rate;
+  backlog->expected_rate += job->full_rate / job->factor;
   if (!update.members.empty()) {
     RecordLossesLocked(job, std::move(update), now, losses);
   }

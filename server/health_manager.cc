@@ -292,11 +292,11 @@ absl::StatusOr<bool> HealthManager::HandleHeartbeat(
   GS_RETURN_IF_ERROR(ValidateMetrics(request->metrics()));
   JobHealth* job = session->job.get();
   const absl::Time now = clock_->Now();
-  const int factor = shedder_.factor();
   absl::MutexLock lock(&job->mu);
   if (!job->live()) {
     return absl::AbortedError(RoundOver(job->job_id, job->round));
   }
+  const int factor = job->factor;
   MemberHealth& m = job->members[session->rank];
   const bool same_stream = NoteStreamLocked(job, *session);
   CountLoadLocked(job, m, same_stream, now, factor);

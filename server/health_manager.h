@@ -365,6 +365,11 @@ class HealthManager : public RoundListener {
     HangStackRequest hang_stacks ABSL_GUARDED_BY(mu);
     // Heartbeats counted for the shedder since the last Poll.
     HeartbeatShedder::Counts load ABSL_GUARDED_BY(mu);
+    // The factor its members are asked for (HeartbeatShedder::FairFactors
+    // of the shedder's, set by every Poll), and the heartbeats a second its
+    // active members send at the job's own interval (as of the last Poll).
+    int factor ABSL_GUARDED_BY(mu) = 1;
+    double full_rate ABSL_GUARDED_BY(mu) = 0;
     // Ranks whose stream broke, and ranks that heartbeated again in their
     // grace, since the last Poll (which logs them, one line each).
     std::vector<int> broke ABSL_GUARDED_BY(mu);
@@ -453,8 +458,9 @@ class HealthManager : public RoundListener {
   // their factor (see the class comment) plus `allowance` (the backlog the
   // coordinator knows it has; capped here per job).
   // Adds the job's active members heard from, and those of them overdue
-  // (silent longer than late_after x their factor), to `backlog`.
-  void PollJob(JobHealth* job, absl::Time now, int factor,
+  // (silent longer than late_after x their factor), and the rates they
+  // send, to `backlog`.
+  void PollJob(JobHealth* job, absl::Time now,
                absl::Duration allowance, std::vector<Loss>* losses,
                HeartbeatShedder::Backlog* backlog)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
@@ -476,9 +482,10 @@ class HealthManager : public RoundListener {
   void RecordLossesLocked(JobHealth* job, HealthUpdate update, absl::Time now,
                           std::vector<Loss>* losses)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
-  // JobDiagnosis.overload for a job with `interval`, from the shedder's
-  // state; empty when the coordinator keeps up.
-  std::string OverloadText(const HeartbeatShedder::State& state,
+  // JobDiagnosis.overload for a job with `interval` whose members are asked
+  // for `factor`, from the shedder's state; empty when the coordinator
+  // keeps up, or sheds load from other jobs only.
+  std::string OverloadText(const HeartbeatShedder::State& state, int factor,
                            absl::Duration interval, int missed) const;
   // When the job ends: its members still in their reconnect grace are
   // LOST (no round is left to reconnect to); the reason names them.

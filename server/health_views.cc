@@ -99,24 +99,24 @@ void HealthManager::Describe(v1::JobStatus* status, bool with_buckets) const {
       job->hang_timeout->self_set());
   add_job_level();
   status->mutable_diagnosis()->set_overload(
-      OverloadText(shedder_.state(), job->interval, job->missed));
+      OverloadText(shedder_.state(), job->factor, job->interval, job->missed));
 }
 
 std::string HealthManager::OverloadText(const HeartbeatShedder::State& state,
-                                        absl::Duration interval,
+                                        int factor, absl::Duration interval,
                                         int missed) const {
   // Kept stable while the state is (watchers are sent what changes).
-  if (state.factor > 1) {
+  if (factor > 1) {
     return absl::StrCat(
         "the coordinator is past its heartbeat capacity and sheds load "
         "(since ",
         absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", state.shedding_since,
                          absl::UTCTimeZone()),
         "): it asks for heartbeats every ",
-        absl::FormatDuration(interval * state.factor), " (the job's ",
-        absl::FormatDuration(interval), " x", state.factor,
+        absl::FormatDuration(interval * factor), " (the job's ",
+        absl::FormatDuration(interval), " x", factor,
         "), so a silent member is found LOST after ",
-        absl::FormatDuration(interval * missed * state.factor),
+        absl::FormatDuration(interval * missed * factor),
         state.behind ? " or more while it catches up" : "");
   }
   if (state.behind) {

@@ -86,7 +86,7 @@ void HeartbeatShedder::DecideLocked(absl::Time now, double rate, bool calm) {
   const char* why = nullptr;
   int target = factor;
   // Heartbeats at the jobs' own intervals, a second.
-  const double at_one = backlog_.expected_rate * factor;
+  const double at_one = backlog_.full_rate;
   // Fewer than min_rate a second cannot be what keeps the coordinator
   // behind (the machine is busy with something else): slowing them would
   // relieve nothing and only delay finding failures. Still behind: the
@@ -175,6 +175,33 @@ void HeartbeatShedder::SetFactorLocked(absl::Time now, int factor,
                  << why << "; " << numbers
                  << "): workers heartbeat at their jobs' interval";
   }
+}
+
+std::vector<int> HeartbeatShedder::FairFactors(int factor,
+                                               const std::vector<double>& rates,
+                                               int max_factor) {
+  std::vector<int> factors(rates.size(), 1);
+  if (factor <= 1) return factors;
+  std::vector<size_t> order(rates.size());
+  double total = 0;
+  for (size_t i = 0; i < rates.size(); ++i) {
+    order[i] = i;
+    total += rates[i];
+  }
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return rates[a] < rates[b]; });
+  double budget = total / factor;
+  size_t left = rates.size();
+  constexpr double kTolerance = 1.25;
+  for (size_t i : order) {
+    const double share = std::min(rates[i], budget / static_cast<double>(left));
+    budget -= share;
+    --left;
+    while (factors[i] < max_factor && rates[i] / factors[i] > kTolerance * share) {
+      factors[i] = std::min(factors[i] * 2, max_factor);
+    }
+  }
+  return factors;
 }
 
 absl::Duration HeartbeatShedder::Allowance(absl::Time now) const {

@@ -62,6 +62,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -131,9 +132,11 @@ class HeartbeatShedder {
     // Active members heard from, and of them those overdue.
     int64_t members = 0;
     int64_t overdue = 0;
-    // Heartbeats per second the active members send at the intervals the
-    // current factor asks of them (heard from or not).
+    // Heartbeats per second the active members send at the intervals
+    // their jobs' factors ask of them (heard from or not), and at their
+    // jobs' own intervals.
     double expected_rate = 0;
+    double full_rate = 0;
   };
 
   // A snapshot, for status and metrics.
@@ -161,8 +164,23 @@ class HeartbeatShedder {
   // Windows start at `start`.
   HeartbeatShedder(HeartbeatSheddingConfig config, absl::Time start);
 
-  // The factor now (1, 2, 4, ...); 1 when disabled.
+  // The factor now (1, 2, 4, ...); 1 when disabled. It is the slowdown the
+  // whole load needs; FairFactors shares it among the jobs.
   int factor() const { return factor_.load(std::memory_order_relaxed); }
+
+  // Each job's factor at `factor` (the whole load's), for jobs that send
+  // `rates` heartbeats a second at their own intervals: the load must come
+  // down to their sum / `factor`, and that budget is shared max-min
+  // fairly: every job may send an equal share of it, or its own rate when
+  // that is less (what a job leaves is shared among the others). A job's
+  // factor is the smallest power of 2, up to `max_factor`, that brings it
+  // within a quarter above its share (factors move in powers of 2, and the
+  // budget has the shedder's headroom). So a small job beside a flooding
+  // one keeps its own interval, and its failures are found as fast as when
+  // alone; one job alone gets `factor`.
+  static std::vector<int> FairFactors(int factor,
+                                      const std::vector<double>& rates,
+                                      int max_factor);
 
   // Adds `counts` (heartbeats handled since the last call) and `backlog`
   // (as of now), and, once a window has passed since the last decision,

@@ -171,11 +171,13 @@ void AddHeartbeats(const HealthManager& health, std::vector<MetricFamily>* out) 
        "longer heartbeat intervals, else 0.",
        shed.factor > 1 ? 1.0 : 0.0},
       {"gradsync_heartbeat_interval_factor", MetricType::Gauge,
-       "How many times their job's interval the coordinator asks workers to "
-       "heartbeat at now (1: the job's own).",
+       "The slowdown the whole heartbeat load needs now (1: none); each job "
+       "is asked for its fair share of it, so a job sending less than its "
+       "share keeps its own interval and the most a job is asked for is "
+       "about this.",
        static_cast<double>(shed.factor)},
       {"gradsync_heartbeat_interval_seconds", MetricType::Gauge,
-       "The heartbeat interval the coordinator asks for now of jobs with its "
+       "The heartbeat interval the interval factor makes of the coordinator's "
        "default interval.",
        absl::ToDoubleSeconds(health.default_interval() * shed.factor)},
       {"gradsync_heartbeat_shed_periods_total", MetricType::Counter,

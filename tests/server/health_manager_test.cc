@@ -23,6 +23,7 @@ namespace gradsync {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::IsEmpty;
 
 constexpr char kJob[] = "train";
@@ -105,8 +106,8 @@ class HealthManagerTest : public ::testing::Test {
     return health_.ReportCompletion(request);
   }
 
-  v1::JobStatus Status() {
-    absl::StatusOr<v1::JobStatus> status = jobs_.Get(kJob);
+  v1::JobStatus Status(const std::string& job = kJob) {
+    absl::StatusOr<v1::JobStatus> status = jobs_.Get(job);
     EXPECT_TRUE(status.ok()) << status.status();
     health_.Describe(&*status);
     return *status;
@@ -1201,9 +1202,13 @@ TEST_F(HealthManagerTest, ConsistentlyLateRankIsFlaggedWithItsLag) {
 class OverloadTest : public ::testing::Test {
  protected:
   static constexpr int kWorld = 1000;
+  static constexpr char kWitness[] = "witness";
+  static constexpr int kWitnessWorld = 3;
   static constexpr absl::Duration kStep = absl::Milliseconds(10);
 
   struct Member {
+    std::string job = kJob;
+    int rank = 0;
     absl::Duration interval = absl::Seconds(1);
     absl::Time next_send;
     absl::Time last_send;
@@ -1212,29 +1217,39 @@ class OverloadTest : public ::testing::Test {
     v1::HeartbeatResponse answer;  // the last one
   };
 
-  // Starts the job and its members; their first heartbeats spread over
-  // `spread`.
-  void Start(bool shedding, absl::Duration spread = absl::Seconds(1)) {
+  // Starts the job (and, with `witness`, a job of kWitnessWorld members
+  // beside it: members_[kWorld...]) and their members; their first
+  // heartbeats spread over `spread`.
+  void Start(bool shedding, absl::Duration spread = absl::Seconds(1),
+             bool witness = false) {
+    AddJob(kJob, kWorld, spread);
+    if (witness) AddJob(kWitness, kWitnessWorld, spread);
+    HealthConfig health;
+    health.shedding.enabled = shedding;
+    health_ = std::make_unique<HealthManager>(&jobs_, &clock_, health);
+  }
+
+  void AddJob(const std::string& id, int world, absl::Duration spread) {
     v1::JobConfig config;
-    config.set_job_id(kJob);
-    config.set_min_nodes(kWorld);
+    config.set_job_id(id);
+    config.set_min_nodes(world);
     ASSERT_TRUE(jobs_.Create(config).ok());
-    std::vector<v1::Member> members(kWorld);
-    for (int r = 0; r < kWorld; ++r) {
+    std::vector<v1::Member> members(world);
+    for (int r = 0; r < world; ++r) {
       members[r].set_rank(r);
       members[r].mutable_node()->set_hostname(absl::StrCat("host-", r));
       members[r].mutable_node()->set_incarnation_id(Incarnation(r));
       members[r].set_state(v1::MEMBER_STATE_ACTIVE);
     }
-    ASSERT_TRUE(jobs_.RecordRoundClosed(kJob, 1, v1::BACKEND_GLOO,
+    ASSERT_TRUE(jobs_.RecordRoundClosed(id, 1, v1::BACKEND_GLOO,
                                         std::move(members))
                     .ok());
-    HealthConfig health;
-    health.shedding.enabled = shedding;
-    health_ = std::make_unique<HealthManager>(&jobs_, &clock_, health);
-    members_.resize(kWorld);
-    for (int r = 0; r < kWorld; ++r) {
-      members_[r].next_send = clock_.Now() + spread * r / kWorld;
+    for (int r = 0; r < world; ++r) {
+      Member m;
+      m.job = id;
+      m.rank = r;
+      m.next_send = clock_.Now() + spread * r / world;
+      members_.push_back(m);
       sessions_.push_back(HealthManager::NewSession());
     }
   }
@@ -1247,7 +1262,7 @@ class OverloadTest : public ::testing::Test {
   void Step() {
     clock_.Advance(kStep);
     const absl::Time now = clock_.Now();
-    for (int r = 0; r < kWorld; ++r) {
+    for (size_t r = 0; r < members_.size(); ++r) {
       Member& m = members_[r];
       while (m.sending && m.next_send <= now) {
         waiting_.push_back({r, m.next_send});
@@ -1275,10 +1290,10 @@ class OverloadTest : public ::testing::Test {
   void Handle(int r) {
     Member& m = members_[r];
     v1::HeartbeatRequest request;
-    request.mutable_member()->set_job_id(kJob);
+    request.mutable_member()->set_job_id(m.job);
     request.mutable_member()->set_round(1);
-    request.mutable_member()->set_rank(r);
-    request.mutable_member()->set_incarnation_id(Incarnation(r));
+    request.mutable_member()->set_rank(m.rank);
+    request.mutable_member()->set_incarnation_id(Incarnation(m.rank));
     v1::HeartbeatResponse answer;
     absl::StatusOr<bool> told =
         health_->Heartbeat(sessions_[r].get(), &request, &answer);
@@ -1290,12 +1305,14 @@ class OverloadTest : public ::testing::Test {
     m.next_send = m.last_send + m.interval;
   }
 
-  v1::JobStatus Status() {
-    absl::StatusOr<v1::JobStatus> status = jobs_.Get(kJob);
+  v1::JobStatus Status(const std::string& job = kJob) {
+    absl::StatusOr<v1::JobStatus> status = jobs_.Get(job);
     EXPECT_TRUE(status.ok()) << status.status();
     health_->Describe(&*status);
     return *status;
   }
+
+  absl::Duration WitnessDetection();
 
   int Lost() {
     int lost = 0;
@@ -1312,7 +1329,7 @@ class OverloadTest : public ::testing::Test {
   std::unique_ptr<HealthManager> health_;
   std::vector<std::unique_ptr<HealthManager::Session>> sessions_;
   std::vector<Member> members_;
-  std::deque<std::pair<int, absl::Time>> waiting_;  // rank, when sent
+  std::deque<std::pair<int, absl::Time>> waiting_;  // member, when sent
   double capacity_ = 250;  // heartbeats handled per second, at most
   double credit_ = 0;
 };
@@ -1364,6 +1381,54 @@ TEST_F(OverloadTest, AMemberThatStopsIsStillLostByTheSlowedInterval) {
               HasSubstr("missed 3 heartbeats (every 8s: the job's 1s x8 while "
                         "the coordinator sheds heartbeat load)"));
   EXPECT_EQ(Lost(), 1);
+}
+
+// How long after its last heartbeat was handled the witness job's rank 1,
+// which stops heartbeating (hung, its stream open), is found LOST.
+absl::Duration OverloadTest::WitnessDetection() {
+  Member& stopped = members_[kWorld + 1];
+  stopped.sending = false;
+  const absl::Time last = stopped.last_handled;
+  while (Status(kWitness).members(1).state() == v1::MEMBER_STATE_ACTIVE &&
+         clock_.Now() - last < absl::Seconds(120)) {
+    Step();
+  }
+  EXPECT_EQ(Status(kWitness).members(1).state(), v1::MEMBER_STATE_LOST);
+  return clock_.Now() - last;
+}
+
+// Job isolation: a job of 1,000 members floods a coordinator that handles
+// 250 heartbeats a second; a job of 3 beside it is not slowed with it, and
+// its failures are found as fast as on an idle coordinator (3 missed
+// heartbeats at its 1 s interval), not after 3 x 8 s.
+TEST_F(OverloadTest, ASmallJobBesideAFloodingOneIsFoundLostAsFastAsAlone) {
+  Start(/*shedding=*/true, absl::Seconds(1), /*witness=*/true);
+  Run(absl::Seconds(60));
+  ASSERT_GE(health_->shedding().factor, 8);
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_GE(members_[r].interval, absl::Seconds(8)) << "the flood is slowed";
+  }
+  for (int r = 0; r < kWitnessWorld; ++r) {
+    EXPECT_EQ(members_[kWorld + r].interval, absl::Seconds(1)) << r;
+  }
+  EXPECT_THAT(Status(kWitness).diagnosis().overload(),
+              Not(HasSubstr("asks for heartbeats every")));
+  const absl::Duration flooded = WitnessDetection();
+  EXPECT_GT(flooded, absl::Seconds(3));
+  EXPECT_LE(flooded, absl::Seconds(3) * 1.2) << "goal: within 1.2x of alone";
+  EXPECT_EQ(Lost(), 0) << "nobody of the flooding job is lost";
+  EXPECT_THAT(Status(kWitness).members(1).state_reason(),
+              HasSubstr("missed 3 heartbeats (every 1s)"));
+}
+
+TEST_F(OverloadTest, ASmallJobOnAnIdleCoordinatorIsFoundLostAfterItsWindow) {
+  capacity_ = 1e6;  // the same two jobs, no overload
+  Start(/*shedding=*/true, absl::Seconds(1), /*witness=*/true);
+  Run(absl::Seconds(60));
+  ASSERT_EQ(health_->shedding().factor, 1);
+  const absl::Duration alone = WitnessDetection();
+  EXPECT_GT(alone, absl::Seconds(3));
+  EXPECT_LE(alone, absl::Seconds(3) + 2 * kStep);
 }
 
 TEST_F(OverloadTest, ABrokenStreamsGraceStretchesLikeTheSilenceLimit) {

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "absl/time/time.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace gradsync {
@@ -28,11 +29,14 @@ Counts Beats(int64_t n, int64_t late, bool current = true) {
   return c;
 }
 
-Backlog Waiting(absl::Duration delay, double expected_rate = 0,
-                int64_t members = 0, int64_t overdue = 0) {
+// Members that send `full_rate` heartbeats a second at their jobs' own
+// intervals, asked for `factor`.
+Backlog Waiting(absl::Duration delay, double full_rate = 0,
+                int64_t members = 0, int64_t overdue = 0, int factor = 1) {
   Backlog b;
   b.delay = delay;
-  b.expected_rate = expected_rate;
+  b.full_rate = full_rate;
+  b.expected_rate = full_rate / factor;
   b.members = members;
   b.overdue = overdue;
   return b;
@@ -154,7 +158,7 @@ TEST_F(HeartbeatShedderTest, ADrainingBacklogNeitherEscalatesNorSpeedsUp) {
   // Still 2 s of backlog, but what members send now (250/s) fits: it
   // drains; no more slowing down, and no speeding up before it has.
   for (int i = 0; i < 10; ++i) {
-    Window(Beats(500, 0), Waiting(absl::Seconds(2), 250));
+    Window(Beats(500, 0), Waiting(absl::Seconds(2), 2000, 0, 0, 8));
     EXPECT_EQ(factor(), 8);
     EXPECT_TRUE(shedder_->state().behind);
   }
@@ -221,7 +225,8 @@ TEST_F(HeartbeatShedderTest, OverdueMembersKeepAnEpisodeGoingAndEscalateIt) {
   const int started = factor();
   // The queues drained, but 30% of the members were not heard from for
   // 1.5 intervals: some connections are still starved.
-  Window(Beats(700, 0), Waiting(absl::ZeroDuration(), 1000 / started, 1000, 300));
+  Window(Beats(700, 0),
+         Waiting(absl::ZeroDuration(), 1000, 1000, 300, started));
   EXPECT_TRUE(shedder_->state().behind);
   EXPECT_EQ(factor(), 2 * started);
   EXPECT_GE(shedder_->Allowance(now_), 2 * kWindow);
@@ -254,6 +259,38 @@ TEST_F(HeartbeatShedderTest, DisabledNeverShedsButStillSeesItIsBehind) {
   EXPECT_TRUE(shedder_->state().behind);
   EXPECT_EQ(shedder_->state().shed_periods, 0);
   EXPECT_EQ(shedder_->Allowance(now_), absl::ZeroDuration());
+}
+
+TEST(FairFactorsTest, ASmallJobBesideAFloodingOneKeepsItsInterval) {
+  // 1,003/s at factor 8 must come to about 125/s: the job of 3/s sends
+  // its 3, the flooding job gets the rest.
+  EXPECT_THAT(HeartbeatShedder::FairFactors(8, {1000, 3}, 16),
+              ::testing::ElementsAre(8, 1));
+  EXPECT_THAT(HeartbeatShedder::FairFactors(8, {3, 1000}, 16),
+              ::testing::ElementsAre(1, 8));
+}
+
+TEST(FairFactorsTest, OneJobAloneGetsTheWholeFactor) {
+  for (int factor : {1, 2, 4, 8, 16}) {
+    EXPECT_THAT(HeartbeatShedder::FairFactors(factor, {1000}, 16),
+                ::testing::ElementsAre(factor));
+  }
+}
+
+TEST(FairFactorsTest, EqualJobsShareEqually) {
+  EXPECT_THAT(HeartbeatShedder::FairFactors(4, {500, 500, 500}, 16),
+              ::testing::ElementsAre(4, 4, 4));
+}
+
+TEST(FairFactorsTest, JobsAboveTheirShareAreSlowedByHowFarAbove) {
+  // 2,200/s at factor 4: 550/s shared by three: 100 fits, 550 - 100 = 450
+  // left for two: 225 each; 600/4 = 150 and 1,500/8 = 188 fit (within a
+  // quarter above).
+  EXPECT_THAT(HeartbeatShedder::FairFactors(4, {100, 600, 1500}, 16),
+              ::testing::ElementsAre(1, 4, 8));
+  // At most max_factor, and idle jobs are never slowed.
+  EXPECT_THAT(HeartbeatShedder::FairFactors(16, {0, 100000}, 16),
+              ::testing::ElementsAre(1, 16));
 }
 
 }  // namespace
