@@ -14,6 +14,7 @@
 //       [--train_steps=N --step_time=100ms --lag=0s --desync_at=0 ...]
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,12 @@ ABSL_FLAG(int64_t, desync_at, 0,
           "(a desync); 0: never");
 ABSL_FLAG(int64_t, fail_at_step, 0,
           "report failure (exit code 3) at this step; 0: never");
+ABSL_FLAG(bool, kv_checks, false,
+          "with --train_steps: every step also stores a key of its own in the "
+          "round's key-value store, and at the end every write the "
+          "coordinator acknowledged is read back; one missing or changed "
+          "fails the run (exit 1): the fault scenarios' check that no "
+          "acknowledged write is lost");
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::ZeroDuration(),
           "the job's heartbeat interval (0: the coordinator's default)");
 
@@ -199,6 +206,62 @@ v1::WorkerMetrics StepMetrics(int64_t step, absl::Time start,
   return m;
 }
 
+// --kv_checks: one key-value write per step, remembered when the coordinator
+// acknowledged it; Verify reads them all back at the end.
+class KvChecks {
+ public:
+  KvChecks(CoordinatorClient* client, const v1::Assignment& a)
+      : client_(client) {
+    scope_.set_job_id(a.job_id());
+    scope_.set_round(a.round());
+    prefix_ = absl::StrCat("check/", a.rank(), "/");
+  }
+
+  void Write(int64_t step) {
+    const std::string value = absl::StrCat("step ", step);
+    absl::Status status = client_->Set(scope_, Key(step), value);
+    if (status.ok()) {
+      acked_.push_back(step);
+    } else {
+      ++refused_;
+      GS_LOG(WARNING) << "kv check: write of step " << step
+                      << " not acknowledged: " << status;
+    }
+  }
+
+  // DATA_LOSS naming the first lost write when any acknowledged one is
+  // missing or changed.
+  absl::Status Verify() {
+    int64_t lost = 0;
+    std::string first;
+    for (int64_t step : acked_) {
+      absl::StatusOr<std::string> got = client_->Get(scope_, Key(step));
+      if (got.ok() && *got == absl::StrCat("step ", step)) continue;
+      ++lost;
+      if (first.empty()) {
+        first = absl::StrCat(Key(step), ": ",
+                             got.ok() ? *got : got.status().ToString());
+      }
+    }
+    std::printf("kv checks: %zu writes acknowledged, %lld not, %lld lost\n",
+                acked_.size(), static_cast<long long>(refused_),
+                static_cast<long long>(lost));
+    std::fflush(stdout);
+    if (lost == 0) return absl::OkStatus();
+    return absl::DataLossError(absl::StrCat(
+        lost, " acknowledged key-value write(s) lost, first ", first));
+  }
+
+ private:
+  std::string Key(int64_t step) const { return absl::StrCat(prefix_, step); }
+
+  CoordinatorClient* const client_;
+  v1::Scope scope_;
+  std::string prefix_;
+  std::vector<int64_t> acked_;
+  int64_t refused_ = 0;
+};
+
 // The training loop a real trainer runs, with its collectives and compute
 // simulated: step s starts at t0 + (s - 1) * step_time on every rank (t0 is
 // rank 0's clock, shared through the store), so first-bucket-ready times
@@ -211,9 +274,12 @@ absl::Status Train(CoordinatorClient& client, const v1::Assignment& a,
   reporter.Start(a, node.incarnation_id());
   int64_t sequence = 0;
   const int64_t steps = absl::GetFlag(FLAGS_train_steps);
+  std::optional<KvChecks> checks;
+  if (absl::GetFlag(FLAGS_kv_checks)) checks.emplace(&client, a);
   for (int64_t step = 1; step <= steps; ++step) {
     reporter.Update(
         StepMetrics(step, t0 + (step - 1) * step_time, step_time, &sequence));
+    if (checks.has_value()) checks->Write(step);
     if (step == absl::GetFlag(FLAGS_fail_at_step)) {
       GS_RETURN_IF_ERROR(reporter.Finish(
           false, 3, absl::StrCat("simulated failure at step ", step)));
@@ -226,6 +292,13 @@ absl::Status Train(CoordinatorClient& client, const v1::Assignment& a,
           absl::StrCat("the coordinator failed the job: ", verdict.reason));
     }
     absl::SleepFor(t0 + step * step_time - absl::Now());  // the "compute"
+  }
+  if (checks.has_value()) {
+    absl::Status verified = checks->Verify();
+    if (!verified.ok()) {
+      GS_RETURN_IF_ERROR(reporter.Finish(false, 1, verified.ToString()));
+      return verified;
+    }
   }
   GS_RETURN_IF_ERROR(reporter.Finish(true, 0, ""));
   std::printf("rank %d: trained %lld steps\n", a.rank(),
