@@ -112,6 +112,13 @@ ABSL_FLAG(int64_t, etcd_max_request_bytes, 1536 * 1024,
           "with --etcd: the largest request the etcd cluster accepts (its "
           "--max-request-bytes; etcd does not report it): writes are split "
           "under it, and a single value above it is refused naming it");
+ABSL_FLAG(absl::Duration, etcd_lease_ttl, absl::Seconds(2),
+          "with --etcd: the TTL of the leader's lease (whole seconds, at "
+          "least 2s). A leader that stops is replaced after at most this; a "
+          "leader whose renewals stall (an etcd leader lost: its election "
+          "takes about etcd's --election-timeout, 1s by default) gives up "
+          "its leadership when 3/4 of it passed without one, and a standby "
+          "takes over. 5s rides through an etcd election");
 ABSL_FLAG(std::string, advertise, "",
           "with --etcd: the address this coordinator publishes when it leads "
           "(default: --listen)");
@@ -367,6 +374,7 @@ absl::StatusOr<std::unique_ptr<gradsync::Storage>> OpenStorageAsLeader(
     gradsync::StorageSpec spec, const gradsync::CoordinatorConfig& config,
     const sigset_t& stop_signals) {
   spec.lead = true;
+  spec.lease_ttl = absl::GetFlag(FLAGS_etcd_lease_ttl);
   spec.advertise = absl::GetFlag(FLAGS_advertise);
   if (spec.advertise.empty()) spec.advertise = config.listen_address;
   spec.on_lost = LeadershipLost;

@@ -66,6 +66,13 @@ absl::StatusOr<std::unique_ptr<Storage>> OpenEtcd(const StorageSpec& spec) {
   if (!named.ok()) return named.status();
   EtcdOptions options = *std::move(named);
   options.lead = spec.lead;
+  if (spec.lease_ttl < absl::Seconds(2) ||
+      absl::Trunc(spec.lease_ttl, absl::Seconds(1)) != spec.lease_ttl) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--etcd_lease_ttl must be whole seconds, at least 2s (etcd's "
+        "minimum), not ", absl::FormatDuration(spec.lease_ttl)));
+  }
+  options.leadership.lease_ttl = spec.lease_ttl;
   options.leadership.address = spec.advertise;
   options.leadership.on_standing_by = spec.on_standing_by;
   options.on_lost_leadership = spec.on_lost;

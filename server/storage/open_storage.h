@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/channel_credentials.h"
 #include "server/storage/storage.h"
 
@@ -36,6 +37,9 @@ struct StorageSpec {
   // every write with it; `on_lost` runs if the leadership ends.
   bool lead = false;
   std::string advertise;
+  // With etcd and `lead`: the leader lease's TTL (--etcd_lease_ttl; see
+  // LeadershipOptions::lease_ttl): whole seconds, at least 2.
+  absl::Duration lease_ttl = absl::Seconds(2);
   std::function<void(const absl::Status&)> on_lost;
   // With etcd and `lead`: told, while standing by, the address of the
   // replica that leads whenever it changes (empty: none).

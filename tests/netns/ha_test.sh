@@ -15,13 +15,11 @@ set -uo pipefail
 cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
 bin=$PWD
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
-py=/usr/bin/python3
-etcd=${GRADSYNC_ETCD:-/usr/bin/etcd}
 # shellcheck source=tests/netns/lib.sh
 source tests/netns/lib.sh
 fail() { echo "ha_test: FAIL: $*" >&2; exit 1; }
-[ -x "$etcd" ] || fail "no etcd binary at $etcd (etcd-server)"
 
+netns_etcd
 netns_init
 for host in e c1 c2 a b; do netns_host "$host"; done
 e=$(netns_addr e)
@@ -49,34 +47,8 @@ sleep 1
 leads c2 && fail "two replicas lead at once"
 replicas="$(netns_addr c1):29400,$(netns_addr c2):29400"
 
-field() {
-  netns_run a "$bin/cli/gradsync" --coordinator="$replicas" \
-    status ha --json 2>/dev/null |
-    $py -c "import json,sys; j=json.load(sys.stdin); print($1)" 2>/dev/null
-}
-
-workers=()
-for host in a b; do
-  netns_run "$host" timeout 150 "$bin/worker/gradsync-worker" \
-    --coordinator="$replicas" --job=ha --nnodes=2 --node_id="$host" \
-    --address="$(netns_addr "$host")" --shared_memory=false --model=mlp \
-    --hidden=24 --dataset=synthetic --synthetic_size=96 --batch_size=4 \
-    --steps=150 --step_sleep=100ms --threads=1 --log_every=0 \
-    >"$tmp/$host.log" 2>&1 &
-  workers+=("$!")
-done
-# The checker of acknowledged key-value writes: a job of its own on host a,
-# one write a step across the failover, every acknowledged one read back
-# at the end (gradsync-sim-worker --kv_checks).
-netns_run a timeout 150 "$bin/worker/gradsync-sim-worker" \
-  --coordinator="$replicas" --job=hakv --nnodes=1 --node_id=kv \
-  --train_steps=150 --step_time=100ms --kv_checks >"$tmp/kv.log" 2>&1 &
-kv=$!
-deadline=$((SECONDS + 60))
-until [ "$(field "min([m.get('step', 0) for m in j['members']] or [0]) if len(j['members']) == 2 else 0")" -ge 20 ] 2>/dev/null; do
-  [ $SECONDS -lt $deadline ] || fail "the workers did not reach step 20"
-  sleep 0.2
-done
+netns_train "$replicas" ha a b
+netns_await_step "$replicas" ha 20
 
 netns_partition "c1 a b"
 deadline=$((SECONDS + 30))
@@ -85,14 +57,7 @@ until leads c2; do
   sleep 0.1
 done
 netns_heal
-for w in "${workers[@]}"; do
-  wait "$w" || fail "a worker failed: $(tail -5 "$tmp"/a.log "$tmp"/b.log)"
-done
-kv_verdict() { grep -h "kv checks\|gradsync-sim-worker:" "$tmp/kv.log" | tail -2; }
-wait "$kv" || fail "key-value checks: $(kv_verdict)"
-grep -q "kv checks: [1-9][0-9]* writes acknowledged, [0-9]* not, 0 lost" \
-  "$tmp/kv.log" || fail "key-value checks: $(kv_verdict)"
-echo "ha_test: $(grep "kv checks" "$tmp/kv.log")"
+netns_finish "$replicas" ha
 
 # The clocks of the two events: HH:MM:SS.micros of glog-style lines.
 clock() { grep -m1 "$2" "$tmp/$1.log" | sed -n 's/^[IWEF][0-9]* \([0-9:.]*\) .*/\1/p'; }
@@ -105,15 +70,5 @@ kill -0 "$c1_pid" 2>/dev/null && fail "c1 still runs"
   fail "c1 served until $stopped, after c2 began to lead at $led"
 echo "ha_test: c1 stopped at $stopped, c2 led from $led"
 
-netns_run a "$bin/cli/gradsync" --coordinator="$replicas" status ha --json \
-  >"$tmp/ha.json" || fail "no status from c2"
-$py -c "
-import json, sys
-j = json.load(open(sys.argv[1]))
-ok = (j['state'] == 'succeeded' and j['round'] == 1 and
-      j.get('recovery_count', 0) == 0 and
-      all(m['state'] == 'exited' for m in j['members']))
-sys.exit(0 if ok else 1)" "$tmp/ha.json" ||
-  fail "the job did not end in round 1 with every member exited: $(cat "$tmp/ha.json")"
-echo "ha_test: the workers moved to c2; nobody lost, round 1, succeeded"
+echo "ha_test: the workers moved to c2"
 echo "ha_test: OK"

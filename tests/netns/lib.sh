@@ -21,6 +21,15 @@
 #   netns_status NAME JOB EXPR # EXPR (Python over JOB's status JSON `j`),
 #                              # asked from host NAME
 # The last two use the scenario's $bin (the runfiles root) and $tmp.
+#   netns_train COORDS JOB HOST...  # a gradsync-worker of JOB on each HOST
+#                              # (150 steps of 100 ms, --nnodes = the hosts),
+#                              # and on the first host the key-value checker
+#                              # (gradsync-sim-worker --kv_checks, job JOBkv)
+#   netns_await_step COORDS JOB N  # until every member of JOB passed step N
+#   netns_finish COORDS JOB    # waits for them; fails unless JOB succeeded
+#                              # in round 1, nobody lost, and the checker
+#                              # read back every acknowledged write
+#   netns_etcd                 # sets $etcd (the etcd binary) or fails
 #   netns_seed TEST            # sets $seed (GRADSYNC_FAULT_SEED, or drawn)
 #                              # and prints it: "TEST: seed N (replay: ...)"
 #   netns_slow_links MS LOSS SEED  # (after the last netns_host) a second
@@ -94,9 +103,71 @@ netns_resume() {
   [ -z "$pids" ] || kill -CONT $pids 2>/dev/null
 }
 
+# Sets $etcd, the etcd binary ($GRADSYNC_ETCD, or Debian's etcd-server's),
+# or fails.
+netns_etcd() {
+  etcd=${GRADSYNC_ETCD:-/usr/bin/etcd}
+  [ -x "$etcd" ] || netns_fail "no etcd binary at $etcd (etcd-server)"
+}
+
 netns_seed() {
   seed=${GRADSYNC_FAULT_SEED:-$(( $(date +%s) % 100000 ))}
   echo "$1: seed $seed (replay: GRADSYNC_FAULT_SEED=$seed)"
+}
+
+netns_trainers=()
+netns_kv_pid=0
+netns_train() {
+  local coords=$1 job=$2 host
+  shift 2
+  for host in "$@"; do
+    netns_run "$host" timeout 150 "$bin/worker/gradsync-worker" \
+      --coordinator="$coords" --job="$job" --nnodes=$# --node_id="$host" \
+      --address="$(netns_addr "$host")" --shared_memory=false --model=mlp \
+      --hidden=24 --dataset=synthetic --synthetic_size=96 --batch_size=4 \
+      --steps=150 --step_sleep=100ms --threads=1 --log_every=0 \
+      >"$tmp/$host.log" 2>&1 &
+    netns_trainers+=("$!")
+  done
+  # One key-value write a step, every acknowledged one read back at the end.
+  netns_run "$1" timeout 150 "$bin/worker/gradsync-sim-worker" \
+    --coordinator="$coords" --job="${job}kv" --nnodes=1 --node_id=kv \
+    --train_steps=150 --step_time=100ms --kv_checks >"$tmp/kv.log" 2>&1 &
+  netns_kv_pid=$!
+}
+
+netns_await_step() {
+  local deadline=$((SECONDS + 60)) step
+  until step=$(netns_run "${netns_hosts[-1]}" "$bin/cli/gradsync" \
+        --coordinator="$1" status "$2" --json 2>/dev/null |
+      /usr/bin/python3 -c "import json,sys; j=json.load(sys.stdin); print(min([m.get('step', 0) for m in j['members']] or [0]) if len(j['members']) > 0 else 0)" \
+        2>/dev/null) && [ "$step" -ge "$3" ] 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || netns_fail "$2: the workers did not reach step $3"
+    sleep 0.2
+  done
+}
+
+netns_finish() {
+  local w verdict
+  for w in "${netns_trainers[@]}"; do
+    wait "$w" || netns_fail "a worker failed: $(tail -3 "$tmp"/*.log)"
+  done
+  verdict=$(grep -h "kv checks\|gradsync-sim-worker:" "$tmp/kv.log" | tail -2)
+  wait "$netns_kv_pid" || netns_fail "key-value checks: $verdict"
+  grep -q "kv checks: [1-9][0-9]* writes acknowledged, [0-9]* not, 0 lost" \
+    "$tmp/kv.log" || netns_fail "key-value checks: $verdict"
+  echo "netns: $verdict"
+  netns_run "${netns_hosts[-1]}" "$bin/cli/gradsync" --coordinator="$1" \
+    status "$2" --json >"$tmp/$2.json" || netns_fail "no status of $2"
+  /usr/bin/python3 -c "
+import json, sys
+j = json.load(open(sys.argv[1]))
+ok = (j['state'] == 'succeeded' and j['round'] == 1 and
+      j.get('recovery_count', 0) == 0 and
+      all(m['state'] == 'exited' for m in j['members']))
+sys.exit(0 if ok else 1)" "$tmp/$2.json" ||
+    netns_fail "$2 did not end in round 1 with every member exited: $(cat "$tmp/$2.json")"
+  echo "netns: $2: nobody lost, round 1, succeeded"
 }
 
 netns_coordinator() {

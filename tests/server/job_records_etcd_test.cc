@@ -3,7 +3,8 @@
 // member is a small write, and a fresh job manager reads it all back; also
 // under a small --etcd_max_request_bytes, where a round's close takes
 // several etcd transactions. And a coordinator whose key-value limits etcd
-// would refuse is refused at start, naming the flags.
+// would refuse, or whose lease TTL etcd cannot grant, is refused at start,
+// naming the flags.
 #include <google/protobuf/util/message_differencer.h>
 
 #include <memory>
@@ -121,8 +122,14 @@ TEST(EtcdLimitsTest, KeyValueLimitsThatEtcdWouldRefuseAreRefusedAtStart) {
   EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(opened.status().message(), HasSubstr("--max_kv_value_bytes"));
   EXPECT_THAT(opened.status().message(), HasSubstr("--etcd_max_request_bytes"));
-  // The defaults fit.
+  // The defaults fit; a leader lease's TTL is whole seconds, at least 2.
   spec.largest_client_write_bytes = 1024 + (1 << 20);
+  for (absl::Duration ttl : {absl::Seconds(1), absl::Milliseconds(2500)}) {
+    spec.lease_ttl = ttl;
+    EXPECT_THAT(OpenStorage(spec).status().message(),
+                HasSubstr("--etcd_lease_ttl must be whole seconds"));
+  }
+  spec.lease_ttl = absl::Seconds(5);
   spec.etcd = "not-an-endpoint";
   EXPECT_THAT(OpenStorage(spec).status().message(), Not(HasSubstr("--max_kv")));
 }
