@@ -29,6 +29,8 @@
 #   netns_finish COORDS JOB    # waits for them; fails unless JOB succeeded
 #                              # in round 1, nobody lost, and the checker
 #                              # read back every acknowledged write
+#   netns_slow_host NAME SECONDS  # NAME's processes run a third of the
+#                              # time for SECONDS (a CPU-starved host)
 #   netns_etcd                 # sets $etcd (the etcd binary) or fails
 #   netns_seed TEST            # sets $seed (GRADSYNC_FAULT_SEED, or drawn)
 #                              # and prints it: "TEST: seed N (replay: ...)"
@@ -105,6 +107,17 @@ netns_resume() {
 
 # Sets $etcd, the etcd binary ($GRADSYNC_ETCD, or Debian's etcd-server's),
 # or fails.
+# Every process on host NAME runs a third of the time (stopped 200 ms of
+# every 300 ms) for SECONDS, as on a host whose CPU a noisy neighbour takes;
+# returns when done.
+netns_slow_host() {
+  local end=$((SECONDS + $2))
+  while [ $SECONDS -lt $end ]; do
+    netns_pause "$1"; sleep 0.2
+    netns_resume "$1"; sleep 0.1
+  done
+}
+
 netns_etcd() {
   etcd=${GRADSYNC_ETCD:-/usr/bin/etcd}
   [ -x "$etcd" ] || netns_fail "no etcd binary at $etcd (etcd-server)"
