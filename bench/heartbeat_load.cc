@@ -118,6 +118,10 @@ ABSL_FLAG(std::string, coordinator, "",
           "HOST:PORT (loopback) of a running gradsync-coordinator to load "
           "instead of an in-process one: one --members level (default: an "
           "in-process coordinator per level and --shed mode)");
+ABSL_FLAG(bool, netns_harness, false,
+          "with --coordinator: it may also be a simulated host of the "
+          "fault-injection harness (tests/netns: 10.77.0.x, 10.78.0.x, "
+          "addresses inside network namespaces the test made)");
 ABSL_FLAG(int, coordinator_pid, 0,
           "with --coordinator (required): its process id, to report its "
           "resident memory");
@@ -914,11 +918,19 @@ std::string ExternalCoordinatorProblem(const std::string& address,
   if (address.empty()) return "--coordinator_pid needs --coordinator";
   const absl::string_view host =
       absl::string_view(address).substr(0, address.rfind(':'));
+  // The fault-injection harness's simulated hosts (tests/netns/lib.sh) are
+  // namespaces the test made, on 10.77.0.0/24 (its switch) and 10.78.0.0/24
+  // (its slow links).
+  const bool harness = absl::GetFlag(FLAGS_netns_harness) &&
+                       (absl::StartsWith(host, "10.77.0.") ||
+                        absl::StartsWith(host, "10.78.0."));
   if (host != "localhost" && host != "[::1]" &&
-      !absl::StartsWith(host, "127.")) {
+      !absl::StartsWith(host, "127.") && !harness) {
     return absl::StrCat("--coordinator: '", address,
                         "' is not on the loopback interface (127.x.x.x, "
-                        "localhost or [::1])");
+                        "localhost or [::1]), nor, with --netns_harness, a "
+                        "simulated host of tests/netns (10.77.0.x, "
+                        "10.78.0.x)");
   }
   if (pid <= 0) {
     return "--coordinator needs --coordinator_pid: its process id, to read "
