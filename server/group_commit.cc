@@ -8,16 +8,23 @@
 namespace gradsync {
 namespace {
 
+// Whether a commit that failed with `status` may succeed if tried again.
+bool MayPass(const absl::Status& status) {
+  return absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
+         absl::IsAborted(status);
+}
+
 // Failed writes remembered for the callers still to learn of them.
 constexpr size_t kMaxFailures = 1 << 16;
 
 }  // namespace
 
 GroupCommit::GroupCommit(Storage* storage, absl::Mutex* owner_mu,
-                         FailureCallback on_failure)
+                         FailureCallback on_failure, absl::Duration retry_for)
     : storage_(storage),
       owner_mu_(owner_mu),
       on_failure_(std::move(on_failure)),
+      retry_for_(retry_for),
       flusher_([this] { FlushLoop(); }) {}
 
 GroupCommit::~GroupCommit() {
@@ -103,11 +110,12 @@ std::map<std::string, absl::Status> GroupCommit::Commit(
     mutations.push_back(q.mutation);
     by_job[q.job_id].push_back(q.mutation);
   }
-  const absl::Status status = storage_->Apply(mutations);
+  const absl::Status status = ApplyRetrying(mutations);
   std::map<std::string, absl::Status> failed;
   if (status.ok()) return failed;
-  if (by_job.size() == 1) {
-    failed[by_job.begin()->first] = status;
+  if (by_job.size() == 1 || MayPass(status)) {
+    // One job, or storage unreachable all the while: every job's writes.
+    for (const auto& [job_id, writes] : by_job) failed[job_id] = status;
     return failed;
   }
   // One job's refused write (a value over etcd's limit, say) must not fail
@@ -122,6 +130,29 @@ std::map<std::string, absl::Status> GroupCommit::Commit(
     if (!alone.ok()) failed[job_id] = std::move(alone);
   }
   return failed;
+}
+
+absl::Status GroupCommit::ApplyRetrying(
+    const std::vector<Storage::Mutation>& mutations) {
+  const absl::Time give_up = absl::Now() + retry_for_;
+  absl::Duration backoff = absl::Milliseconds(50);
+  for (int attempt = 1;; ++attempt) {
+    absl::Status status = storage_->Apply(mutations);
+    if (status.ok() || !MayPass(status) || absl::Now() + backoff > give_up) {
+      if (status.ok() && attempt > 1) {
+        GS_LOG(INFO) << "storage committed " << mutations.size()
+                     << " write(s) at attempt " << attempt;
+      }
+      return status;
+    }
+    if (attempt == 1) {
+      GS_LOG(WARNING) << "storage failed " << mutations.size()
+                      << " write(s): " << status << "; committing them again "
+                      << "for up to " << absl::FormatDuration(retry_for_);
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
 }
 
 std::vector<GroupCommit::Queued> GroupCommit::FailJobs(

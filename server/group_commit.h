@@ -4,7 +4,15 @@
 // gets a sequence number when it is queued; it is settled once it and every
 // write before it is durable or has failed.
 //
-// When a batch of one job's writes fails, they and that job's writes
+// A batch that fails for a reason that may pass (UNAVAILABLE,
+// DEADLINE_EXCEEDED, ABORTED: an etcd election, a busy disk) is committed
+// again, with backoff, for up to `retry_for`: the writes are whole values,
+// so a part that a backend committed before failing is written again
+// unchanged, and the callers learn an exact outcome instead of retrying a
+// write (an Add) that may have been applied. With etcd, storage unreachable
+// that long means the leader's lease has lapsed and the coordinator has
+// stopped (EtcdLeadership), so a write either commits or its coordinator is
+// gone. When a batch of one job's writes fails, they and that job's writes
 // queued after them up to then fail with UNAVAILABLE, and the owner is told
 // which jobs' writes failed, with its own lock held, so that it can reload
 // what it holds in memory from storage before anyone writes again. A failed
@@ -32,6 +40,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/storage/storage.h"
 
 namespace gradsync {
@@ -45,9 +54,14 @@ class GroupCommit {
   using FailureCallback =
       std::function<void(const std::set<std::string>& job_ids)>;
 
+  // How long a batch that fails for a reason that may pass is committed
+  // again before its writes fail: longer than the longest etcd leader
+  // lease (--etcd_lease_ttl, at most 8 s).
+  static constexpr absl::Duration kRetryFor = absl::Seconds(10);
+
   // Starts the committing thread.
   GroupCommit(Storage* storage, absl::Mutex* owner_mu,
-              FailureCallback on_failure);
+              FailureCallback on_failure, absl::Duration retry_for = kRetryFor);
   ~GroupCommit();
   GroupCommit(const GroupCommit&) = delete;
   GroupCommit& operator=(const GroupCommit&) = delete;
@@ -96,9 +110,14 @@ class GroupCommit {
   absl::Status OutcomeLocked(uint64_t seq) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Applies `mutations`, again with backoff while it fails for a reason
+  // that may pass, up to retry_for_.
+  absl::Status ApplyRetrying(const std::vector<Storage::Mutation>& mutations);
+
   Storage* const storage_;
   absl::Mutex* const owner_mu_;
   const FailureCallback on_failure_;
+  const absl::Duration retry_for_;
 
   mutable absl::Mutex mu_;
   uint64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;  // of the latest write

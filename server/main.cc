@@ -113,8 +113,8 @@ ABSL_FLAG(int64_t, etcd_max_request_bytes, 1536 * 1024,
           "--max-request-bytes; etcd does not report it): writes are split "
           "under it, and a single value above it is refused naming it");
 ABSL_FLAG(absl::Duration, etcd_lease_ttl, absl::Seconds(2),
-          "with --etcd: the TTL of the leader's lease (whole seconds, at "
-          "least 2s). A leader that stops is replaced after at most this; a "
+          "with --etcd: the TTL of the leader's lease (whole seconds, 2s to "
+          "8s). A leader that stops is replaced after at most this; a "
           "leader whose renewals stall (an etcd leader lost: its election "
           "takes about etcd's --election-timeout, 1s by default) gives up "
           "its leadership when 3/4 of it passed without one, and a standby "

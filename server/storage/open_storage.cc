@@ -66,11 +66,12 @@ absl::StatusOr<std::unique_ptr<Storage>> OpenEtcd(const StorageSpec& spec) {
   if (!named.ok()) return named.status();
   EtcdOptions options = *std::move(named);
   options.lead = spec.lead;
-  if (spec.lease_ttl < absl::Seconds(2) ||
+  if (spec.lease_ttl < absl::Seconds(2) || spec.lease_ttl > absl::Seconds(8) ||
       absl::Trunc(spec.lease_ttl, absl::Seconds(1)) != spec.lease_ttl) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--etcd_lease_ttl must be whole seconds, at least 2s (etcd's "
-        "minimum), not ", absl::FormatDuration(spec.lease_ttl)));
+        "--etcd_lease_ttl must be whole seconds from 2s (etcd's minimum) to "
+        "8s (a write that etcd did not answer is tried again for 10s, past "
+        "the lease), not ", absl::FormatDuration(spec.lease_ttl)));
   }
   options.leadership.lease_ttl = spec.lease_ttl;
   options.leadership.address = spec.advertise;

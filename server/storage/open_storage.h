@@ -38,7 +38,8 @@ struct StorageSpec {
   bool lead = false;
   std::string advertise;
   // With etcd and `lead`: the leader lease's TTL (--etcd_lease_ttl; see
-  // LeadershipOptions::lease_ttl): whole seconds, at least 2.
+  // LeadershipOptions::lease_ttl): whole seconds, 2 to 8 (less than
+  // GroupCommit::kRetryFor).
   absl::Duration lease_ttl = absl::Seconds(2);
   std::function<void(const absl::Status&)> on_lost;
   // With etcd and `lead`: told, while standing by, the address of the

@@ -1,7 +1,8 @@
 // GroupCommit on a storage whose commits the test holds open: writes queued
-// while a commit runs share the next one; a failed commit fails its writes
-// and those queued behind it, and tells the owner under its lock; the
-// destructor commits what is still queued.
+// while a commit runs share the next one; a failure that may pass is
+// committed again; a failed commit fails its jobs' writes and theirs queued
+// behind it, and tells the owner under its lock, and one job's refused
+// write fails no other job's; the destructor commits what is still queued.
 #include "server/group_commit.h"
 
 #include <memory>
@@ -86,11 +87,13 @@ TEST(GroupCommitTest, AFailedCommitFailsItsJobsWritesAndThoseQueuedBehindThem) {
   absl::Mutex owner;
   Outcomes outcomes;
   std::set<std::string> told;  // guarded by `owner`
-  GroupCommit commit(&storage, &owner,
-                     [&](const std::set<std::string>& job_ids) {
-                       owner.AssertHeld();  // writers are kept out
-                       told.insert(job_ids.begin(), job_ids.end());
-                     });
+  GroupCommit commit(
+      &storage, &owner,
+      [&](const std::set<std::string>& job_ids) {
+        owner.AssertHeld();  // writers are kept out
+        told.insert(job_ids.begin(), job_ids.end());
+      },
+      /*retry_for=*/absl::Milliseconds(200));
   uint64_t a, b;
   {
     absl::MutexLock lock(&owner);
@@ -114,7 +117,6 @@ TEST(GroupCommitTest, AFailedCommitFailsItsJobsWritesAndThoseQueuedBehindThem) {
     absl::MutexLock lock(&owner);
     EXPECT_THAT(told, ElementsAre("job-a"));
   }
-  EXPECT_EQ(storage.batches().size(), 1u) << "b was never committed";
   // Later writes commit again.
   storage.SetFailing(false);
   uint64_t c;
@@ -125,6 +127,25 @@ TEST(GroupCommitTest, AFailedCommitFailsItsJobsWritesAndThoseQueuedBehindThem) {
   EXPECT_TRUE(commit.AwaitDurable(c).ok());
   EXPECT_TRUE(storage.Get("c").ok());
   EXPECT_EQ(storage.Get("b").status().code(), absl::StatusCode::kNotFound);
+}
+
+// An etcd election, say: the batch is committed again and every write is
+// acknowledged; nobody is told of a failure.
+TEST(GroupCommitTest, AFailureThatMayPassIsCommittedAgain) {
+  ControlledStorage storage(/*open=*/true);
+  absl::Mutex owner;
+  GroupCommit commit(&storage, &owner, [](const std::set<std::string>&) {
+    ADD_FAILURE() << "nothing fails";
+  });
+  storage.FailNext(absl::UnavailableError("etcd: leader changed"));
+  uint64_t seq;
+  {
+    absl::MutexLock lock(&owner);
+    seq = commit.Queue("a", Put("k"));
+  }
+  EXPECT_TRUE(commit.AwaitDurable(seq).ok());
+  EXPECT_TRUE(storage.Get("k").ok());
+  EXPECT_THAT(storage.batches(), ElementsAre(1, 1)) << "tried twice";
 }
 
 TEST(GroupCommitTest, OneJobsRefusedWriteFailsOnlyThatJobsWrites) {

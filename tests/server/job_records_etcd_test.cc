@@ -122,9 +122,10 @@ TEST(EtcdLimitsTest, KeyValueLimitsThatEtcdWouldRefuseAreRefusedAtStart) {
   EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(opened.status().message(), HasSubstr("--max_kv_value_bytes"));
   EXPECT_THAT(opened.status().message(), HasSubstr("--etcd_max_request_bytes"));
-  // The defaults fit; a leader lease's TTL is whole seconds, at least 2.
+  // The defaults fit; a leader lease's TTL is whole seconds, 2 to 8.
   spec.largest_client_write_bytes = 1024 + (1 << 20);
-  for (absl::Duration ttl : {absl::Seconds(1), absl::Milliseconds(2500)}) {
+  for (absl::Duration ttl :
+       {absl::Seconds(1), absl::Milliseconds(2500), absl::Seconds(9)}) {
     spec.lease_ttl = ttl;
     EXPECT_THAT(OpenStorage(spec).status().message(),
                 HasSubstr("--etcd_lease_ttl must be whole seconds"));

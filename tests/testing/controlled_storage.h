@@ -61,9 +61,10 @@ class ControlledStorage final : public Storage {
               absl::StrCat("refused '", m.key, "'"));
         }
       }
-      if (fail_next_) {
-        fail_next_ = false;
-        return absl::ResourceExhaustedError("disk full");
+      if (!fail_next_.ok()) {
+        absl::Status failed = fail_next_;
+        fail_next_ = absl::OkStatus();
+        return failed;
       }
     }
     return inner_.Apply(batch);
@@ -89,10 +90,10 @@ class ControlledStorage final : public Storage {
     absl::MutexLock lock(&mu_);
     refused_prefix_ = std::move(prefix);
   }
-  // The next batch fails.
-  void FailNext() {
+  // The next batch fails ("disk full", or with `status`).
+  void FailNext(absl::Status status = absl::ResourceExhaustedError("disk full")) {
     absl::MutexLock lock(&mu_);
-    fail_next_ = true;
+    fail_next_ = std::move(status);
   }
   // Batches that have entered Apply, held or not; waiting for `n` of them.
   int entered() const {
@@ -123,7 +124,7 @@ class ControlledStorage final : public Storage {
   mutable absl::Mutex mu_;
   bool open_ ABSL_GUARDED_BY(mu_);
   bool failing_ ABSL_GUARDED_BY(mu_) = false;
-  bool fail_next_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status fail_next_ ABSL_GUARDED_BY(mu_);
   std::string refused_prefix_ ABSL_GUARDED_BY(mu_);
   int entered_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<size_t> batches_ ABSL_GUARDED_BY(mu_);
