@@ -16,6 +16,9 @@
 #         broke"; mutation-checked by hand).
 #   slow: b's processes run a third of the time for 5 s (SIGSTOP/SIGCONT:
 #         a CPU-starved host): nobody is LOST, no recovery, SUCCEEDS.
+#   death: b's link cut, then b SIGKILLed (no reset reaches a: a machine
+#         that lost power): a's all-reduce in flight ends on the
+#         coordinator's abort once b is found lost; a SUCCEEDS alone.
 set -uo pipefail
 cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
 bin=$PWD
@@ -35,8 +38,9 @@ netns_coordinator coord "$coord" --heartbeat_interval=500ms \
 field() { netns_status coord "$@"; }
 
 # scenario JOB FAULT...: trains JOB on hosts a and b, runs FAULT (a command)
-# once both passed step 20, waits for both workers (2 min at most); leaves
-# the status JSON in $tmp/JOB.json.
+# once both passed step 20, waits for both workers (2 min at most; b's may
+# fail when $b_dies is set); leaves the status JSON in $tmp/JOB.json.
+b_dies=""
 scenario() {
   local job=$1 workers=() host
   shift
@@ -55,10 +59,9 @@ scenario() {
     sleep 0.2
   done
   "$@"
-  local w
-  for w in "${workers[@]}"; do
-    wait "$w" || fail "$job: a worker failed: $(tail -5 "$tmp/$job".*.log)"
-  done
+  wait "${workers[0]}" || fail "$job: a failed: $(tail -5 "$tmp/$job".a.log)"
+  wait "${workers[1]}" || [ -n "$b_dies" ] ||
+    fail "$job: b failed: $(tail -5 "$tmp/$job".b.log)"
   netns_run coord "$bin/cli/gradsync" --coordinator="$address" \
     status "$job" --json >"$tmp/$job.json"
 }
@@ -101,4 +104,18 @@ check slow "all(m['state'] == 'exited' for m in j['members'])" ||
 check slow "j.get('recovery_count', 0) == 0" ||
   fail "slow: a slow host cost a recovery: $(cat "$tmp/slow.json")"
 echo "blip_test: host b starved of CPU for 5 s: no loss, round $($py -c "import json; print(json.load(open('$tmp/slow.json'))['round'])"), succeeded"
+
+# silent death: b's link is cut, then b is SIGKILLed, so no reset ever
+# reaches a (a machine that lost power): a's all-reduce in flight ends when
+# the coordinator finds b lost (its abort), and a finishes alone.
+# (b's link stays down: its kernel would send a's connection a FIN.)
+silent_death() {
+  netns_cut b
+  kill -9 $(ip netns pids "${netns_prefix}b") 2>/dev/null
+}
+b_dies=1
+scenario death silent_death
+check death "j['state'] == 'succeeded' and j.get('recovery_count', 0) >= 1 and 'missed' in j['recoveries'][0]['cause']" ||
+  fail "death: $(cat "$tmp/death.json")"
+echo "blip_test: b cut off and killed: a's collective ended, $($py -c "import json; print(json.load(open('$tmp/death.json'))['recoveries'][0]['cause'])"); succeeded alone"
 echo "blip_test: OK"
