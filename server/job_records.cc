@@ -8,7 +8,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "common/job_config.h"
 #include "common/status_macros.h"
@@ -141,11 +140,6 @@ absl::Status Assemble(const JobParts& job, v1::JobStatus* record,
 }
 
 }  // namespace
-
-bool IsJobRecordKey(absl::string_view key) {
-  return absl::StartsWith(key, kJobRecordsPrefix) &&
-         key.find('/', kJobRecordsPrefix.size()) == absl::string_view::npos;
-}
 
 void CopyAllButMembers(const v1::JobStatus& from, v1::JobStatus* to) {
   static const auto* all_but_members = [] {

@@ -38,10 +38,6 @@ namespace gradsync {
 // Every key of every job starts with this.
 inline constexpr absl::string_view kJobRecordsPrefix = "jobs/";
 
-// Whether `key` (under kJobRecordsPrefix) is a job's record rather than one
-// of its parts.
-bool IsJobRecordKey(absl::string_view key);
-
 // Copies every field of `from` but its members into `to` (repeated fields
 // replaced, not appended); the cost of the record without its members.
 void CopyAllButMembers(const v1::JobStatus& from, v1::JobStatus* to);
