@@ -168,6 +168,13 @@ void AppendStoreWhole(const v1::JobStatus& record, int64_t previous_round,
                       std::vector<Mutation>* batch) {
   const std::string& id = record.config().job_id();
   const std::string prefix = PartsPrefix(id, "members", record.round());
+  // Parts of this round that a failed attempt to store it left (no record
+  // names the round yet, so they are not read, but a shorter member list
+  // would not overwrite them all).
+  if (previous_round != record.round()) {
+    batch->push_back(DeletePrefix(prefix));
+    batch->push_back(DeletePrefix(PartsPrefix(id, "changes", record.round())));
+  }
   v1::StoredMembers chunk;
   int64_t index = 0;
   size_t bytes = 0;

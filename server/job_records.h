@@ -46,7 +46,9 @@ void CopyAllButMembers(const v1::JobStatus& from, v1::JobStatus* to);
 v1::JobStatus WithoutMembers(const v1::JobStatus& record);
 
 // Appends the writes that store `record` whole (it and its members, for a
-// round that just closed), then remove the parts of `previous_round`.
+// round that just closed): first the removal of any parts of its round (a
+// failed attempt's), then its members, the record, and the removal of the
+// parts of `previous_round`.
 void AppendStoreWhole(const v1::JobStatus& record, int64_t previous_round,
                       std::vector<Storage::Mutation>* batch);
 

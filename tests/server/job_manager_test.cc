@@ -474,6 +474,26 @@ TEST_F(JobManagerTest, PartsOfARoundCloseCutShortAreIgnoredAndRemoved) {
   EXPECT_EQ(storage_.Get(orphan).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A close whose batch failed after etcd committed part of it (more chunks
+// than the next attempt writes): the attempt that succeeds replaces them.
+TEST_F(JobManagerTest, AFailedAttemptsPartsOfTheSameRoundAreReplaced) {
+  ASSERT_TRUE(jobs_.Create(Config("train", 2)).ok());
+  ASSERT_TRUE(jobs_.RecordRoundClosed("train", 1, v1::BACKEND_GLOO,
+                                      ManyMembers(2)).ok());
+  v1::StoredMembers chunk;
+  *chunk.add_members() = MemberWithRank(9, "stray");
+  ASSERT_TRUE(storage_
+                  .Put("jobs/train/members/00000000000000000002/"
+                       "00000000000000000005",
+                       chunk.SerializeAsString())
+                  .ok());
+  ASSERT_TRUE(jobs_.RecordRoundClosed("train", 2, v1::BACKEND_GLOO,
+                                      ManyMembers(2)).ok());
+  JobManager reloaded(&storage_, &clock_);
+  ASSERT_TRUE(reloaded.LoadFromStorage().ok());
+  EXPECT_EQ(reloaded.Get("train")->members_size(), 2);
+}
+
 TEST_F(JobManagerTest, ARecordOfStateFormatOneIsReadAndRewrittenInParts) {
   // Format 1 kept the members inside the record.
   v1::JobStatus old = jobs_.Create(Config("train", 2)).value();
