@@ -1,6 +1,7 @@
 #include "server/job_manager.h"
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -61,8 +62,13 @@ absl::Status JobManager::LoadFromStorage() {
     }
   }
   absl::MutexLock lock(&mu_);
-  for (auto& [id, record] : loaded.records) jobs_[id] = std::move(record);
-  for (const auto& [id, seq] : loaded.next_change) next_change_[id] = seq;
+  for (auto& [id, record] : loaded.records) {
+    auto job = std::make_shared<Job>();
+    absl::MutexLock job_lock(&job->mu);
+    job->record = std::move(record);
+    job->next_change = loaded.next_change[id];
+    jobs_[id] = std::move(job);
+  }
   return absl::OkStatus();
 }
 
@@ -90,37 +96,43 @@ absl::StatusOr<v1::JobConfig> JobManager::GetOrCreate(
     }
     GS_ASSIGN_OR_RETURN(normalized, NormalizeJobConfig(with_id));
   }
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) {
-    if (config == nullptr) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);  // a job is made under the map's lock
+    auto it = jobs_.find(job_id);
+    if (it != jobs_.end()) job = it->second;
+    if (job == nullptr && config == nullptr) {
       return absl::NotFoundError(absl::StrCat(
           "job '", job_id,
           "' does not exist: create it first or join with its config"));
     }
-    if (!limits_.create_on_join) {
+    if (job == nullptr && !limits_.create_on_join) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job '", job_id,
           "' does not exist, and this coordinator makes jobs only with "
           "`gradsync create` (--create_jobs_on_join=false)"));
     }
-    GS_ASSIGN_OR_RETURN(v1::JobStatus created, CreateLocked(normalized));
-    return created.config();
+    if (job == nullptr) {
+      GS_ASSIGN_OR_RETURN(v1::JobStatus created, CreateLocked(normalized));
+      return created.config();
+    }
   }
-  if (IsTerminal(it->second.state())) {
+  absl::MutexLock lock(&job->mu);
+  const v1::JobStatus& record = job->record;
+  if (IsTerminal(record.state())) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "job '", job_id, "' has ended (", JobStateName(it->second.state()),
-        it->second.reason().empty() ? "" : ": ", it->second.reason(),
+        "job '", job_id, "' has ended (", JobStateName(record.state()),
+        record.reason().empty() ? "" : ": ", record.reason(),
         "): start a new job with another id"));
   }
-  if (config != nullptr && !SameJobConfig(it->second.config(), normalized)) {
+  if (config != nullptr && !SameJobConfig(record.config(), normalized)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", job_id, "' exists with a different config (",
-        DescribeConfig(it->second.config()), "); this join asked for ",
+        DescribeConfig(record.config()), "); this join asked for ",
         DescribeConfig(normalized),
         ": use the same settings on every worker or a new job id"));
   }
-  return it->second.config();
+  return record.config();
 }
 
 absl::StatusOr<v1::JobStatus> JobManager::Get(absl::string_view job_id) const {
@@ -131,24 +143,18 @@ absl::StatusOr<v1::JobStatus> JobManager::Get(absl::string_view job_id) const {
 
 absl::Status JobManager::CopyTo(absl::string_view job_id,
                               v1::JobStatus* out) const {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
-  }
-  out->CopyFrom(it->second);
+  GS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Find(job_id));
+  absl::MutexLock lock(&job->mu);
+  out->CopyFrom(job->record);
   return absl::OkStatus();
 }
 
 absl::StatusOr<JobManager::SelectionCounts> JobManager::CopySelected(
     absl::string_view job_id, const MemberSelection& selection,
     v1::JobStatus* out) const {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
-  }
-  const v1::JobStatus& record = it->second;
+  GS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Find(job_id));
+  absl::MutexLock lock(&job->mu);
+  const v1::JobStatus& record = job->record;
   CopyAllButMembers(record, out);
   SelectionCounts counts;
   const int size = record.members_size();
@@ -175,7 +181,7 @@ absl::StatusOr<JobManager::SelectionCounts> JobManager::CopySelected(
 }
 
 bool JobManager::Exists(absl::string_view job_id) const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   return jobs_.find(job_id) != jobs_.end();
 }
 
@@ -191,26 +197,25 @@ void PhaseHistogram::Observe(absl::Duration d) {
 }
 
 JobCensus JobManager::Census() const {
-  absl::MutexLock lock(&mu_);
   JobCensus census;
-  for (const auto& [id, record] : jobs_) {
+  for (const auto& [id, job] : Snapshot()) {
+    absl::MutexLock lock(&job->mu);
+    const v1::JobStatus& record = job->record;
     ++census.jobs[record.state()];
     for (const v1::Member& m : record.members()) ++census.members[m.state()];
     census.rounds.emplace_back(id, record.round());
     census.recoveries.emplace_back(id, record.recovery_count());
   }
+  absl::MutexLock lock(&phases_mu_);
   census.recovery_phases = recovery_phases_;
   return census;
 }
 
 std::vector<v1::JobStatus> JobManager::List() const {
-  absl::MutexLock lock(&mu_);
   std::vector<v1::JobStatus> out;
-  out.reserve(jobs_.size());
-  for (const auto& [id, record] : jobs_) {
-    v1::JobStatus summary = record;
-    summary.clear_members();
-    out.push_back(std::move(summary));
+  for (const auto& [id, job] : Snapshot()) {
+    absl::MutexLock lock(&job->mu);
+    out.push_back(WithoutMembers(job->record));
   }
   return out;
 }
@@ -219,8 +224,9 @@ absl::Status JobManager::RecordRoundClosed(absl::string_view job_id,
                                            int64_t round, v1::Backend backend,
                                            std::vector<v1::Member> members,
                                            const v1::Recovery* recovery) {
-  absl::MutexLock lock(&mu_);
-  GS_ASSIGN_OR_RETURN(v1::JobStatus * record, FindLocked(job_id));
+  GS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Find(job_id));
+  absl::MutexLock lock(&job->mu);
+  v1::JobStatus* record = &job->record;
   v1::JobStatus updated = WithoutMembers(*record);
   google::protobuf::Timestamp now = ToProtoTime(clock_->Now());
   updated.set_state(v1::JOB_STATE_RUNNING);
@@ -242,8 +248,9 @@ absl::Status JobManager::RecordRoundClosed(absl::string_view job_id,
   AppendStoreWhole(updated, record->round(), &batch);
   GS_RETURN_IF_ERROR(storage_->Apply(batch));
   *record = std::move(updated);
-  next_change_[record->config().job_id()] = 0;
+  job->next_change = 0;
   if (recovery != nullptr) {
+    absl::MutexLock phases_lock(&phases_mu_);
     recovery_phases_["detection"].Observe(FromProtoDuration(recovery->detection()));
     recovery_phases_["rendezvous"].Observe(
         FromProtoDuration(recovery->rendezvous()));
@@ -253,10 +260,10 @@ absl::Status JobManager::RecordRoundClosed(absl::string_view job_id,
 
 absl::Status JobManager::RecordRoundSuperseded(absl::string_view job_id,
                                                absl::string_view reason) {
-  absl::MutexLock lock(&mu_);
-  GS_ASSIGN_OR_RETURN(v1::JobStatus * record, FindLocked(job_id));
+  GS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Find(job_id));
+  absl::MutexLock lock(&job->mu);
   const google::protobuf::Timestamp now = ToProtoTime(clock_->Now());
-  return UpdateLocked(record, [&](v1::JobStatus* r) {
+  return UpdateLocked(job.get(), [&](v1::JobStatus* r) {
     r->set_state(v1::JOB_STATE_WAITING);
     r->set_reason(std::string(reason));
     *r->mutable_update_time() = now;
@@ -266,13 +273,14 @@ absl::Status JobManager::RecordRoundSuperseded(absl::string_view job_id,
 absl::Status JobManager::RecordRoundStart(absl::string_view job_id,
                                           int64_t round,
                                           const v1::RoundStartTimings& timings) {
-  absl::MutexLock lock(&mu_);
-  GS_ASSIGN_OR_RETURN(v1::JobStatus * record, FindLocked(job_id));
+  GS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Find(job_id));
+  absl::MutexLock lock(&job->mu);
+  const v1::JobStatus* record = &job->record;
   if (record->recoveries_size() == 0 ||
       record->recoveries(record->recoveries_size() - 1).new_round() != round) {
     return absl::OkStatus();
   }
-  GS_RETURN_IF_ERROR(UpdateLocked(record, [&](v1::JobStatus* r) {
+  GS_RETURN_IF_ERROR(UpdateLocked(job.get(), [&](v1::JobStatus* r) {
     v1::Recovery* recovery = r->mutable_recoveries(r->recoveries_size() - 1);
     v1::RoundStartTimings* slowest = recovery->mutable_round_start();
     const auto keep_max = [](const google::protobuf::Duration& d,
@@ -284,6 +292,7 @@ absl::Status JobManager::RecordRoundStart(absl::string_view job_id,
     keep_max(timings.first_step(), slowest->mutable_first_step());
     recovery->set_round_start_reports(recovery->round_start_reports() + 1);
   }));
+  absl::MutexLock phases_lock(&phases_mu_);
   recovery_phases_["process_group"].Observe(
       FromProtoDuration(timings.process_group()));
   recovery_phases_["state_transfer"].Observe(
@@ -294,22 +303,17 @@ absl::Status JobManager::RecordRoundStart(absl::string_view job_id,
 }
 
 absl::StatusOr<JobPhase> JobManager::GetPhase(absl::string_view job_id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
-  }
-  return JobPhase{it->second.round(), it->second.state(), it->second.reason()};
+  GS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Find(job_id));
+  absl::MutexLock lock(&job->mu);
+  const v1::JobStatus& record = job->record;
+  return JobPhase{record.round(), record.state(), record.reason()};
 }
 
 absl::StatusOr<RoundMembers> JobManager::GetRoundMembers(
     absl::string_view job_id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
-  }
-  const v1::JobStatus& record = it->second;
+  GS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Find(job_id));
+  absl::MutexLock lock(&job->mu);
+  const v1::JobStatus& record = job->record;
   RoundMembers out;
   out.config = record.config();
   out.phase = JobPhase{record.round(), record.state(), record.reason()};
@@ -326,8 +330,9 @@ absl::StatusOr<RoundMembers> JobManager::GetRoundMembers(
 
 absl::Status JobManager::RecordHealth(absl::string_view job_id, int64_t round,
                                       const HealthUpdate& update) {
-  absl::MutexLock lock(&mu_);
-  GS_ASSIGN_OR_RETURN(v1::JobStatus * record, FindLocked(job_id));
+  GS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Find(job_id));
+  absl::MutexLock lock(&job->mu);
+  v1::JobStatus* record = &job->record;
   if (record->round() != round ||
       (record->state() != v1::JOB_STATE_RUNNING &&
        record->state() != v1::JOB_STATE_DEGRADED)) {
@@ -353,16 +358,15 @@ absl::Status JobManager::RecordHealth(absl::string_view job_id, int64_t round,
     if (IsTerminal(update.job_state)) *r->mutable_end_time() = ToProtoTime(now);
     *r->mutable_update_time() = ToProtoTime(now);
   };
-  int64_t& seq = next_change_[record->config().job_id()];
   std::vector<Storage::Mutation> batch;
-  AppendStoreChanges(job_id, round, seq, changes, &batch);
+  AppendStoreChanges(job_id, round, job->next_change, changes, &batch);
   if (update.job_state != v1::JOB_STATE_UNSPECIFIED) {
     v1::JobStatus header = WithoutMembers(*record);
     change_job(&header);
     AppendStoreRecord(header, &batch);
   }
   GS_RETURN_IF_ERROR(storage_->Apply(batch));
-  ++seq;
+  ++job->next_change;
   for (const v1::Member& change : changes.changes()) {
     v1::Member* member = record->mutable_members(change.rank());
     member->set_state(change.state());
@@ -377,11 +381,11 @@ absl::Status JobManager::RecordHealth(absl::string_view job_id, int64_t round,
 }
 
 std::vector<std::string> JobManager::EndedBefore(absl::Time cutoff) const {
-  absl::MutexLock lock(&mu_);
   std::vector<std::string> ended;
-  for (const auto& [id, record] : jobs_) {
-    if (IsTerminal(record.state()) &&
-        FromProtoTime(record.end_time()) < cutoff) {
+  for (const auto& [id, job] : Snapshot()) {
+    absl::MutexLock lock(&job->mu);
+    if (IsTerminal(job->record.state()) &&
+        FromProtoTime(job->record.end_time()) < cutoff) {
       ended.push_back(id);
     }
   }
@@ -392,36 +396,46 @@ bool JobManager::ForgetIfEndedBefore(absl::string_view job_id,
                                      absl::Time cutoff) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end() || !IsTerminal(it->second.state()) ||
-      FromProtoTime(it->second.end_time()) >= cutoff) {
+  if (it == jobs_.end()) return false;
+  const std::shared_ptr<Job> job = it->second;  // outlives job_lock
+  absl::MutexLock job_lock(&job->mu);
+  const v1::JobStatus& record = job->record;
+  if (!IsTerminal(record.state()) ||
+      FromProtoTime(record.end_time()) >= cutoff) {
     return false;
   }
   std::vector<Storage::Mutation> batch;
   AppendRemove(it->first, &batch);
   if (!storage_->Apply(batch).ok()) return false;
-  next_change_.erase(it->first);
   jobs_.erase(it);
   return true;
 }
 
 absl::Status JobManager::UpdateLocked(
-    v1::JobStatus* record, const std::function<void(v1::JobStatus*)>& change) {
-  v1::JobStatus header = WithoutMembers(*record);
+    Job* job, const std::function<void(v1::JobStatus*)>& change) {
+  v1::JobStatus header = WithoutMembers(job->record);
   change(&header);
   std::vector<Storage::Mutation> batch;
   AppendStoreRecord(header, &batch);
   GS_RETURN_IF_ERROR(storage_->Apply(batch));
-  change(record);
+  change(&job->record);
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::JobStatus*> JobManager::FindLocked(
-    absl::string_view job_id) {
+absl::StatusOr<std::shared_ptr<JobManager::Job>> JobManager::Find(
+    absl::string_view job_id) const {
+  absl::ReaderMutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) {
     return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
   }
-  return &it->second;
+  return it->second;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<JobManager::Job>>>
+JobManager::Snapshot() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return {jobs_.begin(), jobs_.end()};
 }
 
 absl::StatusOr<v1::JobStatus> JobManager::CreateLocked(
@@ -448,7 +462,10 @@ absl::StatusOr<v1::JobStatus> JobManager::CreateLocked(
   std::vector<Storage::Mutation> batch;
   AppendStoreRecord(record, &batch);
   GS_RETURN_IF_ERROR(storage_->Apply(batch));
-  jobs_[normalized.job_id()] = record;
+  auto job = std::make_shared<Job>();
+  absl::MutexLock job_lock(&job->mu);
+  job->record = record;
+  jobs_[normalized.job_id()] = std::move(job);
   return record;
 }
 

@@ -7,7 +7,9 @@
 #include <array>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -97,7 +99,10 @@ struct JobLimits {
 
 // Owns the record (v1::JobStatus) of every job and writes each change through
 // to Storage under "jobs/<job_id>", in parts (server/job_records.h): a change
-// to a few members writes those members' changes, not the job. Thread-safe. Never calls into another
+// to a few members writes those members' changes, not the job. Thread-safe:
+// each job has its own lock, held across the writes of its record, so a job
+// never waits for another job's commits (making a job and forgetting one
+// hold the lock of the map of jobs across theirs). Never calls into another
 // manager, so any manager may call it while holding its own lock. `storage`
 // and `clock` must outlive it.
 class JobManager {
@@ -199,13 +204,24 @@ class JobManager {
   bool ForgetIfEndedBefore(absl::string_view job_id, absl::Time cutoff);
 
  private:
+  // One job's record, and the seq of its next change record in its round.
+  struct Job {
+    absl::Mutex mu;
+    v1::JobStatus record ABSL_GUARDED_BY(mu);
+    int64_t next_change ABSL_GUARDED_BY(mu) = 0;
+  };
+
   // Applies `change` to the stored record (without its members), then, once
-  // stored, to `record`.
-  absl::Status UpdateLocked(v1::JobStatus* record,
+  // stored, to the job's record.
+  absl::Status UpdateLocked(Job* job,
                             const std::function<void(v1::JobStatus*)>& change)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<v1::JobStatus*> FindLocked(absl::string_view job_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // The job `job_id`; NOT_FOUND for an unknown id.
+  absl::StatusOr<std::shared_ptr<Job>> Find(absl::string_view job_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Every job, by id, as of now.
+  std::vector<std::pair<std::string, std::shared_ptr<Job>>> Snapshot() const
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<v1::JobStatus> CreateLocked(const v1::JobConfig& normalized)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -213,13 +229,14 @@ class JobManager {
   Clock* const clock_;
   const JobLimits limits_;
 
+  // The map of jobs; before a job's own lock when both are held.
   mutable absl::Mutex mu_;
-  // job id -> record; every record is also in storage_.
-  std::map<std::string, v1::JobStatus, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
-  // job id -> the seq of the job's next change record in its round.
-  std::map<std::string, int64_t, std::less<>> next_change_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Job>, std::less<>> jobs_
+      ABSL_GUARDED_BY(mu_);
   // Soft state: since this coordinator started.
-  std::map<std::string, PhaseHistogram> recovery_phases_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex phases_mu_;
+  std::map<std::string, PhaseHistogram> recovery_phases_
+      ABSL_GUARDED_BY(phases_mu_);
 };
 
 }  // namespace gradsync

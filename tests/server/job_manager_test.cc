@@ -3,6 +3,7 @@
 #include <google/protobuf/util/message_differencer.h>
 
 #include <map>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -11,10 +12,12 @@
 #include "common/clock.h"
 #include "common/job_config.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/gradsync/v1/job.pb.h"
 #include "server/storage/in_memory_storage.h"
+#include "tests/testing/controlled_storage.h"
 
 namespace gradsync {
 namespace {
@@ -588,6 +591,37 @@ TEST_F(JobManagerTest, LoadFromStorageOfACorruptRecordIsDataLoss) {
   absl::Status status = reloaded.LoadFromStorage();
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(status.message(), HasSubstr("jobs/broken"));
+}
+
+// Per-job locks: while job a's commit is held in storage, job b's writes and
+// reads go on (with one lock for every job they waited for a's; reads of a
+// wait for its commit, by design).
+TEST(JobManagerIsolationTest, AJobNeverWaitsForAnotherJobsCommit) {
+  testing::ControlledStorage storage;
+  FakeClock clock;
+  JobManager jobs(&storage, &clock);
+  for (const char* id : {"a", "b"}) {
+    ASSERT_TRUE(jobs.Create(Config(id, 2)).ok());
+    ASSERT_TRUE(jobs.RecordRoundClosed(id, 1, v1::BACKEND_GLOO, ManyMembers(2)).ok());
+  }
+  HealthUpdate exited;
+  exited.members.push_back({0, v1::MEMBER_STATE_EXITED, "succeeded"});
+  storage.HoldPutsUnder("jobs/a/");
+  std::thread a_writer([&] { EXPECT_TRUE(jobs.RecordHealth("a", 1, exited).ok()); });
+  storage.AwaitHeld(1);
+  absl::Notification b_done;
+  std::thread b_writer([&] {
+    EXPECT_TRUE(jobs.RecordHealth("b", 1, exited).ok());
+    EXPECT_TRUE(jobs.Get("b").ok());
+    EXPECT_TRUE(jobs.Exists("a"));
+    b_done.Notify();
+  });
+  EXPECT_TRUE(b_done.WaitForNotificationWithTimeout(absl::Seconds(30)))
+      << "job b waited for job a's commit";
+  storage.Release();
+  a_writer.join();
+  b_writer.join();
+  EXPECT_EQ(jobs.Get("a")->members(0).state(), v1::MEMBER_STATE_EXITED);
 }
 
 }  // namespace

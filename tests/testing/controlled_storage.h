@@ -52,14 +52,15 @@ class ControlledStorage final : public Storage {
       absl::MutexLock lock(&mu_);
       ++entered_;
       mu_.Await(absl::Condition(&open_));
+      if (!held_prefix_.empty() && PutsUnder(batch, held_prefix_)) {
+        ++held_;
+        mu_.Await(absl::Condition(&released_));
+      }
       batches_.push_back(batch.size());
       if (failing_) return absl::UnavailableError("disk gone");
-      for (const Mutation& m : batch) {
-        if (!refused_prefix_.empty() && m.kind == Mutation::Kind::kPut &&
-            absl::StartsWith(m.key, refused_prefix_)) {
-          return absl::ResourceExhaustedError(
-              absl::StrCat("refused '", m.key, "'"));
-        }
+      if (!refused_prefix_.empty() && PutsUnder(batch, refused_prefix_)) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "refused '", FirstPutUnder(batch, refused_prefix_), "'"));
       }
       if (!fail_next_.ok()) {
         absl::Status failed = fail_next_;
@@ -90,6 +91,25 @@ class ControlledStorage final : public Storage {
     absl::MutexLock lock(&mu_);
     refused_prefix_ = std::move(prefix);
   }
+  // Batches that put a key starting with `prefix` wait in Apply until
+  // Release(); AwaitHeld(n) waits until n of them are waiting.
+  void HoldPutsUnder(std::string prefix) {
+    absl::MutexLock lock(&mu_);
+    held_prefix_ = std::move(prefix);
+    released_ = false;
+  }
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    held_prefix_.clear();
+    released_ = true;
+  }
+  void AwaitHeld(int n) const {
+    absl::MutexLock lock(&mu_);
+    auto held = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return held_ >= n;
+    };
+    mu_.Await(absl::Condition(&held));
+  }
   // The next batch fails ("disk full", or with `status`).
   void FailNext(absl::Status status = absl::ResourceExhaustedError("disk full")) {
     absl::MutexLock lock(&mu_);
@@ -115,6 +135,21 @@ class ControlledStorage final : public Storage {
   }
 
  private:
+  // The first key of `batch` put under `prefix`; empty when none is.
+  static std::string FirstPutUnder(const std::vector<Mutation>& batch,
+                                   absl::string_view prefix) {
+    for (const Mutation& m : batch) {
+      if (m.kind == Mutation::Kind::kPut && absl::StartsWith(m.key, prefix)) {
+        return m.key;
+      }
+    }
+    return "";
+  }
+  static bool PutsUnder(const std::vector<Mutation>& batch,
+                        absl::string_view prefix) {
+    return !FirstPutUnder(batch, prefix).empty();
+  }
+
   bool Failing() const {
     absl::MutexLock lock(&mu_);
     return failing_;
@@ -126,6 +161,9 @@ class ControlledStorage final : public Storage {
   bool failing_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status fail_next_ ABSL_GUARDED_BY(mu_);
   std::string refused_prefix_ ABSL_GUARDED_BY(mu_);
+  std::string held_prefix_ ABSL_GUARDED_BY(mu_);
+  bool released_ ABSL_GUARDED_BY(mu_) = true;
+  int held_ ABSL_GUARDED_BY(mu_) = 0;
   int entered_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<size_t> batches_ ABSL_GUARDED_BY(mu_);
 };
