@@ -288,10 +288,29 @@ esac
 torch_missing="LibTorch is left out of this build ($(grep '^libtorch' "$facts" | cut -f2))"
 
 # ---- Build the targets the steps need.
-targets=(server_gradsync-coordinator worker_cli_gradsync
+targets=(server_gradsync-coordinator cli_gradsync
          tests_worker_backend_nccl_backend_test
          tests_worker_backend_cuda_nccl_device_test)
 [ "$with_torch" = ON ] && targets+=(worker_gradsync-worker)
+# Whether CMake target T is defined: cmake/gradsync.cmake names a target
+# FOLDER_NAME (the folder's path with _ for /), so some split of T must be a
+# folder whose CMakeLists.txt has that NAME. Checked in dry runs too: a
+# target that moved must not be found only on the GPU machine.
+cmake_target_defined() {
+  local parts i dir name
+  IFS=_ read -ra parts <<<"$1"
+  for ((i = 1; i < ${#parts[@]}; i++)); do
+    dir=$(IFS=/; echo "${parts[*]:0:i}")
+    name=$(IFS=_; echo "${parts[*]:i}")
+    grep -qE "^[[:space:]]*NAME ${name}[[:space:]]*$" "$dir/CMakeLists.txt" \
+      2>/dev/null && return 0
+  done
+  return 1
+}
+for target in "${targets[@]}"; do
+  cmake_target_defined "$target" ||
+    { record build failed "no CMake target $target (named FOLDER_NAME)" 0; finish; }
+done
 cmake_args=(-DGRADSYNC_WITH_NCCL=ON -DCMAKE_BUILD_TYPE=Release
             -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DGRADSYNC_WITH_TORCH="$with_torch")
 prefix_path=() build_ld_path=
