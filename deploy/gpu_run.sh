@@ -294,8 +294,9 @@ targets=(server_gradsync-coordinator cli_gradsync
 [ "$with_torch" = ON ] && targets+=(worker_gradsync-worker)
 # Whether CMake target T is defined: cmake/gradsync.cmake names a target
 # FOLDER_NAME (the folder's path with _ for /), so some split of T must be a
-# folder whose CMakeLists.txt has that NAME. Checked in dry runs too: a
-# target that moved must not be found only on the GPU machine.
+# folder whose CMakeLists.txt has that NAME. Checked before any build, in
+# dry runs too: a target that moved must not be found only on the GPU
+# machine.
 cmake_target_defined() {
   local parts i dir name
   IFS=_ read -ra parts <<<"$1"
@@ -307,10 +308,12 @@ cmake_target_defined() {
   done
   return 1
 }
-for target in "${targets[@]}"; do
-  cmake_target_defined "$target" ||
-    { record build failed "no CMake target $target (named FOLDER_NAME)" 0; finish; }
-done
+if [ "$no_build" -eq 0 ]; then
+  for target in "${targets[@]}"; do
+    cmake_target_defined "$target" ||
+      { record build failed "no CMake target $target (named FOLDER_NAME)" 0; finish; }
+  done
+fi
 cmake_args=(-DGRADSYNC_WITH_NCCL=ON -DCMAKE_BUILD_TYPE=Release
             -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DGRADSYNC_WITH_TORCH="$with_torch")
 prefix_path=() build_ld_path=
