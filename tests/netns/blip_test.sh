@@ -21,12 +21,9 @@
 #         coordinator's abort once b is found lost; a SUCCEEDS alone.
 set -uo pipefail
 cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
-bin=$PWD
-tmp=${TEST_TMPDIR:-$(mktemp -d)}
-py=/usr/bin/python3
 # shellcheck source=tests/netns/lib.sh
 source tests/netns/lib.sh
-fail() { echo "blip_test: FAIL: $*" >&2; exit 1; }
+netns_scenario blip_test
 
 netns_init
 netns_host coord

@@ -13,11 +13,9 @@
 # renew", and c2 takes over; the job still succeeds: seen on 2026-11-27.)
 set -uo pipefail
 cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
-bin=$PWD
-tmp=${TEST_TMPDIR:-$(mktemp -d)}
 # shellcheck source=tests/netns/lib.sh
 source tests/netns/lib.sh
-fail() { echo "etcd_loss_test: FAIL: $*" >&2; exit 1; }
+netns_scenario etcd_loss_test
 
 netns_etcd
 netns_init

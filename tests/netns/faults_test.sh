@@ -25,12 +25,9 @@
 # --test_env=GRADSYNC_FAULTS=40 --test_timeout=1800).
 set -uo pipefail
 cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
-bin=$PWD
-tmp=${TEST_TMPDIR:-$(mktemp -d)}
-py=/usr/bin/python3
 # shellcheck source=tests/netns/lib.sh
 source tests/netns/lib.sh
-fail() { echo "faults_test: FAIL: $*" >&2; exit 1; }
+netns_scenario faults_test
 
 netns_seed faults_test
 faults=${GRADSYNC_FAULTS:-3}

@@ -13,11 +13,9 @@
 # back at the end: none lost.
 set -uo pipefail
 cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
-bin=$PWD
-tmp=${TEST_TMPDIR:-$(mktemp -d)}
 # shellcheck source=tests/netns/lib.sh
 source tests/netns/lib.sh
-fail() { echo "ha_test: FAIL: $*" >&2; exit 1; }
+netns_scenario ha_test
 
 netns_etcd
 netns_init

@@ -6,7 +6,10 @@
 # links through a user-space switch (slow_switch.py: a TUN device per host,
 # packets delayed or dropped by one process).
 #
-#   source tests/netns/lib.sh
+#   cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"; source tests/netns/lib.sh
+#   netns_scenario NAME        # sets $bin (the runfiles root), $tmp (the
+#                              # test's scratch folder) and $py; fail MSG
+#                              # exits 1 with "NAME: FAIL: MSG"
 #   netns_init                 # the switch; traps EXIT to remove everything
 #   netns_host NAME            # a host: NAME's address in $(netns_addr NAME)
 #   netns_run NAME CMD...      # runs CMD on host NAME (in the background:
@@ -45,6 +48,14 @@
 netns_prefix="gs$$"
 netns_hosts=()
 netns_switch="${netns_prefix}sw"
+
+netns_scenario() {
+  netns_name=$1
+  bin=$PWD
+  tmp=${TEST_TMPDIR:-$(mktemp -d)}
+  py=/usr/bin/python3
+}
+fail() { echo "$netns_name: FAIL: $*" >&2; exit 1; }
 
 netns_fail() {
   echo "netns: FAIL: $*" >&2

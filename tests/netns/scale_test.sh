@@ -11,11 +11,9 @@
 #          lost, on a fresh coordinator: nobody LOST.
 set -uo pipefail
 cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
-bin=$PWD
-tmp=${TEST_TMPDIR:-$(mktemp -d)}
 # shellcheck source=tests/netns/lib.sh
 source tests/netns/lib.sh
-fail() { echo "scale_test: FAIL: $*" >&2; exit 1; }
+netns_scenario scale_test
 
 netns_init
 netns_host coord
