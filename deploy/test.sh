@@ -57,9 +57,18 @@ tests/fuzz/run.sh 60 2>&1 | tee /tmp/gradsync-fuzz.log
 fuzz_status=${PIPESTATUS[0]}
 [ "$status" -eq 0 ] && status=$fuzz_status
 
-# Name what failed last, where a log's tail still shows it.
-grep -E '^//[^ ]+ +(\(cached\) +)?(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' /tmp/gradsync-test.log \
-  | sed 's/^/bazel: /' || true
+# Name what failed last, where a log's tail still shows it, and why: the
+# last lines of each failed Bazel test's own log (a CI run keeps no more).
+bazel_failed=$(grep -E '^//[^ ]+ +(\(cached\) +)?(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' \
+  /tmp/gradsync-test.log || true)
+while IFS= read -r target; do
+  log="bazel-testlogs/${target#//}"
+  log="${log/://}/test.log"
+  [ -f "$log" ] || continue
+  echo "== $target: the end of $log"
+  tail -n 15 "$log" | cut -c1-400
+done < <(grep -oE '^//[^ ]+' <<<"$bazel_failed")
+[ -z "$bazel_failed" ] || sed 's/^/bazel: /' <<<"$bazel_failed"
 grep -E '^[[:space:]]*[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Not Run)\)' \
   /tmp/gradsync-cmake.log | sed 's/^/ctest: /' || true
 echo "gtest: ${passed} passed, ${failed} failed, ${skipped} skipped"
