@@ -37,9 +37,21 @@ GroupCommit::~GroupCommit() {
 
 uint64_t GroupCommit::Queue(const std::string& job_id,
                             Storage::Mutation mutation, WriteCallback done) {
+  std::vector<Storage::Mutation> mutations;
+  mutations.push_back(std::move(mutation));
+  return QueueTogether(job_id, std::move(mutations), std::move(done));
+}
+
+uint64_t GroupCommit::QueueTogether(const std::string& job_id,
+                                    std::vector<Storage::Mutation> mutations,
+                                    WriteCallback done) {
+  for (size_t i = 0; i < mutations.size(); ++i) {
+    mutations[i].with_next = i + 1 < mutations.size();
+  }
   absl::MutexLock lock(&mu_);
   const uint64_t seq = ++last_seq_;
-  queued_.push_back(Queued{seq, job_id, std::move(mutation), std::move(done)});
+  queued_.push_back(
+      Queued{seq, job_id, std::move(mutations), std::move(done)});
   return seq;
 }
 
@@ -107,8 +119,10 @@ std::map<std::string, absl::Status> GroupCommit::Commit(
   // Each job's writes, in order (jobs never share a key).
   std::map<std::string, std::vector<Storage::Mutation>> by_job;
   for (const Queued& q : batch) {
-    mutations.push_back(q.mutation);
-    by_job[q.job_id].push_back(q.mutation);
+    for (const Storage::Mutation& m : q.mutations) {
+      mutations.push_back(m);
+      by_job[q.job_id].push_back(m);
+    }
   }
   const absl::Status status = ApplyRetrying(mutations);
   std::map<std::string, absl::Status> failed;

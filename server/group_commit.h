@@ -71,6 +71,12 @@ class GroupCommit {
   // its sequence number. Call with the owner's lock held.
   uint64_t Queue(const std::string& job_id, Storage::Mutation mutation,
                  WriteCallback done = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues `mutations` of `job_id` as one write (one sequence number, one
+  // outcome), committed in one transaction on any backend (each but the
+  // last is marked with_next).
+  uint64_t QueueTogether(const std::string& job_id,
+                         std::vector<Storage::Mutation> mutations,
+                         WriteCallback done = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Returns once write `seq` (and every write before it) is durable or has
   // failed; the write's outcome.
@@ -86,7 +92,7 @@ class GroupCommit {
   struct Queued {
     uint64_t seq = 0;
     std::string job_id;
-    Storage::Mutation mutation;
+    std::vector<Storage::Mutation> mutations;  // committed together
     WriteCallback done;
   };
 

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "common/job_config.h"
 #include "common/logging.h"
@@ -19,6 +22,22 @@ constexpr size_t kMaxWaitKeys = 100000;
 
 std::string StorageKey(const KvScope& scope, const std::string& key) {
   return absl::StrCat(KvRoundPrefix(scope.job_id, scope.round), key);
+}
+
+constexpr size_t kMaxRequestIdBytes = 64;
+
+absl::Status CheckRequestId(const std::string& id) {
+  const bool fine =
+      !id.empty() && id.size() <= kMaxRequestIdBytes &&
+      std::all_of(id.begin(), id.end(), [](char c) {
+        return absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+               c == '-' || c == '_';
+      });
+  if (fine) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "request id must be 1-", kMaxRequestIdBytes,
+      " letters, digits, '-' or '_', got '",
+      absl::CHexEscape(id.substr(0, kMaxRequestIdBytes + 1)), "'"));
 }
 
 std::string MissingKeysText(const std::vector<std::string>& missing) {
@@ -36,6 +55,10 @@ std::string MissingKeysText(const std::vector<std::string>& missing) {
 
 std::string KvRoundPrefix(absl::string_view job_id, int64_t round) {
   return absl::StrCat("kv/", job_id, "/", round, "/");
+}
+
+std::string KvRequestPrefix(absl::string_view job_id, int64_t round) {
+  return absl::StrCat("kvreq/", job_id, "/", round, "/");
 }
 
 KvManager::KvManager(Storage* storage, Clock* clock, const JobManager* jobs,
@@ -109,25 +132,87 @@ void KvManager::RetireRound(const std::string& job_id, int64_t round) {
 
 absl::Status KvManager::RestoreRound(const std::string& job_id, int64_t round,
                                      bool open) {
-  const std::string job_prefix = absl::StrCat("kv/", job_id, "/");
-  const std::string round_prefix = KvRoundPrefix(job_id, round);
-  GS_ASSIGN_OR_RETURN(std::vector<Storage::Entry> entries,
-                      storage_->Scan(job_prefix, /*keys_only=*/false));
+  GS_ASSIGN_OR_RETURN(
+      std::vector<Storage::Entry> entries,
+      storage_->Scan(absl::StrCat("kv/", job_id, "/"), /*keys_only=*/false));
+  GS_ASSIGN_OR_RETURN(
+      std::vector<Storage::Entry> records,
+      storage_->Scan(absl::StrCat("kvreq/", job_id, "/"), /*keys_only=*/false));
+  std::move(records.begin(), records.end(), std::back_inserter(entries));
   absl::MutexLock lock(&mu_);
   JobKv& job = jobs_kv_[job_id];
   job = JobKv();
   job.round = round;
   job.open = open;
+  return LoadRoundLocked(job_id, &job, std::move(entries),
+                         /*drop_others=*/true);
+}
+
+absl::Status KvManager::LoadRoundLocked(const std::string& job_id, JobKv* job,
+                                        std::vector<Storage::Entry> entries,
+                                        bool drop_others) {
+  const std::string round_prefix = KvRoundPrefix(job_id, job->round);
+  const std::string request_prefix = KvRequestPrefix(job_id, job->round);
   for (auto& [key, value] : entries) {
-    if (!open || !absl::StartsWith(key, round_prefix)) {
-      GS_RETURN_IF_ERROR(storage_->Delete(key).status());
+    if (job->open && absl::StartsWith(key, round_prefix)) {
+      std::string name = key.substr(round_prefix.size());
+      job->bytes += static_cast<int64_t>(name.size() + value.size());
+      job->entries[std::move(name)] = Value{std::move(value), 0};
       continue;
     }
-    std::string name = key.substr(round_prefix.size());
-    job.bytes += static_cast<int64_t>(name.size() + value.size());
-    job.entries[std::move(name)] = Value{std::move(value), 0};
+    if (job->open && absl::StartsWith(key, request_prefix)) {
+      if (std::optional<Applied> applied = ParseRecord(value)) {
+        job->bytes += static_cast<int64_t>(key.size() + value.size());
+        job->applied[key.substr(request_prefix.size())] = *std::move(applied);
+        continue;
+      }
+      GS_LOG(WARNING) << "job '" << job_id << "': dropping the request record "
+                      << key << ", which does not parse";
+    } else if (!drop_others) {
+      continue;
+    }
+    GS_RETURN_IF_ERROR(storage_->Delete(key).status());
   }
   return absl::OkStatus();
+}
+
+std::string KvManager::RecordText(const Applied& applied) {
+  return applied.add ? absl::StrCat("add ", applied.value, " ", applied.key)
+                     : absl::StrCat("cas ", applied.key);
+}
+
+std::optional<KvManager::Applied> KvManager::ParseRecord(
+    absl::string_view text) {
+  Applied applied;
+  if (absl::ConsumePrefix(&text, "cas ")) {
+    applied.key = std::string(text);
+    return applied;
+  }
+  if (!absl::ConsumePrefix(&text, "add ")) return std::nullopt;
+  const size_t space = text.find(' ');
+  if (space == absl::string_view::npos ||
+      !absl::SimpleAtoi(text.substr(0, space), &applied.value)) {
+    return std::nullopt;
+  }
+  applied.add = true;
+  applied.key = std::string(text.substr(space + 1));
+  return applied;
+}
+
+absl::StatusOr<const KvManager::Applied*> KvManager::FindRequestLocked(
+    const JobKv& job, const std::string& request_id, bool add,
+    const std::string& key) const {
+  if (request_id.empty()) return nullptr;
+  GS_RETURN_IF_ERROR(CheckRequestId(request_id));
+  auto it = job.applied.find(request_id);
+  if (it == job.applied.end()) return nullptr;
+  if (it->second.add != add || it->second.key != key) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request id '", request_id, "' came with ",
+        it->second.add ? "an add to" : "a compare-and-set of", " key '",
+        it->second.key, "' in this round: use a fresh id for each call"));
+  }
+  return &it->second;
 }
 
 void KvManager::ForgetJob(const std::string& job_id) {
@@ -203,28 +288,43 @@ absl::StatusOr<std::string> KvManager::Get(const KvScope& scope,
 }
 
 absl::StatusOr<int64_t> KvManager::Add(const KvScope& scope,
-                                       const std::string& key, int64_t delta) {
+                                       const std::string& key, int64_t delta,
+                                       const std::string& request_id) {
   uint64_t seq = 0;
   int64_t next = 0;
+  bool retried = false;
   {
     absl::MutexLock lock(&mu_);
     GS_ASSIGN_OR_RETURN(JobKv * job, CheckScopeLocked(scope));
     GS_RETURN_IF_ERROR(CheckKeyLocked(key));
-    int64_t current = 0;
-    auto it = job->entries.find(key);
-    if (it != job->entries.end() &&
-        !absl::SimpleAtoi(it->second.data, &current)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "key '", key, "' holds a value that is not a decimal counter"));
+    GS_ASSIGN_OR_RETURN(const Applied* applied,
+                        FindRequestLocked(*job, request_id, /*add=*/true, key));
+    if (applied != nullptr) {  // a retry: answered as the first was
+      seq = applied->seq;
+      next = applied->value;
+      retried = true;
+    } else {
+      int64_t current = 0;
+      auto it = job->entries.find(key);
+      if (it != job->entries.end() &&
+          !absl::SimpleAtoi(it->second.data, &current)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "key '", key, "' holds a value that is not a decimal counter"));
+      }
+      if (__builtin_add_overflow(current, delta, &next)) {
+        return absl::OutOfRangeError(absl::StrCat(
+            "adding ", delta, " to counter '", key, "' (", current,
+            ") overflows 64 bits"));
+      }
+      const Applied record{true, key, next, 0};
+      GS_ASSIGN_OR_RETURN(seq, WriteLocked(scope, job, key, absl::StrCat(next),
+                                           nullptr, request_id, &record));
     }
-    if (__builtin_add_overflow(current, delta, &next)) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "adding ", delta, " to counter '", key, "' (", current,
-          ") overflows 64 bits"));
-    }
-    GS_ASSIGN_OR_RETURN(seq, WriteLocked(scope, job, key, absl::StrCat(next)));
   }
-  GS_RETURN_IF_ERROR(FinishWrite(scope, key, seq));
+  // (A retry comes back once the first call's write is durable, or with
+  // its failure, which dropped the record too.)
+  GS_RETURN_IF_ERROR(retried ? commit_.AwaitDurable(seq)
+                             : FinishWrite(scope, key, seq));
   return next;
 }
 
@@ -232,26 +332,33 @@ absl::StatusOr<CasResult> KvManager::CompareAndSet(const KvScope& scope,
                                                    const std::string& key,
                                                    const std::string& expected,
                                                    bool expect_absent,
-                                                   const std::string& desired) {
+                                                   const std::string& desired,
+                                                   const std::string& request_id) {
   if (expect_absent && !expected.empty()) {
     return absl::InvalidArgumentError(
         "compare-and-set: give either expect_absent or expected, not both");
   }
   CasResult cas;
   uint64_t seq = 0;
+  bool retried = false;
   {
     absl::MutexLock lock(&mu_);
     GS_ASSIGN_OR_RETURN(JobKv * job, CheckScopeLocked(scope));
     GS_RETURN_IF_ERROR(CheckKeyLocked(key));
+    GS_ASSIGN_OR_RETURN(const Applied* applied,
+                        FindRequestLocked(*job, request_id, /*add=*/false, key));
     auto it = job->entries.find(key);
     const bool exists = it != job->entries.end();
-    const bool matches =
-        expect_absent ? !exists : (exists && it->second.data == expected);
-    if (matches) {
-      GS_ASSIGN_OR_RETURN(seq, WriteLocked(scope, job, key, desired));
-      cas.swapped = true;
-      cas.exists = true;
-      cas.value = desired;
+    if (applied != nullptr) {  // a retry of a swap: answered as it was
+      seq = applied->seq;
+      retried = true;
+      cas = CasResult{true, true, desired};
+    } else if (expect_absent ? !exists
+                             : (exists && it->second.data == expected)) {
+      const Applied record{false, key, 0, 0};
+      GS_ASSIGN_OR_RETURN(seq, WriteLocked(scope, job, key, desired, nullptr,
+                                           request_id, &record));
+      cas = CasResult{true, true, desired};
     } else {
       cas.exists = exists;
       if (exists) {
@@ -260,7 +367,7 @@ absl::StatusOr<CasResult> KvManager::CompareAndSet(const KvScope& scope,
       }
     }
   }
-  if (cas.swapped) {
+  if (cas.swapped && !retried) {
     GS_RETURN_IF_ERROR(FinishWrite(scope, key, seq));
   } else {
     GS_RETURN_IF_ERROR(commit_.AwaitDurable(seq));
@@ -425,7 +532,9 @@ absl::StatusOr<uint64_t> KvManager::WriteLocked(const KvScope& scope,
                                                 JobKv* job,
                                                 const std::string& key,
                                                 const std::string& value,
-                                                WriteCallback* done) {
+                                                WriteCallback* done,
+                                                const std::string& request_id,
+                                                const Applied* applied) {
   if (static_cast<int64_t>(value.size()) > limits_.max_value_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "value for key '", key, "' is ", value.size(),
@@ -434,10 +543,23 @@ absl::StatusOr<uint64_t> KvManager::WriteLocked(const KvScope& scope,
   }
   auto old = job->entries.find(key);
   const bool exists = old != job->entries.end();
-  const int64_t byte_delta =
+  std::vector<Storage::Mutation> mutations;
+  mutations.push_back(
+      {Storage::Mutation::Kind::kPut, StorageKey(scope, key), value});
+  if (!request_id.empty()) {
+    mutations.push_back(
+        {Storage::Mutation::Kind::kPut,
+         absl::StrCat(KvRequestPrefix(scope.job_id, scope.round), request_id),
+         RecordText(*applied)});
+  }
+  int64_t byte_delta =
       static_cast<int64_t>(value.size()) -
       (exists ? static_cast<int64_t>(old->second.data.size())
               : -static_cast<int64_t>(key.size()));
+  if (mutations.size() > 1) {
+    byte_delta += static_cast<int64_t>(mutations[1].key.size() +
+                                       mutations[1].value.size());
+  }
   if (!exists &&
       static_cast<int64_t>(job->entries.size()) >= limits_.max_keys_per_round) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -452,11 +574,16 @@ absl::StatusOr<uint64_t> KvManager::WriteLocked(const KvScope& scope,
         " bytes, the limit (--max_kv_bytes_per_job): delete keys it no longer "
         "needs"));
   }
-  const uint64_t seq = QueueLocked(
-      scope.job_id,
-      {Storage::Mutation::Kind::kPut, StorageKey(scope, key), value},
+  // The write and its request's record in one commit.
+  const uint64_t seq = commit_.QueueTogether(
+      scope.job_id, std::move(mutations),
       done != nullptr ? std::move(*done) : nullptr);
   job->entries[key] = Value{value, seq};
+  if (!request_id.empty()) {
+    Applied& record = job->applied[request_id];
+    record = *applied;
+    record.seq = seq;
+  }
   job->bytes += byte_delta;
   return seq;
 }
@@ -498,20 +625,26 @@ void KvManager::ReloadJobsLocked(const std::set<std::string>& job_ids) {
 
 void KvManager::ReloadLocked(const std::string& job_id, JobKv* job) {
   job->entries.clear();
+  job->applied.clear();
   job->bytes = 0;
   if (!job->open) return;
-  const std::string prefix = KvRoundPrefix(job_id, job->round);
-  absl::StatusOr<std::vector<Storage::Entry>> stored =
-      storage_->Scan(prefix, /*keys_only=*/false);
-  if (!stored.ok()) {
-    GS_LOG(ERROR) << "job '" << job_id << "': cannot reload round "
-                  << job->round << " from storage: " << stored.status();
-    return;
+  std::vector<Storage::Entry> entries;
+  for (const std::string& prefix : {KvRoundPrefix(job_id, job->round),
+                                    KvRequestPrefix(job_id, job->round)}) {
+    absl::StatusOr<std::vector<Storage::Entry>> stored =
+        storage_->Scan(prefix, /*keys_only=*/false);
+    if (!stored.ok()) {
+      GS_LOG(ERROR) << "job '" << job_id << "': cannot reload round "
+                    << job->round << " from storage: " << stored.status();
+      return;
+    }
+    std::move(stored->begin(), stored->end(), std::back_inserter(entries));
   }
-  for (auto& [key, value] : *stored) {
-    std::string name = key.substr(prefix.size());
-    job->bytes += static_cast<int64_t>(name.size() + value.size());
-    job->entries[std::move(name)] = Value{std::move(value), 0};
+  absl::Status loaded = LoadRoundLocked(job_id, job, std::move(entries),
+                                        /*drop_others=*/false);
+  if (!loaded.ok()) {
+    GS_LOG(ERROR) << "job '" << job_id << "': reloading round " << job->round
+                  << ": " << loaded;
   }
 }
 
@@ -549,10 +682,14 @@ uint64_t KvManager::ResetJobLocked(const std::string& job_id, JobKv* job,
     RemoveWaiterLocked(ticket);
   }
   job->entries.clear();
+  job->applied.clear();
   job->bytes = 0;
   job->waiting_on.clear();
-  return QueueLocked(job_id, {Storage::Mutation::Kind::kDeletePrefix,
-                              absl::StrCat("kv/", job_id, "/"), ""});
+  return commit_.QueueTogether(
+      job_id, {{Storage::Mutation::Kind::kDeletePrefix,
+                absl::StrCat("kv/", job_id, "/"), ""},
+               {Storage::Mutation::Kind::kDeletePrefix,
+                absl::StrCat("kvreq/", job_id, "/"), ""}});
 }
 
 void KvManager::FinishReset(const std::string& job_id, uint64_t seq) {

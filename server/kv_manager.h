@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -115,16 +116,27 @@ class KvManager : public RoundListener {
                 const std::string& value, WriteCallback done);
   // NOT_FOUND when `key` does not exist.
   absl::StatusOr<std::string> Get(const KvScope& scope, const std::string& key);
-  // Adds `delta` to the decimal counter at `key` (0 when absent).
+  // Adds `delta` to the decimal counter at `key` (0 when absent). With a
+  // `request_id` (1-64 bytes of letters, digits, '-' and '_'), applied at
+  // most once in the round: the id is stored with the write, in the same
+  // commit, and an Add with an id the round holds is answered with the
+  // value the first one answered, without adding (a client's retry of a
+  // call whose answer it lost, also across a restart: RestoreRound).
+  // INVALID_ARGUMENT for a bad id, or one that came with another call.
   absl::StatusOr<int64_t> Add(const KvScope& scope, const std::string& key,
-                              int64_t delta);
+                              int64_t delta,
+                              const std::string& request_id = "");
   // With `expect_absent`, swaps only when `key` does not exist; otherwise
-  // only when its value equals `expected`.
+  // only when its value equals `expected`. With a `request_id` (as for
+  // Add), a swap is made at most once: a call with the id of one that
+  // swapped answers swapped with `desired` as the value, comparing nothing
+  // (a call that did not swap changed nothing and is not remembered).
   absl::StatusOr<CasResult> CompareAndSet(const KvScope& scope,
                                           const std::string& key,
                                           const std::string& expected,
                                           bool expect_absent,
-                                          const std::string& desired);
+                                          const std::string& desired,
+                                          const std::string& request_id = "");
   // Returns whether `key` existed.
   absl::StatusOr<bool> Delete(const KvScope& scope, const std::string& key);
   absl::StatusOr<std::vector<Storage::Entry>> List(const KvScope& scope,
@@ -161,12 +173,22 @@ class KvManager : public RoundListener {
     std::string data;
     uint64_t seq = 0;
   };
+  // A request id's record: the write it came with, and what that answered
+  // (stored as RequestRecordText).
+  struct Applied {
+    bool add = false;    // Add (else a CompareAndSet that swapped)
+    std::string key;
+    int64_t value = 0;   // Add's answer
+    uint64_t seq = 0;    // of the write (0: read from storage, durable)
+  };
   struct JobKv {
     int64_t round = 0;    // latest round opened or retired
     bool open = false;    // whether `round` accepts calls
     // The keys of `round` (without the round prefix), when open.
     std::map<std::string, Value, std::less<>> entries;
-    int64_t bytes = 0;    // key + value bytes stored in `round`
+    // The request ids of `round`'s writes that came with one.
+    absl::flat_hash_map<std::string, Applied> applied;
+    int64_t bytes = 0;    // key + value bytes stored in `round`, and records
     // key -> tickets of the waits that wait for it.
     absl::flat_hash_map<std::string, std::vector<uint64_t>> waiting_on;
   };
@@ -179,11 +201,33 @@ class KvManager : public RoundListener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stores key=value in memory, keeping the size accounting, and queues it
   // for storage with *done (taken only when queued; null: the caller waits
-  // in FinishWrite); returns the write's sequence number.
+  // in FinishWrite); returns the write's sequence number. With a
+  // `request_id`, its record `*applied` is stored in the same commit.
   absl::StatusOr<uint64_t> WriteLocked(const KvScope& scope, JobKv* job,
                                        const std::string& key,
                                        const std::string& value,
-                                       WriteCallback* done = nullptr)
+                                       WriteCallback* done = nullptr,
+                                       const std::string& request_id = "",
+                                       const Applied* applied = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A record as stored: "add <value> <key>" or "cas <key>"; nullopt for
+  // text that is not one.
+  static std::string RecordText(const Applied& applied);
+  static std::optional<Applied> ParseRecord(absl::string_view text);
+  // The record of `request_id` in `job`'s round, when it holds one;
+  // INVALID_ARGUMENT for a bad id or one that came with another kind of
+  // call or key.
+  absl::StatusOr<const Applied*> FindRequestLocked(const JobKv& job,
+                                                   const std::string& request_id,
+                                                   bool add,
+                                                   const std::string& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Loads the stored entries of `job`'s round (keys and request records)
+  // into memory; `entries` are those under "kv/<job>/" and "kvreq/<job>/";
+  // deletes from storage those of other rounds when `drop_others`.
+  absl::Status LoadRoundLocked(const std::string& job_id, JobKv* job,
+                               std::vector<Storage::Entry> entries,
+                               bool drop_others)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues `mutation` of `job_id` for storage (commit_), with `done` to run
   // once it is committed; returns its sequence number.
@@ -240,6 +284,9 @@ class KvManager : public RoundListener {
 
 // The storage prefix of a round's keys: "kv/<job>/<round>/".
 std::string KvRoundPrefix(absl::string_view job_id, int64_t round);
+// The storage prefix of the records of a round's request ids (Add and
+// CompareAndSet with one): "kvreq/<job>/<round>/".
+std::string KvRequestPrefix(absl::string_view job_id, int64_t round);
 
 }  // namespace gradsync
 

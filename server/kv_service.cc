@@ -53,7 +53,8 @@ grpc::ServerUnaryReactor* KvService::Add(grpc::CallbackServerContext* context,
     return refused;
   }
   absl::StatusOr<int64_t> value =
-      kv_->Add(ToScope(request->scope()), request->key(), request->delta());
+      kv_->Add(ToScope(request->scope()), request->key(), request->delta(),
+               request->request_id());
   if (value.ok()) response->set_value(*value);
   return Done(context, value.status());
 }
@@ -67,7 +68,7 @@ grpc::ServerUnaryReactor* KvService::CompareAndSet(
   }
   absl::StatusOr<CasResult> result = kv_->CompareAndSet(
       ToScope(request->scope()), request->key(), request->expected(),
-      request->expect_absent(), request->desired());
+      request->expect_absent(), request->desired(), request->request_id());
   if (result.ok()) {
     response->set_swapped(result->swapped);
     response->set_exists(result->exists);

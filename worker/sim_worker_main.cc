@@ -127,7 +127,7 @@ absl::Status Bootstrap(CoordinatorClient& client, const v1::Assignment& a,
       scope, absl::StrCat("addr/", a.rank()),
       absl::StrCat(node.addresses(0), " pid ", node.pid())));
   if (a.rank() == 0) {
-    GS_RETURN_IF_ERROR(client.Set(scope, "comm_id", NewIncarnationId()));
+    GS_RETURN_IF_ERROR(client.Set(scope, "comm_id", NewRandomId()));
   }
   std::vector<std::string> keys = {"comm_id"};
   for (int r = 0; r < a.world_size(); ++r) {
@@ -135,8 +135,8 @@ absl::Status Bootstrap(CoordinatorClient& client, const v1::Assignment& a,
   }
   GS_RETURN_IF_ERROR(client.Wait(scope, keys, timeout));
   GS_ASSIGN_OR_RETURN(std::string comm_id, client.Get(scope, "comm_id"));
-  // A barrier of one key per rank, not a counter: Set is idempotent, so a
-  // call retried across a coordinator restart cannot count twice.
+  // A barrier of one key per rank: each rank's arrival is a key of its
+  // own, which the barrier waits for by name.
   GS_RETURN_IF_ERROR(
       client.Set(scope, absl::StrCat("barrier/", a.rank()), "arrived"));
   std::vector<std::string> arrived;

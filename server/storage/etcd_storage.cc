@@ -187,15 +187,27 @@ absl::Status EtcdStorage::Apply(const std::vector<Mutation>& batch) {
   std::vector<etcdserverpb::RequestOp> ops;
   std::vector<std::pair<std::string, std::string>> spans;
   int64_t bytes = kTxnOverheadBytes;
-  for (const Mutation& m : batch) {
-    std::pair<std::string, std::string> span = Span(m, data_prefix_);
-    const int64_t op_bytes = static_cast<int64_t>(
-        span.first.size() + span.second.size() + m.value.size()) +
-        kOpOverheadBytes;
-    bool conflict = ops.size() >= kMaxTxnOps ||
-                    (!ops.empty() && bytes + op_bytes > options_.max_request_bytes);
+  // Run by run of mutations joined by with_next (a group), each group whole
+  // in one transaction: a new transaction starts before a group that would
+  // not fit the current one or writes a key it writes.
+  for (size_t first = 0; first < batch.size();) {
+    size_t last = first;
+    while (last + 1 < batch.size() && batch[last].with_next) ++last;
+    std::vector<std::pair<std::string, std::string>> group_spans;
+    int64_t group_bytes = 0;
+    for (size_t i = first; i <= last; ++i) {
+      group_spans.push_back(Span(batch[i], data_prefix_));
+      group_bytes += static_cast<int64_t>(group_spans.back().first.size() +
+                                          group_spans.back().second.size() +
+                                          batch[i].value.size()) +
+                     kOpOverheadBytes;
+    }
+    const size_t group_ops = last - first + 1;
+    bool conflict =
+        !ops.empty() && (ops.size() + group_ops > kMaxTxnOps ||
+                         bytes + group_bytes > options_.max_request_bytes);
     for (size_t i = 0; !conflict && i < spans.size(); ++i) {
-      conflict = Overlap(spans[i], span);
+      for (const auto& span : group_spans) conflict |= Overlap(spans[i], span);
     }
     if (conflict) {
       GS_RETURN_IF_ERROR(Commit("transaction", std::move(ops)).status());
@@ -203,20 +215,25 @@ absl::Status EtcdStorage::Apply(const std::vector<Mutation>& batch) {
       spans.clear();
       bytes = kTxnOverheadBytes;
     }
-    bytes += op_bytes;
-    etcdserverpb::RequestOp op;
-    if (m.kind == Mutation::Kind::kPut) {
-      op.mutable_request_put()->set_key(span.first);
-      op.mutable_request_put()->set_value(m.value);
-    } else {
-      op.mutable_request_delete_range()->set_key(span.first);
-      if (m.kind == Mutation::Kind::kDeletePrefix) {
-        op.mutable_request_delete_range()->set_range_end(
-            span.second.empty() ? std::string(1, '\0') : span.second);
+    bytes += group_bytes;
+    for (size_t i = first; i <= last; ++i) {
+      const Mutation& m = batch[i];
+      std::pair<std::string, std::string>& span = group_spans[i - first];
+      etcdserverpb::RequestOp op;
+      if (m.kind == Mutation::Kind::kPut) {
+        op.mutable_request_put()->set_key(span.first);
+        op.mutable_request_put()->set_value(m.value);
+      } else {
+        op.mutable_request_delete_range()->set_key(span.first);
+        if (m.kind == Mutation::Kind::kDeletePrefix) {
+          op.mutable_request_delete_range()->set_range_end(
+              span.second.empty() ? std::string(1, '\0') : span.second);
+        }
       }
+      ops.push_back(std::move(op));
+      spans.push_back(std::move(span));
     }
-    ops.push_back(std::move(op));
-    spans.push_back(std::move(span));
+    first = last + 1;
   }
   if (ops.empty()) return absl::OkStatus();
   return Commit("transaction", std::move(ops)).status();

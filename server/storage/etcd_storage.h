@@ -85,7 +85,9 @@ class EtcdStorage final : public Storage {
   // etcd refuses a transaction that writes one key twice, holds more than
   // 128 operations or is larger than max_request_bytes: such a batch is
   // split into transactions run in order, so an error may leave the batch's
-  // first part applied.
+  // first part applied; never inside a run of mutations joined by
+  // with_next, which is one transaction (a group of over 128 operations or
+  // max_request_bytes is refused by etcd).
   absl::Status Apply(const std::vector<Mutation>& batch) override;
 
  private:

@@ -41,6 +41,10 @@ class Storage {
     Kind kind = Kind::kPut;
     std::string key;    // the prefix for kDeletePrefix
     std::string value;  // for kPut
+    // Applied in the same transaction as the next mutation of the batch,
+    // also by a backend that splits a batch into several (etcd): a write
+    // and the record that says it was made (KvManager's request ids).
+    bool with_next = false;
   };
 
   virtual ~Storage() = default;

@@ -150,5 +150,38 @@ TEST_F(KvDurabilityTest, AFailedAddLeavesTheCounterAsItWas) {
   EXPECT_EQ(*next, 6);
 }
 
+TEST_F(KvDurabilityTest, AFailedAddsRequestIdIsDroppedWithItAndItsRetryAdds) {
+  ASSERT_TRUE(kv_.Add(scope_, "n", 5).ok());
+  storage_.FailNext();
+  EXPECT_EQ(kv_.Add(scope_, "n", 1, "r1").status().code(),
+            absl::StatusCode::kUnavailable);
+  absl::StatusOr<int64_t> retry = kv_.Add(scope_, "n", 1, "r1");
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(*retry, 6);
+  EXPECT_EQ(kv_.Add(scope_, "n", 1, "r1").value(), 6);
+}
+
+TEST_F(KvDurabilityTest, ARetryWhileTheFirstIsCommittingWaitsForItsOutcome) {
+  ASSERT_NO_FATAL_FAILURE(HoldAFirstWrite());
+  absl::StatusOr<int64_t> first = absl::UnknownError("not run");
+  absl::StatusOr<int64_t> retry = absl::UnknownError("not run");
+  // The first Add queues behind the held write; its retry arrives before
+  // either is durable and must not be answered before them.
+  std::thread adder([&] { first = kv_.Add(scope_, "n", 1, "r1"); });
+  ASSERT_TRUE(Eventually([&] { return kv_.QueuedWrites() == 1; }));
+  std::thread retrier([&] { retry = kv_.Add(scope_, "n", 1, "r1"); });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(retry.status().code(), absl::StatusCode::kUnknown);
+  storage_.Open();
+  first_thread_.join();
+  adder.join();
+  retrier.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(*first, 1);
+  EXPECT_EQ(*retry, 1);
+  EXPECT_EQ(kv_.Get(scope_, "n").value(), "1");
+}
+
 }  // namespace
 }  // namespace gradsync

@@ -65,6 +65,83 @@ class KvManagerTest : public ::testing::Test {
 };
 
 // ---------------------------------------------------------------------------
+// Request ids: Add and CompareAndSet applied at most once per id
+
+TEST_F(KvManagerTest, AnAddRetriedWithItsRequestIdIsAnsweredAsTheFirst) {
+  ASSERT_EQ(kv_->Add(scope_, "n", 5, "r1").value(), 5);
+  ASSERT_EQ(kv_->Add(scope_, "n", 1).value(), 6);  // another caller's
+  EXPECT_EQ(kv_->Add(scope_, "n", 5, "r1").value(), 5);
+  EXPECT_EQ(kv_->Get(scope_, "n").value(), "6");
+  EXPECT_EQ(kv_->Add(scope_, "n", 5, "r2").value(), 11);  // a fresh id adds
+}
+
+TEST_F(KvManagerTest, ARequestIdIsStoredWithItsWriteAndGoesWithTheRound) {
+  ASSERT_TRUE(kv_->Add(scope_, "n", 2, "r1").ok());
+  ASSERT_TRUE(kv_->CompareAndSet(scope_, "k", "", true, "v", "r2").ok());
+  EXPECT_THAT(storage_.Scan("kvreq/", /*keys_only=*/false).value(),
+              ElementsAre(Pair("kvreq/train/1/r1", "add 2 n"),
+                          Pair("kvreq/train/1/r2", "cas k")));
+  kv_->OpenRound(kJob, 2);
+  EXPECT_THAT(storage_.Scan("kvreq/", /*keys_only=*/true).value(), IsEmpty());
+  const KvScope round2{kJob, 2};
+  EXPECT_EQ(kv_->Add(round2, "n", 2, "r1").value(), 2);  // a new round's
+}
+
+TEST_F(KvManagerTest, ACasRetriedAfterItSwappedAnswersSwappedWithoutComparing) {
+  CasResult first = kv_->CompareAndSet(scope_, "k", "", true, "mine", "r1").value();
+  ASSERT_TRUE(first.swapped);
+  // The retry's comparison (absent) would now fail: it is not made again.
+  CasResult retry = kv_->CompareAndSet(scope_, "k", "", true, "mine", "r1").value();
+  EXPECT_TRUE(retry.swapped);
+  EXPECT_TRUE(retry.exists);
+  EXPECT_EQ(retry.value, "mine");
+  // Without the id the same call compares, and does not swap.
+  EXPECT_FALSE(kv_->CompareAndSet(scope_, "k", "", true, "mine").value().swapped);
+}
+
+TEST_F(KvManagerTest, ACasThatDidNotSwapIsNotRememberedAndComparesAgain) {
+  Set("k", "a");
+  ASSERT_FALSE(kv_->CompareAndSet(scope_, "k", "b", false, "c", "r1").value().swapped);
+  Set("k", "b");
+  EXPECT_TRUE(kv_->CompareAndSet(scope_, "k", "b", false, "c", "r1").value().swapped);
+  EXPECT_EQ(kv_->Get(scope_, "k").value(), "c");
+}
+
+TEST_F(KvManagerTest, ARequestIdReusedForAnotherCallIsInvalidArgument) {
+  ASSERT_TRUE(kv_->Add(scope_, "n", 1, "r1").ok());
+  absl::StatusOr<int64_t> other_key = kv_->Add(scope_, "m", 1, "r1");
+  EXPECT_EQ(other_key.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(other_key.status().message(), HasSubstr("fresh id"));
+  EXPECT_EQ(kv_->CompareAndSet(scope_, "n", "1", false, "2", "r1").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(kv_->Get(scope_, "n").value(), "1");
+  EXPECT_FALSE(kv_->Get(scope_, "m").ok());
+}
+
+TEST_F(KvManagerTest, ABadRequestIdIsInvalidArgumentAndChangesNothing) {
+  for (const std::string& id :
+       {std::string("has space"), std::string("a/b"), std::string(65, 'x'),
+        std::string("\xff")}) {
+    absl::StatusOr<int64_t> added = kv_->Add(scope_, "n", 1, id);
+    EXPECT_EQ(added.status().code(), absl::StatusCode::kInvalidArgument) << id;
+    EXPECT_THAT(added.status().message(), HasSubstr("request id")) << id;
+  }
+  EXPECT_FALSE(kv_->Get(scope_, "n").ok());
+  EXPECT_TRUE(kv_->Add(scope_, "n", 1, std::string(64, 'x')).ok());
+}
+
+TEST_F(KvManagerTest, RequestRecordsCountAgainstTheRoundsBytes) {
+  KvLimits limits;
+  limits.max_bytes_per_round = 40;
+  UseLimits(limits);
+  ASSERT_TRUE(kv_->Add(scope_, "n", 1).ok());  // 2 bytes
+  // key 1 + value 1 + record key "kvreq/train/1/" + 20 + "add 2 n"
+  EXPECT_EQ(kv_->Add(scope_, "n", 1, std::string(20, 'r')).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(kv_->Get(scope_, "n").value(), "1");
+}
+
+// ---------------------------------------------------------------------------
 // Set / Get / Delete / List
 
 TEST_F(KvManagerTest, GetReturnsWhatSetStored) {
@@ -796,6 +873,36 @@ TEST_F(KvRestoreTest, ARetiredRoundRefusesCallsAndDropsItsKeys) {
   absl::StatusOr<std::string> value = kv->Get(scope_, "addr");
   EXPECT_EQ(value.status().code(), absl::StatusCode::kAborted);
   EXPECT_THAT(storage_.Scan("kv/", /*keys_only=*/true).value(), IsEmpty());
+}
+
+TEST_F(KvRestoreTest, AnAddRetriedAfterARestartIsAnsweredAsTheFirst) {
+  // The coordinator stored the Add, then stopped before its answer left.
+  ASSERT_EQ(kv_->Add(scope_, "barrier", 1, "r1").value(), 1);
+  ASSERT_EQ(kv_->Add(scope_, "barrier", 1, "r2").value(), 2);
+  kv_.reset();
+  std::unique_ptr<KvManager> kv = Restarted();
+  ASSERT_TRUE(kv->RestoreRound(kJob, 1, /*open=*/true).ok());
+  EXPECT_EQ(kv->Add(scope_, "barrier", 1, "r1").value(), 1);
+  EXPECT_EQ(kv->Get(scope_, "barrier").value(), "2");
+  EXPECT_EQ(kv->Add(scope_, "barrier", 1, "r3").value(), 3);
+  CasResult cas = kv->CompareAndSet(scope_, "k", "", true, "v", "c1").value();
+  ASSERT_TRUE(cas.swapped);
+  kv.reset();
+  kv = Restarted();
+  ASSERT_TRUE(kv->RestoreRound(kJob, 1, /*open=*/true).ok());
+  EXPECT_TRUE(kv->CompareAndSet(scope_, "k", "", true, "v", "c1").value().swapped);
+}
+
+TEST_F(KvRestoreTest, RequestRecordsOfOtherRoundsAndUnreadableOnesAreDropped) {
+  ASSERT_TRUE(kv_->Add(scope_, "n", 1, "r1").ok());
+  ASSERT_TRUE(storage_.Put("kvreq/train/0/old", "add 1 n").ok());
+  ASSERT_TRUE(storage_.Put("kvreq/train/1/bad", "neither").ok());
+  std::unique_ptr<KvManager> kv = Restarted();
+  ASSERT_TRUE(kv->RestoreRound(kJob, 1, /*open=*/true).ok());
+  EXPECT_THAT(storage_.Scan("kvreq/", /*keys_only=*/true).value(),
+              ElementsAre(Pair("kvreq/train/1/r1", "")));
+  ASSERT_TRUE(kv->RestoreRound(kJob, 1, /*open=*/false).ok());
+  EXPECT_THAT(storage_.Scan("kvreq/", /*keys_only=*/true).value(), IsEmpty());
 }
 
 TEST_F(KvRestoreTest, KeysOfOlderRoundsAreDropped) {

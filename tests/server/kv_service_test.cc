@@ -99,6 +99,39 @@ TEST_F(KvServiceTest, TheManagersAnswersReachTheCallerWithTheirCodes) {
   }
 }
 
+TEST_F(KvServiceTest, RequestIdsReachTheManager) {
+  const auto add = [&](const std::string& request_id) {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", kAdmin));
+    v1::AddRequest request;
+    request.mutable_scope()->set_job_id("a");
+    request.mutable_scope()->set_round(1);
+    request.set_key("n");
+    request.set_delta(1);
+    request.set_request_id(request_id);
+    v1::AddResponse response;
+    EXPECT_TRUE(stub_->Add(&context, request, &response).ok());
+    return response.value();
+  };
+  EXPECT_EQ(add("r1"), 1);
+  EXPECT_EQ(add("r1"), 1);
+  EXPECT_EQ(add(""), 2);
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", absl::StrCat("Bearer ", kAdmin));
+  v1::CompareAndSetRequest cas;
+  cas.mutable_scope()->set_job_id("a");
+  cas.mutable_scope()->set_round(1);
+  cas.set_key("n");
+  cas.set_expected("2");
+  cas.set_desired("9");
+  cas.set_request_id("r1");  // the Add's id: refused, naming it
+  v1::CompareAndSetResponse response;
+  const absl::Status reused =
+      FromGrpcStatus(stub_->CompareAndSet(&context, cas, &response));
+  EXPECT_TRUE(absl::IsInvalidArgument(reused)) << reused;
+  EXPECT_EQ(kv_.Get({"a", 1}, "n").value(), "2");
+}
+
 TEST_F(KvServiceTest, AMalformedRequestIsRefusedAndChangesNothing) {
   const absl::Status no_key = Set(kAdmin, "a", 1, "");
   EXPECT_TRUE(absl::IsInvalidArgument(no_key)) << no_key;

@@ -52,7 +52,7 @@ void ApplyWatchResponse(v1::WatchJobResponse response, v1::JobStatus* job) {
   job->mutable_members()->Swap(&members);
 }
 
-std::string NewIncarnationId() {
+std::string NewRandomId() {
   absl::BitGen random;
   return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(random),
                          absl::Uniform<uint64_t>(random));
@@ -68,7 +68,7 @@ v1::NodeDescriptor LocalNodeDescriptor() {
   }
   node.set_node_id(node.hostname());
   node.set_pid(getpid());
-  node.set_incarnation_id(NewIncarnationId());
+  node.set_incarnation_id(NewRandomId());
   node.set_device_type(v1::DEVICE_TYPE_CPU);
   node.set_device_count(1);
   node.set_nccl_available(false);

@@ -74,6 +74,9 @@ class CoordinatorClient {
                            const std::string& value) = 0;
   virtual absl::StatusOr<std::string> Get(const v1::Scope& scope,
                                           const std::string& key) = 0;
+  // Add and CompareAndSet (without a request_id of the caller's) send a
+  // fresh request id, the same with every attempt of the call, so that a
+  // retry after a lost answer does not apply twice (kv.proto).
   virtual absl::StatusOr<int64_t> Add(const v1::Scope& scope,
                                       const std::string& key,
                                       int64_t delta) = 0;
@@ -138,8 +141,9 @@ class CoordinatorClient {
 // whole status as of that message.
 void ApplyWatchResponse(v1::WatchJobResponse response, v1::JobStatus* job);
 
-// A random 128-bit id in hex, for NodeDescriptor.incarnation_id.
-std::string NewIncarnationId();
+// A random 128-bit id in hex (32 characters), for
+// NodeDescriptor.incarnation_id and the request ids of key-value calls.
+std::string NewRandomId();
 
 // This process's descriptor: hostname, pid, a fresh incarnation id, CPU
 // device. Callers adjust node_id, devices and addresses as needed.

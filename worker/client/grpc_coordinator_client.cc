@@ -322,6 +322,7 @@ absl::StatusOr<int64_t> GrpcCoordinatorClient::Add(const v1::Scope& scope,
   *request.mutable_scope() = scope;
   request.set_key(key);
   request.set_delta(delta);
+  request.set_request_id(NewRandomId());  // every attempt sends the same
   v1::AddResponse response;
   absl::Status status =
       Call("add", options_.call_timeout, [&](grpc::ClientContext* c, const Route& r) {
@@ -332,7 +333,9 @@ absl::StatusOr<int64_t> GrpcCoordinatorClient::Add(const v1::Scope& scope,
 }
 
 absl::StatusOr<v1::CompareAndSetResponse> GrpcCoordinatorClient::CompareAndSet(
-    const v1::CompareAndSetRequest& request) {
+    const v1::CompareAndSetRequest& asked) {
+  v1::CompareAndSetRequest request = asked;
+  if (request.request_id().empty()) request.set_request_id(NewRandomId());
   v1::CompareAndSetResponse response;
   absl::Status status = Call(
       "compare-and-set", options_.call_timeout, [&](grpc::ClientContext* c, const Route& r) {

@@ -78,8 +78,9 @@ inline constexpr absl::Duration kConnectTimeout = absl::Seconds(4);
 // message. A retried call may reach the coordinator twice when the first
 // attempt was applied but its answer lost (the coordinator restarted in
 // between): Set, Get, Wait, Delete, List and Join are idempotent; Add and
-// CompareAndSet are not, so a barrier built on them should use one key per
-// rank instead. Thread-safe; one channel (connection) per route.
+// CompareAndSet carry a request id, the same in every attempt, with which
+// the coordinator answers a retry of one it applied as it answered the
+// first (kv.proto). Thread-safe; one channel (connection) per route.
 class GrpcCoordinatorClient final : public CoordinatorClient {
  public:
   // INVALID_ARGUMENT when `options.target` is not HOST:PORT[,...];

@@ -97,7 +97,7 @@ void SelfManagedAgent::Restart(size_t i, int restart) {
   // for the local rank (on a GPU, the device) the lost process left free:
   // the survivors keep theirs (JoinRequest.local_slot).
   v1::JoinRequest& request = processes_.request(i);
-  request.mutable_node()->set_incarnation_id(NewIncarnationId());
+  request.mutable_node()->set_incarnation_id(NewRandomId());
   request.set_local_slot(processes_.assignment(i).local_rank());
   std::map<std::string, std::string> variables =
       LaunchedProcessVariables(options_.coordinator, request, nullptr);
@@ -119,7 +119,7 @@ void SelfManagedAgent::ReportPermanentFailure(size_t i, int exit_code,
   // that it failed for good: the job fails with its exit code, and the
   // peers learn it from their heartbeat answers.
   v1::JoinRequest request = processes_.request(i);
-  request.mutable_node()->set_incarnation_id(NewIncarnationId());
+  request.mutable_node()->set_incarnation_id(NewRandomId());
   absl::StatusOr<v1::Assignment> joined =
       client_->Join(request, std::min(options_.join_timeout, kFailureJoinWait));
   if (!joined.ok()) {

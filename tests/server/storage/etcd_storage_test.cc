@@ -114,6 +114,37 @@ TEST_F(EtcdNamespaceTest, RequestsStayUnderEtcdsSizeLimit) {
   EXPECT_TRUE(absl::IsNotFound(storage.Get("huge").status()));
 }
 
+// Mutations joined by with_next are one transaction, where splitting by
+// size alone would part them: x (700 KiB) and a (700 KiB) fit one request,
+// a's partner b does not, so x goes alone and a and b together (one
+// transaction: one etcd revision).
+TEST_F(EtcdNamespaceTest, MutationsJoinedByWithNextAreOneTransaction) {
+  absl::StatusOr<std::unique_ptr<EtcdStorage>> opened = Open("/groups/");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::vector<Storage::Mutation> batch(3);
+  batch[0].key = "x";
+  batch[0].value = std::string(700 * 1024, 'x');
+  batch[1].key = "a";
+  batch[1].value = std::string(700 * 1024, 'a');
+  batch[1].with_next = true;
+  batch[2].key = "b";
+  batch[2].value = std::string(200 * 1024, 'b');
+  absl::Status applied = (*opened)->Apply(batch);
+  ASSERT_TRUE(applied.ok()) << applied;
+  const auto revision = [&](const std::string& key) {
+    grpc::ClientContext context;
+    etcdserverpb::RangeRequest request;
+    request.set_key(absl::StrCat("/groups/d/", key));
+    request.set_keys_only(true);
+    etcdserverpb::RangeResponse response;
+    EXPECT_TRUE(kv_->Range(&context, request, &response).ok());
+    return response.kvs_size() == 1 ? response.kvs(0).mod_revision() : -1;
+  };
+  ASSERT_GT(revision("a"), 0);
+  EXPECT_EQ(revision("a"), revision("b"));
+  EXPECT_NE(revision("x"), revision("a"));
+}
+
 // etcd serving its client API over TLS with client certificates
 // (--client-cert-auth): the coordinator's storage with the CA and a client
 // certificate (--etcd_tls_ca/cert/key) reads and writes; plaintext, a

@@ -9,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -24,9 +25,10 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Answers Get from a script: each call takes the next status (OK answers
-// with the value "v"); an empty script answers OK. Records each call's
-// authorization metadata.
+// Answers Get, Add and CompareAndSet from a script: each call takes the
+// next status (OK answers Get with the value "v"); an empty script answers
+// OK. Records each call's authorization metadata, and the request ids of
+// Add and CompareAndSet.
 class ScriptedKv final : public v1::KeyValue::Service {
  public:
   void Script(std::deque<grpc::Status> statuses) {
@@ -46,6 +48,26 @@ class ScriptedKv final : public v1::KeyValue::Service {
   std::string authorization() const {
     absl::MutexLock lock(&mu_);
     return authorization_;
+  }
+  std::vector<std::string> request_ids() const {
+    absl::MutexLock lock(&mu_);
+    return request_ids_;
+  }
+
+  grpc::Status Add(grpc::ServerContext*, const v1::AddRequest* request,
+                   v1::AddResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    request_ids_.push_back(request->request_id());
+    response->set_value(1);
+    return NextLocked();
+  }
+  grpc::Status CompareAndSet(grpc::ServerContext*,
+                             const v1::CompareAndSetRequest* request,
+                             v1::CompareAndSetResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    request_ids_.push_back(request->request_id());
+    response->set_swapped(true);
+    return NextLocked();
   }
 
   grpc::Status Get(grpc::ServerContext* context, const v1::GetRequest*,
@@ -70,8 +92,17 @@ class ScriptedKv final : public v1::KeyValue::Service {
   }
 
  private:
+  grpc::Status NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++calls_;
+    if (script_.empty()) return grpc::Status::OK;
+    grpc::Status status = script_.front();
+    script_.pop_front();
+    return status;
+  }
+
   mutable absl::Mutex mu_;
   std::deque<grpc::Status> script_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> request_ids_ ABSL_GUARDED_BY(mu_);
   std::string leader_ ABSL_GUARDED_BY(mu_);
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::string authorization_ ABSL_GUARDED_BY(mu_);
@@ -117,6 +148,36 @@ TEST_F(GrpcCoordinatorClientTest, UnavailableIsRetriedUntilAnswered) {
   ASSERT_TRUE(value.ok()) << value.status();
   EXPECT_EQ(*value, "v");
   EXPECT_EQ(server_.kv.calls(), 3);
+}
+
+// A retry of an Add or a CompareAndSet whose answer was lost must be the
+// same request to the coordinator (kv.proto's request_id): every attempt
+// carries the call's id, and each call a fresh one.
+TEST_F(GrpcCoordinatorClientTest, AddAndCasRetriesCarryTheCallsRequestId) {
+  server_.kv.Script({grpc::Status(grpc::StatusCode::UNAVAILABLE, "restarting")});
+  std::unique_ptr<CoordinatorClient> client = Client(server_.address());
+  v1::Scope scope;
+  scope.set_job_id("j");
+  scope.set_round(1);
+  ASSERT_TRUE(client->Add(scope, "n", 1).ok());
+  ASSERT_TRUE(client->Add(scope, "n", 1).ok());
+  server_.kv.Script({grpc::Status(grpc::StatusCode::UNAVAILABLE, "restarting")});
+  v1::CompareAndSetRequest cas;
+  *cas.mutable_scope() = scope;
+  cas.set_key("k");
+  cas.set_expect_absent(true);
+  ASSERT_TRUE(client->CompareAndSet(cas).ok());
+  cas.set_request_id("the-callers-own");
+  ASSERT_TRUE(client->CompareAndSet(cas).ok());
+  const std::vector<std::string> ids = server_.kv.request_ids();
+  ASSERT_EQ(ids.size(), 6u);
+  EXPECT_EQ(ids[0].size(), 32u);
+  EXPECT_EQ(ids[0], ids[1]);  // the Add and its retry
+  EXPECT_NE(ids[2], ids[0]);  // the next Add
+  EXPECT_EQ(ids[3], ids[4]);  // the CompareAndSet and its retry
+  EXPECT_NE(ids[3], ids[0]);
+  EXPECT_NE(ids[3], ids[2]);
+  EXPECT_EQ(ids[5], "the-callers-own");
 }
 
 TEST_F(GrpcCoordinatorClientTest, OtherErrorsAreReturnedAtOnceWithTheirCode) {
