@@ -71,7 +71,7 @@ Coordinator::Coordinator(CoordinatorConfig config)
               }),
       stream_limits_(config_.max_streams_per_connection),
       rendezvous_service_(&rendezvous_, &auth_),
-      kv_service_(&kv_, &auth_),
+      kv_service_(&kv_, &auth_, config_.leader_term),
       jobs_service_(&jobs_, &rendezvous_, &health_, clock_, &auth_,
                     &stream_limits_),
       tokens_service_(&jobs_, &auth_),

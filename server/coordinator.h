@@ -61,6 +61,10 @@ struct CoordinatorConfig {
   // For tests and benchmarks: heartbeats handled per second at most (the
   // rest wait in the connections, as past a real capacity); 0: no cap.
   double max_heartbeat_rate = 0;
+  // The term this replica leads in (under etcd leadership: its leader key's
+  // create revision), sent with every key-value answer
+  // (common/leader_term.h); 0: none (one coordinator).
+  int64_t leader_term = 0;
   // Time source; nullptr means the real clock. Must outlive the coordinator.
   Clock* clock = nullptr;
   // Where jobs and keys are kept (e.g. a SqliteStorage for --state_dir);

@@ -1,6 +1,8 @@
 #include "server/kv_service.h"
 
+#include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/leader_term.h"
 #include "server/cancellable_reactor.h"
 
 namespace gradsync {
@@ -10,15 +12,24 @@ KvScope ToScope(const v1::Scope& scope) {
   return KvScope{scope.job_id(), scope.round()};
 }
 
-// Finishes a call that completed inline.
-grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context,
-                               const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+}  // namespace
+
+void KvService::Finish(grpc::CallbackServerContext* context,
+                       grpc::ServerUnaryReactor* reactor,
+                       const absl::Status& status) const {
+  if (leader_term_ > 0) {
+    context->AddTrailingMetadata(
+        kTermMetadataKey, FormatTermStamp({leader_term_, absl::Now()}));
+  }
   reactor->Finish(ToGrpcStatus(status));
-  return reactor;
 }
 
-}  // namespace
+grpc::ServerUnaryReactor* KvService::Done(grpc::CallbackServerContext* context,
+                                          const absl::Status& status) const {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Finish(context, reactor, status);
+  return reactor;
+}
 
 grpc::ServerUnaryReactor* KvService::Set(grpc::CallbackServerContext* context,
                                          const v1::SetRequest* request,
@@ -28,8 +39,8 @@ grpc::ServerUnaryReactor* KvService::Set(grpc::CallbackServerContext* context,
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   kv_->SetAsync(ToScope(request->scope()), request->key(), request->value(),
-                [reactor](absl::Status status) {
-                  reactor->Finish(ToGrpcStatus(status));
+                [this, context, reactor](absl::Status status) {
+                  Finish(context, reactor, status);
                 });
   return reactor;
 }

@@ -11,8 +11,11 @@ namespace gradsync {
 // hold no thread. Thread-safe; `kv` must outlive it.
 class KvService final : public v1::KeyValue::CallbackService {
  public:
-  // `auth` decides who may call about which job.
-  KvService(KvManager* kv, const Authenticator* auth) : kv_(kv), auth_(auth) {}
+  // `auth` decides who may call about which job. `leader_term` > 0: this
+  // replica leads in that term (etcd), sent with every answer with the
+  // time it was sent (common/leader_term.h).
+  KvService(KvManager* kv, const Authenticator* auth, int64_t leader_term = 0)
+      : kv_(kv), auth_(auth), leader_term_(leader_term) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context,
                                 const v1::SetRequest* request,
@@ -38,8 +41,17 @@ class KvService final : public v1::KeyValue::CallbackService {
                                  v1::ListResponse* response) override;
 
  private:
+  // Finishes `reactor`'s call with `status`, its term stamped.
+  void Finish(grpc::CallbackServerContext* context,
+              grpc::ServerUnaryReactor* reactor,
+              const absl::Status& status) const;
+  // Finishes a call that completed inline.
+  grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context,
+                                 const absl::Status& status) const;
+
   KvManager* const kv_;
   const Authenticator* const auth_;
+  const int64_t leader_term_;
 };
 
 }  // namespace gradsync

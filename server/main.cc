@@ -370,14 +370,16 @@ gradsync::StorageSpec StorageSpecFromFlags() {
 // Opens the storage as the leader. With etcd, campaigning can take long:
 // meanwhile the address answers as a standby (telling callers the leader),
 // and a stop signal ends the process.
+// Sets *leader_term once it leads under etcd.
 absl::StatusOr<std::unique_ptr<gradsync::Storage>> OpenStorageAsLeader(
     gradsync::StorageSpec spec, const gradsync::CoordinatorConfig& config,
-    const sigset_t& stop_signals) {
+    const sigset_t& stop_signals, int64_t* leader_term) {
   spec.lead = true;
   spec.lease_ttl = absl::GetFlag(FLAGS_etcd_lease_ttl);
   spec.advertise = absl::GetFlag(FLAGS_advertise);
   if (spec.advertise.empty()) spec.advertise = config.listen_address;
   spec.on_lost = LeadershipLost;
+  spec.on_leading = [leader_term](int64_t term) { *leader_term = term; };
   std::unique_ptr<gradsync::StandbyServer> standby;
   if (!spec.etcd.empty()) {
     GS_ASSIGN_OR_RETURN(standby,
@@ -457,7 +459,7 @@ int main(int argc, char** argv) {
   const gradsync::StorageSpec spec = StorageSpecFromFlags();
   if (absl::GetFlag(FLAGS_check_state)) return RunCheckState(spec);
   absl::StatusOr<std::unique_ptr<gradsync::Storage>> storage =
-      OpenStorageAsLeader(spec, *config, stop_signals);
+      OpenStorageAsLeader(spec, *config, stop_signals, &config->leader_term);
   if (!storage.ok()) {
     GS_LOG(ERROR) << storage.status().message();
     return EXIT_FAILURE;

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -23,9 +24,12 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/job_config.h"
+#include "common/leader_term.h"
 #include "common/logging.h"
 #include "common/token_file.h"
 #include "common/status_macros.h"
@@ -78,9 +82,11 @@ ABSL_FLAG(int64_t, fail_at_step, 0,
 ABSL_FLAG(bool, kv_checks, false,
           "with --train_steps: every step also stores a key of its own in the "
           "round's key-value store, and at the end every write the "
-          "coordinator acknowledged is read back; one missing or changed "
-          "fails the run (exit 1): the fault scenarios' check that no "
-          "acknowledged write is lost");
+          "coordinator acknowledged is read back (the newest also every half "
+          "step meanwhile); one missing or changed fails the run (exit 1): "
+          "the fault scenarios' check that no acknowledged write is lost. "
+          "Prints the term of every answer that names one ('kv ack: ...', "
+          "tests/netns/check_terms.py)");
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::ZeroDuration(),
           "the job's heartbeat interval (0: the coordinator's default)");
 
@@ -207,19 +213,26 @@ v1::WorkerMetrics StepMetrics(int64_t step, absl::Time start,
 }
 
 // --kv_checks: one key-value write per step, remembered when the coordinator
-// acknowledged it; Verify reads them all back at the end.
+// acknowledged it, and a reader that reads the newest acknowledged one back
+// every half step meanwhile (reads a replica answers while it should no
+// longer lead would show in their terms); Verify reads them all back at
+// the end. (Each answer's term is printed by KvAckPrinter.)
 class KvChecks {
  public:
-  KvChecks(CoordinatorClient* client, const v1::Assignment& a)
+  KvChecks(CoordinatorClient* client, const v1::Assignment& a,
+           absl::Duration step_time)
       : client_(client) {
     scope_.set_job_id(a.job_id());
     scope_.set_round(a.round());
     prefix_ = absl::StrCat("check/", a.rank(), "/");
+    reader_ = std::thread([this, step_time] { ReadLoop(step_time / 2); });
   }
+  ~KvChecks() { StopReading(); }
 
   void Write(int64_t step) {
     const std::string value = absl::StrCat("step ", step);
     absl::Status status = client_->Set(scope_, Key(step), value);
+    absl::MutexLock lock(&mu_);
     if (status.ok()) {
       acked_.push_back(step);
     } else {
@@ -230,37 +243,84 @@ class KvChecks {
   }
 
   // DATA_LOSS naming the first lost write when any acknowledged one is
-  // missing or changed.
+  // missing or changed, here or to the reader.
   absl::Status Verify() {
-    int64_t lost = 0;
-    std::string first;
+    StopReading();
+    absl::MutexLock lock(&mu_);
     for (int64_t step : acked_) {
       absl::StatusOr<std::string> got = client_->Get(scope_, Key(step));
       if (got.ok() && *got == absl::StrCat("step ", step)) continue;
-      ++lost;
-      if (first.empty()) {
-        first = absl::StrCat(Key(step), ": ",
-                             got.ok() ? *got : got.status().ToString());
-      }
+      LostLocked(step, got);
     }
-    std::printf("kv checks: %zu writes acknowledged, %lld not, %lld lost\n",
+    std::printf("kv checks: %zu writes acknowledged, %lld not, %lld lost "
+                "(and %lld reads meanwhile)\n",
                 acked_.size(), static_cast<long long>(refused_),
-                static_cast<long long>(lost));
+                static_cast<long long>(lost_), static_cast<long long>(reads_));
     std::fflush(stdout);
-    if (lost == 0) return absl::OkStatus();
+    if (lost_ == 0) return absl::OkStatus();
     return absl::DataLossError(absl::StrCat(
-        lost, " acknowledged key-value write(s) lost, first ", first));
+        lost_, " acknowledged key-value write(s) lost, first ", first_lost_));
   }
 
  private:
   std::string Key(int64_t step) const { return absl::StrCat(prefix_, step); }
 
+  void LostLocked(int64_t step, const absl::StatusOr<std::string>& got)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++lost_;
+    if (first_lost_.empty()) {
+      first_lost_ = absl::StrCat(Key(step), ": ",
+                                 got.ok() ? *got : got.status().ToString());
+    }
+  }
+
+  // Reads the newest acknowledged write back every `period` until stopped;
+  // a read the coordinator refuses (a failover) is not a loss.
+  void ReadLoop(absl::Duration period) {
+    while (!stop_.WaitForNotificationWithTimeout(period)) {
+      int64_t step = 0;
+      {
+        absl::MutexLock lock(&mu_);
+        if (acked_.empty()) continue;
+        step = acked_.back();
+      }
+      absl::StatusOr<std::string> got = client_->Get(scope_, Key(step));
+      absl::MutexLock lock(&mu_);
+      ++reads_;
+      if (got.ok() && *got != absl::StrCat("step ", step)) LostLocked(step, got);
+      if (absl::IsNotFound(got.status())) LostLocked(step, got);
+    }
+  }
+
+  void StopReading() {
+    if (!stop_.HasBeenNotified()) stop_.Notify();
+    if (reader_.joinable()) reader_.join();
+  }
+
   CoordinatorClient* const client_;
   v1::Scope scope_;
   std::string prefix_;
-  std::vector<int64_t> acked_;
-  int64_t refused_ = 0;
+  absl::Mutex mu_;
+  std::vector<int64_t> acked_ ABSL_GUARDED_BY(mu_);
+  int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t reads_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t lost_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string first_lost_ ABSL_GUARDED_BY(mu_);
+  absl::Notification stop_;
+  std::thread reader_;
 };
+
+// With --kv_checks: prints the term of every key-value answer that names
+// one ("kv ack: get term 7 at 1764254321123456"), for
+// tests/netns/check_terms.py.
+void KvAckPrinter(const char* what, const TermStamp& stamp) {
+  const absl::string_view call(what);
+  if (call != "set" && call != "get") return;
+  std::printf("kv ack: %s term %lld at %lld\n", what,
+              static_cast<long long>(stamp.term),
+              static_cast<long long>(absl::ToUnixMicros(stamp.answered_at)));
+  std::fflush(stdout);
+}
 
 // The training loop a real trainer runs, with its collectives and compute
 // simulated: step s starts at t0 + (s - 1) * step_time on every rank (t0 is
@@ -275,7 +335,7 @@ absl::Status Train(CoordinatorClient& client, const v1::Assignment& a,
   int64_t sequence = 0;
   const int64_t steps = absl::GetFlag(FLAGS_train_steps);
   std::optional<KvChecks> checks;
-  if (absl::GetFlag(FLAGS_kv_checks)) checks.emplace(&client, a);
+  if (absl::GetFlag(FLAGS_kv_checks)) checks.emplace(&client, a, step_time);
   for (int64_t step = 1; step <= steps; ++step) {
     reporter.Update(
         StepMetrics(step, t0 + (step - 1) * step_time, step_time, &sequence));
@@ -315,6 +375,7 @@ absl::Status Run() {
                  absl::GetFlag(FLAGS_tls_key)};
   GS_ASSIGN_OR_RETURN(options.token,
                       ClientToken(absl::GetFlag(FLAGS_token_file)));
+  if (absl::GetFlag(FLAGS_kv_checks)) options.on_term = KvAckPrinter;
   GS_ASSIGN_OR_RETURN(auto client, GrpcCoordinatorClient::Create(options));
   GS_ASSIGN_OR_RETURN(v1::Assignment assignment, client->Join(request));
   GS_RETURN_IF_ERROR(Bootstrap(*client, assignment, request.node()));

@@ -77,10 +77,13 @@ absl::StatusOr<std::unique_ptr<EtcdLeadership>> EtcdLeadership::Campaign(
       absl::StatusOr<int64_t> revision = TryToLead(
           etcd, kv.get(), leases.get(), key, options, &lease, &asked);
       if (revision.ok() && *revision > 0) {
+        // (The term's beginning is logged as the time before the
+        // campaign: no earlier leader's lease could hold after it.)
         GS_LOG(INFO) << "leading the coordinators under '" << options.prefix
                      << "' in etcd at " << etcd.endpoints() << " (lease "
-                     << absl::StrCat(absl::Hex(lease)) << ", revision "
-                     << *revision << ")";
+                     << absl::StrCat(absl::Hex(lease)) << "): term "
+                     << *revision << " began at unix microseconds "
+                     << absl::ToUnixMicros(asked);
         const absl::Time valid_until = asked + options.lease_ttl;
         return std::unique_ptr<EtcdLeadership>(new EtcdLeadership(
             std::move(etcd), std::move(options), std::move(on_lost), lease,

@@ -90,6 +90,10 @@ class EtcdStorage final : public Storage {
   // max_request_bytes is refused by etcd).
   absl::Status Apply(const std::vector<Mutation>& batch) override;
 
+  // With options.lead: the term of this replica's leadership (its leader
+  // key's create revision); 0 otherwise.
+  int64_t leader_term() const { return options_.fence_revision; }
+
  private:
   EtcdStorage(EtcdOptions options, EtcdConnection etcd);
 

@@ -79,6 +79,7 @@ absl::StatusOr<std::unique_ptr<Storage>> OpenEtcd(const StorageSpec& spec) {
   options.on_lost_leadership = spec.on_lost;
   absl::StatusOr<std::unique_ptr<EtcdStorage>> opened = EtcdStorage::Open(options);
   if (!opened.ok()) return Naming("--etcd", opened.status());
+  if (spec.lead && spec.on_leading) spec.on_leading((*opened)->leader_term());
   GS_LOG(INFO) << "keeping state in etcd at " << spec.etcd << " under '"
                << spec.etcd_prefix << "'";
   return std::unique_ptr<Storage>(*std::move(opened));

@@ -42,6 +42,9 @@ struct StorageSpec {
   // GroupCommit::kRetryFor).
   absl::Duration lease_ttl = absl::Seconds(2);
   std::function<void(const absl::Status&)> on_lost;
+  // With etcd and `lead`: told the term once this replica leads (the
+  // leader key's create revision; see common/leader_term.h).
+  std::function<void(int64_t term)> on_leading;
   // With etcd and `lead`: told, while standing by, the address of the
   // replica that leads whenever it changes (empty: none).
   std::function<void(const std::string& leader)> on_standing_by;

@@ -94,5 +94,6 @@ netns_finish "$replicas" etcdloss
 leads c2 && fail "c1 gave up its leadership: $(grep -m1 "lost the leadership" "$tmp/c1.log")" \
   "(the etcd leader was killed at $killed_at)"
 echo "etcd_loss_test: c1 led throughout"
+netns_check_terms "$tmp/c1.log" "$tmp/c2.log"
 
 echo "etcd_loss_test: OK"

@@ -4,9 +4,11 @@
 # by), a gradsync-worker on each of a and b told both replicas, 150 steps of
 # 100 ms. Mid-training the leader is cut from etcd but not from its workers
 # ({c1, a, b} | {e, c2}), until c2 leads; then the switch is whole again.
-# Checked: c1 stopped (it exits when it can no longer be sure of its lease)
-# before c2 began to lead, by their logs' clocks (the same machine's): no
-# two replicas served at one time; the workers moved to c2, nobody was
+# Checked: no key-value answer of c1 was sent after c2's term began (each
+# answer names its term: tests/netns/check_terms.py), and c1 stopped (it
+# exits when it can no longer be sure of its lease) before c2 began to
+# lead, by their logs' clocks (the same machine's): no two replicas served
+# at one time; the workers moved to c2, nobody was
 # LOST (c2 gives members its restart grace), and the job SUCCEEDED in
 # round 1. Beside it, a job of one simulated worker writes a key a step
 # through the failover and reads every write the coordinators acknowledged
@@ -56,6 +58,9 @@ until leads c2; do
 done
 netns_heal
 netns_finish "$replicas" ha
+# Per answer: none of c1's after c2's term began (the key-value checker
+# reads through the failover; c1 answers reads from memory until it stops).
+netns_check_terms "$tmp/c1.log" "$tmp/c2.log"
 
 # The clocks of the two events: HH:MM:SS.micros of glog-style lines.
 clock() { grep -m1 "$2" "$tmp/$1.log" | sed -n 's/^[IWEF][0-9]* \([0-9:.]*\) .*/\1/p'; }

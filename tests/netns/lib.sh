@@ -32,6 +32,11 @@
 #   netns_finish COORDS JOB    # waits for them; fails unless JOB succeeded
 #                              # in round 1, nobody lost, and the checker
 #                              # read back every acknowledged write
+#   netns_check_terms LOG...   # (after netns_finish, replicas on etcd)
+#                              # fails unless every key-value answer the
+#                              # checker got names a term that no newer
+#                              # term had begun before it was sent
+#                              # (check_terms.py; LOG: the replicas' logs)
 #   netns_slow_host NAME SECONDS  # NAME's processes run a third of the
 #                              # time for SECONDS (a CPU-starved host)
 #   netns_etcd                 # sets $etcd (the etcd binary) or fails
@@ -192,6 +197,14 @@ ok = (j['state'] == 'succeeded' and j['round'] == 1 and
 sys.exit(0 if ok else 1)" "$tmp/$2.json" ||
     netns_fail "$2 did not end in round 1 with every member exited: $(cat "$tmp/$2.json")"
   echo "netns: $2: nobody lost, round 1, succeeded"
+}
+
+netns_check_terms() {
+  local here verdict
+  here=$(dirname "${BASH_SOURCE[0]}")
+  verdict=$(/usr/bin/python3 "$here/check_terms.py" "$tmp/kv.log" "$@") ||
+    netns_fail "$verdict"
+  echo "netns: $verdict"
 }
 
 netns_coordinator() {

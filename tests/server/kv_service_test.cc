@@ -7,11 +7,14 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/grpc_status.h"
+#include "common/leader_term.h"
 #include "gtest/gtest.h"
 #include "proto/gradsync/v1/kv.grpc.pb.h"
 #include "server/authenticator.h"
@@ -130,6 +133,42 @@ TEST_F(KvServiceTest, RequestIdsReachTheManager) {
       FromGrpcStatus(stub_->CompareAndSet(&context, cas, &response));
   EXPECT_TRUE(absl::IsInvalidArgument(reused)) << reused;
   EXPECT_EQ(kv_.Get({"a", 1}, "n").value(), "2");
+}
+
+// A leader's answers name its term and when they were sent; a coordinator
+// that leads no term (no etcd) sends nothing.
+TEST_F(KvServiceTest, ALeadersAnswersCarryItsTerm) {
+  // The term stamp of a Set's answer through `channel`, if any.
+  const auto stamp_of = [](const std::shared_ptr<grpc::Channel>& channel)
+      -> std::optional<TermStamp> {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", kAdmin));
+    v1::SetRequest request;
+    request.mutable_scope()->set_job_id("a");
+    request.mutable_scope()->set_round(1);
+    request.set_key("k");
+    request.set_value("v");
+    v1::SetResponse response;
+    EXPECT_TRUE(v1::KeyValue::NewStub(channel)->Set(&context, request, &response).ok());
+    const auto& trailers = context.GetServerTrailingMetadata();
+    auto stamped = trailers.find(kTermMetadataKey);
+    if (stamped == trailers.end()) return std::nullopt;
+    std::optional<TermStamp> stamp = ParseTermStamp(
+        absl::string_view(stamped->second.data(), stamped->second.size()));
+    EXPECT_TRUE(stamp.has_value());
+    return stamp;
+  };
+  EXPECT_FALSE(stamp_of(server_.Channel()).has_value());
+
+  KvService leader(&kv_, &auth_, /*leader_term=*/7);
+  InProcessServer leader_server({&leader});
+  ASSERT_TRUE(leader_server.ok());
+  const absl::Time before = absl::Now();
+  std::optional<TermStamp> stamp = stamp_of(leader_server.Channel());
+  ASSERT_TRUE(stamp.has_value());
+  EXPECT_EQ(stamp->term, 7);
+  EXPECT_GE(stamp->answered_at, before);
+  EXPECT_LE(stamp->answered_at, absl::Now());
 }
 
 TEST_F(KvServiceTest, AMalformedRequestIsRefusedAndChangesNothing) {

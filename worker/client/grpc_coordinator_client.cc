@@ -192,6 +192,16 @@ bool GrpcCoordinatorClient::Reroute(const grpc::ClientContext& context,
   return false;
 }
 
+void GrpcCoordinatorClient::TellTerm(const char* what,
+                                     const grpc::ClientContext& context) const {
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto stamped = trailers.find(kTermMetadataKey);
+  if (stamped == trailers.end()) return;
+  std::optional<TermStamp> stamp = ParseTermStamp(
+      absl::string_view(stamped->second.data(), stamped->second.size()));
+  if (stamp.has_value()) options_.on_term(what, *stamp);
+}
+
 absl::Status GrpcCoordinatorClient::Call(const char* what, absl::Duration timeout,
                                      const Attempt& attempt,
                                      Deadline deadline) {
@@ -216,6 +226,7 @@ absl::Status GrpcCoordinatorClient::Call(const char* what, absl::Duration timeou
           what, ": no answer from the coordinator at ", options_.target,
           " within ", absl::FormatDuration(timeout)));
     }
+    if (status.ok() && options_.on_term) TellTerm(what, context);
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE) {
       return FromGrpcStatus(status);
     }

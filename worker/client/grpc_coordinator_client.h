@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "proto/gradsync/v1/health.grpc.pb.h"
 #include "common/channel_credentials.h"
+#include "common/leader_term.h"
 #include "proto/gradsync/v1/jobs.grpc.pb.h"
 #include "proto/gradsync/v1/kv.grpc.pb.h"
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
@@ -60,6 +61,11 @@ struct ClientOptions {
   // (a coordinator with --auth=token; see ClientToken()).
   std::string token;
   RetryPolicy retry;
+  // Told, on the calling thread, of every answered call whose answer names
+  // the leader's term (a replica under etcd leadership stamps key-value
+  // answers: common/leader_term.h), with the call's name ("set", "get",
+  // ...): fault tests attribute each acknowledgement to a term.
+  std::function<void(const char* what, const TermStamp& stamp)> on_term;
 };
 
 // A connection to a coordinator that does not complete within this moves
@@ -165,6 +171,8 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
   // they go back to the list of replicas.
   bool Reroute(const grpc::ClientContext& context, const grpc::Status& status,
                const Route& used);
+  // Tells options_.on_term the term stamp of an answer, when it has one.
+  void TellTerm(const char* what, const grpc::ClientContext& context) const;
 
   // Where a call's deadline is kept.
   enum class Deadline {

@@ -9,12 +9,14 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/host_ports.h"
+#include "common/leader_term.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/gradsync/v1/kv.grpc.pb.h"
@@ -34,6 +36,12 @@ class ScriptedKv final : public v1::KeyValue::Service {
   void Script(std::deque<grpc::Status> statuses) {
     absl::MutexLock lock(&mu_);
     script_ = std::move(statuses);
+  }
+  // Answers to Get carry this term stamp (common/leader_term.h), as a
+  // leader's do.
+  void Stamp(const std::string& stamp) {
+    absl::MutexLock lock(&mu_);
+    stamp_ = stamp;
   }
   // Every answer is UNAVAILABLE naming `leader` in the trailing metadata,
   // as a standby replica answers.
@@ -88,6 +96,7 @@ class ScriptedKv final : public v1::KeyValue::Service {
       script_.pop_front();
     }
     if (status.ok()) response->set_value("v");
+    if (!stamp_.empty()) context->AddTrailingMetadata(kTermMetadataKey, stamp_);
     return status;
   }
 
@@ -104,6 +113,7 @@ class ScriptedKv final : public v1::KeyValue::Service {
   std::deque<grpc::Status> script_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> request_ids_ ABSL_GUARDED_BY(mu_);
   std::string leader_ ABSL_GUARDED_BY(mu_);
+  std::string stamp_ ABSL_GUARDED_BY(mu_);
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::string authorization_ ABSL_GUARDED_BY(mu_);
 };
@@ -118,8 +128,8 @@ struct KvServer {
 class GrpcCoordinatorClientTest : public ::testing::Test {
  protected:
   std::unique_ptr<CoordinatorClient> Client(const std::string& target,
-                                            const std::string& token = "") {
-    ClientOptions options;
+                                            const std::string& token = "",
+                                            ClientOptions options = {}) {
     options.target = target;
     options.token = token;
     options.retry.initial_backoff = absl::Milliseconds(10);
@@ -178,6 +188,25 @@ TEST_F(GrpcCoordinatorClientTest, AddAndCasRetriesCarryTheCallsRequestId) {
   EXPECT_NE(ids[3], ids[0]);
   EXPECT_NE(ids[3], ids[2]);
   EXPECT_EQ(ids[5], "the-callers-own");
+}
+
+TEST_F(GrpcCoordinatorClientTest, AnAnswersTermIsToldWithTheCallsName) {
+  ClientOptions options;
+  std::vector<std::pair<std::string, TermStamp>> told;
+  options.on_term = [&](const char* what, const TermStamp& stamp) {
+    told.emplace_back(what, stamp);
+  };
+  std::unique_ptr<CoordinatorClient> client =
+      Client(server_.address(), "", options);
+  ASSERT_TRUE(Get(client.get()).ok());  // no stamp: nothing told
+  server_.kv.Stamp("9 1764000000000001");
+  ASSERT_TRUE(Get(client.get()).ok());
+  server_.kv.Stamp("not a stamp");
+  ASSERT_TRUE(Get(client.get()).ok());
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0].first, "get");
+  EXPECT_EQ(told[0].second.term, 9);
+  EXPECT_EQ(absl::ToUnixMicros(told[0].second.answered_at), 1764000000000001);
 }
 
 TEST_F(GrpcCoordinatorClientTest, OtherErrorsAreReturnedAtOnceWithTheirCode) {
