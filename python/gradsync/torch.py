@@ -5,6 +5,11 @@ store, with no MASTER_ADDR and no TCPStore.
     torch.distributed.init_process_group(
         "gloo", init_method="gradsync://COORDINATOR_HOST:PORT/JOB")
 
+It also registers the process group backend "gradsync" (when the package
+was built with its extension module, gradsync._C): the shared-memory
+all-reduce when every rank is on one host, Gloo otherwise, with any
+store: init_process_group("gradsync", ...).
+
 Under `gradsync launch` the process group bootstraps through the key-value
 store of the process's round (GRADSYNC_JOB, GRADSYNC_ROUND, RANK and
 WORLD_SIZE come from the launcher; rank= and world_size= given to
@@ -261,3 +266,53 @@ def _rendezvous(url, timeout=datetime.timedelta(minutes=5), **kwargs):
 
 
 dist.register_rendezvous_handler("gradsync", _rendezvous)
+
+
+# The process group backend "gradsync": gradsync's shared-memory all-reduce
+# when every rank runs on one host, Gloo otherwise (gradsync._C, built
+# against the installed torch; absent from a package installed without it).
+try:
+    from gradsync import _C as _native
+except ImportError as e:  # a build without the extension
+    _native = None
+    _native_missing = str(e)
+
+
+def _create_process_group(store, rank, world_size, timeout):
+    return _native.create_process_group(store, rank, world_size, timeout)
+
+
+if _native is not None and "GRADSYNC" not in dist.Backend._plugins:
+    dist.Backend.register_backend("gradsync", _create_process_group)
+
+
+def process_groups_available():
+    """Whether torch.distributed has the backend "gradsync" here (the
+    package was built with its extension module)."""
+    return _native is not None
+
+
+def transport(group=None):
+    """'shm' or 'gloo': what a process group of backend "gradsync" (the
+    default group when None) runs its collectives on. Choose with the
+    environment before init_process_group: GRADSYNC_SHARED_MEMORY=0 takes
+    Gloo on one host too, GRADSYNC_GLOO_ADDRESS the address Gloo binds."""
+    _need_native()
+    return _native.transport(group or dist.distributed_c10d._get_default_group())
+
+
+def abort(group=None):
+    """Fails the collective in flight on a "gradsync" process group (the
+    default group when None) and every later one, here and at the peers in
+    one with this rank, promptly: for a thread that learns that a peer is
+    gone while training is blocked in a collective. The group is unusable
+    afterwards (destroy it)."""
+    _need_native()
+    _native.abort(group or dist.distributed_c10d._get_default_group())
+
+
+def _need_native():
+    if _native is None:
+        raise RuntimeError("gradsync was installed without its extension "
+                           f"module (gradsync._C: {_native_missing}): the "
+                           "process group backend 'gradsync' is not here")

@@ -1,6 +1,8 @@
 """A DDP-style program that joins its process group with
 init_method="gradsync://..." and no MASTER_ADDR: run by test_torch.py under
-`gradsync launch`. Prints the all-reduced sum of rank + 1 on every rank."""
+`gradsync launch`. Prints the all-reduced sum of rank + 1 on every rank.
+The backend is $INIT_BACKEND (default gloo; "gradsync": gradsync's own,
+bootstrapped through the coordinator's store, a Python store)."""
 import os
 
 import torch
@@ -11,7 +13,7 @@ import gradsync.torch  # noqa: F401  (registers gradsync://)
 for name in ("MASTER_ADDR", "MASTER_PORT"):
     os.environ.pop(name, None)
 dist.init_process_group(
-    "gloo", init_method="gradsync://{}/{}".format(
+    os.environ.get("INIT_BACKEND", "gloo"), init_method="gradsync://{}/{}".format(
         os.environ["GRADSYNC_COORDINATOR"], os.environ["GRADSYNC_JOB"]))
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)

@@ -4,11 +4,19 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import gradsync
 from conftest import HERE, launch
 
 
-def test_init_method_gradsync_needs_no_master_addr(coordinator):
+# "gradsync": gradsync's own process group (gradsync._C), bootstrapped
+# through gradsync.torch.Store, a Python store that C++ calls with the GIL
+# released.
+@pytest.mark.parametrize("backend", ["gloo", "gradsync"])
+def test_init_method_gradsync_needs_no_master_addr(coordinator, backend,
+                                                   monkeypatch):
+    monkeypatch.setenv("INIT_BACKEND", backend)
     agent = launch(coordinator, "torchinit", 3,
                    [os.path.join(HERE, "init_script.py")])
     out, err = agent.communicate(timeout=180)

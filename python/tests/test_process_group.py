@@ -1,0 +1,100 @@
+"""The process group backend "gradsync" (gradsync._C): torch.distributed's
+collectives and DistributedDataParallel on gradsync's shared-memory
+all-reduce and on Gloo, against torch's own Gloo process group run the same
+way as the control; an abort. (test_torch.py bootstraps it through the
+coordinator's store under `gradsync launch`.)"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+import gradsync
+import gradsync.torch
+from conftest import HERE
+
+
+def run_ranks(backend, world, env=None):
+    """WORLD processes of process_group_script.py: each rank's output."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        outs = [os.path.join(tmp, f"rank{r}.json") for r in range(world)]
+        environment = dict(os.environ, PYTHONPATH=os.path.dirname(HERE),
+                           **(env or {}))
+        processes = [subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "process_group_script.py"),
+             backend, str(r), str(world), store, outs[r]],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=environment) for r in range(world)]
+        for p in processes:
+            try:
+                out, _ = p.communicate(timeout=180)
+            finally:
+                if p.poll() is None:
+                    p.kill()
+            assert p.returncode == 0, out
+        results = []
+        for path in outs:
+            with open(path) as f:
+                results.append(json.load(f))
+        return results
+
+
+def assert_close(params, reference):
+    for got, want in zip(params, reference):
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert abs(a - b) <= 1e-6 * max(1.0, abs(b)), (a, b)
+
+
+@pytest.mark.parametrize("world,transport,env", [
+    (2, "shm", {}),
+    (3, "shm", {}),
+    (2, "gloo", {"GRADSYNC_SHARED_MEMORY": "0",
+                 "GRADSYNC_GLOO_ADDRESS": "127.0.0.1"}),
+])
+def test_ddp_on_gradsync_trains_as_on_gloo(world, transport, env):
+    assert gradsync.torch.process_groups_available()
+    ours = run_ranks("gradsync", world, env)
+    control = run_ranks("gloo", world)
+    for result in ours:
+        assert result["transport"] == transport
+    for result in ours + control:  # DDP kept every replica the same
+        assert_close(result["params"], control[0]["params"])
+
+
+def test_an_abort_fails_a_collective_a_peer_never_joins():
+    script = """
+import datetime, sys, threading, time
+import torch, torch.distributed as dist
+import gradsync.torch
+rank = int(sys.argv[1])
+dist.init_process_group("gradsync", store=dist.FileStore(sys.argv[2], 2),
+                        rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=120))
+if rank == 1:
+    time.sleep(30)  # never joins; killed by the test
+threading.Timer(0.5, gradsync.torch.abort).start()
+start = time.monotonic()
+try:
+    dist.all_reduce(torch.ones(8))
+    print("completed")
+except RuntimeError as e:
+    print(f"failed after {time.monotonic() - start:.1f} s: {e}")
+"""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE))
+        ranks = [subprocess.Popen(
+            [sys.executable, "-c", script, str(r), os.path.join(tmp, "s")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=env) for r in range(2)]
+        try:
+            out, _ = ranks[0].communicate(timeout=60)
+        finally:
+            for p in ranks:
+                p.kill()
+                p.wait()
+    assert "failed after 0." in out, out
+    assert "allreduce #" in out, out

@@ -1,0 +1,109 @@
+// The torch process group "gradsync": torch.distributed's collectives over a
+// gradsync Backend (the shared-memory backend when every rank is on one
+// host, Gloo otherwise), so that a PyTorch script, DDP included, runs its
+// collectives on them (python/gradsync/torch.py registers it with
+// torch.distributed.Backend.register_backend; the extension module
+// python/ext/module.cc makes one). Tensors must be dense, contiguous and on
+// the CPU; allreduce takes SUM and AVG.
+#ifndef GRADSYNC_WORKER_TORCH_PROCESS_GROUP_H_
+#define GRADSYNC_WORKER_TORCH_PROCESS_GROUP_H_
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "worker/backend/backend.h"
+#include "worker/backend/store.h"
+
+namespace gradsync {
+
+// Collectives run in issue order on the backend; each returns a c10d::Work
+// whose future (getFuture, which DDP's communication hooks chain on) a
+// thread of this group completes once the collective ended. Errors are
+// exceptions that name the collective and the backend's status. Thread-safe
+// as torch process groups are (one issuing thread at a time per group is
+// what torch does). The destructor waits for the collectives issued, then
+// stops the thread and destroys the backend.
+class TorchProcessGroup final : public c10d::ProcessGroup {
+ public:
+  explicit TorchProcessGroup(std::unique_ptr<Backend> backend);
+  ~TorchProcessGroup() override;
+
+  const std::string getBackendName() const override { return "gradsync"; }
+  // The backend underneath: "shm" or "gloo".
+  std::string transport() const { return backend_->name(); }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(
+      std::vector<at::Tensor>& tensors,
+      const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> barrier(
+      const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+
+  // Fails the collective in flight and every later one promptly, here and
+  // at the peers in a collective with this rank (Backend::Abort): for a
+  // thread that learns the round is over while training is blocked in one.
+  void Abort() { backend_->Abort(); }
+
+ private:
+  struct Pending;
+
+  // Queues `work` for the completing thread: its future completes with
+  // `outputs` once it succeeded and `finish` (e.g. copying a gathered
+  // buffer out) ran; `keep` stays alive until then.
+  c10::intrusive_ptr<c10d::Work> Track(const char* collective,
+                                       c10d::OpType type,
+                                       std::shared_ptr<Work> work,
+                                       std::vector<at::Tensor> outputs,
+                                       std::vector<at::Tensor> keep,
+                                       std::function<void()> finish = nullptr);
+  void CompleteLoop();
+
+  std::unique_ptr<Backend> backend_;
+  absl::Mutex mu_;
+  std::deque<std::unique_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread completer_;
+};
+
+// How CreateTorchProcessGroup builds a group.
+struct TorchGroupOptions {
+  // A collective that has not completed after this long fails.
+  absl::Duration timeout = absl::Minutes(30);
+  // When every rank runs on this host (their hostnames, exchanged through
+  // the store, all equal): the shared-memory backend; false: Gloo always.
+  // Every rank must pass the same value.
+  bool shared_memory = true;
+  // The address Gloo binds and advertises; empty: the address this host's
+  // name resolves to.
+  std::string gloo_address;
+};
+
+// Makes the group for `rank` of `world_size`, bootstrapped through `store`
+// (each rank calls it; it blocks until all have). The backends' errors
+// (INVALID_ARGUMENT for a bad rank or size, DEADLINE_EXCEEDED when a rank
+// never comes within the timeout).
+absl::StatusOr<c10::intrusive_ptr<TorchProcessGroup>> CreateTorchProcessGroup(
+    Store* store, int rank, int world_size, const TorchGroupOptions& options);
+
+}  // namespace gradsync
+
+#endif  // GRADSYNC_WORKER_TORCH_PROCESS_GROUP_H_
