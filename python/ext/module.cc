@@ -1,6 +1,7 @@
 // gradsync._C: the extension module of the gradsync Python package, built
 // against the installed torch. It offers gradsync's process groups to
-// torch.distributed (gradsync/torch.py registers the backend "gradsync").
+// torch.distributed (gradsync/torch.py registers the backend "gradsync"),
+// and runs a Python training loop as a member of a job (job.h).
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/utils/pybind.h>
@@ -15,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "python/ext/job.h"
 #include "worker/torch/c10d_store.h"
 #include "worker/torch/process_group.h"
 
@@ -65,7 +67,10 @@ TorchProcessGroup& Gradsync(const c10::intrusive_ptr<c10d::ProcessGroup>& group)
 }  // namespace gradsync
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "gradsync's native part: its process groups for torch.distributed";
+  m.doc() =
+      "gradsync's native part: its process groups for torch.distributed, and "
+      "its job runtime for training loops in Python (gradsync.elastic)";
+  gradsync::RegisterJob(m);
   m.def("create_process_group", &gradsync::CreateProcessGroup,
         py::arg("store"), py::arg("rank"), py::arg("world_size"),
         py::arg("timeout"),

@@ -118,15 +118,40 @@ struct TorchProcessGroup::Pending {
 
 TorchProcessGroup::TorchProcessGroup(std::unique_ptr<Backend> backend)
     : c10d::ProcessGroup(backend->rank(), backend->world_size()),
-      backend_(std::move(backend)),
+      owned_(std::move(backend)),
+      backend_(owned_.get()),
       completer_([this] { CompleteLoop(); }) {}
 
-TorchProcessGroup::~TorchProcessGroup() {
+TorchProcessGroup::TorchProcessGroup(Backend* backend)
+    : c10d::ProcessGroup(backend->rank(), backend->world_size()),
+      backend_(backend),
+      completer_([this] { CompleteLoop(); }) {}
+
+TorchProcessGroup::~TorchProcessGroup() { End(); }
+
+void TorchProcessGroup::End() {
   {
     absl::MutexLock lock(&mu_);
+    if (stopping_) return;
     stopping_ = true;
+    if (!pending_.empty()) backend_->Abort();
   }
   completer_.join();
+}
+
+absl::Status TorchProcessGroup::first_failure() const {
+  absl::MutexLock lock(&mu_);
+  return first_failure_;
+}
+
+void TorchProcessGroup::CheckLive(const char* collective) const {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) {
+    ThrowIfError(absl::FailedPreconditionError(
+                     "the round of this process group is over: use the "
+                     "next round's group"),
+                 collective);
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> TorchProcessGroup::Track(
@@ -158,6 +183,10 @@ void TorchProcessGroup::CompleteLoop() {
     }
     const absl::Status status = next->work->Wait();
     if (!status.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (first_failure_.ok()) first_failure_ = status;
+      }
       next->future->setError(std::make_exception_ptr(std::runtime_error(
           absl::StrCat("gradsync process group: ", next->collective, " #",
                        next->work->sequence(), " (", backend_->name(),
@@ -172,6 +201,7 @@ void TorchProcessGroup::CompleteLoop() {
 
 c10::intrusive_ptr<c10d::Work> TorchProcessGroup::broadcast(
     std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  CheckLive("broadcast");
   const at::Tensor& tensor = OnlyTensor(tensors, "broadcast");
   return Track("broadcast", c10d::OpType::BROADCAST,
                backend_->Broadcast(BufferOf(tensor, "broadcast"),
@@ -181,6 +211,7 @@ c10::intrusive_ptr<c10d::Work> TorchProcessGroup::broadcast(
 
 c10::intrusive_ptr<c10d::Work> TorchProcessGroup::allreduce(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  CheckLive("allreduce");
   const at::Tensor& tensor = OnlyTensor(tensors, "allreduce");
   ReduceOp op = ReduceOp::kSum;
   if (opts.reduceOp.op_ == c10d::ReduceOp::AVG) {
@@ -198,6 +229,7 @@ c10::intrusive_ptr<c10d::Work> TorchProcessGroup::allreduce(
 c10::intrusive_ptr<c10d::Work> TorchProcessGroup::allgather(
     std::vector<std::vector<at::Tensor>>& outputs,
     std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  CheckLive("allgather");
   const at::Tensor& input = OnlyTensor(inputs, "allgather");
   if (outputs.size() != 1 ||
       outputs[0].size() != static_cast<size_t>(getSize())) {
@@ -230,6 +262,7 @@ c10::intrusive_ptr<c10d::Work> TorchProcessGroup::allgather(
 
 c10::intrusive_ptr<c10d::Work> TorchProcessGroup::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  CheckLive("allgather");
   return Track("allgather", c10d::OpType::_ALLGATHER_BASE,
                backend_->AllGather(BufferOf(input, "allgather"),
                                    BufferOf(output, "allgather")),
@@ -238,6 +271,7 @@ c10::intrusive_ptr<c10d::Work> TorchProcessGroup::_allgather_base(
 
 c10::intrusive_ptr<c10d::Work> TorchProcessGroup::barrier(
     const c10d::BarrierOptions& opts) {
+  CheckLive("barrier");
   return Track("barrier", c10d::OpType::BARRIER, backend_->Barrier(), {}, {});
 }
 

@@ -31,11 +31,15 @@ namespace gradsync {
 // thread of this group completes once the collective ended. Errors are
 // exceptions that name the collective and the backend's status. Thread-safe
 // as torch process groups are (one issuing thread at a time per group is
-// what torch does). The destructor waits for the collectives issued, then
-// stops the thread and destroys the backend.
+// what torch does). The destructor ends the group (End) and destroys a
+// backend it owns.
 class TorchProcessGroup final : public c10d::ProcessGroup {
  public:
+  // Owns `backend`.
   explicit TorchProcessGroup(std::unique_ptr<Backend> backend);
+  // Over `backend`, which must stay alive until End() returned: a round's
+  // backend that the runtime owns (python/ext/job.cc).
+  explicit TorchProcessGroup(Backend* backend);
   ~TorchProcessGroup() override;
 
   const std::string getBackendName() const override { return "gradsync"; }
@@ -63,6 +67,17 @@ class TorchProcessGroup final : public c10d::ProcessGroup {
   // thread that learns the round is over while training is blocked in one.
   void Abort() { backend_->Abort(); }
 
+  // Ends the group's use of its backend: aborts it when collectives are
+  // still pending (so that they end), waits for them, and stops the
+  // completing thread; every later collective throws ("the round of this
+  // process group is over"). Idempotent; the caller's thread must not be
+  // issuing collectives at the same time.
+  void End();
+
+  // The status of the first collective that failed (OK while none has):
+  // what ended a round (UNAVAILABLE: a peer left; ABORTED: aborted).
+  absl::Status first_failure() const;
+
  private:
   struct Pending;
 
@@ -76,11 +91,15 @@ class TorchProcessGroup final : public c10d::ProcessGroup {
                                        std::vector<at::Tensor> keep,
                                        std::function<void()> finish = nullptr);
   void CompleteLoop();
+  // Throws when End() was called.
+  void CheckLive(const char* collective) const;
 
-  std::unique_ptr<Backend> backend_;
-  absl::Mutex mu_;
+  const std::unique_ptr<Backend> owned_;
+  Backend* const backend_;
+  mutable absl::Mutex mu_;
   std::deque<std::unique_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status first_failure_ ABSL_GUARDED_BY(mu_);
   std::thread completer_;
 };
 

@@ -1,0 +1,115 @@
+"""In-place recovery for a PyTorch training loop: gradsync's job runtime
+(the C++ one gradsync-worker runs on, through gradsync._C) drives the
+loop round after round. When a peer is lost, the survivors do not restart:
+the collective in flight fails, train() returns by the exception, and the
+runtime re-forms the round (with a spare, or a restarted process, in the
+lost one's place) and calls train() again with the new round's process
+group; the first thing train() does is take the training state from the
+round's source rank, the member with the most committed steps.
+
+    class MyTrainer(gradsync.elastic.Trainer):
+        def __init__(self):
+            super().__init__()
+            self.model, self.optimizer, self.step = ..., ..., 0
+        def committed_step(self):
+            return self.step
+        def train(self, round):
+            gradsync.elastic.copy_state(round, self.model, self.optimizer,
+                                        self)      # from the source rank
+            ddp = DistributedDataParallel(self.model,
+                                          process_group=round.process_group)
+            while self.step < STEPS:
+                ...  # forward, backward, optimizer step on this rank's
+                self.step += 1                     # share of the step's batch
+                round.report_step(self.step)
+
+    gradsync.elastic.run(MyTrainer(), coordinator="HOST:29400", job="mlp",
+                         nnodes="3")
+
+Under `gradsync launch --self_managed` the launcher's coordinator, job and
+join settings are used (and only a dead process restarts). The round's
+process group is the backend "gradsync" (gradsync.torch): shared memory on
+one host, Gloo across hosts. A loop must keep the state of its last
+committed step when a step fails (an optimizer step that did not run left
+it so), and make a step's data depend on the step and the round's rank and
+world size only, so that a redone step is the same step.
+"""
+import io
+
+import torch
+
+from gradsync import _C
+import gradsync.torch  # noqa: F401  (the backend "gradsync")
+
+Round = _C.Round
+
+
+class Trainer(_C.Trainer):
+    """A training loop that keeps its state across rounds. Subclasses define
+    train(round) and committed_step(); has_state() defaults to
+    committed_step() > 0. Used by one thread."""
+
+    def has_state(self):
+        return self.committed_step() > 0
+
+    def committed_step(self):
+        raise NotImplementedError
+
+    def train(self, round):
+        raise NotImplementedError
+
+
+def run(trainer, coordinator="", job="", nnodes="1", nproc_per_node=1,
+        node_id="", failure_policy="", shared_memory=True, timeout=300.0,
+        max_recoveries=3, token_file=""):
+    """Joins the job (or takes the assignment `gradsync launch` made) and
+    calls trainer.train(round) round after round until it returns, then
+    reports success. Raises RuntimeError with the error that ended the job
+    (a failure the runtime could not recover from, or max_recoveries
+    used up), which it reported to the coordinator."""
+    _C.run_job(trainer, coordinator=coordinator, job=job, nnodes=str(nnodes),
+               nproc_per_node=nproc_per_node, node_id=node_id,
+               failure_policy=failure_policy, shared_memory=shared_memory,
+               timeout_seconds=float(timeout), max_recoveries=max_recoveries,
+               token_file=token_file)
+
+
+def _broadcast(group, tensor, root):
+    options = torch.distributed.BroadcastOptions()
+    options.rootRank = root
+    group.broadcast([tensor], options).wait()
+
+
+def copy_state(round, model, optimizer=None, trainer=None):
+    """Makes every rank's training state the round's source rank's: the
+    model's state_dict, the optimizer's, and trainer.step when a trainer is
+    given (the committed step). Collective: every rank of the round calls it
+    first in train(). The state travels as one serialized buffer over the
+    round's process group."""
+    group = round.process_group
+    if round.world_size == 1:
+        return
+    source = round.source_rank
+    if round.rank == source:
+        buffer = io.BytesIO()
+        torch.save({
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict() if optimizer else None,
+            "step": trainer.step if trainer is not None else None,
+        }, buffer)
+        data = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+        size = torch.tensor([data.numel()], dtype=torch.int64)
+    else:
+        size = torch.zeros(1, dtype=torch.int64)
+    _broadcast(group, size, source)
+    if round.rank != source:
+        data = torch.empty(int(size.item()), dtype=torch.uint8)
+    _broadcast(group, data, source)
+    if round.rank == source:
+        return
+    state = torch.load(io.BytesIO(data.numpy().tobytes()))
+    model.load_state_dict(state["model"])
+    if optimizer is not None and state["optimizer"] is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    if trainer is not None and state["step"] is not None:
+        trainer.step = state["step"]

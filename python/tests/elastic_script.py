@@ -1,0 +1,63 @@
+"""A DDP training loop that recovers in place (gradsync.elastic), run by
+test_elastic.py under `gradsync launch --self_managed`: an MLP, SGD with
+momentum, STEPS steps of a global batch of 24 samples drawn from the step
+number alone, split across the round's ranks. With ELASTIC_DIE_AT=K the
+process of local rank 1 SIGKILLs itself right after committing step K, in
+its first life only (a restarted process has no LOCAL_RANK). Prints
+"pid P: round N rank R of W from step S" at each round's start; each rank
+writes its final parameters to ELASTIC_OUT.RANK."""
+import json
+import os
+import signal
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+import gradsync.elastic
+
+STEPS = int(os.environ.get("ELASTIC_STEPS", "30"))
+DIE_AT = int(os.environ.get("ELASTIC_DIE_AT", "0"))
+GLOBAL_BATCH = 24
+
+
+class MlpTrainer(gradsync.elastic.Trainer):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.02,
+                                         momentum=0.9)
+        self.step = 0
+
+    def committed_step(self):
+        return self.step
+
+    def train(self, round):
+        gradsync.elastic.copy_state(round, self.model, self.optimizer, self)
+        print(f"pid {os.getpid()}: round {round.number} rank {round.rank} of "
+              f"{round.world_size} from step {self.step}", flush=True)
+        ddp = DistributedDataParallel(self.model,
+                                      process_group=round.process_group)
+        share = GLOBAL_BATCH // round.world_size
+        while self.step < STEPS:
+            data = torch.Generator().manual_seed(1000 + self.step)
+            x = torch.randn(GLOBAL_BATCH, 8, generator=data)
+            y = torch.sin(x.sum(dim=1, keepdim=True))
+            mine = slice(round.rank * share, (round.rank + 1) * share)
+            self.optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(ddp(x[mine]), y[mine])
+            loss.backward()
+            self.optimizer.step()
+            self.step += 1
+            round.report_step(self.step, samples=share, loss=loss.item())
+            if (DIE_AT and self.step == DIE_AT and
+                    os.environ.get("LOCAL_RANK") == "1"):
+                os.kill(os.getpid(), signal.SIGKILL)
+        if os.environ.get("ELASTIC_OUT"):
+            with open(f"{os.environ['ELASTIC_OUT']}.{round.rank}", "w") as f:
+                json.dump([p.detach().flatten().tolist()
+                           for p in self.model.parameters()], f)
+
+
+gradsync.elastic.run(MlpTrainer())
