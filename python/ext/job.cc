@@ -1,15 +1,19 @@
 #include "python/ext/job.h"
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "worker/data/global_batch.h"
+#include "worker/runtime/reform.h"
 #include "worker/runtime/run_job.h"
 #include "worker/torch/process_group.h"
 
@@ -51,6 +55,7 @@ class PyRound {
   bool ReformRequested() const {
     return round().reform_requested ? round().reform_requested() : false;
   }
+  bool MayReform() const { return static_cast<bool>(round().reform_requested); }
   void End() { round_ = nullptr; }
 
  private:
@@ -58,14 +63,21 @@ class PyRound {
   const c10::intrusive_ptr<TorchProcessGroup> group_;
 };
 
+// The Python exception a loop raises to end its round at a step boundary,
+// every rank after the same committed step, because the coordinator asked
+// (gradsync.elastic.ReformAtStepBoundary).
+PyObject* reform_exception = nullptr;
+
 // A gradsync.elastic.Trainer: C++ calls its Python methods.
 class PyTrainer : public Trainer {
  public:
   using Trainer::Trainer;
 
   // Calls the Python train(round) over a torch process group of the round's
-  // backend. A Python exception becomes the status of the collective that
-  // failed first (a recoverable one re-forms the round) or, when none did,
+  // backend. A Python exception becomes: for ReformAtStepBoundary, the
+  // planned re-form after the committed step (rejoined at once, no
+  // recovery counted); otherwise the status of the collective that failed
+  // first (a recoverable one re-forms the round) or, when none did,
   // INTERNAL with the exception's text (the job fails).
   absl::Status Train(const Round& round) override {
     auto group = c10::make_intrusive<TorchProcessGroup>(round.backend);
@@ -83,10 +95,14 @@ class PyTrainer : public Trainer {
         }
       } catch (py::error_already_set& e) {
         const absl::Status collective = group->first_failure();
-        trained = collective.ok()
-                      ? absl::InternalError(absl::StrCat(
-                            "the training loop raised ", e.what()))
-                      : collective;
+        if (e.matches(reform_exception)) {
+          trained = ReformAtStepBoundary(committed_step());
+        } else {
+          trained = collective.ok()
+                        ? absl::InternalError(absl::StrCat(
+                              "the training loop raised ", e.what()))
+                        : collective;
+        }
       }
       py_round->End();
     }
@@ -108,7 +124,7 @@ void RunJobFromPython(Trainer* trainer, const std::string& coordinator,
                       int nproc_per_node, const std::string& node_id,
                       const std::string& failure_policy, bool shared_memory,
                       double timeout_seconds, int max_recoveries,
-                      const std::string& token_file) {
+                      double last_call_seconds, const std::string& token_file) {
   JobOptions options;
   options.coordinator = coordinator;
   options.job = job;
@@ -120,6 +136,7 @@ void RunJobFromPython(Trainer* trainer, const std::string& coordinator,
   options.shared_memory = shared_memory;
   options.timeout = absl::Seconds(timeout_seconds);
   options.max_recoveries = max_recoveries;
+  options.last_call_timeout = absl::Seconds(last_call_seconds);
   options.token_file = token_file;
   absl::Status done;
   {
@@ -145,13 +162,19 @@ void RegisterJob(py::module_& m) {
           "local_rank", [](const PyRound& r) { return r.round().local_rank; })
       .def_property_readonly(
           "source_rank", [](const PyRound& r) { return r.round().source_rank; })
+      .def_property_readonly(
+          "micro_batch_shares",
+          [](const PyRound& r) { return r.round().micro_batch_shares; })
       .def_property_readonly("process_group", &PyRound::process_group)
       .def("report_step", &PyRound::Report, py::arg("step"),
            py::arg("samples") = 0, py::arg("loss") = 0.0,
            py::arg("step_seconds") = 0.0,
            py::call_guard<py::gil_scoped_release>())
       .def("reform_requested", &PyRound::ReformRequested,
-           py::call_guard<py::gil_scoped_release>());
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("may_reform", &PyRound::MayReform);
+  static py::exception<std::runtime_error> reform(m, "ReformAtStepBoundary");
+  reform_exception = reform.ptr();
   py::class_<Trainer, PyTrainer>(m, "Trainer")
       .def(py::init<>())
       .def("committed_step", &Trainer::committed_step)
@@ -161,7 +184,52 @@ void RegisterJob(py::module_& m) {
         py::arg("nproc_per_node") = 1, py::arg("node_id") = "",
         py::arg("failure_policy") = "", py::arg("shared_memory") = true,
         py::arg("timeout_seconds") = 300.0, py::arg("max_recoveries") = 3,
-        py::arg("token_file") = "");
+        py::arg("last_call_seconds") = 30.0, py::arg("token_file") = "");
+  // The C++ trainer's rules for an exact global batch (global_batch.h), for
+  // a Python loop whose rounds change size: every step uses the same
+  // samples whatever the world size.
+  py::class_<GlobalBatchPlan>(m, "GlobalBatchPlan")
+      .def(py::init([](int64_t global_batch, int64_t micro_batch,
+                       int64_t epoch_size) {
+             absl::StatusOr<GlobalBatchPlan> plan =
+                 GlobalBatchPlan::Create(global_batch, micro_batch, epoch_size);
+             if (!plan.ok()) throw std::invalid_argument(plan.status().ToString());
+             return *plan;
+           }),
+           py::arg("global_batch"), py::arg("micro_batch"),
+           py::arg("epoch_size"))
+      .def_property_readonly("global_batch", &GlobalBatchPlan::global_batch)
+      .def_property_readonly("micro_batch", &GlobalBatchPlan::micro_batch)
+      .def_property_readonly("micro_batches_per_step",
+                             &GlobalBatchPlan::micro_batches_per_step)
+      .def_property_readonly("steps_per_epoch",
+                             &GlobalBatchPlan::steps_per_epoch)
+      .def(
+          "share",
+          [](const GlobalBatchPlan& plan, int rank, int world,
+             const std::vector<int>& shares) {
+            if (rank < 0 || rank >= world) {
+              throw std::invalid_argument(absl::StrCat(
+                  "rank ", rank, " is not in [0, ", world, ")"));
+            }
+            absl::StatusOr<MicroBatchShare> share =
+                plan.Share(rank, world, shares);
+            if (!share.ok()) throw std::invalid_argument(share.status().ToString());
+            return py::make_tuple(share->first, share->count);
+          },
+          py::arg("rank"), py::arg("world_size"),
+          py::arg("shares") = std::vector<int>(),
+          "(first, count): the step's micro-batches rank `rank` runs.")
+      .def(
+          "micro_batch_span",
+          [](const GlobalBatchPlan& plan, int64_t step_start, int64_t j) {
+            const SampleSpan span = plan.MicroBatchSpan(step_start, j);
+            return py::make_tuple(span.begin, span.end);
+          },
+          py::arg("step_start"), py::arg("j"),
+          "(begin, end): the epoch-order positions of micro-batch j of the "
+          "step beginning at position step_start.")
+      .def("loss_divisor", &GlobalBatchPlan::LossDivisor, py::arg("world_size"));
 }
 
 }  // namespace gradsync

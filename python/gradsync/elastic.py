@@ -42,6 +42,11 @@ from gradsync import _C
 import gradsync.torch  # noqa: F401  (the backend "gradsync")
 
 Round = _C.Round
+ReformAtStepBoundary = _C.ReformAtStepBoundary
+ReformAtStepBoundary.__doc__ = """Raised by train() to end its round at a
+step boundary because should_reform() said so (every rank after the same
+committed step): the runtime re-forms the round at once, with the node
+that waited to join, without counting a recovery."""
 
 
 class Trainer(_C.Trainer):
@@ -61,23 +66,60 @@ class Trainer(_C.Trainer):
 
 def run(trainer, coordinator="", job="", nnodes="1", nproc_per_node=1,
         node_id="", failure_policy="", shared_memory=True, timeout=300.0,
-        max_recoveries=3, token_file=""):
+        max_recoveries=3, last_call=30.0, token_file=""):
     """Joins the job (or takes the assignment `gradsync launch` made) and
     calls trainer.train(round) round after round until it returns, then
     reports success. Raises RuntimeError with the error that ended the job
     (a failure the runtime could not recover from, or max_recoveries
-    used up), which it reported to the coordinator."""
+    used up), which it reported to the coordinator. `last_call`: seconds a
+    round of MIN:MAX nodes waits for more once MIN have joined."""
     _C.run_job(trainer, coordinator=coordinator, job=job, nnodes=str(nnodes),
                nproc_per_node=nproc_per_node, node_id=node_id,
                failure_policy=failure_policy, shared_memory=shared_memory,
                timeout_seconds=float(timeout), max_recoveries=max_recoveries,
-               token_file=token_file)
+               last_call_seconds=float(last_call), token_file=token_file)
+
+
+GlobalBatchPlan = _C.GlobalBatchPlan
+GlobalBatchPlan.__doc__ = """An exact global batch, the C++ trainer's rules
+(worker/data/global_batch.h): GlobalBatchPlan(B, b, N). Step k of an epoch
+uses positions [k*B, (k+1)*B) of the epoch's order, cut into B/b
+micro-batches of b; rank r of W runs plan.share(r, W, round.micro_batch_shares)
+= (first, count) of them (accumulating gradients: DDP's no_sync() for all
+but the last) and divides its samples' summed loss by plan.loss_divisor(W).
+Every sample of an epoch is used exactly once with weight 1/B whatever the
+world size, also when the round shrinks or grows mid-epoch."""
+
+
+def step_positions(plan, round, step_in_epoch):
+    """The epoch-order positions this rank trains on in step
+    `step_in_epoch` (0-based) of the round: a list of (begin, end), one
+    per micro-batch, in order."""
+    first, count = plan.share(round.rank, round.world_size,
+                              round.micro_batch_shares)
+    start = step_in_epoch * plan.global_batch
+    return [plan.micro_batch_span(start, j) for j in range(first, first + count)]
 
 
 def _broadcast(group, tensor, root):
     options = torch.distributed.BroadcastOptions()
     options.rootRank = root
     group.broadcast([tensor], options).wait()
+
+
+def should_reform(round):
+    """After a committed step: whether the coordinator asked this round to
+    re-form at a step boundary (a node waits to join a round below MAX, or
+    a straggler's micro-batches move), agreed among the ranks so that every
+    rank stops after the same step (one all-reduce of a flag; nothing when
+    the round may not re-form). Then raise ReformAtStepBoundary. Collective:
+    every rank calls it after every step."""
+    if not round.may_reform:
+        return False
+    flag = torch.tensor([1 if round.reform_requested() else 0],
+                        dtype=torch.int32)
+    round.process_group.allreduce([flag]).wait()
+    return bool(flag.item())
 
 
 def copy_state(round, model, optimizer=None, trainer=None):

@@ -2,11 +2,18 @@
 `gradsync launch --self_managed` (elastic_script.py, 3 processes): one
 SIGKILLed mid-training is restarted alone and healed from a survivor, the
 survivors keep their processes, the job succeeds in round 2, and the final
-parameters equal an uninterrupted run's."""
+parameters equal an uninterrupted run's. With an exact global batch
+(elastic_plan_script.py, processes that join by themselves, 2:3 nodes): a
+round that loses a rank shrinks to 2 and one that a third node waits for
+grows at a step boundary, every sample of every epoch used exactly once,
+ending where an uninterrupted run of 3 ends."""
 import json
 import os
 import re
+import subprocess
+import sys
 import tempfile
+import time
 
 import gradsync
 from conftest import HERE, launch
@@ -67,3 +74,108 @@ def test_a_killed_rank_is_healed_in_place_and_the_run_ends_as_uninterrupted(
         for got, want in zip(rank_params, reference[0]):
             for a, b in zip(got, want):
                 assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (a, b)
+
+
+def plan_process(coordinator, job, node, log, *extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("GRADSYNC_") and k not in ("RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = os.path.dirname(HERE)
+    return subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "elastic_plan_script.py"),
+         coordinator, job, node, log, *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def finish(processes, allowed_codes):
+    outputs = []
+    for p, codes in zip(processes, allowed_codes):
+        try:
+            out, _ = p.communicate(timeout=240)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        assert p.returncode in codes, out
+        outputs.append(out)
+    return "".join(outputs)
+
+
+def committed_steps(logs):
+    steps = []
+    for log in logs:
+        with open(log) as f:
+            steps += [json.loads(line) for line in f]
+    return steps
+
+
+def assert_each_sample_once(steps, output):
+    """Every committed step's ranks together used its 24 positions exactly
+    once, and every epoch's 240 positions were used exactly once."""
+    by_step = {}
+    for s in steps:
+        by_step.setdefault((s["epoch"], s["step"]), []).extend(s["positions"])
+    assert sorted(by_step) == [(e, k) for e in range(2) for k in range(10)], output
+    for (epoch, k), positions in by_step.items():
+        assert sorted(positions) == list(range(24 * k, 24 * (k + 1))), (
+            epoch, k, positions, output)
+
+
+def params_of(logs):
+    loaded = []
+    for log in logs:
+        if os.path.exists(log + ".params"):
+            with open(log + ".params") as f:
+                loaded.append(json.load(f))
+    return loaded
+
+
+def test_exact_global_batch_through_a_shrink_and_a_grow(coordinator):
+    with tempfile.TemporaryDirectory() as tmp:
+        # Uninterrupted, 3 ranks.
+        logs = [os.path.join(tmp, f"ref{i}") for i in range(3)]
+        out = finish([plan_process(coordinator, "plan-ref", f"n{i}", logs[i])
+                      for i in range(3)], [(0,)] * 3)
+        assert_each_sample_once(committed_steps(logs), out)
+        reference = params_of(logs)[0]
+
+        # Shrink: n1 dies after step 7; n0 and n2 finish as a round of 2.
+        logs = [os.path.join(tmp, f"shrink{i}") for i in range(3)]
+        out = finish([plan_process(coordinator, "plan-shrink", f"n{i}", logs[i],
+                                   *(["7"] if i == 1 else []))
+                      for i in range(3)], [(0,), (-9,), (0,)])
+        steps = committed_steps(logs)
+        assert_each_sample_once(steps, out)
+        assert {s["world"] for s in steps if s["round"] == 1} == {3}, out
+        assert [s["world"] for s in steps if s["epoch"] == 1][-1] == 2, out
+        job = gradsync.Client(coordinator).get_job("plan-shrink")
+        assert gradsync.Client.state_name(job.state) == "succeeded", out
+        for params in params_of(logs):
+            for got, want in zip(params, reference):
+                for a, b in zip(got, want):
+                    assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (a, b)
+
+        # Grow: n0 and n1 start as a round of 2 and wait after step 3; n2
+        # comes then, and the round re-forms at a step boundary to take it.
+        logs = [os.path.join(tmp, f"grow{i}") for i in range(3)]
+        first = [plan_process(coordinator, "plan-grow", f"n{i}", logs[i],
+                              "0", "3") for i in range(2)]
+        deadline = time.monotonic() + 120
+        while not (os.path.exists(logs[0]) and
+                   sum(1 for _ in open(logs[0])) >= 3):
+            assert time.monotonic() < deadline, "the first two never trained"
+            assert all(p.poll() is None for p in first)
+            time.sleep(0.1)
+        late = plan_process(coordinator, "plan-grow", "n2", logs[2])
+        out = finish(first + [late], [(0,)] * 3)
+        steps = committed_steps(logs)
+        assert_each_sample_once(steps, out)
+        assert {s["world"] for s in steps if s["epoch"] == 0 and
+                s["step"] < 3} == {2}, out
+        assert {s["world"] for s in steps if s["epoch"] == 0 and
+                s["step"] >= 3} == {3}, out
+        job = gradsync.Client(coordinator).get_job("plan-grow")
+        assert gradsync.Client.state_name(job.state) == "succeeded", out
+        # The round changed by plan (its record says why), no loss.
+        assert job.round == 2, out
+        assert job.recoveries[0].resume_step == 3, job.recoveries
+        assert job.recoveries[0].resumed_in_place, job.recoveries
+        assert "join" in job.recoveries[0].cause, job.recoveries
