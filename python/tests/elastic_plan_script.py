@@ -23,6 +23,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import gradsync.elastic
+from elastic_mlp import MlpTrainer
 
 coordinator, job, node, log = sys.argv[1:5]
 die_at = int(sys.argv[5]) if len(sys.argv) > 5 else 0
@@ -35,19 +36,7 @@ X = torch.randn(N, 8, generator=data)
 Y = torch.sin(X.sum(dim=1, keepdim=True))
 
 
-class PlanTrainer(gradsync.elastic.Trainer):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.model = torch.nn.Sequential(
-            torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.02,
-                                         momentum=0.9)
-        self.step = 0
-
-    def committed_step(self):
-        return self.step
-
+class PlanTrainer(MlpTrainer):
     def train(self, round):
         gradsync.elastic.copy_state(round, self.model, self.optimizer, self)
         ddp = DistributedDataParallel(self.model,
@@ -86,8 +75,7 @@ class PlanTrainer(gradsync.elastic.Trainer):
                     if gradsync.elastic.should_reform(round):
                         raise gradsync.elastic.ReformAtStepBoundary()
         with open(log + ".params", "w") as f:
-            json.dump([p.detach().flatten().tolist()
-                       for p in self.model.parameters()], f)
+            json.dump(self.parameters_list(), f)
 
 
 gradsync.elastic.run(PlanTrainer(), coordinator=coordinator, job=job,

@@ -14,25 +14,14 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import gradsync.elastic
+from elastic_mlp import MlpTrainer
 
 STEPS = int(os.environ.get("ELASTIC_STEPS", "30"))
 DIE_AT = int(os.environ.get("ELASTIC_DIE_AT", "0"))
 GLOBAL_BATCH = 24
 
 
-class MlpTrainer(gradsync.elastic.Trainer):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.model = torch.nn.Sequential(
-            torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.02,
-                                         momentum=0.9)
-        self.step = 0
-
-    def committed_step(self):
-        return self.step
-
+class StepTrainer(MlpTrainer):
     def train(self, round):
         gradsync.elastic.copy_state(round, self.model, self.optimizer, self)
         print(f"pid {os.getpid()}: round {round.number} rank {round.rank} of "
@@ -56,8 +45,7 @@ class MlpTrainer(gradsync.elastic.Trainer):
                 os.kill(os.getpid(), signal.SIGKILL)
         if os.environ.get("ELASTIC_OUT"):
             with open(f"{os.environ['ELASTIC_OUT']}.{round.rank}", "w") as f:
-                json.dump([p.detach().flatten().tolist()
-                           for p in self.model.parameters()], f)
+                json.dump(self.parameters_list(), f)
 
 
-gradsync.elastic.run(MlpTrainer())
+gradsync.elastic.run(StepTrainer())
