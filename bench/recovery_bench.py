@@ -6,14 +6,18 @@ which reload the last checkpoint).
   bazel build //server:gradsync-coordinator //worker:gradsync-worker
   /usr/bin/python3 bench/recovery_bench.py [--world_size=3] [--hidden=512]
       [--kill_step=45] [--steps=120] [--checkpoint_every=10] [--rounds=3]
-      [--monitor_interval=5]
+      [--monitor_interval=5] [--python --python_path=DIR]
 
 Each round kills rank 1 with SIGKILL once rank 0 has reported --kill_step,
 for gradsync (3 ranks and a spare waiting, shared memory) and for torchrun
 (3 ranks, Gloo), and measures the time from the kill to the first step
 completed after recovery, and the steps lost: the most steps rank 0 had
 reported before the kill minus the step training resumed after. Prints
-both, the medians over the rounds and their ratio.
+both, the medians over the rounds and their ratio. With --python, also the
+same PyTorch script written for gradsync.elastic
+(elastic_gradsync_train.py: 3 processes and a spare, joining by
+themselves), against the same torchrun run (DIR holds the gradsync package
+with its extension module, as bench/torch_pg_bench.sh assembles it).
 """
 import argparse
 import os
@@ -123,6 +127,68 @@ def gradsync_round(args, work, job):
         coordinator.wait(timeout=30)
 
 
+def python_round(args, work, job):
+    """One run of the gradsync.elastic script (elastic_gradsync_train.py,
+    world_size processes and a spare that join by themselves): returns
+    (seconds from the kill to the first step after recovery, steps lost)."""
+    port_file = os.path.join(work, job + ".port")
+    coordinator = subprocess.Popen(
+        [args.coordinator, "--listen=127.0.0.1:0", "--port_file=" + port_file],
+        stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, job + ".coord.log"), "w"))
+    processes = []
+    env = dict(os.environ, PYTHONPATH=args.python_path)
+    try:
+        port = wait_for_port(port_file, coordinator)
+        lines = Lines()
+        for i in range(args.world_size + 1):  # the last to join is the spare
+            p = subprocess.Popen(
+                [sys.executable, os.path.join(os.path.dirname(__file__),
+                                              "elastic_gradsync_train.py"),
+                 "127.0.0.1:%d" % port, job, "n%d" % i, str(args.world_size),
+                 "--hidden=%d" % args.hidden, "--batch_size=%d" % args.batch_size,
+                 "--steps=%d" % args.steps],
+                stdout=subprocess.PIPE,
+                stderr=open(os.path.join(work, "%s.%d.log" % (job, i)), "w"),
+                text=True, env=env)
+            processes.append(p)
+            lines.follow(i, p.stdout)
+            if i == args.world_size - 1:
+                time.sleep(1)  # the spare joins once the round formed
+        rank_of = {}  # (process, round) -> rank
+        killed_at = last_step = None
+        deadline = time.monotonic() + BOUND_S
+        while True:
+            t, i, line = lines.get(deadline)
+            if line is None:
+                continue
+            m = re.match(r"ROUND (\d+) RANK (\d+)$", line)
+            if m:
+                rank_of[(i, int(m.group(1)))] = int(m.group(2))
+                continue
+            m = re.match(r"STEP (\d+)$", line)
+            if not m:
+                continue
+            step = int(m.group(1))
+            if killed_at is None and rank_of.get((i, 1)) == 0:
+                last_step = step
+                if step >= args.kill_step:
+                    victim = next(p for (p, r), rank in rank_of.items()
+                                  if r == 1 and rank == 1)
+                    processes[victim].send_signal(signal.SIGKILL)
+                    killed_at = time.monotonic()
+            elif killed_at is not None and rank_of.get((i, 2)) == 0:
+                for p in processes:
+                    p.wait(timeout=BOUND_S)
+                return t - killed_at, max(0, last_step - (step - 1))
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        coordinator.terminate()
+        coordinator.wait(timeout=30)
+
+
 def torchrun_round(args, work, name):
     """One torchrun run: returns (seconds from kill to first step, steps lost)."""
     checkpoint = os.path.join(work, name + ".pt")
@@ -183,6 +249,12 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--monitor_interval", type=float, default=5,
                    help="torchrun's worker monitor interval (s); 5 is its default")
+    p.add_argument("--python", action="store_true",
+                   help="also the same PyTorch script on gradsync.elastic "
+                        "(bench/elastic_gradsync_train.py), beside torchrun")
+    p.add_argument("--python_path", default="",
+                   help="where the gradsync package with its extension is "
+                        "(bench/recovery_bench.sh --python assembles it)")
     p.add_argument("--bin", default="bazel-bin")
     p.add_argument("--torchrun", default=shutil.which("torchrun") or "torchrun")
     args = p.parse_args()
@@ -197,7 +269,7 @@ def main():
              args.checkpoint_every, args.rounds),
           flush=True)
     work = tempfile.mkdtemp(prefix="recovery-bench-")
-    results = {"gradsync": [], "torchrun": []}
+    results = {"gradsync": [], "torchrun": [], "python": []}
     try:
         for r in range(args.rounds):
             g = gradsync_round(args, work, "rec-%d" % r)
@@ -206,6 +278,11 @@ def main():
             results["torchrun"].append(t)
             print("round %d: gradsync %.3f s, %d step(s) lost; torchrun %.3f s, "
                   "%d step(s) lost" % (r + 1, g[0], g[1], t[0], t[1]), flush=True)
+            if args.python:
+                py = python_round(args, work, "py-%d" % r)
+                results["python"].append(py)
+                print("round %d: gradsync.elastic (the PyTorch script) %.3f s, "
+                      "%d step(s) lost" % (r + 1, py[0], py[1]), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     g_s = statistics.median(x[0] for x in results["gradsync"])
@@ -219,6 +296,14 @@ def main():
           % (g_s / t_s))
     print("RESULT gradsync_s=%.3f torchrun_s=%.3f ratio=%.3f gradsync_lost=%d torchrun_lost=%d"
           % (g_s, t_s, g_s / t_s, g_lost, t_lost))
+    if args.python:
+        p_s = statistics.median(x[0] for x in results["python"])
+        p_lost = max(x[1] for x in results["python"])
+        print("PyTorch script on gradsync.elastic: %.3f s (median), %d step(s) "
+              "lost (most); ratio to torchrun %.3f (goal <= 0.2, 0 lost)"
+              % (p_s, p_lost, p_s / t_s))
+        print("RESULT python_s=%.3f python_ratio=%.3f python_lost=%d"
+              % (p_s, p_s / t_s, p_lost))
 
 
 if __name__ == "__main__":
