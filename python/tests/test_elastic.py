@@ -10,13 +10,14 @@ ending where an uninterrupted run of 3 ends."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 
 import gradsync
-from conftest import HERE, launch
+from conftest import HERE, binary, launch
 
 
 def run(coordinator, job, **env):
@@ -74,6 +75,76 @@ def test_a_killed_rank_is_healed_in_place_and_the_run_ends_as_uninterrupted(
         for got, want in zip(rank_params, reference[0]):
             for a, b in zip(got, want):
                 assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (a, b)
+
+
+def test_a_spare_agent_takes_a_killed_ranks_place(coordinator):
+    """Three agents of one process each and a fourth waiting as the spare
+    (`gradsync launch --self_managed --nnodes=3`, one node each): rank 1
+    SIGKILLed mid-training; the spare's process takes its place, the
+    survivors keep their pids, and every rank of round 2 ends with the
+    uninterrupted run's parameters."""
+    _, reference = run(coordinator, "elastic-spare-ref", ELASTIC_STEPS="60")
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE),
+                   ELASTIC_STEPS="60", ELASTIC_STEP_SLEEP="0.1",
+                   ELASTIC_OUT=os.path.join(tmp, "params"))
+        outs = [os.path.join(tmp, f"agent{i}") for i in range(4)]
+
+        def agent(i):
+            return subprocess.Popen(
+                [binary("cli/gradsync"), "launch", f"--coordinator={coordinator}",
+                 "--job=elastic-spare", "--nnodes=3", "--nproc_per_node=1",
+                 f"--node_id=n{i}", "--self_managed", "--max_restarts=1",
+                 "--python", sys.executable, "--",
+                 os.path.join(HERE, "elastic_script.py")],
+                stdout=open(outs[i], "w"), stderr=subprocess.STDOUT,
+                text=True, env=env)
+
+        def output():
+            return "".join(open(o).read() for o in outs if os.path.exists(o))
+
+        agents = [agent(i) for i in range(3)]
+        client = gradsync.Client(coordinator)
+        try:
+            deadline = time.monotonic() + 120
+            while len(rounds_of(output())) < 3:
+                assert time.monotonic() < deadline, output()
+                time.sleep(0.1)
+            agents.append(agent(3))
+            while not client.get_job("elastic-spare").spares:
+                assert time.monotonic() < deadline, output()
+                time.sleep(0.1)
+            victim = next(pid for pid, rounds in rounds_of(output()).items()
+                          if (1, 1) in rounds)
+            os.kill(victim, signal.SIGKILL)
+            codes = [a.wait(timeout=180) for a in agents]
+        finally:
+            for a in agents:
+                if a.poll() is None:
+                    a.kill()
+                    a.wait()
+        out = output()
+        job = client.get_job("elastic-spare")
+        assert gradsync.Client.state_name(job.state) == "succeeded", out
+        assert job.round == 2, out
+        # The spare's agent exits 0 with its process done; the killed one's
+        # restarted process found the place taken and was turned away once
+        # the job succeeded (exit 1, as a gradsync-worker spare left over).
+        killed = next(i for i in range(3) if f"pid {victim}:" in open(outs[i]).read())
+        for i in range(4):
+            assert codes[i] == (1 if i == killed else 0), (codes, out)
+        assert "has ended (succeeded" in open(outs[killed]).read(), out
+        assert "job 'elastic-spare' round 2: node rank" in open(outs[3]).read(), out
+        seen = rounds_of(out)
+        survivors = [pid for pid, rounds in seen.items()
+                     if [n for n, _ in rounds] == [1, 2]]
+        assert len(survivors) == 2, out
+        for rank in range(3):
+            with open(os.path.join(tmp, f"params.{rank}")) as f:
+                params = json.load(f)
+            for got, want in zip(params, reference[0]):
+                for a, b in zip(got, want):
+                    assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (a, b)
 
 
 def plan_process(coordinator, job, node, log, *extra):
