@@ -4,7 +4,9 @@
 #   launch), the systemd unit with its flags file, a postinst that creates
 #   the gradsync system user, the README and docs/;
 # - python3-gradsync: the Python package (python/, with its gRPC stubs
-#   generated from proto/ by python/setup.py) in /usr/lib/python3/dist-packages.
+#   generated from proto/ by python/setup.py, and its extension module
+#   gradsync._C built by Bazel against Debian's python3-torch) in
+#   /usr/lib/python3/dist-packages.
 #   deploy/build_deb.sh [--out=DIR] [--version=X.Y.Z] [--no_build]
 # The binaries come from $GRADSYNC_BIN (default: bazel-bin, built here with
 # Bazel unless --no_build). Depends: are the Debian packages that own the
@@ -25,8 +27,10 @@ for arg in "$@"; do
 done
 bin=${GRADSYNC_BIN:-bazel-bin}
 if [ "$build" = 1 ] && [ -z "${GRADSYNC_BIN:-}" ]; then
-  bazel build //server:gradsync-coordinator //cli:gradsync >&2
+  bazel build //server:gradsync-coordinator //cli:gradsync //python:gradsync/_C.so >&2
 fi
+extension=$bin/python/gradsync/_C.so
+[ -f "$extension" ] || { echo "build_deb: $extension is missing" >&2; exit 1; }
 binaries=(server/gradsync-coordinator cli/gradsync)
 for b in "${binaries[@]}"; do
   [ -x "$bin/$b" ] || { echo "build_deb: $bin/$b is missing" >&2; exit 1; }
@@ -84,25 +88,36 @@ mkdir -p "$src/proto/gradsync" "$pyroot/DEBIAN" "$pyroot/usr/lib/python3/dist-pa
 cp -rL python "$src/python"
 rm -rf "$src/python/build" "$src/python/gradsync/_gen" "$src"/python/*.egg-info
 cp -rL proto/gradsync/v1 "$src/proto/gradsync/v1"
-/usr/bin/python3 -m pip install --quiet --no-build-isolation --no-index --no-deps \
+GRADSYNC_EXTENSION=$(readlink -f "$extension") \
+  /usr/bin/python3 -m pip install --quiet --no-build-isolation --no-index --no-deps \
   --no-compile --target="$pyroot/usr/lib/python3/dist-packages" "$src/python" >&2
 rm -rf "$pyroot/usr/lib/python3/dist-packages/bin"
+strip --strip-debug "$pyroot/usr/lib/python3/dist-packages/gradsync/_C.so"
+# The extension's libraries' packages, and the torch it was built against
+# (its C++ ABI: the same minor version).
+torch_version=$(dpkg-query -W -f='${Version}' python3-torch | sed 's/^\([0-9]*\.[0-9]*\).*/\1/')
+py_depends=$(ldd "$pyroot/usr/lib/python3/dist-packages/gradsync/_C.so" |
+  awk '$3 ~ /^\// {print $3}' | sort -u |
+  while read -r lib; do
+    dpkg -S "$(readlink -f "$lib")" 2>/dev/null || dpkg -S "$lib" 2>/dev/null || true
+  done | cut -d: -f1 | sort -u | paste -sd, | sed 's/,/, /g')
 cat >"$pyroot/DEBIAN/control" <<CONTROL
 Package: python3-gradsync
 Version: $version
-Architecture: all
+Architecture: $(dpkg --print-architecture)
 Maintainer: gradsync developers <gradsync@localhost>
-Depends: python3 (>= 3.9), python3-grpcio, python3-protobuf
-Recommends: gradsync (= $version), python3-torch
+Depends: python3 (>= 3.11), python3 (<< 3.12), python3-grpcio, python3-protobuf, python3-torch (>= $torch_version), python3-torch (<< $torch_version.999), ${py_depends:-libc6}
+Recommends: gradsync (= $version)
 Section: python
 Priority: optional
 Description: Python client and torch.distributed Store for gradsync
  The gradsync Python package: jobs, status and the key-value store of a
  gradsync coordinator (gradsync.Client), and PyTorch integration
  (gradsync.torch: a torch.distributed Store on the coordinator's key-value
- store, the gradsync:// init method, and monitor() for status of a
- training loop).
+ store, the gradsync:// init method, the process group backend "gradsync",
+ and monitor() for status of a training loop), and gradsync.elastic:
+ in-place recovery for PyTorch training loops.
 CONTROL
-pydeb="$out/python3-gradsync_${version}_all.deb"
+pydeb="$out/python3-gradsync_${version}_$(dpkg --print-architecture).deb"
 fakeroot dpkg-deb --build --root-owner-group "$pyroot" "$pydeb" >&2
 echo "$pydeb"

@@ -20,10 +20,11 @@ root=$tmp/root
 dpkg-deb -x "$deb" "$root"
 dpkg-deb -x "$pydeb" "$root"
 pycontrol=$(dpkg-deb -f "$pydeb")
-for field in "Package: python3-gradsync" "Architecture: all" "python3-grpcio"; do
+for field in "Package: python3-gradsync" "Architecture: $(dpkg --print-architecture)" \
+    "python3-grpcio" "python3-torch (>= 1.13)"; do
   grep -qF "$field" <<<"$pycontrol" || fail "python3-gradsync's control lacks '$field': $pycontrol"
 done
-for f in gradsync/__init__.py gradsync/torch.py \
+for f in gradsync/__init__.py gradsync/torch.py gradsync/elastic.py gradsync/_C.so \
     gradsync/_gen/proto/gradsync/v1/kv_pb2_grpc.py; do
   [ -e "$root/usr/lib/python3/dist-packages/$f" ] || fail "$f is not in python3-gradsync"
 done
@@ -62,6 +63,24 @@ here=$PWD
   || { kill -9 $pid; fail "gradsync launch of a PyTorch script failed: $(cat "$tmp/launch.log")"; }
 grep -q "rank 1 of 2: sum 3" "$tmp/launch.log" \
   || { kill -9 $pid; fail "the script did not all-reduce: $(cat "$tmp/launch.log")"; }
+# The same on the package's process group backend "gradsync" (its
+# extension module), and a gradsync.elastic loop that recovers in place
+# (python/tests/elastic_script.py: local rank 1 killed after step 5 and
+# restarted alone).
+(cd "$tmp" && env -u PYTHONPATH INIT_BACKEND=gradsync timeout 120 "$root/usr/bin/gradsync" launch \
+  --coordinator="127.0.0.1:$(cat "$tmp/port")" --job=pkg-pg --nnodes=1 --python=/usr/bin/python3 \
+  --nproc_per_node=2 "$here/python/tests/init_script.py") >"$tmp/launch-pg.log" 2>&1 \
+  || { kill -9 $pid; fail "the backend 'gradsync' failed: $(cat "$tmp/launch-pg.log")"; }
+grep -q "rank 1 of 2: sum 3" "$tmp/launch-pg.log" \
+  || { kill -9 $pid; fail "no all-reduce on 'gradsync': $(cat "$tmp/launch-pg.log")"; }
+(cd "$tmp" && env -u PYTHONPATH ELASTIC_DIE_AT=5 ELASTIC_STEPS=10 timeout 120 \
+  "$root/usr/bin/gradsync" launch --coordinator="127.0.0.1:$(cat "$tmp/port")" \
+  --job=pkg-elastic --nnodes=1 --python=/usr/bin/python3 --nproc_per_node=2 \
+  --self_managed --max_restarts=1 "$here/python/tests/elastic_script.py") \
+  >"$tmp/launch-elastic.log" 2>&1 \
+  || { kill -9 $pid; fail "the elastic loop failed: $(cat "$tmp/launch-elastic.log")"; }
+grep -q "round 2 rank [01] of 2 from step 5" "$tmp/launch-elastic.log" \
+  || { kill -9 $pid; fail "no round 2 after the kill: $(cat "$tmp/launch-elastic.log")"; }
 kill -TERM $pid
 wait $pid || fail "the coordinator exited $? on SIGTERM: $(cat "$tmp/coordinator.log")"
 [ -n "$(ls -A "$tmp/state")" ] || fail "no state written to --state_dir"

@@ -4,7 +4,9 @@
 # Debian's setuptools, wheel, protoc and grpc_python_plugin. From there the
 # package imports with the stubs its build generated, talks to a real
 # coordinator, and a PyTorch script under `gradsync launch
-# --python=VENV/bin/python` finds it with no PYTHONPATH.
+# --python=VENV/bin/python` finds it with no PYTHONPATH. The extension
+# module Bazel built (GRADSYNC_EXTENSION) goes in with it: the same script
+# runs on the process group backend "gradsync".
 set -euo pipefail
 cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
 here=$PWD
@@ -22,13 +24,15 @@ cp -rL proto/gradsync/v1 "$src/proto/gradsync/v1"
 venv=$tmp/venv
 rm -rf "$venv"
 /usr/bin/python3 -m venv --system-site-packages "$venv"
-"$venv/bin/pip" install --quiet --no-build-isolation --no-index "$src/python" \
+GRADSYNC_EXTENSION=$here/python/gradsync/_C.so \
+  "$venv/bin/pip" install --quiet --no-build-isolation --no-index "$src/python" \
   || fail "pip install failed"
 cd "$tmp"
 "$venv/bin/python" - <<'PY' || fail "the installed package does not import"
 import gradsync, gradsync.torch
 from gradsync import _proto
 assert "/venv/" in gradsync.__file__, gradsync.__file__
+assert gradsync.torch.process_groups_available()
 assert "/venv/" in _proto.kv_pb2.__file__, _proto.kv_pb2.__file__
 print("install_test: imported", gradsync.__file__)
 PY
@@ -48,6 +52,12 @@ timeout 120 "$here/cli/gradsync" launch --coordinator="$address" \
   || fail "gradsync launch failed: $(cat "$tmp/launch.log")"
 grep -q "rank 1 of 2: sum 3" "$tmp/launch.log" \
   || fail "the script did not all-reduce: $(cat "$tmp/launch.log")"
+INIT_BACKEND=gradsync timeout 120 "$here/cli/gradsync" launch --coordinator="$address" \
+  --job=venv-pg --nnodes=1 --nproc_per_node=2 --python="$venv/bin/python" \
+  "$here/python/tests/init_script.py" >"$tmp/launch-pg.log" 2>&1 \
+  || fail "gradsync launch on the backend 'gradsync' failed: $(cat "$tmp/launch-pg.log")"
+grep -q "rank 1 of 2: sum 3" "$tmp/launch-pg.log" \
+  || fail "no all-reduce on 'gradsync': $(cat "$tmp/launch-pg.log")"
 kill -TERM $pid
 wait $pid || fail "the coordinator exited $? on SIGTERM"
 trap - EXIT

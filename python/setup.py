@@ -4,6 +4,12 @@ The gRPC stubs are generated from the checkout's proto/ at build time, into
 the built package's gradsync/_gen (where gradsync/_proto.py finds them):
 with protoc and grpc_python_plugin (Debian: protobuf-compiler,
 protobuf-compiler-grpc), or with grpcio-tools where that is installed.
+
+The extension module gradsync._C (the process group backend "gradsync"
+and gradsync.elastic) is built by Bazel against the installed torch
+(`bazel build //python:gradsync/_C.so`); with GRADSYNC_EXTENSION naming
+that file it goes into the package, without it the package is pure Python
+(gradsync.torch.process_groups_available() is then False).
 """
 import glob
 import os
@@ -52,7 +58,14 @@ class BuildPyWithStubs(build_py):
 
     def run(self):
         super().run()
-        generate_stubs(os.path.join(os.path.abspath(self.build_lib), "gradsync", "_gen"))
+        package = os.path.join(os.path.abspath(self.build_lib), "gradsync")
+        generate_stubs(os.path.join(package, "_gen"))
+        extension = os.environ.get("GRADSYNC_EXTENSION")
+        if extension:
+            if not os.path.isfile(extension):
+                sys.exit(f"gradsync: GRADSYNC_EXTENSION={extension} is not a "
+                         "file (bazel build //python:gradsync/_C.so)")
+            shutil.copyfile(extension, os.path.join(package, "_C.so"))
 
 
 setup(cmdclass={"build_py": BuildPyWithStubs})
