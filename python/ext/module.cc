@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "python/ext/job.h"
+#include "python/ext/membership.h"
 #include "worker/torch/c10d_store.h"
 #include "worker/torch/process_group.h"
 
@@ -71,6 +72,7 @@ PYBIND11_MODULE(_C, m) {
       "gradsync's native part: its process groups for torch.distributed, and "
       "its job runtime for training loops in Python (gradsync.elastic)";
   gradsync::RegisterJob(m);
+  gradsync::RegisterMembership(m);
   m.def("create_process_group", &gradsync::CreateProcessGroup,
         py::arg("store"), py::arg("rank"), py::arg("world_size"),
         py::arg("timeout"),

@@ -137,6 +137,10 @@ class Client:
             self.channel = grpc.insecure_channel(target)
         self.target = target
         self.timeout = timeout
+        # For gradsync's C++ client, which opens its own connections (the
+        # membership of gradsync://, gradsync/member.py).
+        self.token = token
+        self.tls = (tls_ca, tls_cert, tls_key)
         self._jobs = jobs_pb2_grpc.JobsStub(self.channel)
         self._kv = kv_pb2_grpc.KeyValueStub(self.channel)
 

@@ -1,0 +1,110 @@
+#include "python/ext/membership.h"
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "proto/gradsync/v1/job.pb.h"
+#include "proto/gradsync/v1/rendezvous.pb.h"
+#include "worker/client/grpc_coordinator_client.h"
+#include "worker/runtime/health_reporter.h"
+#include "worker/runtime/join.h"
+
+namespace py = pybind11;
+
+namespace gradsync {
+namespace {
+
+[[noreturn]] void Raise(const absl::Status& status, const char* what) {
+  throw std::runtime_error(absl::StrCat("gradsync ", what, ": ", status.ToString()));
+}
+
+// One process's membership of a job: joined at construction (the GIL
+// released while it waits for its round), heartbeating from the
+// reporter's thread (reconnecting with backoff when a stream breaks) until
+// Finish. Thread-safe as HealthReporter is.
+class Membership {
+ public:
+  Membership(const std::string& coordinator, const std::string& job,
+             const std::string& nnodes, int nproc_per_node,
+             const std::string& node_id, double join_timeout_seconds,
+             const std::string& token, const std::string& tls_ca,
+             const std::string& tls_cert, const std::string& tls_key) {
+    ClientOptions options;
+    options.target = coordinator;
+    options.token = token;
+    options.tls = {tls_ca, tls_cert, tls_key};
+    absl::StatusOr<std::unique_ptr<CoordinatorClient>> client =
+        GrpcCoordinatorClient::Create(options);
+    if (!client.ok()) Raise(client.status(), "client");
+    client_ = *std::move(client);
+    JoinConfig join;
+    join.job_id = job;
+    join.nnodes = nnodes;
+    join.nproc_per_node = nproc_per_node;
+    join.node_id = node_id;
+    join.join_timeout = absl::Seconds(join_timeout_seconds);
+    join.address = DefaultWorkerAddress(coordinator);
+    absl::StatusOr<v1::JoinRequest> request = BuildJoinRequest(join);
+    if (!request.ok()) Raise(request.status(), "join");
+    absl::StatusOr<v1::Assignment> assignment;
+    {
+      py::gil_scoped_release unlocked;
+      assignment = client_->Join(*request);
+    }
+    if (!assignment.ok()) Raise(assignment.status(), "join");
+    assignment_ = *std::move(assignment);
+    reporter_ = std::make_unique<HealthReporter>(client_.get());
+    reporter_->Start(assignment_, request->node().incarnation_id());
+    v1::WorkerMetrics training;
+    training.set_state(v1::WORKER_STATE_TRAINING);
+    reporter_->Update(training);
+  }
+
+  // The serialized gradsync.v1.Assignment of the round it joined.
+  py::bytes assignment() const { return assignment_.SerializeAsString(); }
+
+  // Makes a serialized gradsync.v1.WorkerMetrics this member's latest (its
+  // events queued for the next heartbeat).
+  void Report(const std::string& serialized) {
+    v1::WorkerMetrics metrics;
+    if (!metrics.ParseFromString(serialized)) {
+      throw std::invalid_argument("report: not a gradsync.v1.WorkerMetrics");
+    }
+    reporter_->Update(metrics);
+  }
+
+  // Stops heartbeating and reports the completion.
+  void Finish(bool success, int exit_code, const std::string& message) {
+    const absl::Status finished = reporter_->Finish(success, exit_code, message);
+    if (!finished.ok()) Raise(finished, "completion");
+  }
+
+ private:
+  std::unique_ptr<CoordinatorClient> client_;
+  v1::Assignment assignment_;
+  std::unique_ptr<HealthReporter> reporter_;
+};
+
+}  // namespace
+
+void RegisterMembership(py::module_& m) {
+  py::class_<Membership>(m, "Membership")
+      .def(py::init<const std::string&, const std::string&, const std::string&,
+                    int, const std::string&, double, const std::string&,
+                    const std::string&, const std::string&, const std::string&>(),
+           py::arg("coordinator"), py::arg("job"), py::arg("nnodes"),
+           py::arg("nproc_per_node"), py::arg("node_id"),
+           py::arg("join_timeout"), py::arg("token") = "",
+           py::arg("tls_ca") = "", py::arg("tls_cert") = "",
+           py::arg("tls_key") = "")
+      .def_property_readonly("assignment", &Membership::assignment)
+      .def("report", &Membership::Report, py::arg("metrics"))
+      .def("finish", &Membership::Finish, py::arg("success"),
+           py::arg("exit_code"), py::arg("message"),
+           py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace gradsync
