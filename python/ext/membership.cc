@@ -1,10 +1,14 @@
 #include "python/ext/membership.h"
 
+#include <stdlib.h>
+
+#include <cstdio>
 #include <memory>
 #include <stdexcept>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/gradsync/v1/job.pb.h"
 #include "proto/gradsync/v1/rendezvous.pb.h"
@@ -21,17 +25,57 @@ namespace {
   throw std::runtime_error(absl::StrCat("gradsync ", what, ": ", status.ToString()));
 }
 
+// What the membership's completion needs, shared by the Python object and
+// the exit handler (which may run after Python let go of the object).
+struct MemberState {
+  std::unique_ptr<CoordinatorClient> client;
+  std::unique_ptr<HealthReporter> reporter;
+  absl::Mutex mu;
+  bool finished ABSL_GUARDED_BY(mu) = false;
+  // What a failure says: the exception that ended the main thread, or the
+  // string given to sys.exit.
+  std::string failure_message ABSL_GUARDED_BY(mu);
+
+  // Reports the completion once; later calls do nothing.
+  absl::Status Finish(bool success, int exit_code, std::string message) {
+    {
+      absl::MutexLock lock(&mu);
+      if (finished) return absl::OkStatus();
+      finished = true;
+      if (message.empty() && !success) message = failure_message;
+    }
+    if (message.empty() && !success) {
+      message = absl::StrCat("exited with code ", exit_code);
+    }
+    return reporter->Finish(success, exit_code, message);
+  }
+};
+
+// glibc's on_exit handler: the process's exit status is the completion
+// (exit(N) and sys.exit(N) and raise SystemExit(N) alike; an uncaught
+// exception exits 1). Runs after Python finalized; the state it holds was
+// leaked on purpose for it.
+void ReportExit(int status, void* arg) {
+  auto* state = static_cast<std::shared_ptr<MemberState>*>(arg);
+  const absl::Status finished = (*state)->Finish(status == 0, status, "");
+  if (!finished.ok()) {
+    std::fprintf(stderr, "gradsync: could not report the completion: %s\n",
+                 finished.ToString().c_str());
+  }
+}
+
 // One process's membership of a job: joined at construction (the GIL
 // released while it waits for its round), heartbeating from the
 // reporter's thread (reconnecting with backoff when a stream breaks) until
-// Finish. Thread-safe as HealthReporter is.
+// the process exits, whose exit status it reports (or Finish). Thread-safe.
 class Membership {
  public:
   Membership(const std::string& coordinator, const std::string& job,
              const std::string& nnodes, int nproc_per_node,
              const std::string& node_id, double join_timeout_seconds,
              const std::string& token, const std::string& tls_ca,
-             const std::string& tls_cert, const std::string& tls_key) {
+             const std::string& tls_cert, const std::string& tls_key)
+      : state_(std::make_shared<MemberState>()) {
     ClientOptions options;
     options.target = coordinator;
     options.token = token;
@@ -39,7 +83,7 @@ class Membership {
     absl::StatusOr<std::unique_ptr<CoordinatorClient>> client =
         GrpcCoordinatorClient::Create(options);
     if (!client.ok()) Raise(client.status(), "client");
-    client_ = *std::move(client);
+    state_->client = *std::move(client);
     JoinConfig join;
     join.job_id = job;
     join.nnodes = nnodes;
@@ -52,15 +96,16 @@ class Membership {
     absl::StatusOr<v1::Assignment> assignment;
     {
       py::gil_scoped_release unlocked;
-      assignment = client_->Join(*request);
+      assignment = state_->client->Join(*request);
     }
     if (!assignment.ok()) Raise(assignment.status(), "join");
     assignment_ = *std::move(assignment);
-    reporter_ = std::make_unique<HealthReporter>(client_.get());
-    reporter_->Start(assignment_, request->node().incarnation_id());
+    state_->reporter = std::make_unique<HealthReporter>(state_->client.get());
+    state_->reporter->Start(assignment_, request->node().incarnation_id());
     v1::WorkerMetrics training;
     training.set_state(v1::WORKER_STATE_TRAINING);
-    reporter_->Update(training);
+    state_->reporter->Update(training);
+    on_exit(&ReportExit, new std::shared_ptr<MemberState>(state_));
   }
 
   // The serialized gradsync.v1.Assignment of the round it joined.
@@ -73,19 +118,26 @@ class Membership {
     if (!metrics.ParseFromString(serialized)) {
       throw std::invalid_argument("report: not a gradsync.v1.WorkerMetrics");
     }
-    reporter_->Update(metrics);
+    state_->reporter->Update(metrics);
   }
 
-  // Stops heartbeating and reports the completion.
+  // What a failing exit reports as its message (the exception that ended
+  // the main thread, or sys.exit's string).
+  void SetFailureMessage(const std::string& message) {
+    absl::MutexLock lock(&state_->mu);
+    state_->failure_message = message;
+  }
+
+  // Stops heartbeating and reports the completion now (once; the exit
+  // then reports nothing).
   void Finish(bool success, int exit_code, const std::string& message) {
-    const absl::Status finished = reporter_->Finish(success, exit_code, message);
+    const absl::Status finished = state_->Finish(success, exit_code, message);
     if (!finished.ok()) Raise(finished, "completion");
   }
 
  private:
-  std::unique_ptr<CoordinatorClient> client_;
+  std::shared_ptr<MemberState> state_;
   v1::Assignment assignment_;
-  std::unique_ptr<HealthReporter> reporter_;
 };
 
 }  // namespace
@@ -102,6 +154,8 @@ void RegisterMembership(py::module_& m) {
            py::arg("tls_key") = "")
       .def_property_readonly("assignment", &Membership::assignment)
       .def("report", &Membership::Report, py::arg("metrics"))
+      .def("set_failure_message", &Membership::SetFailureMessage,
+           py::arg("message"))
       .def("finish", &Membership::Finish, py::arg("success"),
            py::arg("exit_code"), py::arg("message"),
            py::call_guard<py::gil_scoped_release>());

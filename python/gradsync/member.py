@@ -8,17 +8,15 @@ HealthReporter gradsync-worker runs on); this module adds what only Python
 knows, how the process exits.
 
 Heartbeats: on a stream that is opened again, with backoff, when it
-breaks (a blip, a coordinator restart). Completion: success at a normal
-exit; failure (exit code 1, with the exception) after an uncaught
-exception; failure with the code after sys.exit(N) (or exit(N)) from the
-main thread with N other than 0 and None (a string: code 1, the string as
-the message). Python tells an exit hook nothing of a `raise SystemExit(N)`
-written out by hand: that one reports success. A process that ends with
-os._exit or a signal reports nothing: its heartbeats stop and the
-coordinator finds it lost, as for any dead worker.
+breaks (a blip, a coordinator restart). Completion: the process's exit
+status, reported when the process exits (after Python has finalized, from
+a C exit handler: exit(N), sys.exit(N) and `raise SystemExit(N)` alike),
+success for 0; an uncaught exception exits 1 and its text is the message;
+sys.exit("text") exits 1 with the text. A process that ends with os._exit
+or a signal reports nothing: its heartbeats stop and the coordinator finds
+it lost, as for any dead worker.
 """
 import builtins
-import atexit
 import os
 import socket
 import sys
@@ -39,15 +37,6 @@ def current():
     """The Member this process joined as (gradsync:// outside `gradsync
     launch`), or None."""
     return _current
-
-
-def _exit_outcome(code):
-    """(exit code, message) of sys.exit(code), as the interpreter exits."""
-    if code is None:
-        return (0, "")
-    if isinstance(code, int):
-        return (code, f"exited with code {code}" if code else "")
-    return (1, str(code))
 
 
 class Member:
@@ -71,27 +60,24 @@ class Member:
             tls_ca=tls_ca or "", tls_cert=tls_cert or "", tls_key=tls_key or "")
         self.assignment = job_pb2.Assignment.FromString(
             self._membership.assignment)
-        self._failure = None  # (exit code, message) after an uncaught exception
-        self._exit_code = None  # (exit code, message) given to sys.exit
-        self._finished = threading.Event()
         previous_hook = sys.excepthook
 
         def hook(kind, value, traceback):
-            self._failure = (1, f"{kind.__name__}: {value}")
+            self._membership.set_failure_message(f"{kind.__name__}: {value}")
             previous_hook(kind, value, traceback)
         sys.excepthook = hook
-        self._hook_exits()
-        atexit.register(self.finish)
+        self._hook_exit_messages()
         global _current
         _current = self
 
-    def _hook_exits(self):
-        """Wraps sys.exit (and the exit/quit builtins) so that the code a
-        main thread exits with is known at completion."""
+    def _hook_exit_messages(self):
+        """Wraps sys.exit (and the exit/quit builtins) so that a text given
+        to them from the main thread is the failure's message."""
         def wrap(previous):
             def exit_with(code=None):
-                if threading.current_thread() is threading.main_thread():
-                    self._exit_code = _exit_outcome(code)
+                if (isinstance(code, str) and
+                        threading.current_thread() is threading.main_thread()):
+                    self._membership.set_failure_message(code)
                 previous(code)
             return exit_with
         sys.exit = wrap(sys.exit)
@@ -106,10 +92,7 @@ class Member:
         the previous one."""
         self._membership.report(metrics.SerializeToString())
 
-    def finish(self):
-        """Stops heartbeating and reports the completion (once)."""
-        if self._finished.is_set():
-            return
-        self._finished.set()
-        code, message = self._failure or self._exit_code or (0, "")
-        self._membership.finish(code == 0, code, message)
+    def finish(self, success=True, exit_code=0, message=""):
+        """Stops heartbeating and reports the completion now instead of at
+        the process's exit (once)."""
+        self._membership.finish(success, exit_code, message)

@@ -1,7 +1,8 @@
 """A plain Python process (no launcher, no RANK, no MASTER_ADDR) that joins
 job "standalone" through init_method="gradsync://...?nnodes=2": run twice
 by test_torch.py. With --fail_rank R, rank R raises after the all-reduce;
-with --exit_rank R --exit_code N, rank R calls sys.exit(N) there."""
+with --exit_rank R --exit_code N, rank R calls sys.exit(N) there (with
+--raise_exit, `raise SystemExit(N)`)."""
 import argparse
 import sys
 
@@ -16,6 +17,7 @@ parser.add_argument("--job", default="standalone")
 parser.add_argument("--fail_rank", type=int, default=-1)
 parser.add_argument("--exit_rank", type=int, default=-1)
 parser.add_argument("--exit_code", type=int, default=0)
+parser.add_argument("--raise_exit", action="store_true")
 args = parser.parse_args()
 dist.init_process_group(
     "gloo", init_method=f"gradsync://{args.coordinator}/{args.job}?nnodes=2")
@@ -27,5 +29,7 @@ dist.barrier()
 if dist.get_rank() == args.fail_rank:
     raise RuntimeError("boom: rank gave up")
 if dist.get_rank() == args.exit_rank:
+    if args.raise_exit:
+        raise SystemExit(args.exit_code)
     sys.exit(args.exit_code)
 dist.destroy_process_group()

@@ -71,6 +71,16 @@ def test_sys_exit_with_a_code_fails_the_job_with_it(coordinator):
     assert "exited with code 3" in job.reason, job.reason
 
 
+def test_raise_system_exit_fails_the_job_with_its_code(coordinator):
+    results = run_standalone(coordinator, "--job", "raising",
+                             "--exit_rank", "1", "--exit_code", "4",
+                             "--raise_exit")
+    assert sorted(code for code, _ in results) == [0, 4], results
+    job = gradsync.Client(coordinator).get_job("raising")
+    assert gradsync.Client.state_name(job.state) == "failed", job
+    assert "exited with code 4" in job.reason, job.reason
+
+
 def test_sys_exit_zero_is_a_success(coordinator):
     results = run_standalone(coordinator, "--job", "exiting0",
                              "--exit_rank", "1", "--exit_code", "0")
