@@ -13,6 +13,9 @@ Errors are gradsync.Error with the gRPC status code name and the
 coordinator's message. Thread-safe (gRPC channels are).
 """
 import os
+import random
+import secrets
+import time
 
 import grpc
 
@@ -36,42 +39,69 @@ def _call(what, fn, *args, **kwargs):
         raise Error(e.code().name, f"{what}: {e.details()}") from None
 
 
+def _retrying(what, budget, fn, *args, **kwargs):
+    """_call, again with backoff (0.1 s doubling to 1 s, jittered) while the
+    coordinator is UNAVAILABLE (restarting, failing over), for up to
+    `budget` seconds: as gradsync's C++ client retries. The same request
+    goes every time (an Add's or a CompareAndSet's request id with it)."""
+    deadline = time.monotonic() + budget
+    backoff = 0.1
+    while True:
+        try:
+            return _call(what, fn, *args, **kwargs)
+        except Error as e:
+            pause = backoff * random.uniform(0.8, 1.2)
+            if e.code != "UNAVAILABLE" or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        backoff = min(1.0, backoff * 2)
+
+
 class KeyValue:
     """The key-value store of one round of a job (keys vanish with the round;
-    a superseded round's calls fail with ABORTED)."""
+    a superseded round's calls fail with ABORTED). A call the coordinator
+    cannot answer (UNAVAILABLE: restarting, failing over) is made again
+    for up to `retry_budget` seconds; add and compare_and_set carry a
+    request id, the same in every attempt, so that the coordinator answers
+    a retry of one it applied as it answered the first (kv.proto)."""
 
-    def __init__(self, stub, job_id, round, timeout, metadata=()):
+    def __init__(self, stub, job_id, round, timeout, metadata=(),
+                 retry_budget=60.0):
         self._stub = stub
         self._scope = kv_pb2.Scope(job_id=job_id, round=round)
         self._timeout = timeout
         self._metadata = metadata
+        self._budget = retry_budget
+
+    def _call(self, what, fn, request, timeout=None):
+        return _retrying(what, self._budget, fn, request,
+                         timeout=timeout or self._timeout,
+                         metadata=self._metadata)
 
     def set(self, key, value):
         value = value.encode() if isinstance(value, str) else bytes(value)
-        _call("set", self._stub.Set,
-              kv_pb2.SetRequest(scope=self._scope, key=key, value=value),
-              timeout=self._timeout, metadata=self._metadata)
+        self._call("set", self._stub.Set,
+                   kv_pb2.SetRequest(scope=self._scope, key=key, value=value))
 
     def get(self, key):
         """The value of `key` (bytes); Error NOT_FOUND when it is absent."""
-        return _call("get", self._stub.Get,
-                     kv_pb2.GetRequest(scope=self._scope, key=key),
-                     timeout=self._timeout, metadata=self._metadata).value
+        return self._call("get", self._stub.Get,
+                          kv_pb2.GetRequest(scope=self._scope, key=key)).value
 
     def add(self, key, delta):
         """Adds `delta` to the integer at `key` (0 when absent); the sum."""
-        return _call("add", self._stub.Add,
-                     kv_pb2.AddRequest(scope=self._scope, key=key, delta=delta),
-                     timeout=self._timeout, metadata=self._metadata).value
+        return self._call("add", self._stub.Add, kv_pb2.AddRequest(
+            scope=self._scope, key=key, delta=delta,
+            request_id=secrets.token_hex(16))).value
 
     def compare_and_set(self, key, expected, desired):
         """Sets `key` to `desired` if it holds `expected` (None: absent);
         (swapped, the value now stored or None when absent)."""
         request = kv_pb2.CompareAndSetRequest(
             scope=self._scope, key=key, desired=bytes(desired),
-            expected=bytes(expected or b""), expect_absent=expected is None)
-        r = _call("compare_and_set", self._stub.CompareAndSet, request,
-                  timeout=self._timeout, metadata=self._metadata)
+            expected=bytes(expected or b""), expect_absent=expected is None,
+            request_id=secrets.token_hex(16))
+        r = self._call("compare_and_set", self._stub.CompareAndSet, request)
         return r.swapped, (r.value if r.exists else None)
 
     def wait(self, keys, timeout):
@@ -79,21 +109,18 @@ class KeyValue:
         after `timeout` seconds."""
         request = kv_pb2.WaitRequest(scope=self._scope, keys=list(keys),
                                      timeout_ms=max(1, int(timeout * 1000)))
-        _call("wait", self._stub.Wait, request, timeout=timeout + 30,
-              metadata=self._metadata)
+        self._call("wait", self._stub.Wait, request, timeout=timeout + 30)
 
     def delete(self, key):
         """Deletes `key`; whether it existed."""
-        return _call("delete", self._stub.Delete,
-                     kv_pb2.DeleteRequest(scope=self._scope, key=key),
-                     timeout=self._timeout, metadata=self._metadata).existed
+        return self._call("delete", self._stub.Delete,
+                          kv_pb2.DeleteRequest(scope=self._scope, key=key)).existed
 
     def keys(self, prefix=""):
         """The keys that start with `prefix`, sorted."""
-        r = _call("list", self._stub.List,
-                  kv_pb2.ListRequest(scope=self._scope, prefix=prefix,
-                                     keys_only=True),
-                  timeout=self._timeout, metadata=self._metadata)
+        r = self._call("list", self._stub.List,
+                       kv_pb2.ListRequest(scope=self._scope, prefix=prefix,
+                                          keys_only=True))
         return [e.key for e in r.entries]
 
 

@@ -1,9 +1,11 @@
 """gradsync.Client against a real coordinator and `gradsync launch`."""
 import time
 
+import grpc
 import pytest
 
 import gradsync
+from gradsync._proto import kv_pb2
 from conftest import launch
 
 
@@ -102,3 +104,53 @@ def test_a_token_goes_with_every_call(tmp_path):
             as_a.get_job("b")
         assert other.value.code == "PERMISSION_DENIED"
         assert len(gradsync.Client(coordinator, token="admin-secret").list_jobs()) == 2
+
+
+class _Unavailable(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "the coordinator restarts"
+
+
+class _FlakyKv:
+    """A KeyValue stub that answers each call UNAVAILABLE `failures` times
+    before it answers, and records every request it was given."""
+
+    def __init__(self, failures):
+        self.failures = failures
+        self.requests = []
+
+    def _answer(self, request, response):
+        self.requests.append(request)
+        if len(self.requests) <= self.failures:
+            raise _Unavailable()
+        return response
+
+    def Add(self, request, timeout, metadata):
+        return self._answer(request, kv_pb2.AddResponse(value=7))
+
+    def CompareAndSet(self, request, timeout, metadata):
+        return self._answer(request, kv_pb2.CompareAndSetResponse(
+            swapped=True, exists=True, value=request.desired))
+
+
+def test_add_and_compare_and_set_retry_with_the_same_request_id():
+    stub = _FlakyKv(failures=2)
+    kv = gradsync.KeyValue(stub, "j", 1, timeout=5)
+    assert kv.add("n", 1) == 7
+    ids = [r.request_id for r in stub.requests]
+    assert len(ids) == 3 and len(set(ids)) == 1 and len(ids[0]) == 32, ids
+    stub.requests, stub.failures = [], 1
+    assert kv.compare_and_set("k", None, b"v") == (True, b"v")
+    assert stub.requests[0].request_id == stub.requests[1].request_id
+    assert stub.requests[0].request_id != ids[0]
+
+
+def test_a_coordinator_unavailable_past_the_budget_is_an_error():
+    kv = gradsync.KeyValue(_FlakyKv(failures=1000), "j", 1, timeout=5,
+                           retry_budget=0.5)
+    with pytest.raises(gradsync.Error) as raised:
+        kv.add("n", 1)
+    assert raised.value.code == "UNAVAILABLE"
