@@ -63,6 +63,14 @@ class PyRound {
   const c10::intrusive_ptr<TorchProcessGroup> group_;
 };
 
+// "TypeName: message" of a Python exception (without its traceback: it is
+// printed on the process's stderr, and the job's reason stays one line).
+std::string ExceptionText(const py::error_already_set& e) {
+  return absl::StrCat(
+      py::str(e.type().attr("__name__")).cast<std::string>(), ": ",
+      py::str(e.value()).cast<std::string>());
+}
+
 // The Python exception a loop raises to end its round at a step boundary,
 // every rank after the same committed step, because the coordinator asked
 // (gradsync.elastic.ReformAtStepBoundary).
@@ -98,9 +106,12 @@ class PyTrainer : public Trainer {
         if (e.matches(reform_exception)) {
           trained = ReformAtStepBoundary(committed_step());
         } else {
+          py::module_::import("traceback")
+              .attr("print_exception")(e.type(), e.value(), e.trace());
           trained = collective.ok()
-                        ? absl::InternalError(absl::StrCat(
-                              "the training loop raised ", e.what()))
+                        ? absl::InternalError(
+                              absl::StrCat("the training loop raised ",
+                                           ExceptionText(e)))
                         : collective;
         }
       }

@@ -4,7 +4,8 @@ momentum, STEPS steps of a global batch of 24 samples drawn from the step
 number alone, split across the round's ranks. With ELASTIC_DIE_AT=K the
 process of local rank 1 SIGKILLs itself right after committing step K, in
 its first life only (a restarted process has no LOCAL_RANK);
-ELASTIC_STEP_SLEEP=S sleeps S seconds after each step. Prints
+ELASTIC_STEP_SLEEP=S sleeps S seconds after each step; with
+ELASTIC_RAISE_AT=K rank 0 raises ValueError after step K. Prints
 "pid P: round N rank R of W from step S" at each round's start; each rank
 writes its final parameters to ELASTIC_OUT.RANK."""
 import json
@@ -21,6 +22,7 @@ from elastic_mlp import MlpTrainer
 STEPS = int(os.environ.get("ELASTIC_STEPS", "30"))
 DIE_AT = int(os.environ.get("ELASTIC_DIE_AT", "0"))
 STEP_SLEEP = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
+RAISE_AT = int(os.environ.get("ELASTIC_RAISE_AT", "0"))
 GLOBAL_BATCH = 24
 
 
@@ -44,6 +46,8 @@ class StepTrainer(MlpTrainer):
             self.step += 1
             round.report_step(self.step, samples=share, loss=loss.item())
             time.sleep(STEP_SLEEP)
+            if RAISE_AT and self.step == RAISE_AT and round.rank == 0:
+                raise ValueError(f"bad batch at step {self.step}")
             if (DIE_AT and self.step == DIE_AT and
                     os.environ.get("LOCAL_RANK") == "1"):
                 os.kill(os.getpid(), signal.SIGKILL)

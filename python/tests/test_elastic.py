@@ -77,6 +77,26 @@ def test_a_killed_rank_is_healed_in_place_and_the_run_ends_as_uninterrupted(
                 assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (a, b)
 
 
+def test_an_error_of_the_loop_itself_fails_the_job_with_it(coordinator):
+    """Not a lost peer: train() raising its own exception is no reason to
+    re-form; the job fails, naming it, and no process restarts."""
+    saved = dict(os.environ)
+    os.environ.update(ELASTIC_RAISE_AT="3")
+    try:
+        agent = launch(coordinator, "elastic-raise", 2,
+                       [os.path.join(HERE, "elastic_script.py")],
+                       ["--self_managed", "--max_restarts=1"])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    stdout, stderr = agent.communicate(timeout=180)
+    assert agent.returncode != 0, stdout + stderr
+    job = gradsync.Client(coordinator).get_job("elastic-raise")
+    assert gradsync.Client.state_name(job.state) == "failed", job
+    assert "ValueError: bad batch at step 3" in job.reason, job.reason
+    assert job.round == 1, job
+
+
 def test_a_spare_agent_takes_a_killed_ranks_place(coordinator):
     """Three agents of one process each and a fourth waiting as the spare
     (`gradsync launch --self_managed --nnodes=3`, one node each): rank 1
