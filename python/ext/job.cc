@@ -135,14 +135,25 @@ void RunJobFromPython(Trainer* trainer, const std::string& coordinator,
                       int nproc_per_node, const std::string& node_id,
                       const std::string& failure_policy, bool shared_memory,
                       double timeout_seconds, int max_recoveries,
-                      double last_call_seconds, const std::string& token_file) {
+                      double last_call_seconds, const std::string& token_file,
+                      const std::string& device) {
   JobOptions options;
   options.coordinator = coordinator;
   options.job = job;
   options.nnodes = nnodes;
   options.nproc_per_node = nproc_per_node;
   options.node_id = node_id;
-  options.backend = "gloo";
+  if (device == "cpu") {
+    options.device = v1::DEVICE_TYPE_CPU;
+  } else if (device == "sim") {
+    // A simulated GPU: host memory through the NCCL backend's code paths,
+    // its abort and re-create included (worker/backend/sim_device.h).
+    options.device = v1::DEVICE_TYPE_SIM;
+  } else {
+    throw std::invalid_argument(absl::StrCat(
+        "device must be 'cpu' or 'sim' (CUDA tensors are not taken yet), "
+        "not '", device, "'"));
+  }
   options.failure_policy = failure_policy;
   options.shared_memory = shared_memory;
   options.timeout = absl::Seconds(timeout_seconds);
@@ -172,6 +183,10 @@ void RegisterJob(py::module_& m) {
       .def_property_readonly(
           "local_rank", [](const PyRound& r) { return r.round().local_rank; })
       .def_property_readonly(
+          "backend", [](const PyRound& r) { return r.round().backend_name; })
+      .def_property_readonly(
+          "device", [](const PyRound& r) { return r.round().device_name; })
+      .def_property_readonly(
           "source_rank", [](const PyRound& r) { return r.round().source_rank; })
       .def_property_readonly(
           "micro_batch_shares",
@@ -195,7 +210,8 @@ void RegisterJob(py::module_& m) {
         py::arg("nproc_per_node") = 1, py::arg("node_id") = "",
         py::arg("failure_policy") = "", py::arg("shared_memory") = true,
         py::arg("timeout_seconds") = 300.0, py::arg("max_recoveries") = 3,
-        py::arg("last_call_seconds") = 30.0, py::arg("token_file") = "");
+        py::arg("last_call_seconds") = 30.0, py::arg("token_file") = "",
+        py::arg("device") = "cpu");
   // The C++ trainer's rules for an exact global batch (global_batch.h), for
   // a Python loop whose rounds change size: every step uses the same
   // samples whatever the world size.

@@ -66,18 +66,22 @@ class Trainer(_C.Trainer):
 
 def run(trainer, coordinator="", job="", nnodes="1", nproc_per_node=1,
         node_id="", failure_policy="", shared_memory=True, timeout=300.0,
-        max_recoveries=3, last_call=30.0, token_file=""):
+        max_recoveries=3, last_call=30.0, token_file="", device="cpu"):
     """Joins the job (or takes the assignment `gradsync launch` made) and
     calls trainer.train(round) round after round until it returns, then
     reports success. Raises RuntimeError with the error that ended the job
     (a failure the runtime could not recover from, or max_recoveries
     used up), which it reported to the coordinator. `last_call`: seconds a
-    round of MIN:MAX nodes waits for more once MIN have joined."""
+    round of MIN:MAX nodes waits for more once MIN have joined. `device`:
+    "cpu" (Gloo, shared memory on one host), or "sim", a simulated GPU per
+    process (host memory through the NCCL backend, its abort and re-create
+    included: GRADSYNC_SIM_DEVICES devices per host), for tests."""
     _C.run_job(trainer, coordinator=coordinator, job=job, nnodes=str(nnodes),
                nproc_per_node=nproc_per_node, node_id=node_id,
                failure_policy=failure_policy, shared_memory=shared_memory,
                timeout_seconds=float(timeout), max_recoveries=max_recoveries,
-               last_call_seconds=float(last_call), token_file=token_file)
+               last_call_seconds=float(last_call), token_file=token_file,
+               device=device)
 
 
 GlobalBatchPlan = _C.GlobalBatchPlan

@@ -11,7 +11,8 @@ trained on) and writes its final parameters to LOG.params. With DIE_AT=K
 (> 0) it SIGKILLs itself right after committing step K. Re-forms at a step
 boundary when the coordinator asks (a node waits to join); with WAIT_AT=K
 a round of 2 waits after step K until it is asked (up to 120 s), so that a
-node started late surely joins mid-training."""
+node started late surely joins mid-training. ELASTIC_DEVICE=sim trains on
+a simulated GPU, over the NCCL backend's code paths."""
 import contextlib
 import json
 import os
@@ -60,7 +61,7 @@ class PlanTrainer(MlpTrainer):
             with open(log, "a") as f:
                 f.write(json.dumps({
                     "epoch": epoch, "step": k, "round": round.number,
-                    "world": round.world_size,
+                    "world": round.world_size, "backend": round.backend,
                     "positions": [p for b, e in spans for p in range(b, e)],
                 }) + "\n")
             round.report_step(self.step)
@@ -79,4 +80,5 @@ class PlanTrainer(MlpTrainer):
 
 
 gradsync.elastic.run(PlanTrainer(), coordinator=coordinator, job=job,
-                     nnodes="2:3", node_id=node, last_call=2.0)
+                     nnodes="2:3", node_id=node, last_call=2.0,
+                     device=os.environ.get("ELASTIC_DEVICE", "cpu"))

@@ -5,8 +5,9 @@ number alone, split across the round's ranks. With ELASTIC_DIE_AT=K the
 process of local rank 1 SIGKILLs itself right after committing step K, in
 its first life only (a restarted process has no LOCAL_RANK);
 ELASTIC_STEP_SLEEP=S sleeps S seconds after each step; with
-ELASTIC_RAISE_AT=K rank 0 raises ValueError after step K. Prints
-"pid P: round N rank R of W from step S" at each round's start; each rank
+ELASTIC_RAISE_AT=K rank 0 raises ValueError after step K;
+ELASTIC_DEVICE=sim trains on a simulated GPU (NCCL's code paths). Prints
+"pid P: round N rank R of W from step S on BACKEND" at each round's start; each rank
 writes its final parameters to ELASTIC_OUT.RANK."""
 import json
 import os
@@ -30,7 +31,8 @@ class StepTrainer(MlpTrainer):
     def train(self, round):
         gradsync.elastic.copy_state(round, self.model, self.optimizer, self)
         print(f"pid {os.getpid()}: round {round.number} rank {round.rank} of "
-              f"{round.world_size} from step {self.step}", flush=True)
+              f"{round.world_size} from step {self.step} on {round.backend}",
+              flush=True)
         ddp = DistributedDataParallel(self.model,
                                       process_group=round.process_group)
         share = GLOBAL_BATCH // round.world_size
@@ -56,4 +58,5 @@ class StepTrainer(MlpTrainer):
                 json.dump(self.parameters_list(), f)
 
 
-gradsync.elastic.run(StepTrainer())
+gradsync.elastic.run(StepTrainer(),
+                     device=os.environ.get("ELASTIC_DEVICE", "cpu"))

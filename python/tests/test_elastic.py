@@ -167,10 +167,11 @@ def test_a_spare_agent_takes_a_killed_ranks_place(coordinator):
                     assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (a, b)
 
 
-def plan_process(coordinator, job, node, log, *extra):
+def plan_process(coordinator, job, node, log, *extra, env_extra=None):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("GRADSYNC_") and k not in ("RANK", "WORLD_SIZE")}
     env["PYTHONPATH"] = os.path.dirname(HERE)
+    env.update(env_extra or {})
     return subprocess.Popen(
         [sys.executable, os.path.join(HERE, "elastic_plan_script.py"),
          coordinator, job, node, log, *extra],
@@ -270,3 +271,24 @@ def test_exact_global_batch_through_a_shrink_and_a_grow(coordinator):
         assert job.recoveries[0].resume_step == 3, job.recoveries
         assert job.recoveries[0].resumed_in_place, job.recoveries
         assert "join" in job.recoveries[0].cause, job.recoveries
+
+
+def test_a_shrink_on_the_nccl_backend_aborts_and_recreates_its_communicator(
+        coordinator):
+    """The same loop on a simulated GPU per process (host memory through
+    the NCCL backend's code paths): the rank killed after step 7 fails the
+    survivors' NCCL all-reduce, they abort the communicator, re-form as 2
+    on a new one, and every sample is still used exactly once."""
+    sim = {"ELASTIC_DEVICE": "sim", "GRADSYNC_SIM_DEVICES": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = [os.path.join(tmp, f"nccl{i}") for i in range(3)]
+        out = finish([plan_process(coordinator, "plan-nccl", f"n{i}", logs[i],
+                                   *(["7"] if i == 1 else []), env_extra=sim)
+                      for i in range(3)], [(0,), (-9,), (0,)])
+        steps = committed_steps(logs)
+        assert_each_sample_once(steps, out)
+        assert {s["backend"] for s in steps} == {"nccl"}, out
+        assert [s["world"] for s in steps][-1] == 2, out
+        assert "aborting the communicator" in out, out
+        job = gradsync.Client(coordinator).get_job("plan-nccl")
+        assert gradsync.Client.state_name(job.state) == "succeeded", out
