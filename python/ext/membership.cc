@@ -1,6 +1,7 @@
 #include "python/ext/membership.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <memory>
@@ -28,6 +29,9 @@ namespace {
 // What the membership's completion needs, shared by the Python object and
 // the exit handler (which may run after Python let go of the object).
 struct MemberState {
+  // The process that joined: a child forked from it (that exits with
+  // exit(), not os._exit) must not report its status as the member's.
+  pid_t pid = getpid();
   std::unique_ptr<CoordinatorClient> client;
   std::unique_ptr<HealthReporter> reporter;
   absl::Mutex mu;
@@ -57,6 +61,7 @@ struct MemberState {
 // leaked on purpose for it.
 void ReportExit(int status, void* arg) {
   auto* state = static_cast<std::shared_ptr<MemberState>*>(arg);
+  if (getpid() != (*state)->pid) return;
   const absl::Status finished = (*state)->Finish(status == 0, status, "");
   if (!finished.ok()) {
     std::fprintf(stderr, "gradsync: could not report the completion: %s\n",
