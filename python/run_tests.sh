@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
 export GRADSYNC_BIN="$PWD" PYTHONDONTWRITEBYTECODE=1
-exec /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests
+# The test files to run (and pytest's options) come from the target's args.
+exec /usr/bin/python3 -m pytest -q -p no:cacheprovider "$@"
