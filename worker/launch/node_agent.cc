@@ -128,9 +128,15 @@ NodeOutcome NodeAgent::RunProcesses(int restart) {
   absl::StatusOr<AgentContext> context = ExchangeMaster(restart);
   absl::Status started =
       context.ok() ? StartProcesses(*context) : context.status();
+  // ABORTED: the round was superseded before this node's processes started
+  // (a process of another node failed first): rejoin with the others, as
+  // after a round that ended while the processes ran.
   const NodeOutcome outcome =
       started.ok() ? Supervise()
-                   : NodeOutcome{NodeOutcome::kError, -1, 1, started};
+                   : NodeOutcome{absl::IsAborted(started)
+                                     ? NodeOutcome::kRoundOver
+                                     : NodeOutcome::kError,
+                                 -1, 1, started};
   StopProcesses();
   return outcome;
 }

@@ -102,10 +102,30 @@ class RoundAdapter final : public RoundTrainer {
       if (!IsReformAtStepBoundary(trained)) {
         telemetry.SetError(std::string(trained.message()));
       }
+      if (!IsReformAtStepBoundary(trained) && !RecoverableByRejoining(trained)) {
+        ReportFailure(trained);
+      }
       return trained;
     }
     telemetry.SetState(v1::WORKER_STATE_STOPPING);
     return absl::OkStatus();
+  }
+
+  // Whether the job's failure was reported already (ReportFailure).
+  bool reported_failure() const { return reported_failure_; }
+
+  // Reports the failure that ends this process's part in the job, now,
+  // while the round's backend still exists: RunElastic destroys it when
+  // this returns, the peers see it go and re-form the round at once, and a
+  // report sent after that would find the round superseded and the job
+  // recovering without this rank instead of failing with its error.
+  void ReportFailure(const absl::Status& trained) {
+    reported_failure_ = true;
+    const absl::Status reported =
+        reporter_->Finish(false, EXIT_FAILURE, std::string(trained.message()));
+    if (!reported.ok()) {
+      GS_LOG(WARNING) << "could not report the failure: " << reported;
+    }
   }
 
  private:
@@ -114,6 +134,7 @@ class RoundAdapter final : public RoundTrainer {
   const std::unique_ptr<NcclDevice>* const device_;
   const CollectiveWatchdogOptions watchdog_;
   const bool exact_global_batch_;
+  bool reported_failure_ = false;
 };
 
 // The join request: the launcher's, or one built from `options`.
@@ -261,12 +282,8 @@ absl::Status RunJob(const JobOptions& options, Trainer* trainer) {
                        options.exact_global_batch);
   absl::Status trained =
       RunElastic(client.get(), request, elastic, &reporter, &adapter);
-  if (!trained.ok()) {
-    absl::Status reported =
-        reporter.Finish(false, EXIT_FAILURE, std::string(trained.message()));
-    if (!reported.ok()) {
-      GS_LOG(WARNING) << "could not report the failure: " << reported;
-    }
+  if (!trained.ok() && !adapter.reported_failure()) {
+    adapter.ReportFailure(trained);
   }
   return trained;  // success was reported by RunElastic
 }

@@ -273,6 +273,23 @@ TEST_F(SecondNodeTest, ItReadsTheMasterFromTheStore) {
   EXPECT_EQ(Record(3, 0), "3 4 1 10.1.2.3 4567\n");
 }
 
+// The round is superseded before this node starts its processes (a
+// process of the other node failed at once): reading the master fails with
+// ABORTED, and the agent rejoins with the group instead of giving up.
+TEST_F(SecondNodeTest, ARoundSupersededBeforeItsProcessesStartIsRejoined) {
+  options_.max_restarts = 1;
+  v1::Scope round2;
+  round2.set_job_id(kJob);
+  round2.set_round(2);
+  ASSERT_TRUE(fake_.Set(round2, "launch/master", "10.1.2.3 4567").ok());
+  fake_.FailNext("Wait", absl::AbortedError(
+                             "round 1 of job 'agent-job' is over: rejoin"));
+  AfterThisNodeReported(v1::JOB_STATE_SUCCEEDED, "");
+  EXPECT_EQ(RunAgent(kRecord), 0);
+  EXPECT_EQ(fake_.node_joins().size(), 2u);
+  EXPECT_EQ(Record(2, 1), "2 4 0 10.1.2.3 4567\n");  // restart 1
+}
+
 // The exit barrier: this node's processes are done, a process of the other
 // node then fails the job.
 TEST_F(SecondNodeTest, AFailureOfTheOtherNodeAfterThisOnesSuccessEndsIt) {
