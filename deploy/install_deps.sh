@@ -21,6 +21,9 @@ packages=(
   # venv (//python:install_test) and the python3-gradsync .deb
   python3-grpcio python3-protobuf python3-pytest
   python3-venv python3-pip python3-setuptools python3-wheel
+  # its extension module gradsync._C (//python:gradsync/_C.so): pybind11
+  # and Python's headers, beside libtorch-dev's
+  pybind11-dev python3-dev
   openssl  # the TLS tests make their certificates with it
   cmake ninja-build  # the CMake build (deploy/cmake_build.sh)
   # the Debian package and its test (deploy/build_deb.sh, //deploy:package_test)
