@@ -65,6 +65,8 @@ struct CasResult {
 // batch, every write queued up to then fails with its error and memory is
 // reloaded from storage.
 //
+// (kv_records.cc holds the loading from storage and the request records.)
+//
 // Thread-safe. Lock order: mu_ before the group commit's; may call
 // JobManager while holding mu_, never calls the rendezvous manager. Wait callbacks run
 // without locks held. `storage`, `clock` and `jobs` must outlive it.
