@@ -67,93 +67,32 @@ def wait_for_port(path, process):
     raise RuntimeError("the coordinator did not start")
 
 
-def gradsync_round(args, work, job):
-    """One gradsync run: returns (seconds from kill to first step, steps lost)."""
-    port_file = os.path.join(work, job + ".port")
-    coordinator = subprocess.Popen(
-        [args.coordinator, "--listen=127.0.0.1:0", "--port_file=" + port_file],
-        stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, job + ".coord.log"), "w"))
-    workers = []
-    try:
-        port = wait_for_port(port_file, coordinator)
-        lines = Lines()
-        for i in range(args.world_size + 1):  # the last to join is the spare
-            w = subprocess.Popen(
-                [args.worker, "--coordinator=127.0.0.1:%d" % port, "--job=" + job,
-                 "--nnodes=%d" % args.world_size, "--node_id=n%d" % i,
-                 "--model=mlp", "--hidden=%d" % args.hidden,
-                 "--batch_size=%d" % args.batch_size, "--steps=%d" % args.steps,
-                 "--synthetic_size=8192", "--lr=0.01", "--momentum=0.9",
-                 "--threads=1", "--log_every=1", "--timeout=60s",
-                 "--join_timeout=120s"],
-                stdout=subprocess.PIPE, stderr=open(os.path.join(work, "%s.%d.log" % (job, i)), "w"),
-                text=True)
-            workers.append(w)
-            lines.follow(i, w.stdout)
-        rank_of = {}  # (process, round) -> rank
-        killed_at = last_step = None
-        rank0 = {}  # round -> process
-        deadline = time.monotonic() + BOUND_S
-        while True:
-            t, i, line = lines.get(deadline)
-            if line is None:
-                continue
-            m = re.match(r"gradsync-worker: rank (\d+) of \d+ .*, round (\d+),", line)
-            if m:
-                rank_of[(i, int(m.group(2)))] = int(m.group(1))
-                if m.group(1) == "0":
-                    rank0[int(m.group(2))] = i
-                continue
-            m = re.match(r"step (\d+)/", line)
-            if not m:
-                continue
-            step = int(m.group(1))
-            if killed_at is None and rank0.get(1) == i:
-                last_step = step
-                if step >= args.kill_step:
-                    victim = next(p for (p, r), rank in rank_of.items() if r == 1 and rank == 1)
-                    workers[victim].send_signal(signal.SIGKILL)
-                    killed_at = time.monotonic()
-            elif killed_at is not None and rank0.get(2) == i:
-                for w in workers:
-                    w.wait(timeout=BOUND_S)
-                return t - killed_at, max(0, last_step - (step - 1))
-    finally:
-        for w in workers:
-            if w.poll() is None:
-                w.kill()
-                w.wait()
-        coordinator.terminate()
-        coordinator.wait(timeout=30)
-
-
-def python_round(args, work, job):
-    """One run of the gradsync.elastic script (elastic_gradsync_train.py,
-    world_size processes and a spare that join by themselves): returns
-    (seconds from the kill to the first step after recovery, steps lost)."""
+def spare_round(args, work, job, command, round_line, step_line, env=None,
+                spare_after_s=0):
+    """One run of world_size processes and a spare that join a coordinator
+    of their own: command(port, i) starts process i (the last to join is
+    the spare, started spare_after_s after the others); round_line matches
+    a process's "rank R in round N" line (named groups rank, round),
+    step_line a step line (group step) of a round's rank 0. Kills rank 1 of
+    round 1 once rank 0 reported --kill_step. Returns (seconds from the
+    kill to the first step of round 2, steps lost)."""
     port_file = os.path.join(work, job + ".port")
     coordinator = subprocess.Popen(
         [args.coordinator, "--listen=127.0.0.1:0", "--port_file=" + port_file],
         stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, job + ".coord.log"), "w"))
     processes = []
-    env = dict(os.environ, PYTHONPATH=args.python_path)
     try:
         port = wait_for_port(port_file, coordinator)
         lines = Lines()
-        for i in range(args.world_size + 1):  # the last to join is the spare
+        for i in range(args.world_size + 1):
+            if i == args.world_size:
+                time.sleep(spare_after_s)
             p = subprocess.Popen(
-                [sys.executable, os.path.join(os.path.dirname(__file__),
-                                              "elastic_gradsync_train.py"),
-                 "127.0.0.1:%d" % port, job, "n%d" % i, str(args.world_size),
-                 "--hidden=%d" % args.hidden, "--batch_size=%d" % args.batch_size,
-                 "--steps=%d" % args.steps],
-                stdout=subprocess.PIPE,
+                command(port, i), stdout=subprocess.PIPE,
                 stderr=open(os.path.join(work, "%s.%d.log" % (job, i)), "w"),
                 text=True, env=env)
             processes.append(p)
             lines.follow(i, p.stdout)
-            if i == args.world_size - 1:
-                time.sleep(1)  # the spare joins once the round formed
         rank_of = {}  # (process, round) -> rank
         killed_at = last_step = None
         deadline = time.monotonic() + BOUND_S
@@ -161,14 +100,14 @@ def python_round(args, work, job):
             t, i, line = lines.get(deadline)
             if line is None:
                 continue
-            m = re.match(r"ROUND (\d+) RANK (\d+)$", line)
+            m = re.match(round_line, line)
             if m:
-                rank_of[(i, int(m.group(1)))] = int(m.group(2))
+                rank_of[(i, int(m.group("round")))] = int(m.group("rank"))
                 continue
-            m = re.match(r"STEP (\d+)$", line)
+            m = re.match(step_line, line)
             if not m:
                 continue
-            step = int(m.group(1))
+            step = int(m.group("step"))
             if killed_at is None and rank_of.get((i, 1)) == 0:
                 last_step = step
                 if step >= args.kill_step:
@@ -187,6 +126,39 @@ def python_round(args, work, job):
                 p.wait()
         coordinator.terminate()
         coordinator.wait(timeout=30)
+
+
+def gradsync_round(args, work, job):
+    """One run of gradsync-worker (3 ranks and a spare): (seconds from the
+    kill to the first step after recovery, steps lost)."""
+    def command(port, i):
+        return [args.worker, "--coordinator=127.0.0.1:%d" % port, "--job=" + job,
+                "--nnodes=%d" % args.world_size, "--node_id=n%d" % i,
+                "--model=mlp", "--hidden=%d" % args.hidden,
+                "--batch_size=%d" % args.batch_size, "--steps=%d" % args.steps,
+                "--synthetic_size=8192", "--lr=0.01", "--momentum=0.9",
+                "--threads=1", "--log_every=1", "--timeout=60s",
+                "--join_timeout=120s"]
+    return spare_round(
+        args, work, job, command,
+        r"gradsync-worker: rank (?P<rank>\d+) of \d+ .*, round (?P<round>\d+),",
+        r"step (?P<step>\d+)/")
+
+
+def python_round(args, work, job):
+    """One run of the gradsync.elastic script (elastic_gradsync_train.py,
+    world_size processes and a spare that join by themselves): (seconds
+    from the kill to the first step after recovery, steps lost)."""
+    def command(port, i):
+        return [sys.executable,
+                os.path.join(os.path.dirname(__file__), "elastic_gradsync_train.py"),
+                "127.0.0.1:%d" % port, job, "n%d" % i, str(args.world_size),
+                "--hidden=%d" % args.hidden, "--batch_size=%d" % args.batch_size,
+                "--steps=%d" % args.steps]
+    return spare_round(
+        args, work, job, command, r"ROUND (?P<round>\d+) RANK (?P<rank>\d+)$",
+        r"STEP (?P<step>\d+)$",
+        env=dict(os.environ, PYTHONPATH=args.python_path), spare_after_s=1)
 
 
 def torchrun_round(args, work, name):

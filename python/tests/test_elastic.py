@@ -20,20 +20,26 @@ import gradsync
 from conftest import HERE, binary, launch
 
 
+def launch_elastic(coordinator, job, nproc, **env):
+    """`gradsync launch --self_managed --max_restarts=1` of elastic_script.py
+    as NPROC processes, with `env` added to their environment."""
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        return launch(coordinator, job, nproc,
+                      [os.path.join(HERE, "elastic_script.py")],
+                      ["--self_managed", "--max_restarts=1"])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def run(coordinator, job, **env):
     """(output, each rank's final parameters) of elastic_script.py as 3
     processes."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "params.json")
-        saved = dict(os.environ)
-        os.environ.update(ELASTIC_OUT=out, **env)
-        try:
-            agent = launch(coordinator, job, 3,
-                           [os.path.join(HERE, "elastic_script.py")],
-                           ["--self_managed", "--max_restarts=1"])
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        agent = launch_elastic(coordinator, job, 3, ELASTIC_OUT=out, **env)
         stdout, stderr = agent.communicate(timeout=240)
         assert agent.returncode == 0, stdout + stderr
         params = []
@@ -80,15 +86,7 @@ def test_a_killed_rank_is_healed_in_place_and_the_run_ends_as_uninterrupted(
 def test_an_error_of_the_loop_itself_fails_the_job_with_it(coordinator):
     """Not a lost peer: train() raising its own exception is no reason to
     re-form; the job fails, naming it, and no process restarts."""
-    saved = dict(os.environ)
-    os.environ.update(ELASTIC_RAISE_AT="3")
-    try:
-        agent = launch(coordinator, "elastic-raise", 2,
-                       [os.path.join(HERE, "elastic_script.py")],
-                       ["--self_managed", "--max_restarts=1"])
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    agent = launch_elastic(coordinator, "elastic-raise", 2, ELASTIC_RAISE_AT="3")
     stdout, stderr = agent.communicate(timeout=180)
     assert agent.returncode != 0, stdout + stderr
     job = gradsync.Client(coordinator).get_job("elastic-raise")
