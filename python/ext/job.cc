@@ -89,6 +89,7 @@ class PyTrainer : public Trainer {
   // INTERNAL with the exception's text (the job fails).
   absl::Status Train(const Round& round) override {
     auto group = c10::make_intrusive<TorchProcessGroup>(round.backend);
+    group_ = group;
     auto py_round = std::make_shared<PyRound>(&round, group);
     absl::Status trained;
     {
@@ -117,8 +118,14 @@ class PyTrainer : public Trainer {
       }
       py_round->End();
     }
-    group->End();
     return trained;
+  }
+
+  // Ends the round's group (aborting its collectives still pending) once
+  // RunJob reported what Train returned.
+  void RoundEnded() override {
+    if (group_) group_->End();
+    group_.reset();
   }
 
   int64_t committed_step() const override {
@@ -127,6 +134,10 @@ class PyTrainer : public Trainer {
   bool has_state() const override {
     PYBIND11_OVERRIDE(bool, Trainer, has_state, );
   }
+
+ private:
+  // The process group of the round Train ran last, until RoundEnded.
+  c10::intrusive_ptr<TorchProcessGroup> group_;
 };
 
 // run_job(trainer, **options): RunJob with the GIL released.

@@ -1,7 +1,8 @@
 // gradsync._C: the extension module of the gradsync Python package, built
 // against the installed torch. It offers gradsync's process groups to
 // torch.distributed (gradsync/torch.py registers the backend "gradsync"),
-// and runs a Python training loop as a member of a job (job.h).
+// runs a Python training loop as a member of a job (job.h), and makes
+// gradsync.torch.Store's key-value calls (key_value.h).
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/utils/pybind.h>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "python/ext/job.h"
+#include "python/ext/key_value.h"
 #include "python/ext/membership.h"
 #include "worker/torch/c10d_store.h"
 #include "worker/torch/process_group.h"
@@ -73,6 +75,7 @@ PYBIND11_MODULE(_C, m) {
       "its job runtime for training loops in Python (gradsync.elastic)";
   gradsync::RegisterJob(m);
   gradsync::RegisterMembership(m);
+  gradsync::RegisterKeyValue(m);
   m.def("create_process_group", &gradsync::CreateProcessGroup,
         py::arg("store"), py::arg("rank"), py::arg("world_size"),
         py::arg("timeout"),

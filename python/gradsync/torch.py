@@ -33,6 +33,16 @@ from gradsync.client import Client, Error
 from gradsync.member import Member
 from gradsync.monitor import Monitor, monitor  # noqa: F401
 
+# gradsync._C, the extension module built against the installed torch
+# (absent from a package installed without it): the process group backend
+# "gradsync" (gradsync's shared-memory all-reduce when every rank runs on
+# one host, Gloo otherwise) and the Store's key-value calls.
+try:
+    from gradsync import _C as _native
+except ImportError as e:  # a build without the extension
+    _native = None
+    _native_missing = str(e)
+
 # Keys of the process group live under this prefix in the round's store.
 _PREFIX = "torch/"
 
@@ -82,12 +92,22 @@ class Store(dist.Store):
     StoreTimeout; other failures raise StoreError (both RuntimeErrors).
     Keys and values may be str or bytes; values come back as bytes. Keep a
     reference to a Store you hand to torch.distributed yourself for as long
-    as its process group lives (torch keeps only a C++ handle to it)."""
+    as its process group lives (torch keeps only a C++ handle to it).
+
+    The calls go through gradsync's C++ client in the extension module
+    (about half the cost of a python3-grpcio call) when the package has it
+    and `native` is not False; `native=False` (or GRADSYNC_NATIVE_STORE=0)
+    takes `client`'s python3-grpcio channel. Both retry a call the
+    coordinator cannot answer (UNAVAILABLE) for up to a minute."""
 
     def __init__(self, client, job_id, round,
-                 timeout=datetime.timedelta(minutes=5)):
+                 timeout=datetime.timedelta(minutes=5), native=None):
         super().__init__()
-        self._kv = client.kv(job_id, round)
+        if native is None:
+            native = os.environ.get("GRADSYNC_NATIVE_STORE", "1") != "0"
+        self._kv = (_native_client(client).kv(job_id, round)
+                    if native and _native is not None
+                    else client.kv(job_id, round))
         self.set_timeout(timeout)  # torch's own: PrefixStore sets it there
 
     def _do(self, fn, *args):
@@ -100,6 +120,10 @@ class Store(dist.Store):
         self._do(self._kv.set, _PREFIX + key, _bytes(value))
 
     def get(self, key):
+        """`key`'s value, once it exists (one call when it does already)."""
+        value = self._current(_PREFIX + key)
+        if value is not None:
+            return value
         self.wait([key])
         return self._do(self._kv.get, _PREFIX + key)
 
@@ -225,6 +249,20 @@ class Store(dist.Store):
             raise StoreError(f"gradsync store: {e}", e.code) from None
 
 
+def _native_client(client):
+    """The extension's C++ client for gradsync.Client `client`'s coordinator,
+    made at first use and kept with `client` (one connection for all its
+    stores)."""
+    native = getattr(client, "_native_kv_client", None)
+    if native is None:
+        tls_ca, tls_cert, tls_key = client.tls
+        native = _native.Client(client.target, client.timeout,
+                                client.token or "", tls_ca or "",
+                                tls_cert or "", tls_key or "")
+        client._native_kv_client = native
+    return native
+
+
 def _int_setting(query, name, env):
     values = query.get(name)
     value = values[0] if values else os.environ.get(env)
@@ -267,15 +305,6 @@ def _rendezvous(url, timeout=datetime.timedelta(minutes=5), **kwargs):
 
 dist.register_rendezvous_handler("gradsync", _rendezvous)
 
-
-# The process group backend "gradsync": gradsync's shared-memory all-reduce
-# when every rank runs on one host, Gloo otherwise (gradsync._C, built
-# against the installed torch; absent from a package installed without it).
-try:
-    from gradsync import _C as _native
-except ImportError as e:  # a build without the extension
-    _native = None
-    _native_missing = str(e)
 
 
 def _create_process_group(store, rank, world_size, timeout):

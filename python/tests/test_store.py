@@ -47,16 +47,31 @@ def _round_of_new_job(client):
     return job, stub.Join(request, timeout=30).assignment.round
 
 
-@pytest.fixture(params=["tcp", "tcp+prefix", "gradsync", "gradsync+prefix"])
+# gradsync.torch.Store's two ways to the coordinator: the extension's C++
+# client (where the package has gradsync._C, as here) and python3-grpcio.
+_WAYS = {"gradsync": True, "gradsync-grpcio": False}
+
+
+def _gradsync_store(client, way, timeout):
+    job, round_ = _round_of_new_job(client)
+    store = gtorch.Store(client, job, round_, timeout=timeout,
+                         native=_WAYS[way])
+    if _WAYS[way] and gtorch.process_groups_available():
+        assert type(store._kv).__name__ == "KeyValue" and \
+            type(store._kv).__module__ == "gradsync._C", type(store._kv)
+    return store
+
+
+@pytest.fixture(params=["tcp", "tcp+prefix", "gradsync", "gradsync+prefix",
+                        "gradsync-grpcio", "gradsync-grpcio+prefix"])
 def store(request, coordinator_client):
     kind = request.param
     if kind.startswith("tcp"):
         base = dist.TCPStore("127.0.0.1", 0, 1, True,
                              timeout=datetime.timedelta(seconds=30))
     else:
-        job, round_ = _round_of_new_job(coordinator_client)
-        base = gtorch.Store(coordinator_client, job, round_,
-                            timeout=datetime.timedelta(seconds=30))
+        base = _gradsync_store(coordinator_client, kind.split("+")[0],
+                               datetime.timedelta(seconds=30))
     store = dist.PrefixStore("prefix", base) if kind.endswith("+prefix") \
         else base
     yield store  # this frame keeps `base` alive beside a PrefixStore
@@ -152,9 +167,13 @@ def test_a_process_group_initialises_through_it(store):
 
 # What only gradsync's store promises beyond the contract.
 
-def test_a_timeout_names_the_missing_keys(coordinator_client):
-    job, round_ = _round_of_new_job(coordinator_client)
-    store = gtorch.Store(coordinator_client, job, round_, timeout=SHORT)
+@pytest.fixture(params=list(_WAYS))
+def way(request):
+    return request.param
+
+
+def test_a_timeout_names_the_missing_keys(coordinator_client, way):
+    store = _gradsync_store(coordinator_client, way, SHORT)
     store.set("here", "1")
     with pytest.raises(gtorch.StoreTimeout) as caught:
         store.wait(["here", "gone"])
@@ -162,19 +181,23 @@ def test_a_timeout_names_the_missing_keys(coordinator_client):
     assert caught.value.code == "DEADLINE_EXCEEDED"
 
 
-def test_refusals_are_store_errors_with_the_code(coordinator_client):
-    store = gtorch.Store(coordinator_client, "no-such-job", 1)
-    with pytest.raises(gtorch.StoreError) as caught:
-        store.set("k", "v")
-    assert isinstance(caught.value, RuntimeError)
-    assert caught.value.code in ("NOT_FOUND", "FAILED_PRECONDITION"), \
-        caught.value
+def test_refusals_are_store_errors_with_the_code(coordinator_client, way):
+    store = gtorch.Store(coordinator_client, "no-such-job", 1,
+                         native=_WAYS[way])
+    for call in (lambda: store.set("k", "v"), lambda: store.add("k", 1),
+                 lambda: store.compare_set("k", "", "v"),
+                 lambda: store.delete_key("k"), lambda: store.num_keys()):
+        with pytest.raises(gtorch.StoreError) as caught:
+            call()
+        assert isinstance(caught.value, RuntimeError)
+        assert caught.value.code in ("NOT_FOUND", "FAILED_PRECONDITION"), \
+            caught.value
+        assert "no-such-job" in str(caught.value), caught.value
 
 
-def test_large_values_take_the_coordinators_flag(coordinator_client):
+def test_large_values_take_the_coordinators_flag(coordinator_client, way):
     value = b"v" * (2 << 20)
-    job, round_ = _round_of_new_job(coordinator_client)
-    store = gtorch.Store(coordinator_client, job, round_)
+    store = _gradsync_store(coordinator_client, way, SHORT)
     with pytest.raises(gtorch.StoreError) as caught:
         store.set("big", value)  # the default limit is 1 MiB
     assert "--max_kv_value_bytes" in str(caught.value), caught.value
@@ -184,8 +207,7 @@ def test_large_values_take_the_coordinators_flag(coordinator_client):
     with running_coordinator("--max_kv_value_bytes=3145728",
                              "--max_kv_key_bytes=4096") as address:
         client = Client(address)
-        job, round_ = _round_of_new_job(client)
-        store = gtorch.Store(client, job, round_)
+        store = _gradsync_store(client, way, SHORT)
         store.set("big", value)
         assert store.get("big") == value
         store.set("k" * 2000, "v")
@@ -198,9 +220,8 @@ def test_large_values_take_the_coordinators_flag(coordinator_client):
 # the control here; gradsync.torch.Store offers them with TCPStore 2.x's
 # semantics (its trampoline calls them by these names).
 @pytest.fixture
-def gradsync_store(coordinator_client):
-    job, round_ = _round_of_new_job(coordinator_client)
-    return gtorch.Store(coordinator_client, job, round_, timeout=SHORT)
+def gradsync_store(coordinator_client, way):
+    return _gradsync_store(coordinator_client, way, SHORT)
 
 
 def test_append_creates_and_extends(gradsync_store):

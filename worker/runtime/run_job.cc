@@ -105,10 +105,11 @@ class RoundAdapter final : public RoundTrainer {
       if (!IsReformAtStepBoundary(trained) && !RecoverableByRejoining(trained)) {
         ReportFailure(trained);
       }
-      return trained;
+    } else {
+      telemetry.SetState(v1::WORKER_STATE_STOPPING);
     }
-    telemetry.SetState(v1::WORKER_STATE_STOPPING);
-    return absl::OkStatus();
+    trainer_->RoundEnded();
+    return trained;
   }
 
   // Whether the job's failure was reported already (ReportFailure).

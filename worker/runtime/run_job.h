@@ -156,6 +156,12 @@ class Trainer {
   // picks the source rank).
   virtual int64_t committed_step() const = 0;
   virtual bool has_state() const { return committed_step() > 0; }
+  // Called after each Train, once its outcome was acted on: a failure that
+  // ends the job has been reported by then. Ends what Train left running
+  // for the round, such as collectives still pending that must be aborted:
+  // aborted before the report, they would let the peers take the round as
+  // lost and re-form it before the job learns of the failure.
+  virtual void RoundEnded() {}
 };
 
 // Joins the job and calls `trainer` round after round until it succeeds,
