@@ -2,7 +2,8 @@
 `gradsync launch --self_managed` (elastic_script.py, 3 processes): one
 SIGKILLed mid-training is restarted alone and healed from a survivor, the
 survivors keep their processes, the job succeeds in round 2, and the final
-parameters equal an uninterrupted run's. With an exact global batch
+parameters equal an uninterrupted run's; the same on simulated GPUs
+(`--device=sim`, the NCCL backend's code paths). With an exact global batch
 (elastic_plan_script.py, processes that join by themselves, 2:3 nodes): a
 round that loses a rank shrinks to 2 and one that a third node waits for
 grows at a step boundary, every sample of every epoch used exactly once,
@@ -16,30 +17,34 @@ import sys
 import tempfile
 import time
 
+import pytest
+
 import gradsync
-from conftest import HERE, binary, launch
+from conftest import HERE, binary, launch, running_coordinator
 
 
-def launch_elastic(coordinator, job, nproc, **env):
-    """`gradsync launch --self_managed --max_restarts=1` of elastic_script.py
-    as NPROC processes, with `env` added to their environment."""
+def launch_elastic(coordinator, job, nproc, flags=(), **env):
+    """`gradsync launch --self_managed --max_restarts=1` (and `flags`) of
+    elastic_script.py as NPROC processes, with `env` added to their
+    environment."""
     saved = dict(os.environ)
     os.environ.update(env)
     try:
         return launch(coordinator, job, nproc,
                       [os.path.join(HERE, "elastic_script.py")],
-                      ["--self_managed", "--max_restarts=1"])
+                      ["--self_managed", "--max_restarts=1", *flags])
     finally:
         os.environ.clear()
         os.environ.update(saved)
 
 
-def run(coordinator, job, **env):
+def run(coordinator, job, nproc=3, flags=(), **env):
     """(output, each rank's final parameters) of elastic_script.py as 3
-    processes."""
+    processes (`nproc`: --nproc_per_node's value, which must come to 3)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "params.json")
-        agent = launch_elastic(coordinator, job, 3, ELASTIC_OUT=out, **env)
+        agent = launch_elastic(coordinator, job, nproc, flags, ELASTIC_OUT=out,
+                               **env)
         stdout, stderr = agent.communicate(timeout=240)
         assert agent.returncode == 0, stdout + stderr
         params = []
@@ -58,13 +63,7 @@ def rounds_of(output):
     return seen
 
 
-def test_a_killed_rank_is_healed_in_place_and_the_run_ends_as_uninterrupted(
-        coordinator):
-    _, reference = run(coordinator, "elastic-ref")
-    output, healed = run(coordinator, "elastic-kill", ELASTIC_DIE_AT="12")
-    job = gradsync.Client(coordinator).get_job("elastic-kill")
-    assert gradsync.Client.state_name(job.state) == "succeeded", output
-    assert job.round == 2, output
+def assert_healed_as_uninterrupted(reference, output, healed):
     seen = rounds_of(output)
     # Two survivors trained in rounds 1 and 2 in the same process; the
     # killed one's place went to a new process in round 2, from step 12.
@@ -81,6 +80,42 @@ def test_a_killed_rank_is_healed_in_place_and_the_run_ends_as_uninterrupted(
         for got, want in zip(rank_params, reference[0]):
             for a, b in zip(got, want):
                 assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (a, b)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    """Each rank's final parameters after an uninterrupted run of
+    elastic_script.py on 3 CPU processes."""
+    with running_coordinator() as address:
+        return run(address, "elastic-ref")[1]
+
+
+def test_a_killed_rank_is_healed_in_place_and_the_run_ends_as_uninterrupted(
+        coordinator, uninterrupted):
+    reference = uninterrupted
+    output, healed = run(coordinator, "elastic-kill", ELASTIC_DIE_AT="12")
+    job = gradsync.Client(coordinator).get_job("elastic-kill")
+    assert gradsync.Client.state_name(job.state) == "succeeded", output
+    assert job.round == 2, output
+    assert_healed_as_uninterrupted(reference, output, healed)
+
+
+def test_on_simulated_gpus_under_launch_the_communicator_is_recreated(
+        coordinator, uninterrupted):
+    """The same, as `gradsync launch --device=sim --nproc_per_node=gpu`:
+    a process per simulated GPU on the NCCL backend's code paths; the
+    survivors abort the communicator the killed rank left and train on
+    with a new one, ending as the uninterrupted CPU run."""
+    reference = uninterrupted
+    output, healed = run(coordinator, "elastic-sim-kill", nproc="gpu",
+                         flags=["--device=sim"], ELASTIC_DIE_AT="12",
+                         ELASTIC_DEVICE="sim", GRADSYNC_SIM_DEVICES="3")
+    job = gradsync.Client(coordinator).get_job("elastic-sim-kill")
+    assert gradsync.Client.state_name(job.state) == "succeeded", output
+    assert job.round == 2, output
+    assert " on nccl" in output and " on gloo" not in output, output
+    assert "aborting the communicator" in output, output
+    assert_healed_as_uninterrupted(reference, output, healed)
 
 
 def test_an_error_of_the_loop_itself_fails_the_job_with_it(coordinator):

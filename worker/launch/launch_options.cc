@@ -13,6 +13,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "worker/backend/sim_device.h"
 #include "worker/launch/gpus.h"
 
 namespace gradsync {
@@ -27,6 +28,10 @@ const char kLaunchUsage[] =
     "  --job=ID (or --rdzv_id)                         required\n"
     "  --nnodes=N|MIN:MAX            nodes of a round (default 1)\n"
     "  --nproc_per_node=N|cpu|gpu|auto  processes on this node (default 1)\n"
+    "  --device=auto|cpu|sim         the GPUs this node offers its round:\n"
+    "                                auto, the NVIDIA GPUs visible; sim,\n"
+    "                                $GRADSYNC_SIM_DEVICES simulated ones\n"
+    "                                (tests; default 8)\n"
     "  --node_id=ID                  groups this node's processes (default:\n"
     "                                the hostname)\n"
     "  --max_restarts=N              group restarts after a failure (0)\n"
@@ -113,17 +118,36 @@ absl::StatusOr<StdStreamsSetting> ParseStreams(const std::string& flag,
   return setting;
 }
 
-absl::StatusOr<int> ParseNproc(const std::string& value) {
+absl::StatusOr<LaunchDevice> ParseDevice(const std::string& value) {
+  if (value == "auto") return LaunchDevice::kAuto;
+  if (value == "cpu") return LaunchDevice::kCpu;
+  if (value == "sim") return LaunchDevice::kSim;
+  return Bad("device", absl::StrCat("'", value, "' is not auto, cpu or sim"));
+}
+
+// `value` of --nproc_per_node, "gpu" and "auto" counting `device`'s GPUs.
+absl::StatusOr<int> ParseNproc(const std::string& value, LaunchDevice device) {
   const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   if (value == "cpu") return static_cast<int>(std::max(1L, cpus));
-  if (value == "gpu" || value == "auto") {
-    const int gpus = CountGpus();
-    if (gpus > 0) return gpus;
-    if (value == "auto") return static_cast<int>(std::max(1L, cpus));
-    return Bad("nproc_per_node", "'gpu', but no NVIDIA GPU is visible "
-                                 "(/proc/driver/nvidia/gpus)");
+  if (value != "gpu" && value != "auto") {
+    return ParseCount("nproc_per_node", value, 1);
   }
-  return ParseCount("nproc_per_node", value, 1);
+  int gpus = 0;
+  if (device == LaunchDevice::kSim) {
+    absl::StatusOr<int> sim = SimDeviceCount();
+    if (!sim.ok()) return Bad("nproc_per_node", std::string(sim.status().message()));
+    gpus = *sim;
+  } else if (device == LaunchDevice::kAuto) {
+    gpus = CountGpus();
+  }
+  if (gpus > 0) return gpus;
+  if (value == "auto") return static_cast<int>(std::max(1L, cpus));
+  return Bad("nproc_per_node",
+             device == LaunchDevice::kCpu
+                 ? "'gpu' with --device=cpu"
+                 : "'gpu', but no NVIDIA GPU is visible "
+                   "(/proc/driver/nvidia/gpus; --device=sim for simulated "
+                   "ones)");
 }
 
 using Setter = std::function<absl::Status(LaunchOptions*, const std::string&)>;
@@ -164,8 +188,7 @@ const std::map<std::string, Setter>& ValueFlags() {
       {"job", Text(&LaunchOptions::job)},
       {"rdzv_id", Text(&LaunchOptions::job)},
       {"nnodes", Text(&LaunchOptions::nnodes)},
-      {"nproc_per_node",
-       Assign<int>(&LaunchOptions::nproc_per_node, ParseNproc)},
+      {"device", Assign<LaunchDevice>(&LaunchOptions::device, ParseDevice)},
       {"node_id", Text(&LaunchOptions::node_id)},
       {"max_restarts",
        Assign<int>(&LaunchOptions::max_restarts,
@@ -203,6 +226,8 @@ const std::map<std::string, Setter>& ValueFlags() {
 struct ProgramStyle {
   bool no_python = false;  // --no_python: run it as it is
   bool module = false;     // -m: python -m PROGRAM
+  // --nproc_per_node's value, resolved once --device is known too.
+  std::string nproc_per_node = "1";
 };
 
 // Reads the launcher's flags at the front of `args` into `options` and
@@ -240,7 +265,7 @@ absl::StatusOr<size_t> ParseFlags(const std::vector<std::string>& args,
                        "start gradsync-coordinator and pass --coordinator");
     }
     auto flag = ValueFlags().find(name);
-    if (flag == ValueFlags().end()) {
+    if (flag == ValueFlags().end() && name != "nproc_per_node") {
       return absl::InvalidArgumentError(absl::StrCat(
           "gradsync launch: unknown flag '", arg, "'\n", kLaunchUsage));
     }
@@ -248,7 +273,11 @@ absl::StatusOr<size_t> ParseFlags(const std::vector<std::string>& args,
       if (i + 1 >= args.size()) return Bad(name, "needs a value");
       value = args[++i];
     }
-    if (flag->second) GS_RETURN_IF_ERROR(flag->second(options, value));
+    if (name == "nproc_per_node") {
+      style->nproc_per_node = value;
+    } else if (flag->second) {
+      GS_RETURN_IF_ERROR(flag->second(options, value));
+    }
   }
   return i;
 }
@@ -266,6 +295,8 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
   LaunchOptions options;
   ProgramStyle style;
   GS_ASSIGN_OR_RETURN(const size_t i, ParseFlags(args, &options, &style));
+  GS_ASSIGN_OR_RETURN(options.nproc_per_node,
+                      ParseNproc(style.nproc_per_node, options.device));
   if (options.coordinator.empty()) {
     return Bad("coordinator", "required: the coordinator's HOST:PORT");
   }

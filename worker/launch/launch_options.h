@@ -42,12 +42,23 @@ struct StdStreamsSetting {
   }
 };
 
+// The devices a node offers its round: what the round's backend
+// negotiation sees and what --nproc_per_node=gpu counts.
+enum class LaunchDevice {
+  kAuto,  // the NVIDIA GPUs the driver exposes (CountGpus), else none
+  kCpu,   // none, GPUs or not
+  kSim,   // GRADSYNC_SIM_DEVICES simulated GPUs (SimDeviceCount): host
+          // memory through the NCCL backend's code paths, for tests
+};
+
 struct LaunchOptions {
   std::string coordinator;  // HOST:PORT[,HOST:PORT...]
   std::string job;
   std::string nnodes = "1";  // "N" or "MIN:MAX"
-  // Processes on this node (resolved from N, "cpu", "gpu" or "auto").
+  // Processes on this node (resolved from N, "cpu", "gpu" or "auto",
+  // "gpu" counting `device`'s GPUs).
   int nproc_per_node = 1;
+  LaunchDevice device = LaunchDevice::kAuto;
   std::string node_id;  // empty: the hostname
   int max_restarts = 0;
   // How often the agent samples its processes (RSS) for heartbeats.

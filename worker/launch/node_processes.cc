@@ -13,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
+#include "worker/backend/sim_device.h"
 #include "worker/launch/gpus.h"
 #include "worker/launch/process_stacks.h"
 #include "worker/launch/torchrun_env.h"
@@ -37,6 +39,29 @@ absl::Status MakeDirectories(const std::string& path) {
   return absl::OkStatus();
 }
 
+// Sets what the round's backend negotiation sees of this node's devices.
+absl::Status OfferDevices(LaunchDevice device, JoinConfig* config) {
+  switch (device) {
+    case LaunchDevice::kCpu:
+      return absl::OkStatus();
+    case LaunchDevice::kSim: {
+      GS_ASSIGN_OR_RETURN(config->device_count, SimDeviceCount());
+      config->device_type = v1::DEVICE_TYPE_SIM;
+      config->nccl_available = true;  // the simulated NCCL is built in
+      return absl::OkStatus();
+    }
+    case LaunchDevice::kAuto:
+      break;
+  }
+  const int gpus = CountGpus();
+  if (gpus > 0) {
+    config->device_type = v1::DEVICE_TYPE_CUDA;
+    config->device_count = gpus;
+    config->nccl_available = NcclLoadable();
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 NodeProcesses::NodeProcesses(const LaunchOptions& options,
@@ -57,12 +82,7 @@ absl::Status NodeProcesses::Prepare() {
   config.address = options_.address.empty()
                        ? DefaultWorkerAddress(options_.coordinator)
                        : options_.address;
-  const int gpus = CountGpus();
-  if (gpus > 0) {  // what the round's backend negotiation sees
-    config.device_type = v1::DEVICE_TYPE_CUDA;
-    config.device_count = gpus;
-    config.nccl_available = NcclLoadable();
-  }
+  GS_RETURN_IF_ERROR(OfferDevices(options_.device, &config));
   for (int i = 0; i < options_.nproc_per_node; ++i) {
     absl::StatusOr<v1::JoinRequest> request = BuildJoinRequest(config);
     if (!request.ok()) return request.status();

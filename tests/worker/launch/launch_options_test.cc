@@ -1,5 +1,7 @@
 #include "worker/launch/launch_options.h"
 
+#include <stdlib.h>
+
 #include <string>
 #include <vector>
 
@@ -75,6 +77,27 @@ TEST(LaunchOptionsTest, NprocPerNodeCpuCountsTheCores) {
   EXPECT_GE(o->nproc_per_node, 1);
 }
 
+TEST(LaunchOptionsTest, NprocPerNodeGpuCountsSimulatedDevicesWithDeviceSim) {
+  ASSERT_EQ(setenv("GRADSYNC_SIM_DEVICES", "3", 1), 0);
+  // --device may come after --nproc_per_node.
+  absl::StatusOr<LaunchOptions> o =
+      ParseLaunchArgs({"--coordinator=h:1", "--job=j", "--nproc_per_node=gpu",
+                       "--device=sim", "x"});
+  ASSERT_EQ(unsetenv("GRADSYNC_SIM_DEVICES"), 0);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->device, LaunchDevice::kSim);
+  EXPECT_EQ(o->nproc_per_node, 3);
+  o = ParseLaunchArgs({"--coordinator=h:1", "--job=j", "--device", "sim",
+                       "--nproc_per_node=auto", "x"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->nproc_per_node, 8);  // GRADSYNC_SIM_DEVICES' default
+  o = ParseLaunchArgs({"--coordinator=h:1", "--job=j", "--device=cpu",
+                       "--nproc_per_node=2", "x"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->device, LaunchDevice::kCpu);
+  EXPECT_EQ(o->nproc_per_node, 2);
+}
+
 TEST(LaunchOptionsTest, BadCommandLinesNameTheProblem) {
   struct Case {
     std::vector<std::string> args;
@@ -86,6 +109,11 @@ TEST(LaunchOptionsTest, BadCommandLinesNameTheProblem) {
       {{"--coordinator=h:1", "--job=j"}, "no program to run"},
       {{"--coordinator=h:1", "--job=j", "--nproc_per_node=0", "x"},
        "--nproc_per_node: '0' is not an integer >= 1"},
+      {{"--coordinator=h:1", "--job=j", "--device=tpu", "x"},
+       "--device: 'tpu' is not auto, cpu or sim"},
+      {{"--coordinator=h:1", "--job=j", "--device=cpu", "--nproc_per_node=gpu",
+        "x"},
+       "--nproc_per_node: 'gpu' with --device=cpu"},
       {{"--coordinator=h:1", "--job=j", "--tee=0:1,x:2", "x"},
        "--tee: 'x:2' is not LOCAL_RANK:VALUE"},
       {{"--coordinator=h:1", "--job=j", "--redirects=0:4", "x"},

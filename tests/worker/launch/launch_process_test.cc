@@ -5,6 +5,7 @@
 // --max_restarts and fails the job with its exit code after; SIGTERM stops
 // the processes.
 #include <signal.h>
+#include <stdlib.h>
 
 #include <fstream>
 #include <iterator>
@@ -185,6 +186,28 @@ TEST_F(LaunchProcessTest, AFailedProcessRestartsTheGroup) {
   EXPECT_THAT(job.recoveries(0).cause(),
               MatchesRegex("rank 1 \\(pid [0-9]+\\) exited with code 3"));
   EXPECT_FALSE(job.recoveries(0).resumed_in_place());
+}
+
+TEST_F(LaunchProcessTest, SimulatedDevicesAreOfferedToTheRound) {
+  // `--device=sim`: one process per simulated GPU, and a round that
+  // negotiates NCCL for them as for CUDA devices.
+  ASSERT_EQ(setenv("GRADSYNC_SIM_DEVICES", "2", 1), 0);
+  std::unique_ptr<Child> a = Agent(
+      "sim", 0, 1, 1, {"--device=sim", "--nproc_per_node=gpu", "--no_python"},
+      {"/bin/sh", "-c", "echo \"rank=$RANK of $WORLD_SIZE\""});
+  ASSERT_EQ(unsetenv("GRADSYNC_SIM_DEVICES"), 0);
+  ASSERT_TRUE(WaitAll({a.get()}, kBound)) << a->describe();
+  ASSERT_EQ(a->exit_code(), 0) << a->describe();
+  EXPECT_THAT(a->out(), HasSubstr("[rank0]: rank=0 of 2"));
+  EXPECT_THAT(a->out(), HasSubstr("[rank1]: rank=1 of 2"));
+  const v1::JobStatus job = Job("sim");
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.DebugString();
+  EXPECT_EQ(job.backend(), v1::BACKEND_NCCL) << job.DebugString();
+  ASSERT_EQ(job.members_size(), 2);
+  for (const v1::Member& m : job.members()) {
+    EXPECT_EQ(m.node().device_type(), v1::DEVICE_TYPE_SIM);
+    EXPECT_EQ(m.node().device_count(), 2);
+  }
 }
 
 TEST_F(LaunchProcessTest, RestartsRunOutAndTheJobFailsWithTheExitCode) {
