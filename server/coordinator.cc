@@ -289,6 +289,14 @@ std::string Coordinator::RenderMetrics() const {
 }
 
 void Coordinator::PollLoop() {
+  bool saving_failed = false;  // logged once per run of failures
+  const auto save_round_starts = [&] {
+    const absl::Status saved = jobs_.SaveRoundStarts();
+    if (!saved.ok() && !saving_failed) {
+      GS_LOG(WARNING) << saved << " (tried again every poll)";
+    }
+    saving_failed = !saved.ok();
+  };
   while (!stop_polling_.WaitForNotificationWithTimeout(config_.poll_interval)) {
     rendezvous_.Poll();
     kv_.Poll();
@@ -297,6 +305,7 @@ void Coordinator::PollLoop() {
                                       health_service_.PacingDelay()));
     health_.Poll();
     jobs_service_.PollWatches();
+    save_round_starts();
     // The job record goes last (JobManager::ForgetIfEndedBefore says why).
     const absl::Time cutoff = clock_->Now() - config_.retention;
     for (const std::string& job_id : jobs_.EndedBefore(cutoff)) {
@@ -315,6 +324,7 @@ void Coordinator::PollLoop() {
       }
     }
   }
+  save_round_starts();  // what the last polls left, before the stop
 }
 
 }  // namespace gradsync

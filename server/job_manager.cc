@@ -280,18 +280,18 @@ absl::Status JobManager::RecordRoundStart(absl::string_view job_id,
       record->recoveries(record->recoveries_size() - 1).new_round() != round) {
     return absl::OkStatus();
   }
-  GS_RETURN_IF_ERROR(UpdateLocked(job.get(), [&](v1::JobStatus* r) {
-    v1::Recovery* recovery = r->mutable_recoveries(r->recoveries_size() - 1);
-    v1::RoundStartTimings* slowest = recovery->mutable_round_start();
-    const auto keep_max = [](const google::protobuf::Duration& d,
-                             google::protobuf::Duration* max) {
-      if (FromProtoDuration(d) > FromProtoDuration(*max)) *max = d;
-    };
-    keep_max(timings.process_group(), slowest->mutable_process_group());
-    keep_max(timings.state_transfer(), slowest->mutable_state_transfer());
-    keep_max(timings.first_step(), slowest->mutable_first_step());
-    recovery->set_round_start_reports(recovery->round_start_reports() + 1);
-  }));
+  v1::Recovery* recovery =
+      job->record.mutable_recoveries(record->recoveries_size() - 1);
+  v1::RoundStartTimings* slowest = recovery->mutable_round_start();
+  const auto keep_max = [](const google::protobuf::Duration& d,
+                           google::protobuf::Duration* max) {
+    if (FromProtoDuration(d) > FromProtoDuration(*max)) *max = d;
+  };
+  keep_max(timings.process_group(), slowest->mutable_process_group());
+  keep_max(timings.state_transfer(), slowest->mutable_state_transfer());
+  keep_max(timings.first_step(), slowest->mutable_first_step());
+  recovery->set_round_start_reports(recovery->round_start_reports() + 1);
+  job->unsaved_round_starts = true;
   absl::MutexLock phases_lock(&phases_mu_);
   recovery_phases_["process_group"].Observe(
       FromProtoDuration(timings.process_group()));
@@ -380,6 +380,22 @@ absl::Status JobManager::RecordHealth(absl::string_view job_id, int64_t round,
   return absl::OkStatus();
 }
 
+absl::Status JobManager::SaveRoundStarts() {
+  absl::Status first_error;
+  for (const auto& [id, job] : Snapshot()) {
+    absl::MutexLock lock(&job->mu);
+    if (!job->unsaved_round_starts) continue;
+    absl::Status saved = UpdateLocked(job.get(), [](v1::JobStatus*) {});
+    if (!saved.ok() && first_error.ok()) {
+      first_error = absl::Status(
+          saved.code(), absl::StrCat("storing job '", id,
+                                     "''s round-start reports: ",
+                                     saved.message()));
+    }
+  }
+  return first_error;
+}
+
 std::vector<std::string> JobManager::EndedBefore(absl::Time cutoff) const {
   std::vector<std::string> ended;
   for (const auto& [id, job] : Snapshot()) {
@@ -419,6 +435,7 @@ absl::Status JobManager::UpdateLocked(
   AppendStoreRecord(header, &batch);
   GS_RETURN_IF_ERROR(storage_->Apply(batch));
   change(&job->record);
+  job->unsaved_round_starts = false;
   return absl::OkStatus();
 }
 

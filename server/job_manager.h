@@ -177,9 +177,19 @@ class JobManager {
   // A member of `round` reported how its start went: folded into the job's
   // recovery that formed `round` (the slowest member's of each phase), and
   // counted in the phase histograms. A no-op when no recovery formed
-  // `round`. NOT_FOUND for an unknown job.
+  // `round`. NOT_FOUND for an unknown job. In memory only, at once (it runs
+  // on the heartbeat path): the record is stored by the next
+  // SaveRoundStarts, or by any other change of it, so that a round of N
+  // members costs a few writes instead of N. A crash may lose the reports
+  // since the last save: timings, not the job's state.
   absl::Status RecordRoundStart(absl::string_view job_id, int64_t round,
                                 const v1::RoundStartTimings& timings);
+
+  // Stores the records that RecordRoundStart changed since they were last
+  // stored, one write per job (the coordinator calls it every poll and as
+  // it stops). The first error; a record it could not store is tried again
+  // at the next call.
+  absl::Status SaveRoundStarts();
 
   // The job's round, state and reason; NOT_FOUND for an unknown id.
   absl::StatusOr<JobPhase> GetPhase(absl::string_view job_id) const;
@@ -209,10 +219,13 @@ class JobManager {
     absl::Mutex mu;
     v1::JobStatus record ABSL_GUARDED_BY(mu);
     int64_t next_change ABSL_GUARDED_BY(mu) = 0;
+    // The record holds round-start reports that storage does not yet.
+    bool unsaved_round_starts ABSL_GUARDED_BY(mu) = false;
   };
 
   // Applies `change` to the stored record (without its members), then, once
-  // stored, to the job's record.
+  // stored, to the job's record (with the round-start reports it held:
+  // they are stored then too).
   absl::Status UpdateLocked(Job* job,
                             const std::function<void(v1::JobStatus*)>& change)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);

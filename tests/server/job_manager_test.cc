@@ -442,6 +442,7 @@ TEST_F(JobManagerTest, ALoadedRecordEqualsTheLiveOneAfterEveryKindOfChange) {
   HealthUpdate exited;
   exited.members.push_back({0, v1::MEMBER_STATE_EXITED, "succeeded"});
   ASSERT_TRUE(jobs_.RecordHealth("train", 2, exited).ok());
+  ASSERT_TRUE(jobs_.SaveRoundStarts().ok());  // the coordinator's poll
   reloaded_equals_live("a recovery");
   // Round 1's parts went with it.
   const std::vector<Storage::Entry> keys = storage_.Scan("jobs/", true).value();
@@ -591,6 +592,56 @@ TEST_F(JobManagerTest, LoadFromStorageOfACorruptRecordIsDataLoss) {
   absl::Status status = reloaded.LoadFromStorage();
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(status.message(), HasSubstr("jobs/broken"));
+}
+
+// Round-start reports come with members' heartbeats, one per member of a
+// recovered round: they are kept in memory and stored by the next save,
+// one write per job however many came, so that a round of 100,000 members
+// does not make 100,000 commits on the heartbeat path.
+TEST(JobManagerRoundStartTest, ReportsAreStoredByTheNextSaveInOneWrite) {
+  testing::ControlledStorage storage;
+  FakeClock clock;
+  JobManager jobs(&storage, &clock);
+  ASSERT_TRUE(jobs.Create(Config("train", 1, 3)).ok());
+  ASSERT_TRUE(jobs.RecordRoundClosed("train", 1, v1::BACKEND_GLOO,
+                                     ManyMembers(3)).ok());
+  ASSERT_TRUE(jobs.RecordRoundSuperseded("train", "rank 2 lost").ok());
+  v1::Recovery recovery;
+  recovery.set_new_round(2);
+  ASSERT_TRUE(jobs.RecordRoundClosed("train", 2, v1::BACKEND_GLOO,
+                                     ManyMembers(2), &recovery).ok());
+  const size_t writes = storage.batches().size();
+  for (int seconds : {1, 3}) {
+    v1::RoundStartTimings timings;
+    timings.mutable_first_step()->set_seconds(seconds);
+    ASSERT_TRUE(jobs.RecordRoundStart("train", 2, timings).ok());
+  }
+  EXPECT_EQ(storage.batches().size(), writes) << "written on the report";
+  // Shown at once: the slowest member's first step, and both reports.
+  v1::Recovery shown = jobs.Get("train")->recoveries(0);
+  EXPECT_EQ(shown.round_start().first_step().seconds(), 3);
+  EXPECT_EQ(shown.round_start_reports(), 2);
+
+  ASSERT_TRUE(jobs.SaveRoundStarts().ok());
+  EXPECT_EQ(storage.batches().size(), writes + 1);
+  ASSERT_TRUE(jobs.SaveRoundStarts().ok());
+  EXPECT_EQ(storage.batches().size(), writes + 1) << "nothing new to store";
+  JobManager reloaded(&storage, &clock);
+  ASSERT_TRUE(reloaded.LoadFromStorage().ok());
+  EXPECT_EQ(reloaded.Get("train")->recoveries(0).round_start_reports(), 2);
+
+  // A save that fails keeps the reports for the next one.
+  v1::RoundStartTimings later;
+  ASSERT_TRUE(jobs.RecordRoundStart("train", 2, later).ok());
+  storage.SetFailing(true);
+  const absl::Status failed = jobs.SaveRoundStarts();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
+  EXPECT_THAT(failed.message(), HasSubstr("job 'train'"));
+  storage.SetFailing(false);
+  ASSERT_TRUE(jobs.SaveRoundStarts().ok());
+  JobManager again(&storage, &clock);
+  ASSERT_TRUE(again.LoadFromStorage().ok());
+  EXPECT_EQ(again.Get("train")->recoveries(0).round_start_reports(), 3);
 }
 
 // Per-job locks: while job a's commit is held in storage, job b's writes and

@@ -209,6 +209,44 @@ TEST_F(HealthReporterTest, DeadCoordinatorNeverBlocksUpdatesAndIsRetried) {
   ASSERT_TRUE(Eventually([&] { return Job().members(0).metrics().step() == 9999; }));
 }
 
+TEST_F(HealthReporterTest, RoundStartReportsAreStoredByThePollAndOutliveARestart) {
+  StartCoordinator(/*port=*/0, &storage_);
+  const int port = port_;
+  JoinOne("inc-a");
+  // A new process on the node: round 2 forms as a recovery.
+  const v1::Assignment b = JoinOne("inc-b");
+  auto client = Client(port);
+  HealthReporter reporter(client.get(), FastOptions());
+  reporter.Start(b, "inc-b");
+  v1::WorkerMetrics started = Step(0);
+  started.mutable_round_start()->mutable_first_step()->set_seconds(2);
+  reporter.Update(started);
+  const auto reports = [](const v1::JobStatus& job) {
+    return job.recoveries_size() == 0
+               ? 0
+               : job.recoveries(job.recoveries_size() - 1).round_start_reports();
+  };
+  ASSERT_TRUE(Eventually([&] { return reports(Job()) == 1; }));
+  // Stored by a poll of the running coordinator (not only as it stops).
+  ASSERT_TRUE(Eventually([&] {
+    v1::JobStatus stored;
+    absl::StatusOr<std::string> record = storage_.Get("jobs/train");
+    return record.ok() && stored.ParseFromString(*record) &&
+           reports(stored) == 1;
+  }));
+  reporter.Stop();
+  coordinator_.reset();
+  StartCoordinator(port, &storage_);
+  const v1::JobStatus restored = Job();
+  EXPECT_EQ(reports(restored), 1) << restored.DebugString();
+  ASSERT_GT(restored.recoveries_size(), 0);
+  EXPECT_EQ(restored.recoveries(restored.recoveries_size() - 1)
+                .round_start()
+                .first_step()
+                .seconds(),
+            2);
+}
+
 TEST_F(HealthReporterTest, RefusedMemberWaitsForANewStart) {
   StartCoordinator();
   v1::Assignment a = JoinOne("inc-a");
