@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,7 @@
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/process_usage.h"
+#include "proto/gradsync/v1/health.grpc.pb.h"
 #include "proto/gradsync/v1/jobs.grpc.pb.h"
 #include "proto/gradsync/v1/kv.grpc.pb.h"
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
@@ -65,6 +67,11 @@ ABSL_FLAG(std::string, coordinator, "",
           "HOST:PORT of a running coordinator (default: start one in-process "
           "on 127.0.0.1)");
 ABSL_FLAG(int, kv_ops, 20000, "key-value Set+Get pairs to time");
+ABSL_FLAG(bool, completions, false,
+          "after the key-value load, every worker reports its success "
+          "(Monitor.ReportCompletion): the time until the job SUCCEEDED");
+ABSL_FLAG(int, completions_in_flight, 1000,
+          "with --completions, completion reports in flight at once");
 ABSL_FLAG(int, kv_in_flight, 64, "key-value calls in flight at once");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(120),
           "give up when the load has not finished within this time");
@@ -194,6 +201,8 @@ struct JoinResult {
   int wrong = 0;
   int failed = 0;
   std::string first_error;
+  // Every ranked process, as it names itself in reports.
+  std::vector<v1::MemberRef> members;
 };
 
 // The job the simulated workers join: `workers` ranks as nodes of `nproc`.
@@ -359,11 +368,16 @@ bool RunJoins(const std::string& target,
   if (!answered) return false;
   absl::Time last = start;
   std::vector<int> rank_seen(workers, 0);
-  auto check = [&](const v1::Assignment& a) {
+  auto check = [&](const v1::Assignment& a, const v1::NodeDescriptor& node) {
     if (a.rank() < 0 || a.rank() >= workers || a.world_size() != workers ||
         rank_seen[a.rank()]++ > 0) {
       ++result->wrong;
     }
+    v1::MemberRef& member = result->members.emplace_back();
+    member.set_job_id(a.job_id());
+    member.set_round(a.round());
+    member.set_rank(a.rank());
+    member.set_incarnation_id(node.incarnation_id());
   };
   for (const auto& call : calls) {
     if (!call->status.ok()) {
@@ -373,11 +387,14 @@ bool RunJoins(const std::string& target,
     last = std::max(last, call->received);
     result->latencies.push_back(call->received - call->sent);
     if (nproc == 1) {
-      check(call->response.assignment());
+      check(call->response.assignment(), call->request.node());
     } else if (call->node_response.assignments_size() != nproc) {
       ++result->wrong;
     } else {
-      for (const v1::Assignment& a : call->node_response.assignments()) check(a);
+      for (int k = 0; k < nproc; ++k) {
+        check(call->node_response.assignments(k),
+              call->node_request.processes(k).node());
+      }
     }
   }
   result->calls = calls.size();
@@ -508,6 +525,72 @@ class KvLoad {
   KvResult result_;
   absl::Notification done_;
 };
+
+// Every member reports its success, with a bounded number of reports in
+// flight; the time from the first sent to the last answered.
+struct CompletionResult {
+  std::vector<absl::Duration> latencies;
+  int failed = 0;
+  std::string first_error;
+  absl::Duration elapsed;
+};
+
+CompletionResult RunCompletions(
+    const std::vector<std::shared_ptr<grpc::Channel>>& channels,
+    const std::vector<v1::MemberRef>& members, int in_flight) {
+  struct Call {
+    grpc::ClientContext context;
+    v1::ReportCompletionRequest request;
+    v1::ReportCompletionResponse response;
+    absl::Time sent;
+  };
+  std::vector<std::unique_ptr<v1::Monitor::Stub>> stubs;
+  for (const auto& channel : channels) stubs.push_back(v1::Monitor::NewStub(channel));
+  CompletionResult result;
+  absl::Mutex mu;
+  size_t next = 0, answered = 0;
+  absl::Notification all_done;
+  std::function<void()> start_next = [&] {
+    size_t i;
+    {
+      absl::MutexLock lock(&mu);
+      if (next >= members.size()) return;
+      i = next++;
+    }
+    auto* call = new Call();
+    *call->request.mutable_member() = members[i];
+    call->request.set_success(true);
+    call->context.set_deadline(std::chrono::system_clock::now() +
+                               std::chrono::seconds(120));
+    Authorize(&call->context);
+    call->sent = absl::Now();
+    stubs[i % stubs.size()]->async()->ReportCompletion(
+        &call->context, &call->request, &call->response,
+        [&, call](grpc::Status status) {
+          const absl::Duration latency = absl::Now() - call->sent;
+          delete call;
+          bool last;
+          {
+            absl::MutexLock lock(&mu);
+            result.latencies.push_back(latency);
+            if (!status.ok() && result.failed++ == 0) {
+              result.first_error = status.error_message();
+            }
+            last = ++answered == members.size();
+          }
+          if (last) {
+            all_done.Notify();
+          } else {
+            start_next();
+          }
+        });
+  };
+  const absl::Time start = absl::Now();
+  for (int k = 0; k < in_flight; ++k) start_next();
+  all_done.WaitForNotification();
+  result.elapsed = absl::Now() - start;
+  return result;
+}
 
 int Main() {
   SetMinLogSeverity(LogSeverity::kWarning);
@@ -640,13 +723,40 @@ int Main() {
   std::printf("key-value: %.0f calls/s with %d in flight (#wrong %d, "
               "#failed %d)\n",
               kv_rate, absl::GetFlag(FLAGS_kv_in_flight), kv.wrong, kv.failed);
+  CompletionResult ends;
+  std::string end_state = "-";
+  if (absl::GetFlag(FLAGS_completions) && !joins.members.empty()) {
+    ends = RunCompletions(channels, joins.members,
+                          absl::GetFlag(FLAGS_completions_in_flight));
+    auto jobs = v1::Jobs::NewStub(channels.front());
+    grpc::ClientContext context;
+    Authorize(&context);
+    v1::GetJobRequest request;
+    request.set_job_id(absl::GetFlag(FLAGS_job));
+    request.mutable_members()->set_none(true);
+    v1::GetJobResponse response;
+    const grpc::Status got = jobs->GetJob(&context, request, &response);
+    end_state = got.ok() ? v1::JobState_Name(response.job().state())
+                         : got.error_message();
+    PrintRow("Completion", ends.latencies.size(), Summarize(ends.latencies));
+    std::printf("completions: all %zu answered in %.3f s (%.1f us each; "
+                "#failed %d%s%s); job %s\n",
+                joins.members.size(), absl::ToDoubleSeconds(ends.elapsed),
+                absl::ToDoubleMicroseconds(ends.elapsed) / joins.members.size(),
+                ends.failed, ends.failed > 0 ? ": " : "",
+                ends.first_error.c_str(), end_state.c_str());
+  }
   std::printf("RESULT workers=%d nproc_per_node=%d client=%s ranked_s=%.4f "
               "per_join_us=%.1f wrong=%d failed=%d kv_calls_per_s=%.0f "
               "rss_bytes_per_rank=%.0f\n",
               workers, nproc, use_h2 ? "h2" : "grpc",
               absl::ToDoubleSeconds(joins.all_ranked),
               per_join_us, joins.wrong, joins.failed, kv_rate, bytes_per_rank);
-  return (joins.wrong + joins.failed + kv.wrong + kv.failed) == 0 ? 0 : 1;
+  const bool ended = !absl::GetFlag(FLAGS_completions) ||
+                     (ends.failed == 0 && end_state == "JOB_STATE_SUCCEEDED");
+  return (joins.wrong + joins.failed + kv.wrong + kv.failed) == 0 && ended
+             ? 0
+             : 1;
 }
 
 }  // namespace

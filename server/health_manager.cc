@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <memory>
+#include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
@@ -440,73 +443,141 @@ void HealthManager::RecordReadyTimes(JobHealth* job, int rank,
 
 absl::StatusOr<v1::JobState> HealthManager::ReportCompletion(
     const v1::ReportCompletionRequest& request) {
-  absl::StatusOr<v1::JobState> state = HandleCompletion(request);
-  ReportQueued();
-  return state;
+  return ReportCompletions({&request})[0];
 }
 
-absl::StatusOr<v1::JobState> HealthManager::HandleCompletion(
-    const v1::ReportCompletionRequest& request) {
-  Session session;
-  GS_RETURN_IF_ERROR(Resolve(&session, request.member()));
+std::vector<absl::StatusOr<v1::JobState>> HealthManager::ReportCompletions(
+    const std::vector<const v1::ReportCompletionRequest*>& requests) {
+  std::vector<absl::StatusOr<v1::JobState>> answers(
+      requests.size(), absl::UnknownError("not recorded"));
+  // The valid ones, by job (in order of first appearance), then rank.
+  struct Batch {
+    std::shared_ptr<JobHealth> job;
+    std::vector<int> ranks;
+    std::vector<const v1::ReportCompletionRequest*> requests;
+    std::vector<size_t> slots;
+  };
+  std::vector<Batch> batches;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Session session;
+    absl::Status checked = CheckCompletion(&session, *requests[i]);
+    if (!checked.ok()) {
+      answers[i] = checked;
+      continue;
+    }
+    auto batch = std::find_if(batches.begin(), batches.end(),
+                              [&](const Batch& b) { return b.job == session.job; });
+    if (batch == batches.end()) {
+      batches.push_back(Batch{session.job, {}, {}, {}});
+      batch = batches.end() - 1;
+    }
+    batch->ranks.push_back(session.rank);
+    batch->requests.push_back(requests[i]);
+    batch->slots.push_back(i);
+  }
+  for (const Batch& batch : batches) {
+    RecordCompletions(batch.job.get(), batch.ranks, batch.requests, batch.slots,
+                      &answers);
+  }
+  ReportQueued();
+  return answers;
+}
+
+absl::Status HealthManager::CheckCompletion(
+    Session* session, const v1::ReportCompletionRequest& request) {
+  GS_RETURN_IF_ERROR(Resolve(session, request.member()));
   if (request.has_metrics()) GS_RETURN_IF_ERROR(ValidateMetrics(request.metrics()));
   if (request.message().size() > kMaxErrorBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("message is at most ", kMaxErrorBytes, " bytes"));
   }
-  JobHealth* job = session.job.get();
-  const int rank = session.rank;
+  return absl::OkStatus();
+}
+
+void HealthManager::RecordCompletions(
+    JobHealth* job, const std::vector<int>& ranks,
+    const std::vector<const v1::ReportCompletionRequest*>& requests,
+    const std::vector<size_t>& slots,
+    std::vector<absl::StatusOr<v1::JobState>>* answers) {
   absl::MutexLock lock(&job->mu);
-  MemberHealth& m = job->members[rank];
-  if (m.state == v1::MEMBER_STATE_EXITED) return job->state;  // a repeat
-  m.heard = true;
-  m.last_seen = clock_->Now();
-  if (request.has_metrics() && job->detecting()) {
-    // The last step's fingerprints come with the completions; the members
-    // are leaving, so a divergence now fails the job.
-    RecordFingerprints(job, rank, request.metrics(), /*can_heal=*/false);
+  const absl::Time now = clock_->Now();
+  // Each member's first report of the batch; repeats (of a member that
+  // exited before, or twice here) are answered with the job's state.
+  std::vector<size_t> firsts;
+  std::set<int> seen;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    MemberHealth& m = job->members[ranks[i]];
+    if (m.state == v1::MEMBER_STATE_EXITED || !seen.insert(ranks[i]).second) {
+      continue;
+    }
+    firsts.push_back(i);
+    const v1::ReportCompletionRequest& request = *requests[i];
+    m.heard = true;
+    m.last_seen = now;
+    if (request.has_metrics() && job->detecting()) {
+      // The last step's fingerprints come with the completions; the
+      // members are leaving, so a divergence now fails the job.
+      RecordFingerprints(job, ranks[i], request.metrics(), /*can_heal=*/false);
+    }
+    if (request.has_metrics()) {
+      m.metrics = request.metrics();
+      m.metrics.clear_recent_collectives();
+      m.metrics.clear_first_bucket_ready();
+      m.metrics.clear_replica_fingerprints();
+      m.buckets.Swap(m.metrics.mutable_buckets());
+      m.metrics.clear_buckets();
+    }
   }
-  if (request.has_metrics()) {
-    m.metrics = request.metrics();
-    m.metrics.clear_recent_collectives();
-    m.metrics.clear_first_bucket_ready();
-    m.metrics.clear_replica_fingerprints();
-    m.buckets.Swap(m.metrics.mutable_buckets());
-    m.metrics.clear_buckets();
-  }
-  HealthUpdate update;
-  if (request.success()) {
-    update.members.push_back({rank, v1::MEMBER_STATE_EXITED, "succeeded"});
-    m.succeeded = true;
-    if (++job->succeeded == static_cast<int>(job->members.size())) {
+  if (!job->detecting()) {
+    // The job already ended (or a divergence just failed it).
+    for (size_t i : firsts) job->members[ranks[i]].state = v1::MEMBER_STATE_EXITED;
+  } else if (!firsts.empty()) {
+    HealthUpdate update;
+    std::vector<int> succeeded;
+    for (size_t i : firsts) {
+      const v1::ReportCompletionRequest& request = *requests[i];
+      const int rank = ranks[i];
+      MemberHealth& m = job->members[rank];
+      if (request.success()) {
+        update.members.push_back({rank, v1::MEMBER_STATE_EXITED, "succeeded"});
+        m.succeeded = true;
+        ++job->succeeded;
+        succeeded.push_back(rank);
+        continue;
+      }
+      std::string how = absl::StrCat(
+          "failed with exit code ", request.exit_code(),
+          request.message().empty() ? "" : ": ", request.message());
+      if (update.job_state != v1::JOB_STATE_FAILED) {  // the first failure
+        update.job_state = v1::JOB_STATE_FAILED;
+        update.reason = absl::StrCat("rank ", rank, " (", m.host, ") ", how);
+      }
+      update.members.push_back({rank, v1::MEMBER_STATE_EXITED, std::move(how)});
+    }
+    if (update.job_state != v1::JOB_STATE_FAILED &&
+        job->succeeded == static_cast<int>(job->members.size())) {
       update.job_state = v1::JOB_STATE_SUCCEEDED;
       update.reason = absl::StrCat("all ", job->members.size(),
                                    " member(s) of round ", job->round,
                                    " succeeded");
     }
-  } else {
-    std::string how = absl::StrCat("failed with exit code ", request.exit_code(),
-                                   request.message().empty() ? "" : ": ",
-                                   request.message());
-    update.members.push_back({rank, v1::MEMBER_STATE_EXITED, how});
-    update.job_state = v1::JOB_STATE_FAILED;
-    update.reason = absl::StrCat("rank ", rank, " (", m.host, ") ", how);
-  }
-  if (!job->detecting()) {
-    m.state = v1::MEMBER_STATE_EXITED;  // the job already ended
-    return job->state;
-  }
-  if (!Transition(job, std::move(update)).ok()) {
-    // Superseded before this manager's Poll saw it: the member's success
-    // belongs to a round that is over, and it must rejoin to finish.
-    if (request.success()) {
-      m.succeeded = false;
-      --job->succeeded;
+    if (!Transition(job, std::move(update)).ok()) {
+      // Superseded before this manager's Poll saw it: the members'
+      // successes belong to a round that is over, and they must rejoin to
+      // finish.
+      for (int rank : succeeded) job->members[rank].succeeded = false;
+      job->succeeded -= static_cast<int>(succeeded.size());
+      job->current = false;
+      for (size_t i : firsts) {
+        (*answers)[slots[i]] = absl::AbortedError(RoundOver(job->job_id, job->round));
+      }
     }
-    job->current = false;
-    return absl::AbortedError(RoundOver(job->job_id, job->round));
   }
-  return job->state;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if ((*answers)[slots[i]].status().code() != absl::StatusCode::kAborted) {
+      (*answers)[slots[i]] = job->state;
+    }
+  }
 }
 
 void HealthManager::Forget(const std::string& job_id) {

@@ -198,6 +198,12 @@ class HealthManager : public RoundListener {
   // Records a member's completion; returns the job's state after it.
   absl::StatusOr<v1::JobState> ReportCompletion(
       const v1::ReportCompletionRequest& request);
+  // Records completions, with one write per job for those of its members
+  // (a job of N members ending makes N/batch writes, not N): each answer as
+  // ReportCompletion's for its request, by index. A request repeated in the
+  // batch (a retry) is answered as the first.
+  std::vector<absl::StatusOr<v1::JobState>> ReportCompletions(
+      const std::vector<const v1::ReportCompletionRequest*>& requests);
 
   // Ends the monitoring of superseded rounds, marks silent members LOST and
   // diagnoses hangs. Called every poll interval. The jobs' state is not
@@ -515,12 +521,22 @@ class HealthManager : public RoundListener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   void OnDivergence(JobHealth* job, DivergenceDetector::Outcome outcome,
                     bool can_heal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
-  // Heartbeat and ReportCompletion, but for ReportQueued.
+  // Heartbeat, but for ReportQueued.
   absl::StatusOr<bool> HandleHeartbeat(Session* session,
                                        v1::HeartbeatRequest* request,
                                        v1::HeartbeatResponse* response);
-  absl::StatusOr<v1::JobState> HandleCompletion(
-      const v1::ReportCompletionRequest& request);
+  // Checks a completion and finds its member; INVALID_ARGUMENT, NOT_FOUND,
+  // ABORTED, FAILED_PRECONDITION as Heartbeat.
+  absl::Status CheckCompletion(Session* session,
+                               const v1::ReportCompletionRequest& request);
+  // The completions of `ranks` of `job` (`requests` by the same index), in
+  // one transition; each one's answer into `answers` at its `slots` index.
+  void RecordCompletions(
+      JobHealth* job, const std::vector<int>& ranks,
+      const std::vector<const v1::ReportCompletionRequest*>& requests,
+      const std::vector<size_t>& slots,
+      std::vector<absl::StatusOr<v1::JobState>>* answers)
+      ABSL_LOCKS_EXCLUDED(job->mu);
   // Logs (and clears) the job's broken streams and reconnections.
   void LogReconnects(JobHealth* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // Sets or clears the hang diagnosis.

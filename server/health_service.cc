@@ -174,7 +174,8 @@ HealthService::HealthService(HealthManager* health, const Authenticator* auth,
       auth_(auth),
       limits_(limits),
       pacer_(max_heartbeat_rate > 0 ? std::make_unique<Pacer>(max_heartbeat_rate)
-                                    : nullptr) {}
+                                    : nullptr),
+      completions_(health) {}
 
 HealthService::~HealthService() = default;
 
@@ -421,10 +422,12 @@ grpc::ServerUnaryReactor* HealthService::ReportCompletion(
   if (auto* refused = auth_->Refuse(context, request->member().job_id())) {
     return refused;
   }
-  absl::StatusOr<v1::JobState> state = health_->ReportCompletion(*request);
-  if (state.ok()) response->set_job_state(*state);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(state.status()));
+  completions_.Report(*request, [reactor, response](
+                                    absl::StatusOr<v1::JobState> state) {
+    if (state.ok()) response->set_job_state(*state);
+    reactor->Finish(ToGrpcStatus(state.status()));
+  });
   return reactor;
 }
 

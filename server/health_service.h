@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "proto/gradsync/v1/health.grpc.pb.h"
 #include "server/authenticator.h"
+#include "server/completion_batcher.h"
 #include "server/completion_queues.h"
 #include "server/connection_limits.h"
 #include "server/health_manager.h"
@@ -20,7 +21,8 @@ namespace gradsync {
 //
 // Heartbeat streams (one member's, or a node's members' together) use the
 // asynchronous API on the coordinator's CompletionQueues (see there why);
-// ReportCompletion uses the callback API.
+// ReportCompletion uses the callback API, answered from a CompletionBatcher
+// (completions recorded in batches, off gRPC's threads).
 //
 // Lifetime: construct; Start() once the server is built (it requests the
 // first streams on every queue) and before the queues start; the queues'
@@ -62,6 +64,9 @@ class HealthService final
   ConnectionLimits* const limits_;
   // Null without a cap.
   const std::unique_ptr<Pacer> pacer_;
+  // Last: its thread records completions until the service goes, after
+  // the server that called ReportCompletion shut down.
+  CompletionBatcher completions_;
 };
 
 }  // namespace gradsync

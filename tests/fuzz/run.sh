@@ -25,6 +25,7 @@ library=(
   common/job_config.cc common/logging.cc common/self_set_timeout.cc
   common/token_file.cc
   server/authenticator.cc server/cancellable_reactor.cc
+  server/completion_batcher.cc
   server/completion_queues.cc server/connection_limits.cc server/coordinator.cc
   server/group_commit.cc server/hang_stack_request.cc server/share_balancer.cc
   server/health_detection.cc server/health_detectors.cc

@@ -1032,6 +1032,61 @@ TEST_F(HealthManagerTest, TwoReplicasThatDisagreeFailTheJobWithoutAMajority) {
   EXPECT_EQ(status.diagnosis().divergence().ranks_size(), 2);
 }
 
+// Completions recorded together (CompletionBatcher's batches) make one
+// write of the job's member changes, end the job as one by one would, and
+// answer a repeat as the first.
+TEST_F(HealthManagerTest, CompletionsOfABatchAreRecordedInOneWrite) {
+  StartJob(4);
+  std::vector<v1::ReportCompletionRequest> requests(5);
+  for (int i = 0; i < 5; ++i) {
+    *requests[i].mutable_member() = Ref(i == 4 ? 1 : i);  // rank 1 twice
+    requests[i].set_success(true);
+  }
+  std::vector<const v1::ReportCompletionRequest*> batch;
+  for (const auto& r : requests) batch.push_back(&r);
+  const std::vector<absl::StatusOr<v1::JobState>> answers =
+      health_.ReportCompletions(batch);
+  ASSERT_EQ(answers.size(), 5u);
+  for (const auto& answer : answers) {
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    EXPECT_EQ(*answer, v1::JOB_STATE_SUCCEEDED);
+  }
+  const v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_THAT(status.reason(), HasSubstr("all 4 member(s)"));
+  for (const v1::Member& m : status.members()) {
+    EXPECT_EQ(m.state(), v1::MEMBER_STATE_EXITED);
+  }
+  EXPECT_EQ(ended_.size(), 1u);
+  EXPECT_EQ(storage_.Scan("jobs/train/changes/", true)->size(), 1u);
+}
+
+TEST_F(HealthManagerTest, AFailureInABatchFailsTheJobAndAStrangerIsRefused) {
+  StartJob(3);
+  std::vector<v1::ReportCompletionRequest> requests(4);
+  for (int i = 0; i < 4; ++i) *requests[i].mutable_member() = Ref(i % 3);
+  requests[0].set_success(true);
+  requests[1].set_exit_code(3);  // rank 1 fails
+  requests[1].set_message("boom");
+  requests[2].set_success(true);
+  requests[3].mutable_member()->set_incarnation_id("someone-else");
+  std::vector<const v1::ReportCompletionRequest*> batch;
+  for (const auto& r : requests) batch.push_back(&r);
+  const std::vector<absl::StatusOr<v1::JobState>> answers =
+      health_.ReportCompletions(batch);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(answers[i].ok()) << answers[i].status();
+    EXPECT_EQ(*answers[i], v1::JOB_STATE_FAILED);
+  }
+  EXPECT_EQ(answers[3].status().code(), absl::StatusCode::kFailedPrecondition);
+  const v1::JobStatus status = Status();
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(status.reason(), "rank 1 (host-1) failed with exit code 3: boom");
+  for (const v1::Member& m : status.members()) {
+    EXPECT_EQ(m.state(), v1::MEMBER_STATE_EXITED);
+  }
+}
+
 // The last step's fingerprints come with the completions; the members are
 // leaving, so a divergence then fails the job instead of healing it.
 TEST_F(HealthManagerTest, ADivergenceFoundAtCompletionFailsTheJob) {
