@@ -69,6 +69,19 @@ absl::Status GroupCommit::AwaitDurable(uint64_t seq) {
   return OutcomeLocked(seq);
 }
 
+void GroupCommit::WhenDurable(uint64_t seq, WriteCallback done) {
+  absl::Status outcome;
+  {
+    absl::MutexLock lock(&mu_);
+    if (settled_seq_ < seq) {
+      waiters_.emplace(seq, std::move(done));
+      return;
+    }
+    outcome = OutcomeLocked(seq);
+  }
+  done(std::move(outcome));
+}
+
 uint64_t GroupCommit::SettledSeq() const {
   absl::MutexLock lock(&mu_);
   return settled_seq_;
@@ -99,6 +112,13 @@ void GroupCommit::FlushLoop() {
     for (std::vector<Queued>* done : {&batch, &failed_after}) {
       for (const Queued& q : *done) outcomes.push_back(OutcomeLocked(q.seq));
     }
+    // WhenDurable's callbacks of the writes settled now.
+    std::vector<std::pair<WriteCallback, absl::Status>> waiting;
+    const auto settled_end = waiters_.upper_bound(settled_seq_);
+    for (auto it = waiters_.begin(); it != settled_end; ++it) {
+      waiting.emplace_back(std::move(it->second), OutcomeLocked(it->first));
+    }
+    waiters_.erase(waiters_.begin(), settled_end);
     mu_.Unlock();
     size_t i = 0;
     for (std::vector<Queued>* done : {&batch, &failed_after}) {
@@ -107,6 +127,7 @@ void GroupCommit::FlushLoop() {
         ++i;
       }
     }
+    for (auto& [done, outcome] : waiting) done(std::move(outcome));
     mu_.Lock();
   }
   mu_.Unlock();

@@ -81,6 +81,10 @@ class GroupCommit {
   // Returns once write `seq` (and every write before it) is durable or has
   // failed; the write's outcome.
   absl::Status AwaitDurable(uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_);
+  // AwaitDurable without the wait: `done` gets the outcome at once (on
+  // this thread) when `seq` is settled, else on the committing thread once
+  // it is. Without locks held.
+  void WhenDurable(uint64_t seq, WriteCallback done) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Every write up to the one returned is durable or has failed.
   uint64_t SettledSeq() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -133,6 +137,8 @@ class GroupCommit {
   uint64_t settled_seq_ ABSL_GUARDED_BY(mu_) = 0;
   // Failed writes: seq -> error. The latest kMaxFailures are kept.
   std::map<uint64_t, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
+  // WhenDurable's callbacks, by the write they wait for.
+  std::multimap<uint64_t, WriteCallback> waiters_ ABSL_GUARDED_BY(mu_);
   std::thread flusher_;
 };
 

@@ -183,45 +183,85 @@ absl::StatusOr<std::string> KvManager::Get(const KvScope& scope,
   return std::move(value.data);
 }
 
+namespace {
+
+// The answer of an asynchronous call, waited for.
+template <typename T, typename Start>
+absl::StatusOr<T> AwaitAnswer(Start start) {
+  absl::Notification done;
+  absl::StatusOr<T> answer = absl::UnknownError("no answer");
+  start([&](absl::StatusOr<T> a) {
+    answer = std::move(a);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return answer;
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> KvManager::Add(const KvScope& scope,
                                        const std::string& key, int64_t delta,
                                        const std::string& request_id) {
-  uint64_t seq = 0;
+  return AwaitAnswer<int64_t>([&](AddCallback done) {
+    AddAsync(scope, key, delta, request_id, std::move(done));
+  });
+}
+
+void KvManager::AddAsync(const KvScope& scope, const std::string& key,
+                         int64_t delta, const std::string& request_id,
+                         AddCallback done) {
+  absl::Status refused;
+  uint64_t retried_seq = 0;  // of the first call's write, for a retry
   int64_t next = 0;
-  bool retried = false;
   {
     absl::MutexLock lock(&mu_);
-    GS_ASSIGN_OR_RETURN(JobKv * job, CheckScopeLocked(scope));
-    GS_RETURN_IF_ERROR(CheckKeyLocked(key));
-    GS_ASSIGN_OR_RETURN(const Applied* applied,
-                        FindRequestLocked(*job, request_id, /*add=*/true, key));
-    if (applied != nullptr) {  // a retry: answered as the first was
-      seq = applied->seq;
-      next = applied->value;
-      retried = true;
-    } else {
-      int64_t current = 0;
-      auto it = job->entries.find(key);
-      if (it != job->entries.end() &&
-          !absl::SimpleAtoi(it->second.data, &current)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "key '", key, "' holds a value that is not a decimal counter"));
-      }
-      if (__builtin_add_overflow(current, delta, &next)) {
-        return absl::OutOfRangeError(absl::StrCat(
-            "adding ", delta, " to counter '", key, "' (", current,
-            ") overflows 64 bits"));
-      }
-      const Applied record{true, key, next, 0};
-      GS_ASSIGN_OR_RETURN(seq, WriteLocked(scope, job, key, absl::StrCat(next),
-                                           nullptr, request_id, &record));
-    }
+    refused = AddLocked(scope, key, delta, request_id, &next, &retried_seq,
+                        &done);
+    if (refused.ok() && done == nullptr) return;  // queued with its write
   }
-  // (A retry comes back once the first call's write is durable, or with
-  // its failure, which dropped the record too.)
-  GS_RETURN_IF_ERROR(retried ? commit_.AwaitDurable(seq)
-                             : FinishWrite(scope, key, seq));
-  return next;
+  if (!refused.ok()) {
+    done(refused);
+    return;
+  }
+  // A retry: answered as the first was, once its write is durable (or
+  // with its failure, which dropped the record too).
+  commit_.WhenDurable(retried_seq, [next, done](absl::Status status) {
+    done(status.ok() ? absl::StatusOr<int64_t>(next) : status);
+  });
+}
+
+absl::Status KvManager::AddLocked(const KvScope& scope, const std::string& key,
+                                  int64_t delta, const std::string& request_id,
+                                  int64_t* next, uint64_t* retried_seq,
+                                  AddCallback* done) {
+  GS_ASSIGN_OR_RETURN(JobKv * job, CheckScopeLocked(scope));
+  GS_RETURN_IF_ERROR(CheckKeyLocked(key));
+  GS_ASSIGN_OR_RETURN(const Applied* applied,
+                      FindRequestLocked(*job, request_id, /*add=*/true, key));
+  if (applied != nullptr) {
+    *retried_seq = applied->seq;
+    *next = applied->value;
+    return absl::OkStatus();
+  }
+  int64_t current = 0;
+  auto it = job->entries.find(key);
+  if (it != job->entries.end() && !absl::SimpleAtoi(it->second.data, &current)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "key '", key, "' holds a value that is not a decimal counter"));
+  }
+  if (__builtin_add_overflow(current, delta, next)) {
+    return absl::OutOfRangeError(absl::StrCat("adding ", delta, " to counter '",
+                                              key, "' (", current,
+                                              ") overflows 64 bits"));
+  }
+  const Applied record{true, key, *next, 0};
+  WriteCallback on_commit = AnswerOnCommit(scope, key, *next, *done);
+  GS_RETURN_IF_ERROR(WriteLocked(scope, job, key, absl::StrCat(*next),
+                                 &on_commit, request_id, &record)
+                         .status());
+  *done = nullptr;  // answered with the write
+  return absl::OkStatus();
 }
 
 absl::StatusOr<CasResult> KvManager::CompareAndSet(const KvScope& scope,
@@ -230,63 +270,99 @@ absl::StatusOr<CasResult> KvManager::CompareAndSet(const KvScope& scope,
                                                    bool expect_absent,
                                                    const std::string& desired,
                                                    const std::string& request_id) {
+  return AwaitAnswer<CasResult>([&](CasCallback done) {
+    CompareAndSetAsync(scope, key, expected, expect_absent, desired, request_id,
+                       std::move(done));
+  });
+}
+
+void KvManager::CompareAndSetAsync(const KvScope& scope, const std::string& key,
+                                   const std::string& expected,
+                                   bool expect_absent,
+                                   const std::string& desired,
+                                   const std::string& request_id,
+                                   CasCallback done) {
   if (expect_absent && !expected.empty()) {
-    return absl::InvalidArgumentError(
-        "compare-and-set: give either expect_absent or expected, not both");
+    done(absl::InvalidArgumentError(
+        "compare-and-set: give either expect_absent or expected, not both"));
+    return;
   }
   CasResult cas;
-  uint64_t seq = 0;
-  bool retried = false;
+  uint64_t seq = 0;  // the write the answer waits for
+  absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
-    GS_ASSIGN_OR_RETURN(JobKv * job, CheckScopeLocked(scope));
-    GS_RETURN_IF_ERROR(CheckKeyLocked(key));
-    GS_ASSIGN_OR_RETURN(const Applied* applied,
-                        FindRequestLocked(*job, request_id, /*add=*/false, key));
-    auto it = job->entries.find(key);
-    const bool exists = it != job->entries.end();
-    if (applied != nullptr) {  // a retry of a swap: answered as it was
-      seq = applied->seq;
-      retried = true;
-      cas = CasResult{true, true, desired};
-    } else if (expect_absent ? !exists
-                             : (exists && it->second.data == expected)) {
-      const Applied record{false, key, 0, 0};
-      GS_ASSIGN_OR_RETURN(seq, WriteLocked(scope, job, key, desired, nullptr,
-                                           request_id, &record));
-      cas = CasResult{true, true, desired};
-    } else {
-      cas.exists = exists;
-      if (exists) {
-        cas.value = it->second.data;
-        seq = it->second.seq;  // shown only once durable
-      }
+    refused = CompareAndSetLocked(scope, key, expected, expect_absent, desired,
+                                  request_id, &cas, &seq, &done);
+    if (refused.ok() && done == nullptr) return;  // queued with its write
+  }
+  if (!refused.ok()) {
+    done(refused);
+    return;
+  }
+  // A retry of a swap, or no swap: answered once the value shown is durable.
+  commit_.WhenDurable(seq, [cas, done](absl::Status status) {
+    done(status.ok() ? absl::StatusOr<CasResult>(cas) : status);
+  });
+}
+
+absl::Status KvManager::CompareAndSetLocked(
+    const KvScope& scope, const std::string& key, const std::string& expected,
+    bool expect_absent, const std::string& desired,
+    const std::string& request_id, CasResult* cas, uint64_t* seq,
+    CasCallback* done) {
+  GS_ASSIGN_OR_RETURN(JobKv * job, CheckScopeLocked(scope));
+  GS_RETURN_IF_ERROR(CheckKeyLocked(key));
+  GS_ASSIGN_OR_RETURN(const Applied* applied,
+                      FindRequestLocked(*job, request_id, /*add=*/false, key));
+  auto it = job->entries.find(key);
+  const bool exists = it != job->entries.end();
+  if (applied != nullptr) {  // a retry of a swap: answered as it was
+    *seq = applied->seq;
+    *cas = CasResult{true, true, desired};
+    return absl::OkStatus();
+  }
+  if (!(expect_absent ? !exists : (exists && it->second.data == expected))) {
+    cas->exists = exists;
+    if (exists) {
+      cas->value = it->second.data;
+      *seq = it->second.seq;  // shown only once durable
     }
+    return absl::OkStatus();
   }
-  if (cas.swapped && !retried) {
-    GS_RETURN_IF_ERROR(FinishWrite(scope, key, seq));
-  } else {
-    GS_RETURN_IF_ERROR(commit_.AwaitDurable(seq));
-  }
-  return cas;
+  *cas = CasResult{true, true, desired};
+  const Applied record{false, key, 0, 0};
+  WriteCallback on_commit = AnswerOnCommit(scope, key, *cas, *done);
+  GS_RETURN_IF_ERROR(
+      WriteLocked(scope, job, key, desired, &on_commit, request_id, &record)
+          .status());
+  *done = nullptr;  // answered with the write
+  return absl::OkStatus();
 }
 
 absl::StatusOr<bool> KvManager::Delete(const KvScope& scope,
                                        const std::string& key) {
+  return AwaitAnswer<bool>([&](DeleteCallback done) {
+    DeleteAsync(scope, key, std::move(done));
+  });
+}
+
+void KvManager::DeleteAsync(const KvScope& scope, const std::string& key,
+                            DeleteCallback done) {
+  absl::Status refused;
+  bool existed = false;
   uint64_t seq = 0;
   {
     absl::MutexLock lock(&mu_);
-    GS_ASSIGN_OR_RETURN(JobKv * job, CheckScopeLocked(scope));
-    GS_RETURN_IF_ERROR(CheckKeyLocked(key));
-    auto it = job->entries.find(key);
-    if (it == job->entries.end()) return false;
-    job->bytes -= static_cast<int64_t>(key.size() + it->second.data.size());
-    job->entries.erase(it);
-    seq = QueueLocked(scope.job_id, {Storage::Mutation::Kind::kDelete,
-                                     StorageKey(scope, key), ""});
+    refused = DeleteLocked(scope, key, &existed, &seq);
   }
-  GS_RETURN_IF_ERROR(commit_.AwaitDurable(seq));
-  return true;
+  if (!refused.ok() || !existed) {
+    done(refused.ok() ? absl::StatusOr<bool>(false) : refused);
+    return;
+  }
+  commit_.WhenDurable(seq, [done](absl::Status status) {
+    done(status.ok() ? absl::StatusOr<bool>(true) : status);
+  });
 }
 
 absl::StatusOr<std::vector<Storage::Entry>> KvManager::List(
@@ -490,11 +566,34 @@ uint64_t KvManager::QueueLocked(const std::string& job_id,
   return commit_.Queue(job_id, std::move(mutation), std::move(done));
 }
 
-absl::Status KvManager::FinishWrite(const KvScope& scope,
-                                    const std::string& key, uint64_t seq) {
-  GS_RETURN_IF_ERROR(commit_.AwaitDurable(seq));
-  WakeKey(scope, key);
+absl::Status KvManager::DeleteLocked(const KvScope& scope,
+                                     const std::string& key, bool* existed,
+                                     uint64_t* seq) {
+  GS_ASSIGN_OR_RETURN(JobKv * job, CheckScopeLocked(scope));
+  GS_RETURN_IF_ERROR(CheckKeyLocked(key));
+  auto it = job->entries.find(key);
+  if (it == job->entries.end()) return absl::OkStatus();
+  *existed = true;
+  job->bytes -= static_cast<int64_t>(key.size() + it->second.data.size());
+  job->entries.erase(it);
+  *seq = QueueLocked(scope.job_id, {Storage::Mutation::Kind::kDelete,
+                                    StorageKey(scope, key), ""});
   return absl::OkStatus();
+}
+
+template <typename T>
+KvManager::WriteCallback KvManager::AnswerOnCommit(
+    const KvScope& scope, const std::string& key, T answer,
+    std::function<void(absl::StatusOr<T>)> done) {
+  return [this, scope, key, answer = std::move(answer),
+          done = std::move(done)](absl::Status status) {
+    if (!status.ok()) {
+      done(status);
+      return;
+    }
+    WakeKey(scope, key);  // waits on the key complete first
+    done(answer);
+  };
 }
 
 void KvManager::WakeKey(const KvScope& scope, const std::string& key) {

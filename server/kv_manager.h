@@ -76,6 +76,11 @@ class KvManager : public RoundListener {
   using WaitCallback = std::function<void(absl::Status)>;
   // Called exactly once with the outcome of a write (SetAsync).
   using WriteCallback = std::function<void(absl::Status)>;
+  // Called exactly once with the answer of AddAsync, CompareAndSetAsync,
+  // DeleteAsync.
+  using AddCallback = std::function<void(absl::StatusOr<int64_t>)>;
+  using CasCallback = std::function<void(absl::StatusOr<CasResult>)>;
+  using DeleteCallback = std::function<void(absl::StatusOr<bool>)>;
 
   // Starts the thread that commits queued writes (GroupCommit); the
   // destructor commits what is still queued and stops it.
@@ -141,6 +146,19 @@ class KvManager : public RoundListener {
                                           const std::string& request_id = "");
   // Returns whether `key` existed.
   absl::StatusOr<bool> Delete(const KvScope& scope, const std::string& key);
+  // Add, CompareAndSet and Delete without the wait: `done` gets the answer
+  // once the write it shows is durable (on the committing thread, no lock
+  // held), or before the call returns when there is nothing to wait for.
+  // The gRPC handlers use these, so that no gRPC thread waits for storage
+  // and every call in flight can share a commit.
+  void AddAsync(const KvScope& scope, const std::string& key, int64_t delta,
+                const std::string& request_id, AddCallback done);
+  void CompareAndSetAsync(const KvScope& scope, const std::string& key,
+                          const std::string& expected, bool expect_absent,
+                          const std::string& desired,
+                          const std::string& request_id, CasCallback done);
+  void DeleteAsync(const KvScope& scope, const std::string& key,
+                   DeleteCallback done);
   absl::StatusOr<std::vector<Storage::Entry>> List(const KvScope& scope,
                                                    const std::string& prefix,
                                                    bool keys_only);
@@ -236,10 +254,34 @@ class KvManager : public RoundListener {
   uint64_t QueueLocked(const std::string& job_id, Storage::Mutation mutation,
                        WriteCallback done = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Waits until write `seq` of `key` is durable, then completes the waits it
-  // was the last missing key of. The write's outcome.
-  absl::Status FinishWrite(const KvScope& scope, const std::string& key,
-                           uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_);
+  // The locked parts of AddAsync, CompareAndSetAsync and DeleteAsync: the
+  // checks, and the write queued. A write queued takes `*done` (then null),
+  // called on its commit; otherwise the caller answers with what they set
+  // (an Add's retry and a compare-and-set that shows a value: once `*seq`
+  // is durable).
+  absl::Status AddLocked(const KvScope& scope, const std::string& key,
+                         int64_t delta, const std::string& request_id,
+                         int64_t* next, uint64_t* retried_seq,
+                         AddCallback* done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CompareAndSetLocked(const KvScope& scope,
+                                   const std::string& key,
+                                   const std::string& expected,
+                                   bool expect_absent,
+                                   const std::string& desired,
+                                   const std::string& request_id,
+                                   CasResult* cas, uint64_t* seq,
+                                   CasCallback* done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DeleteLocked(const KvScope& scope, const std::string& key,
+                            bool* existed, uint64_t* seq)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The callback of a write of `key` answering `answer`: once it is
+  // durable, completes the waits it was the last missing key of, then
+  // calls `done`; its failure goes to `done`.
+  template <typename T>
+  WriteCallback AnswerOnCommit(const KvScope& scope, const std::string& key,
+                               T answer,
+                               std::function<void(absl::StatusOr<T>)> done);
   // Completes the waits on `key`, whose write is now durable.
   void WakeKey(const KvScope& scope, const std::string& key)
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -63,11 +63,14 @@ grpc::ServerUnaryReactor* KvService::Add(grpc::CallbackServerContext* context,
   if (auto* refused = auth_->Refuse(context, request->scope().job_id())) {
     return refused;
   }
-  absl::StatusOr<int64_t> value =
-      kv_->Add(ToScope(request->scope()), request->key(), request->delta(),
-               request->request_id());
-  if (value.ok()) response->set_value(*value);
-  return Done(context, value.status());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  kv_->AddAsync(ToScope(request->scope()), request->key(), request->delta(),
+                request->request_id(),
+                [this, context, reactor, response](absl::StatusOr<int64_t> value) {
+                  if (value.ok()) response->set_value(*value);
+                  Finish(context, reactor, value.status());
+                });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* KvService::CompareAndSet(
@@ -77,15 +80,19 @@ grpc::ServerUnaryReactor* KvService::CompareAndSet(
   if (auto* refused = auth_->Refuse(context, request->scope().job_id())) {
     return refused;
   }
-  absl::StatusOr<CasResult> result = kv_->CompareAndSet(
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  kv_->CompareAndSetAsync(
       ToScope(request->scope()), request->key(), request->expected(),
-      request->expect_absent(), request->desired(), request->request_id());
-  if (result.ok()) {
-    response->set_swapped(result->swapped);
-    response->set_exists(result->exists);
-    response->set_value(std::move(result->value));
-  }
-  return Done(context, result.status());
+      request->expect_absent(), request->desired(), request->request_id(),
+      [this, context, reactor, response](absl::StatusOr<CasResult> result) {
+        if (result.ok()) {
+          response->set_swapped(result->swapped);
+          response->set_exists(result->exists);
+          response->set_value(std::move(result->value));
+        }
+        Finish(context, reactor, result.status());
+      });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* KvService::Wait(grpc::CallbackServerContext* context,
@@ -113,10 +120,13 @@ grpc::ServerUnaryReactor* KvService::Delete(
   if (auto* refused = auth_->Refuse(context, request->scope().job_id())) {
     return refused;
   }
-  absl::StatusOr<bool> existed =
-      kv_->Delete(ToScope(request->scope()), request->key());
-  if (existed.ok()) response->set_existed(*existed);
-  return Done(context, existed.status());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  kv_->DeleteAsync(ToScope(request->scope()), request->key(),
+                   [this, context, reactor, response](absl::StatusOr<bool> existed) {
+                     if (existed.ok()) response->set_existed(*existed);
+                     Finish(context, reactor, existed.status());
+                   });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* KvService::List(grpc::CallbackServerContext* context,

@@ -82,6 +82,54 @@ TEST(GroupCommitTest, WritesQueuedDuringACommitShareTheNext) {
   EXPECT_TRUE(storage.Get("k10").ok());
 }
 
+// WhenDurable: at once for a settled write, on the commit for one queued,
+// with the write's outcome.
+TEST(GroupCommitTest, WhenDurableAnswersOnceTheWriteSettles) {
+  ControlledStorage storage(/*open=*/false);
+  absl::Mutex owner;
+  Outcomes outcomes;
+  GroupCommit commit(&storage, &owner, [](const std::set<std::string>&) {});
+  commit.WhenDurable(0, outcomes.At(0));  // nothing to wait for
+  {
+    absl::MutexLock lock(&outcomes.mu);
+    EXPECT_TRUE(outcomes.statuses[0].ok()) << outcomes.statuses[0];
+  }
+  uint64_t held;
+  {
+    absl::MutexLock lock(&owner);
+    held = commit.Queue("a", Put("k"));
+  }
+  storage.AwaitEntered(1);
+  commit.WhenDurable(held, outcomes.At(1));
+  {
+    absl::MutexLock lock(&outcomes.mu);
+    EXPECT_EQ(outcomes.statuses[1].code(), absl::StatusCode::kUnknown)
+        << "answered before the commit";
+  }
+  storage.Open();
+  ASSERT_TRUE(commit.AwaitDurable(held).ok());
+  commit.WhenDurable(held, outcomes.At(2));  // settled by now
+  storage.FailNext();
+  uint64_t failing;
+  {
+    absl::MutexLock lock(&owner);
+    failing = commit.Queue("a", Put("k2"));
+  }
+  commit.WhenDurable(failing, outcomes.At(3));
+  EXPECT_FALSE(commit.AwaitDurable(failing).ok());
+  absl::MutexLock lock(&outcomes.mu);
+  // (Its callback runs just after AwaitDurable's waiters wake.)
+  const auto answered = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(outcomes.mu) {
+    return outcomes.statuses[3].code() != absl::StatusCode::kUnknown;
+  };
+  outcomes.mu.Await(absl::Condition(&answered));
+  EXPECT_TRUE(outcomes.statuses[1].ok()) << outcomes.statuses[1];
+  EXPECT_TRUE(outcomes.statuses[2].ok()) << outcomes.statuses[2];
+  EXPECT_EQ(outcomes.statuses[3].code(), absl::StatusCode::kUnavailable)
+      << outcomes.statuses[3];
+  EXPECT_THAT(outcomes.statuses[3].message(), HasSubstr("disk full"));
+}
+
 TEST(GroupCommitTest, AFailedCommitFailsItsJobsWritesAndThoseQueuedBehindThem) {
   ControlledStorage storage(/*open=*/false);
   absl::Mutex owner;

@@ -90,6 +90,54 @@ TEST_F(KvDurabilityTest, WritesQueuedDuringACommitShareTheNextOne) {
   EXPECT_EQ(kv_.QueuedWrites(), 0);
 }
 
+// The asynchronous calls (the gRPC handlers'): issued from one thread
+// while a commit runs, they queue without waiting and share the next
+// commit; each answers once its write is durable.
+TEST_F(KvDurabilityTest, AsyncAddsCompareAndSetsAndDeletesShareACommit) {
+  ASSERT_TRUE(kv_.Set(scope_, "gone", "v").ok());
+  ASSERT_NO_FATAL_FAILURE(HoldAFirstWrite());
+  absl::Mutex mu;
+  std::vector<std::string> answers;
+  const auto note = [&](std::string answer) {
+    absl::MutexLock lock(&mu);
+    answers.push_back(std::move(answer));
+  };
+  for (int i = 0; i < 3; ++i) {
+    kv_.AddAsync(scope_, "counter", 1, absl::StrCat("id-", i),
+                 [&](absl::StatusOr<int64_t> v) {
+                   note(v.ok() ? absl::StrCat("add ", *v) : v.status().ToString());
+                 });
+  }
+  kv_.CompareAndSetAsync(scope_, "cas", "", /*expect_absent=*/true, "x", "",
+                         [&](absl::StatusOr<CasResult> r) {
+                           note(r.ok() ? absl::StrCat("cas ", r->swapped)
+                                       : r.status().ToString());
+                         });
+  kv_.DeleteAsync(scope_, "gone", [&](absl::StatusOr<bool> existed) {
+    note(existed.ok() ? absl::StrCat("delete ", *existed)
+                      : existed.status().ToString());
+  });
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_THAT(answers, ::testing::IsEmpty()) << "answered before durable";
+  }
+  EXPECT_EQ(kv_.QueuedWrites(), 5);
+  storage_.Open();
+  first_thread_.join();
+  ASSERT_TRUE(Eventually([&] {
+    absl::MutexLock lock(&mu);
+    return answers.size() == 5;
+  }));
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_THAT(answers, ElementsAre("add 1", "add 2", "add 3", "cas 1",
+                                     "delete 1"));
+  }
+  EXPECT_EQ(storage_.batches().back(), 5u + 3u)  // the writes and 3 ids
+      << "one commit for all five";
+  EXPECT_EQ(*kv_.Get(scope_, "counter"), "3");
+}
+
 TEST_F(KvDurabilityTest, NothingIsShownBeforeItIsDurable) {
   ASSERT_NO_FATAL_FAILURE(HoldAFirstWrite());
   absl::Notification got, waited;
