@@ -511,22 +511,7 @@ void HealthManager::RecordCompletions(
       continue;
     }
     firsts.push_back(i);
-    const v1::ReportCompletionRequest& request = *requests[i];
-    m.heard = true;
-    m.last_seen = now;
-    if (request.has_metrics() && job->detecting()) {
-      // The last step's fingerprints come with the completions; the
-      // members are leaving, so a divergence now fails the job.
-      RecordFingerprints(job, ranks[i], request.metrics(), /*can_heal=*/false);
-    }
-    if (request.has_metrics()) {
-      m.metrics = request.metrics();
-      m.metrics.clear_recent_collectives();
-      m.metrics.clear_first_bucket_ready();
-      m.metrics.clear_replica_fingerprints();
-      m.buckets.Swap(m.metrics.mutable_buckets());
-      m.metrics.clear_buckets();
-    }
+    NoteCompletionLocked(job, ranks[i], *requests[i], now);
   }
   if (!job->detecting()) {
     // The job already ended (or a divergence just failed it).
@@ -535,24 +520,8 @@ void HealthManager::RecordCompletions(
     HealthUpdate update;
     std::vector<int> succeeded;
     for (size_t i : firsts) {
-      const v1::ReportCompletionRequest& request = *requests[i];
-      const int rank = ranks[i];
-      MemberHealth& m = job->members[rank];
-      if (request.success()) {
-        update.members.push_back({rank, v1::MEMBER_STATE_EXITED, "succeeded"});
-        m.succeeded = true;
-        ++job->succeeded;
-        succeeded.push_back(rank);
-        continue;
-      }
-      std::string how = absl::StrCat(
-          "failed with exit code ", request.exit_code(),
-          request.message().empty() ? "" : ": ", request.message());
-      if (update.job_state != v1::JOB_STATE_FAILED) {  // the first failure
-        update.job_state = v1::JOB_STATE_FAILED;
-        update.reason = absl::StrCat("rank ", rank, " (", m.host, ") ", how);
-      }
-      update.members.push_back({rank, v1::MEMBER_STATE_EXITED, std::move(how)});
+      AddCompletionLocked(job, ranks[i], *requests[i], &update);
+      if (requests[i]->success()) succeeded.push_back(ranks[i]);
     }
     if (update.job_state != v1::JOB_STATE_FAILED &&
         job->succeeded == static_cast<int>(job->members.size())) {
@@ -578,6 +547,46 @@ void HealthManager::RecordCompletions(
       (*answers)[slots[i]] = job->state;
     }
   }
+}
+
+void HealthManager::NoteCompletionLocked(
+    JobHealth* job, int rank, const v1::ReportCompletionRequest& request,
+    absl::Time now) {
+  MemberHealth& m = job->members[rank];
+  m.heard = true;
+  m.last_seen = now;
+  if (!request.has_metrics()) return;
+  if (job->detecting()) {
+    // The last step's fingerprints come with the completions; the members
+    // are leaving, so a divergence now fails the job.
+    RecordFingerprints(job, rank, request.metrics(), /*can_heal=*/false);
+  }
+  m.metrics = request.metrics();
+  m.metrics.clear_recent_collectives();
+  m.metrics.clear_first_bucket_ready();
+  m.metrics.clear_replica_fingerprints();
+  m.buckets.Swap(m.metrics.mutable_buckets());
+  m.metrics.clear_buckets();
+}
+
+void HealthManager::AddCompletionLocked(
+    JobHealth* job, int rank, const v1::ReportCompletionRequest& request,
+    HealthUpdate* update) {
+  MemberHealth& m = job->members[rank];
+  if (request.success()) {
+    update->members.push_back({rank, v1::MEMBER_STATE_EXITED, "succeeded"});
+    m.succeeded = true;
+    ++job->succeeded;
+    return;
+  }
+  std::string how =
+      absl::StrCat("failed with exit code ", request.exit_code(),
+                   request.message().empty() ? "" : ": ", request.message());
+  if (update->job_state != v1::JOB_STATE_FAILED) {  // the first failure
+    update->job_state = v1::JOB_STATE_FAILED;
+    update->reason = absl::StrCat("rank ", rank, " (", m.host, ") ", how);
+  }
+  update->members.push_back({rank, v1::MEMBER_STATE_EXITED, std::move(how)});
 }
 
 void HealthManager::Forget(const std::string& job_id) {

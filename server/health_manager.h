@@ -529,6 +529,17 @@ class HealthManager : public RoundListener {
   // ABORTED, FAILED_PRECONDITION as Heartbeat.
   absl::Status CheckCompletion(Session* session,
                                const v1::ReportCompletionRequest& request);
+  // A member's completion seen: heard, its last metrics and fingerprints
+  // (a divergence found now fails the job).
+  void NoteCompletionLocked(JobHealth* job, int rank,
+                            const v1::ReportCompletionRequest& request,
+                            absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // Adds the member's exit to `update` (counting a success; the first
+  // failure sets the job's FAILED and its reason).
+  void AddCompletionLocked(JobHealth* job, int rank,
+                           const v1::ReportCompletionRequest& request,
+                           HealthUpdate* update)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // The completions of `ranks` of `job` (`requests` by the same index), in
   // one transition; each one's answer into `answers` at its `slots` index.
   void RecordCompletions(
