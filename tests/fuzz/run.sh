@@ -34,6 +34,7 @@ library=(
   server/health_wire.cc server/heartbeat_shedder.cc server/job_manager.cc
   server/job_records.cc
   server/jobs_service.cc server/kv_manager.cc server/kv_records.cc server/kv_service.cc
+  server/kv_writes.cc
   server/join_request.cc server/local_placement.cc server/malformed_request.cc
   server/http/prometheus_metrics.cc server/http/http_server.cc
   server/health_service.cc
