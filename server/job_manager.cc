@@ -388,9 +388,8 @@ absl::Status JobManager::SaveRoundStarts() {
     absl::Status saved = UpdateLocked(job.get(), [](v1::JobStatus*) {});
     if (!saved.ok() && first_error.ok()) {
       first_error = absl::Status(
-          saved.code(), absl::StrCat("storing job '", id,
-                                     "''s round-start reports: ",
-                                     saved.message()));
+          saved.code(), absl::StrCat("storing the round-start reports of job '",
+                                     id, "': ", saved.message()));
     }
   }
   return first_error;
