@@ -41,6 +41,10 @@
 #                      "ddp_resnet50:" result line
 #     resnet50_ratio   ResNet-50 DDP step time, gradsync against PyTorch DDP
 #                      on the same GPU (bench/ddp_bench.sh), as a ratio
+#     python_elastic   gradsync._C built against the machine's PyTorch and
+#                      installed with pip; a gradsync.elastic loop on the
+#                      GPU (NCCL) survives an injected asynchronous NCCL
+#                      error in place (deploy/gpu/python_elastic.sh)
 #   --dry_run  needs no GPU, deps or build: checks that every step's command
 #            line is well formed and that every script and binary it names
 #            exists in the tree or is a target of the CMake build; writes the
@@ -55,7 +59,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 
-all_steps=(nccl_tests abort_recreate worker_fault users_script resnet50_ratio)
+all_steps=(nccl_tests abort_recreate worker_fault users_script resnet50_ratio
+           python_elastic)
 deps= out= build_dir=build/gpu jobs=$(nproc) python=python3 dry_run=0
 budget_s=450 no_build=0
 steps_arg=$(IFS=,; echo "${all_steps[*]}")
@@ -319,6 +324,8 @@ cmake_args=(-DGRADSYNC_WITH_NCCL=ON -DCMAKE_BUILD_TYPE=Release
 prefix_path=() build_ld_path=
 if [ "$with_torch" = ON ] && [ "$dry_run" -eq 0 ]; then
   prefix_path+=("$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')")
+  # The Python the extension (step python_elastic) is built for.
+  cmake_args+=(-DPython3_EXECUTABLE="$(command -v "$python")")
 fi
 # The NCCL torch loads (the nvidia-nccl wheel): one libnccl.so.2 per process.
 nccl_root=$("$python" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
@@ -446,6 +453,24 @@ if starting resnet50_ratio; then
       "$figures"
   else
     record resnet50_ratio failed "missing binaries or scripts" 0
+  fi
+fi
+# ---- python_elastic
+if starting python_elastic; then
+  if [ "$with_torch" = OFF ]; then
+    record python_elastic skipped "$torch_missing" 0
+  elif need "$coordinator" "$launcher" deploy/gpu/python_elastic.sh \
+      python/tests/elastic_script.py python/tests/extension_smoke.py; then
+    start_coordinator
+    run_step python_elastic 240 deploy/gpu/python_elastic.sh "$build_dir" \
+      "$python" "$coordinator_address"
+    stop_coordinator
+    line=$(grep -o 'python_elastic: rounds=.*' "$logs/python_elastic.log" 2>/dev/null | tail -n 1)
+    [ -n "$line" ] || fail_step "no 'python_elastic:' result line"
+    conclude python_elastic "gradsync.elastic MLP on the GPU, async NCCL error injected at collective 20 and healed in place" \
+      "$(sed -n 's/^python_elastic: rounds=\([0-9]*\) failpoint_hit=\([0-9]*\) steps=\([0-9]*\) seconds=\([0-9]*\).*/rounds=\1;failpoint_hit=\2;steps=\3;seconds=\4/p' <<<"$line")"
+  else
+    record python_elastic failed "missing binaries or scripts" 0
   fi
 fi
 cd "$repo"

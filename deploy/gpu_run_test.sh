@@ -7,6 +7,7 @@
 #    left out of nccl_tests, and the step passes; any other skipped case
 #    fails it, naming the case;
 #  - users_script passes only with the script's "ddp_resnet50:" line;
+#  - python_elastic is skipped, saying why, where torch cannot be imported;
 #  - --budget_s cuts a hung step at the budget's end (failed, timed out) and
 #    records the steps it did not reach as skipped, out of time; the call
 #    fails, within the budget.
@@ -145,5 +146,12 @@ expect budget 'steps["users_script"]["result"] == "skipped" and steps["users_scr
   "the step the budget did not reach is skipped, out of time"
 [ "$status" -eq 1 ] || fail "budget: exit $status, expected 1"
 [ "$took" -le 12 ] || fail "budget: the call took ${took} s on a 2 s budget"
+
+# 5. Without a Python that imports torch, python_elastic is skipped, saying
+# why, and the call fails: a skipped step is not a pass.
+gpu_run no_torch --steps=python_elastic
+expect no_torch 'steps["python_elastic"]["result"] == "skipped" and "cannot import torch" in steps["python_elastic"]["why"] and not s["ok"]' \
+  "python_elastic is skipped without torch, and the call is not OK"
+[ "$status" -eq 1 ] || fail "no_torch: exit $status, expected 1"
 
 echo "gpu_run_test: OK (the budgeted call took ${took} s)"

@@ -41,7 +41,11 @@ done < <(grep -oE '^//[^ ]+' /tmp/gradsync-test.log | sort -u)
 
 # Heavy multi-process scenarios Bazel ran above, from the same sources.
 CMAKE_EXCLUDE='^(recovery_process_test|hang_process_test|hostile_client_test|shutdown_process_test|shutdown_stress_test|ha_process_test|launch_process_test|checkpoint_process_test|durable_state_process_test|torch_reference_test|status_page_test|overload_process_test|limits_process_test|multiprocess_test)\.'
-deploy/cmake_build.sh --ctest --ctest_exclude="$CMAKE_EXCLUDE" 2>&1 | tee /tmp/gradsync-cmake.log
+# The Python extension too, for Debian's Python and torch (ctest's
+# python.extension_smoke loads it).
+deploy/cmake_build.sh --ctest --ctest_exclude="$CMAKE_EXCLUDE" \
+  -DGRADSYNC_WITH_PYTHON=ON -DPython3_EXECUTABLE=/usr/bin/python3 2>&1 |
+  tee /tmp/gradsync-cmake.log
 cmake_status=${PIPESTATUS[0]}
 [ "$status" -eq 0 ] && status=$cmake_status
 

@@ -6,10 +6,12 @@ with protoc and grpc_python_plugin (Debian: protobuf-compiler,
 protobuf-compiler-grpc), or with grpcio-tools where that is installed.
 
 The extension module gradsync._C (the process group backend "gradsync"
-and gradsync.elastic) is built by Bazel against the installed torch
-(`bazel build //python:gradsync/_C.so`); with GRADSYNC_EXTENSION naming
-that file it goes into the package, without it the package is pure Python
-(gradsync.torch.process_groups_available() is then False).
+and gradsync.elastic) is built against the installed torch by Bazel
+(`bazel build //python:gradsync/_C.so`) or CMake (BUILD_DIR/python/gradsync/
+_C.so, where the Python headers and LibTorch's libtorch_python are found);
+with GRADSYNC_EXTENSION naming that file it goes into the package, without
+it the package is pure Python (gradsync.torch.process_groups_available() is
+then False).
 """
 import glob
 import os

@@ -11,7 +11,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/failpoint.h"
+#include "worker/backend/nccl_faults.h"
 #include "worker/data/global_batch.h"
 #include "worker/runtime/reform.h"
 #include "worker/runtime/run_job.h"
@@ -140,6 +143,31 @@ class PyTrainer : public Trainer {
   c10::intrusive_ptr<TorchProcessGroup> group_;
 };
 
+// Arms `spec` (comma-separated NAME or NAME:N) for this process's NCCL
+// collectives: only the failpoints that inject into them apply to a Python
+// loop, and only on a GPU or a simulated one. std::invalid_argument,
+// arming nothing, otherwise.
+CommFaultPlan ArmNcclFailpoints(const std::string& spec, v1::DeviceType device) {
+  if (spec.empty()) return nullptr;
+  for (absl::string_view item : absl::StrSplit(spec, ',')) {
+    const absl::string_view name = item.substr(0, item.find(':'));
+    if (name != kFailpointNcclAsyncError && name != kFailpointNcclHang) {
+      throw std::invalid_argument(absl::StrCat(
+          "failpoint '", name, "' does not apply to a Python training loop "
+          "(it takes ", kFailpointNcclAsyncError, " and ", kFailpointNcclHang,
+          ")"));
+    }
+  }
+  if (device != v1::DEVICE_TYPE_CUDA && device != v1::DEVICE_TYPE_SIM) {
+    throw std::invalid_argument(
+        "the NCCL failpoints inject into NCCL collectives: they need "
+        "device='cuda' or device='sim'");
+  }
+  const absl::Status armed = ArmFailpoint(spec);
+  if (!armed.ok()) throw std::invalid_argument(armed.ToString());
+  return FailpointCommFaults();
+}
+
 // run_job(trainer, **options): RunJob with the GIL released.
 void RunJobFromPython(Trainer* trainer, const std::string& coordinator,
                       const std::string& job, const std::string& nnodes,
@@ -147,7 +175,7 @@ void RunJobFromPython(Trainer* trainer, const std::string& coordinator,
                       const std::string& failure_policy, bool shared_memory,
                       double timeout_seconds, int max_recoveries,
                       double last_call_seconds, const std::string& token_file,
-                      const std::string& device) {
+                      const std::string& device, const std::string& failpoint) {
   JobOptions options;
   options.coordinator = coordinator;
   options.job = job;
@@ -156,15 +184,20 @@ void RunJobFromPython(Trainer* trainer, const std::string& coordinator,
   options.node_id = node_id;
   if (device == "cpu") {
     options.device = v1::DEVICE_TYPE_CPU;
+  } else if (device == "cuda") {
+    // A GPU of this host, picked once from the launcher's local rank or
+    // the first assignment and kept (NCCL; the process group takes CUDA
+    // tensors on it).
+    options.device = v1::DEVICE_TYPE_CUDA;
   } else if (device == "sim") {
     // A simulated GPU: host memory through the NCCL backend's code paths,
     // its abort and re-create included (worker/backend/sim_device.h).
     options.device = v1::DEVICE_TYPE_SIM;
   } else {
     throw std::invalid_argument(absl::StrCat(
-        "device must be 'cpu' or 'sim' (CUDA tensors are not taken yet), "
-        "not '", device, "'"));
+        "device must be 'cpu', 'cuda' or 'sim', not '", device, "'"));
   }
+  options.nccl_faults = ArmNcclFailpoints(failpoint, options.device);
   options.failure_policy = failure_policy;
   options.shared_memory = shared_memory;
   options.timeout = absl::Seconds(timeout_seconds);
@@ -222,7 +255,7 @@ void RegisterJob(py::module_& m) {
         py::arg("failure_policy") = "", py::arg("shared_memory") = true,
         py::arg("timeout_seconds") = 300.0, py::arg("max_recoveries") = 3,
         py::arg("last_call_seconds") = 30.0, py::arg("token_file") = "",
-        py::arg("device") = "cpu");
+        py::arg("device") = "cpu", py::arg("failpoint") = "");
   // The C++ trainer's rules for an exact global batch (global_batch.h), for
   // a Python loop whose rounds change size: every step uses the same
   // samples whatever the world size.

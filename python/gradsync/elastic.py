@@ -29,7 +29,9 @@ round's source rank, the member with the most committed steps.
 Under `gradsync launch --self_managed` the launcher's coordinator, job and
 join settings are used (and only a dead process restarts). The round's
 process group is the backend "gradsync" (gradsync.torch): shared memory on
-one host, Gloo across hosts. A loop must keep the state of its last
+one host, Gloo across hosts, NCCL with device="cuda" (its tensors on
+tensor_device(round); a failed all-reduce raises from wait() or backward(),
+before the optimizer step). A loop must keep the state of its last
 committed step when a step fails (an optimizer step that did not run left
 it so), and make a step's data depend on the step and the round's rank and
 world size only, so that a redone step is the same step.
@@ -39,7 +41,6 @@ import io
 import torch
 
 from gradsync import _C
-import gradsync.torch  # noqa: F401  (the backend "gradsync")
 
 Round = _C.Round
 ReformAtStepBoundary = _C.ReformAtStepBoundary
@@ -66,22 +67,28 @@ class Trainer(_C.Trainer):
 
 def run(trainer, coordinator="", job="", nnodes="1", nproc_per_node=1,
         node_id="", failure_policy="", shared_memory=True, timeout=300.0,
-        max_recoveries=3, last_call=30.0, token_file="", device="cpu"):
+        max_recoveries=3, last_call=30.0, token_file="", device="cpu",
+        failpoint=""):
     """Joins the job (or takes the assignment `gradsync launch` made) and
     calls trainer.train(round) round after round until it returns, then
     reports success. Raises RuntimeError with the error that ended the job
     (a failure the runtime could not recover from, or max_recoveries
     used up), which it reported to the coordinator. `last_call`: seconds a
     round of MIN:MAX nodes waits for more once MIN have joined. `device`:
-    "cpu" (Gloo, shared memory on one host), or "sim", a simulated GPU per
-    process (host memory through the NCCL backend, its abort and re-create
-    included: GRADSYNC_SIM_DEVICES devices per host), for tests."""
+    "cpu" (Gloo, shared memory on one host); "cuda", a GPU per process
+    (NCCL; the process keeps the GPU it got first, tensor_device(round)
+    names it); or "sim", a simulated GPU per process (host memory through
+    the NCCL backend, its abort and re-create included:
+    GRADSYNC_SIM_DEVICES devices per host), for tests. `failpoint`, for
+    tests: "nccl_async_error:N" (this process's N-th NCCL collective ends
+    with an asynchronous error after it was enqueued) and/or "nccl_hang:N"
+    (it never ends), comma-separated; device "cuda" or "sim" only."""
     _C.run_job(trainer, coordinator=coordinator, job=job, nnodes=str(nnodes),
                nproc_per_node=nproc_per_node, node_id=node_id,
                failure_policy=failure_policy, shared_memory=shared_memory,
                timeout_seconds=float(timeout), max_recoveries=max_recoveries,
                last_call_seconds=float(last_call), token_file=token_file,
-               device=device)
+               device=device, failpoint=failpoint)
 
 
 GlobalBatchPlan = _C.GlobalBatchPlan
@@ -105,6 +112,22 @@ def step_positions(plan, round, step_in_epoch):
     return [plan.micro_batch_span(start, j) for j in range(first, first + count)]
 
 
+def tensor_device(round):
+    """The torch.device the round's process group takes tensors on: the
+    process's GPU ("cuda:N", the same in every round) with device="cuda",
+    else the CPU (a simulated GPU's buffers are host memory). A loop moves
+    its model there and makes it the current device:
+
+        device = gradsync.elastic.tensor_device(round)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        self.model.to(device)
+    """
+    if round.device.startswith("cuda:"):
+        return torch.device(round.device)
+    return torch.device("cpu")
+
+
 def _broadcast(group, tensor, root):
     options = torch.distributed.BroadcastOptions()
     options.rootRank = root
@@ -121,7 +144,7 @@ def should_reform(round):
     if not round.may_reform:
         return False
     flag = torch.tensor([1 if round.reform_requested() else 0],
-                        dtype=torch.int32)
+                        dtype=torch.int32, device=tensor_device(round))
     round.process_group.allreduce([flag]).wait()
     return bool(flag.item())
 
@@ -131,10 +154,11 @@ def copy_state(round, model, optimizer=None, trainer=None):
     model's state_dict, the optimizer's, and trainer.step when a trainer is
     given (the committed step). Collective: every rank of the round calls it
     first in train(). The state travels as one serialized buffer over the
-    round's process group."""
+    round's process group, on tensor_device(round)."""
     group = round.process_group
     if round.world_size == 1:
         return
+    device = tensor_device(round)
     source = round.source_rank
     if round.rank == source:
         buffer = io.BytesIO()
@@ -143,17 +167,21 @@ def copy_state(round, model, optimizer=None, trainer=None):
             "optimizer": optimizer.state_dict() if optimizer else None,
             "step": trainer.step if trainer is not None else None,
         }, buffer)
-        data = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
-        size = torch.tensor([data.numel()], dtype=torch.int64)
+        data = torch.frombuffer(bytearray(buffer.getvalue()),
+                                dtype=torch.uint8).to(device)
+        size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
     else:
-        size = torch.zeros(1, dtype=torch.int64)
+        size = torch.zeros(1, dtype=torch.int64, device=device)
     _broadcast(group, size, source)
     if round.rank != source:
-        data = torch.empty(int(size.item()), dtype=torch.uint8)
+        data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
     _broadcast(group, data, source)
     if round.rank == source:
         return
-    state = torch.load(io.BytesIO(data.numpy().tobytes()))
+    # Loaded on the CPU (the source's GPU index may not be this process's),
+    # then copied into the model's and optimizer's own tensors.
+    state = torch.load(io.BytesIO(data.cpu().numpy().tobytes()),
+                       map_location="cpu")
     model.load_state_dict(state["model"])
     if optimizer is not None and state["optimizer"] is not None:
         optimizer.load_state_dict(state["optimizer"])

@@ -6,7 +6,10 @@ process of local rank 1 SIGKILLs itself right after committing step K, in
 its first life only (a restarted process has no LOCAL_RANK);
 ELASTIC_STEP_SLEEP=S sleeps S seconds after each step; with
 ELASTIC_RAISE_AT=K rank 0 raises ValueError after step K;
-ELASTIC_DEVICE=sim trains on a simulated GPU (NCCL's code paths). Prints
+ELASTIC_DEVICE=sim trains on a simulated GPU (NCCL's code paths),
+ELASTIC_DEVICE=cuda on a GPU; ELASTIC_FAILPOINT=SPEC arms the NCCL
+failpoints SPEC in the process of local rank ELASTIC_FAILPOINT_RANK
+(default 1), in its first life. Prints
 "pid P: round N rank R of W from step S on BACKEND" at each round's start; each rank
 writes its final parameters to ELASTIC_OUT.RANK."""
 import json
@@ -29,6 +32,10 @@ GLOBAL_BATCH = 24
 
 class StepTrainer(MlpTrainer):
     def train(self, round):
+        device = gradsync.elastic.tensor_device(round)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        self.model.to(device)
         gradsync.elastic.copy_state(round, self.model, self.optimizer, self)
         print(f"pid {os.getpid()}: round {round.number} rank {round.rank} of "
               f"{round.world_size} from step {self.step} on {round.backend}",
@@ -40,6 +47,7 @@ class StepTrainer(MlpTrainer):
             data = torch.Generator().manual_seed(1000 + self.step)
             x = torch.randn(GLOBAL_BATCH, 8, generator=data)
             y = torch.sin(x.sum(dim=1, keepdim=True))
+            x, y = x.to(device), y.to(device)
             mine = slice(round.rank * share, (round.rank + 1) * share)
             self.optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(ddp(x[mine]), y[mine])
@@ -58,5 +66,9 @@ class StepTrainer(MlpTrainer):
                 json.dump(self.parameters_list(), f)
 
 
+failpoint = (os.environ.get("ELASTIC_FAILPOINT", "")
+             if os.environ.get("LOCAL_RANK") ==
+             os.environ.get("ELASTIC_FAILPOINT_RANK", "1") else "")
 gradsync.elastic.run(StepTrainer(),
-                     device=os.environ.get("ELASTIC_DEVICE", "cpu"))
+                     device=os.environ.get("ELASTIC_DEVICE", "cpu"),
+                     failpoint=failpoint)

@@ -20,6 +20,7 @@ import time
 import pytest
 
 import gradsync
+import gradsync.elastic
 from conftest import HERE, binary, launch, running_coordinator
 
 
@@ -116,6 +117,63 @@ def test_on_simulated_gpus_under_launch_the_communicator_is_recreated(
     assert " on nccl" in output and " on gloo" not in output, output
     assert "aborting the communicator" in output, output
     assert_healed_as_uninterrupted(reference, output, healed)
+
+
+def test_an_async_nccl_error_leaves_its_step_unapplied_and_the_round_heals(
+        coordinator, uninterrupted):
+    """Failpoint nccl_async_error on rank 1's 20th collective (a gradient
+    all-reduce mid-training) on simulated GPUs: the error reaches rank 1
+    after its host moved on, from backward(), before the optimizer step;
+    every process stays, the round re-forms, rank 1 is healed from a rank
+    that committed cleanly, and every rank ends as the uninterrupted run."""
+    output, healed = run(coordinator, "elastic-sim-async", nproc="gpu",
+                         flags=["--device=sim"], ELASTIC_DEVICE="sim",
+                         GRADSYNC_SIM_DEVICES="3",
+                         ELASTIC_FAILPOINT="nccl_async_error:20")
+    job = gradsync.Client(coordinator).get_job("elastic-sim-async")
+    assert gradsync.Client.state_name(job.state) == "succeeded", output
+    assert "failpoint nccl_async_error hit" in output, output
+    assert job.round == 2, output
+    seen = rounds_of(output)
+    assert sorted(len(rounds) for rounds in seen.values()) == [2, 2, 2], output
+    for rank_params in healed:
+        for got, want in zip(rank_params, uninterrupted[0]):
+            for a, b in zip(got, want):
+                assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (a, b)
+
+
+def test_an_nccl_failpoint_needs_a_gpu_and_others_are_refused(tmp_path):
+    """The failpoints a Python loop takes: the NCCL ones, on a GPU or a
+    simulated one; anything else is refused before joining, naming why."""
+    for device, spec, message in [
+            ("cpu", "nccl_hang:3", "device='cuda' or device='sim'"),
+            ("sim", "state_transfer", "does not apply to a Python"),
+            ("sim", "nccl_hang:x", "nccl_hang:x")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            gradsync.elastic.run(gradsync.elastic.Trainer(),
+                                 coordinator="127.0.0.1:1", job="never",
+                                 device=device, failpoint=spec)
+
+
+def test_elastic_needs_neither_grpc_nor_protobuf():
+    """A GPU machine's Python may have torch and no protobuf (neither torch
+    nor grpcio needs it): gradsync.elastic takes only torch and gradsync._C,
+    the client's modules load on first use."""
+    code = "\n".join([
+        "import sys",
+        "class Block:",
+        "    def find_spec(self, name, path=None, target=None):",
+        "        if name.split('.')[0] in ('grpc', 'google'):",
+        "            raise ImportError('blocked: ' + name)",
+        "sys.meta_path.insert(0, Block())",
+        "import gradsync.elastic",
+        "assert 'gradsync.client' not in sys.modules, sys.modules",
+        "assert callable(gradsync.elastic.run)",
+        "print('imported')"])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
+    assert done.returncode == 0 and "imported" in done.stdout, done.stderr
 
 
 def test_an_error_of_the_loop_itself_fails_the_job_with_it(coordinator):

@@ -28,6 +28,20 @@ std::shared_ptr<Work> Invalid(const absl::Status& status) {
                                     absl::StrCat("nccl ", status.message())));
 }
 
+// CheckBuffer, and for a device buffer also that it is on `device`: a
+// communicator reads and writes only its own GPU's memory.
+absl::Status CheckOnDevice(const Buffer& buffer, const NcclDevice& device,
+                           const char* what) {
+  absl::Status valid = CheckBuffer(buffer, device.buffer_kind(), what);
+  if (valid.ok() && buffer.device == DeviceKind::kCuda &&
+      buffer.device_index != device.index()) {
+    valid = absl::InvalidArgumentError(
+        absl::StrCat(what, ": buffer is on cuda:", buffer.device_index,
+                     ", the communicator on ", device.name()));
+  }
+  return valid;
+}
+
 }  // namespace
 
 // A collective's Work with its end event, which it owns: a caller's stream
@@ -196,10 +210,8 @@ std::shared_ptr<Work> NcclBackend::Broadcast(Buffer buffer, int root) {
 }
 
 std::shared_ptr<Work> NcclBackend::AllGather(Buffer input, Buffer output) {
-  absl::Status valid = CheckBuffer(input, device_->buffer_kind(), "allgather");
-  if (valid.ok()) {
-    valid = CheckBuffer(output, device_->buffer_kind(), "allgather output");
-  }
+  absl::Status valid = CheckOnDevice(input, *device_, "allgather");
+  if (valid.ok()) valid = CheckOnDevice(output, *device_, "allgather output");
   if (valid.ok()) valid = CheckAllGatherSizes(input, output, world_size());
   if (!valid.ok()) return Invalid(valid);
   return Launch("allgather", input, [&](NcclComm* comm, void* stream) {
@@ -223,7 +235,7 @@ std::shared_ptr<Work> NcclBackend::Barrier() {
 std::shared_ptr<Work> NcclBackend::Launch(const char* collective,
                                           const Buffer& buffer,
                                           const IssueFn& issue) {
-  absl::Status valid = CheckBuffer(buffer, device_->buffer_kind(), collective);
+  absl::Status valid = CheckOnDevice(buffer, *device_, collective);
   if (!valid.ok()) return Invalid(valid);
   absl::MutexLock issuing(&issue_mu_);
   uint64_t sequence = 0;

@@ -2,8 +2,11 @@
 
 #ifdef GRADSYNC_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
+
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 
@@ -73,6 +76,34 @@ void RecordStream(const torch::Tensor& tensor, const Work& work) {
 #endif
   (void)tensor;
   (void)work;
+}
+
+std::vector<c10::Device> FutureDevices(
+    const std::vector<torch::Tensor>& tensors) {
+  std::vector<c10::Device> devices;
+  for (const torch::Tensor& tensor : tensors) {
+    if (tensor.is_cuda() && std::find(devices.begin(), devices.end(),
+                                      tensor.device()) == devices.end()) {
+      devices.push_back(tensor.device());
+    }
+  }
+  return devices;
+}
+
+void RunOnWorkStream(const Work& work, int device_index,
+                     const std::function<void()>& fn) {
+#ifdef GRADSYNC_TORCH_CUDA
+  if (device_index >= 0 && work.stream() != nullptr) {
+    c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromExternal(
+        static_cast<cudaStream_t>(work.stream()),
+        static_cast<c10::DeviceIndex>(device_index)));
+    fn();
+    return;
+  }
+#endif
+  (void)work;
+  (void)device_index;
+  fn();
 }
 
 }  // namespace gradsync

@@ -2,6 +2,9 @@
 #ifndef GRADSYNC_WORKER_DDP_TENSOR_BUFFER_H_
 #define GRADSYNC_WORKER_DDP_TENSOR_BUFFER_H_
 
+#include <functional>
+#include <vector>
+
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
@@ -29,6 +32,20 @@ void* CurrentStream(const torch::Tensor& tensor);
 // tensor meanwhile cannot hand its memory to another kernel
 // (c10d's recordStream). Nothing for CPU tensors or host backends.
 void RecordStream(const torch::Tensor& tensor, const Work& work);
+
+// The devices a c10::ivalue::Future completed with `tensors` must name: each
+// CUDA device among them once (none for CPU tensors). Such a future records
+// an event on each device's current stream when it completes, and a
+// consumer's wait() orders the consumer's stream after it.
+std::vector<c10::Device> FutureDevices(const std::vector<torch::Tensor>& tensors);
+
+// Runs `fn` with CUDA device `device_index`'s current stream set to the one
+// `work` ran on (Work::stream()), restoring the previous one after: a CUDA
+// future that `fn` completes then records its events after the collective.
+// Only `fn` for host backends, CPU tensors (`device_index` < 0) and builds
+// against a LibTorch without CUDA.
+void RunOnWorkStream(const Work& work, int device_index,
+                     const std::function<void()>& fn);
 
 }  // namespace gradsync
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/backend/gloo_backend.h"
 #include "worker/backend/shm_backend.h"
+#include "worker/ddp/tensor_buffer.h"
 
 namespace gradsync {
 namespace {
@@ -39,12 +40,15 @@ absl::StatusOr<DataType> ToDataType(at::ScalarType type) {
   }
 }
 
-// The buffer of a dense, contiguous CPU tensor.
+// The buffer of a dense, contiguous tensor on the CPU or a CUDA device; a
+// CUDA tensor's collective runs after the work queued on its device's
+// current stream (the backend checks that it takes tensors there).
 Buffer BufferOf(const at::Tensor& tensor, const char* what) {
-  if (!tensor.device().is_cpu() || !tensor.is_contiguous() ||
-      tensor.is_sparse()) {
+  if (!tensor.is_contiguous() || tensor.is_sparse() ||
+      !(tensor.device().is_cpu() || tensor.device().is_cuda())) {
     ThrowIfError(absl::InvalidArgumentError(
-                     "tensors must be dense, contiguous and on the CPU"),
+                     "tensors must be dense, contiguous and on the CPU or a "
+                     "CUDA device"),
                  what);
   }
   absl::StatusOr<DataType> dtype = ToDataType(tensor.scalar_type());
@@ -53,7 +57,20 @@ Buffer BufferOf(const at::Tensor& tensor, const char* what) {
   buffer.data = tensor.data_ptr();
   buffer.count = static_cast<size_t>(tensor.numel());
   buffer.dtype = *dtype;
+  if (tensor.is_cuda()) {
+    buffer.device = DeviceKind::kCuda;
+    buffer.device_index = tensor.get_device();
+    buffer.stream = CurrentStream(tensor);
+  }
   return buffer;
+}
+
+// The CUDA device of a collective's tensors (the first one's), or -1.
+int CudaDeviceOf(const std::vector<at::Tensor>& tensors) {
+  for (const at::Tensor& tensor : tensors) {
+    if (tensor.is_cuda()) return tensor.get_device();
+  }
+  return -1;
 }
 
 // The one tensor of a single-device collective's list.
@@ -114,6 +131,7 @@ struct TorchProcessGroup::Pending {
   std::vector<at::Tensor> outputs;
   std::vector<at::Tensor> keep;
   std::function<void()> finish;
+  int cuda_device;  // of the tensors; -1: on the CPU
 };
 
 TorchProcessGroup::TorchProcessGroup(std::unique_ptr<Backend> backend)
@@ -158,13 +176,19 @@ c10::intrusive_ptr<c10d::Work> TorchProcessGroup::Track(
     const char* collective, c10d::OpType type, std::shared_ptr<Work> work,
     std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep,
     std::function<void()> finish) {
+  // Arguments the backend refused (a tensor on a device it does not take)
+  // fail the call itself, as torch's own groups do.
+  if (work->IsCompleted() && absl::IsInvalidArgument(work->status())) {
+    ThrowIfError(work->status(), collective);
+  }
   auto future = c10::make_intrusive<c10::ivalue::Future>(
-      c10::ListType::create(c10::TensorType::get()));
+      c10::ListType::create(c10::TensorType::get()), FutureDevices(outputs));
   auto tracked = c10::make_intrusive<FutureWork>(getRank(), type, work, future);
+  const int cuda_device = CudaDeviceOf(outputs);
   absl::MutexLock lock(&mu_);
   pending_.push_back(std::make_unique<Pending>(
       Pending{collective, std::move(work), std::move(future), std::move(outputs),
-              std::move(keep), std::move(finish)}));
+              std::move(keep), std::move(finish), cuda_device}));
   return tracked;
 }
 
@@ -194,8 +218,14 @@ void TorchProcessGroup::CompleteLoop() {
                        "): ", status.ToString()))));
       continue;
     }
-    if (next->finish) next->finish();
-    next->future->markCompleted(c10::IValue(next->outputs));
+    // On a GPU the collective is done on the device by now; what follows
+    // (a copy out, the future's events) is queued on its stream, and the
+    // allocator keeps the tensors' memory until that ran.
+    RunOnWorkStream(*next->work, next->cuda_device, [&] {
+      if (next->finish) next->finish();
+      for (const at::Tensor& tensor : next->keep) RecordStream(tensor, *next->work);
+      next->future->markCompleted(c10::IValue(next->outputs));
+    });
   }
 }
 

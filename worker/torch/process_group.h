@@ -3,8 +3,17 @@
 // host, Gloo otherwise), so that a PyTorch script, DDP included, runs its
 // collectives on them (python/gradsync/torch.py registers it with
 // torch.distributed.Backend.register_backend; the extension module
-// python/ext/module.cc makes one). Tensors must be dense, contiguous and on
-// the CPU; allreduce takes SUM and AVG.
+// python/ext/module.cc makes one). Tensors must be dense and contiguous, on
+// the CPU or, when the backend is NCCL on a GPU (gradsync.elastic rounds with
+// device "cuda"), on that GPU; allreduce takes SUM and AVG.
+//
+// CUDA tensors: a collective runs after the work queued on the tensor's
+// current stream when it was called; its future is a CUDA future (a
+// consumer's wait orders the consumer's stream after it), completed once the
+// collective is known to have ended without error. Work::wait() blocks the
+// host until then, so that a loop that waits before optimizer.step() never
+// applies a step whose all-reduce an abort or an asynchronous NCCL error
+// cut short.
 #ifndef GRADSYNC_WORKER_TORCH_PROCESS_GROUP_H_
 #define GRADSYNC_WORKER_TORCH_PROCESS_GROUP_H_
 
@@ -83,7 +92,8 @@ class TorchProcessGroup final : public c10d::ProcessGroup {
 
   // Queues `work` for the completing thread: its future completes with
   // `outputs` once it succeeded and `finish` (e.g. copying a gathered
-  // buffer out) ran; `keep` stays alive until then.
+  // buffer out) ran; `keep` stays alive until then. Throws when the backend
+  // refused the arguments (INVALID_ARGUMENT: nothing was issued).
   c10::intrusive_ptr<c10d::Work> Track(const char* collective,
                                        c10d::OpType type,
                                        std::shared_ptr<Work> work,

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -198,6 +199,14 @@ TEST(NcclBackendTest, BadArgumentsAreInvalidArgument) {
                 ->Wait()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  // A buffer of another GPU (its index is all that is read).
+  Buffer elsewhere = in.buffer(DataType::kFloat32);
+  elsewhere.device_index = 1;
+  const absl::Status refused =
+      backend->AllReduce(elsewhere, ReduceOp::kSum)->Wait();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()),
+              ::testing::HasSubstr("buffer is on cuda:1"));
 }
 
 // An asynchronous error injected into the third collective (the seam's

@@ -147,6 +147,15 @@ TEST_P(TorchProcessGroupTest, BadTensorsAndReductionsAreRefusedWithAMessage) {
   } catch (const std::exception& e) {
     EXPECT_THAT(e.what(), HasSubstr("SUM and AVG"));
   }
+  // What the backend refuses fails the call, not a later wait.
+  c10d::BroadcastOptions no_such_root;
+  no_such_root.rootRank = world();
+  try {
+    groups[0]->broadcast(tensors, no_such_root);
+    ADD_FAILURE() << "a root outside the group was taken";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr("root"));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
