@@ -272,6 +272,16 @@ absl::Status Coordinator::RestoreFromStorage() {
   for (const std::string& job_id : auth_.JobsWithTokens()) {
     if (!jobs_.Exists(job_id)) GS_RETURN_IF_ERROR(auth_.Forget(job_id));
   }
+  // Keys and records of jobs forgotten before they went with their jobs.
+  GS_ASSIGN_OR_RETURN(
+      const int dropped,
+      kv_.DropForgottenJobs([this](const std::string& job_id) {
+        return jobs_.Exists(job_id);
+      }));
+  if (dropped > 0) {
+    GS_LOG(INFO) << "deleted the stored keys of " << dropped
+                 << " forgotten job(s)";
+  }
   for (const v1::JobStatus& job : jobs_.List()) {
     if (job.round() < 1) continue;
     // A WAITING job with a round had that round superseded: it stays

@@ -108,6 +108,13 @@ class KvManager : public RoundListener {
   // dropped. Call before serving. Errors are the storage's.
   absl::Status RestoreRound(const std::string& job_id, int64_t round,
                             bool open);
+  // After a restart, before serving: deletes the stored keys and
+  // request-id records of jobs `exists` denies (coordinators before
+  // ForgetJob deleted them kept a forgotten job's records for good, and a
+  // later job of that id would have found them). Returns how many jobs'
+  // were deleted; errors are the storage's.
+  absl::StatusOr<int> DropForgottenJobs(
+      const std::function<bool(const std::string& job_id)>& exists);
 
   // Drops every key and wait of `job_id` (the job was forgotten after its
   // retention period); a later job with the same id starts afresh.

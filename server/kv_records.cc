@@ -60,6 +60,29 @@ absl::Status KvManager::RestoreRound(const std::string& job_id, int64_t round,
                          /*drop_others=*/true);
 }
 
+absl::StatusOr<int> KvManager::DropForgottenJobs(
+    const std::function<bool(const std::string& job_id)>& exists) {
+  std::set<std::string> forgotten;
+  for (const char* kind : {"kv/", "kvreq/"}) {
+    GS_ASSIGN_OR_RETURN(std::vector<Storage::Entry> keys,
+                        storage_->Scan(kind, /*keys_only=*/true));
+    for (const Storage::Entry& entry : keys) {
+      absl::string_view rest = absl::StripPrefix(entry.first, kind);
+      std::string job_id(rest.substr(0, rest.find('/')));
+      if (!exists(job_id)) forgotten.insert(std::move(job_id));
+    }
+  }
+  std::vector<Storage::Mutation> deletes;
+  for (const std::string& job_id : forgotten) {
+    for (const char* kind : {"kv/", "kvreq/"}) {
+      deletes.push_back({Storage::Mutation::Kind::kDeletePrefix,
+                         absl::StrCat(kind, job_id, "/"), ""});
+    }
+  }
+  if (!deletes.empty()) GS_RETURN_IF_ERROR(storage_->Apply(deletes));
+  return static_cast<int>(forgotten.size());
+}
+
 absl::Status KvManager::LoadRoundLocked(const std::string& job_id, JobKv* job,
                                         std::vector<Storage::Entry> entries,
                                         bool drop_others) {

@@ -30,6 +30,7 @@
 #include "proto/gradsync/v1/kv.grpc.pb.h"
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
 #include "server/coordinator.h"
+#include "server/storage/in_memory_storage.h"
 #include "tests/testing/ports.h"
 #include "worker/client/grpc_coordinator_client.h"
 
@@ -1532,6 +1533,23 @@ TEST_F(CoordinatorTest, ShutdownWithAPendingJoinEndsItPromptly) {
       << joined;
   coordinator->Shutdown();  // idempotent
   coordinator->Wait();      // returns: shutdown has completed
+}
+
+// Request records a coordinator before ForgetJob deleted them left behind
+// when it forgot a job: deleted when the next coordinator starts on that
+// storage, before a job of that id could find them; a live job's stay.
+TEST(CoordinatorRestoreTest, StartDeletesTheKeyValueRecordsOfForgottenJobs) {
+  InMemoryStorage storage;
+  ASSERT_TRUE(storage.Put("kvreq/gone/2/r1", "add 1 n").ok());
+  {
+    CoordinatorConfig config;
+    config.storage = &storage;
+    config.listen_address = "127.0.0.1:0";
+    Coordinator coordinator(config);
+    ASSERT_TRUE(coordinator.Start().ok());
+    coordinator.Shutdown();
+  }
+  EXPECT_THAT(storage.Scan("kvreq/", /*keys_only=*/true).value(), IsEmpty());
 }
 
 }  // namespace

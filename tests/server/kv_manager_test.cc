@@ -905,6 +905,27 @@ TEST_F(KvRestoreTest, RequestRecordsOfOtherRoundsAndUnreadableOnesAreDropped) {
   EXPECT_THAT(storage_.Scan("kvreq/", /*keys_only=*/true).value(), IsEmpty());
 }
 
+// A coordinator before ForgetJob deleted a job's request records left them
+// when it forgot the job: the next start deletes what no job owns.
+TEST_F(KvRestoreTest, KeysAndRecordsOfForgottenJobsAreDeletedAtStart) {
+  Set("addr", "x");
+  ASSERT_TRUE(kv_->Add(scope_, "n", 1, "r1").ok());
+  ASSERT_TRUE(storage_.Put("kvreq/gone/3/r7", "add 1 n").ok());
+  ASSERT_TRUE(storage_.Put("kv/gone/3/addr", "y").ok());
+  ASSERT_TRUE(storage_.Put("kvreq/also-gone/1/r1", "add 1 n").ok());
+  std::unique_ptr<KvManager> kv = Restarted();
+  absl::StatusOr<int> dropped = kv->DropForgottenJobs(
+      [this](const std::string& job_id) { return jobs_.Exists(job_id); });
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  EXPECT_EQ(*dropped, 2);
+  EXPECT_THAT(storage_.Scan("kv/", /*keys_only=*/true).value(),
+              ElementsAre(Pair("kv/train/1/addr", ""), Pair("kv/train/1/n", "")));
+  EXPECT_THAT(storage_.Scan("kvreq/", /*keys_only=*/true).value(),
+              ElementsAre(Pair("kvreq/train/1/r1", "")));
+  EXPECT_EQ(kv->DropForgottenJobs([](const std::string&) { return true; }).value(),
+            0);
+}
+
 TEST_F(KvRestoreTest, KeysOfOlderRoundsAreDropped) {
   Set("old", "x");
   ASSERT_TRUE(storage_.Put("kv/train/0/stale", "y").ok());
