@@ -53,8 +53,11 @@
 # PyTorch built with the pre-C++11 ABI does not link with Debian's gRPC:
 # then the build leaves LibTorch out, summary.json says so, the steps that
 # need it (worker_fault, resnet50_ratio) are skipped with that reason, and
-# the others still run. Plan: the whole call fits in 8 minutes on 16 cores
-# (--budget_s enforces it).
+# the others still run. The LibTorch targets build after the rest (step
+# build_torch): if they do not compile against the machine's PyTorch, the
+# steps that need them are skipped with that reason and the others still
+# run. Plan: the whole call fits in 8 minutes on 16 cores (--budget_s
+# enforces it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -292,11 +295,14 @@ case "$torch_abi" in
 esac
 torch_missing="LibTorch is left out of this build ($(grep '^libtorch' "$facts" | cut -f2))"
 
-# ---- Build the targets the steps need.
+# ---- Build the targets the steps need: those without LibTorch first, then
+# (step build_torch) those with it, so that a LibTorch this code does not
+# compile against fails only the steps that need it.
 targets=(server_gradsync-coordinator cli_gradsync
          tests_worker_backend_nccl_backend_test
          tests_worker_backend_cuda_nccl_device_test)
-[ "$with_torch" = ON ] && targets+=(worker_gradsync-worker)
+torch_targets=()
+[ "$with_torch" = ON ] && torch_targets=(worker_gradsync-worker)
 # Whether CMake target T is defined: cmake/gradsync.cmake names a target
 # FOLDER_NAME (the folder's path with _ for /), so some split of T must be a
 # folder whose CMakeLists.txt has that NAME. Checked before any build, in
@@ -314,7 +320,7 @@ cmake_target_defined() {
   return 1
 }
 if [ "$no_build" -eq 0 ]; then
-  for target in "${targets[@]}"; do
+  for target in "${targets[@]}" "${torch_targets[@]}"; do
     cmake_target_defined "$target" ||
       { record build failed "no CMake target $target (named FOLDER_NAME)" 0; finish; }
   done
@@ -365,6 +371,16 @@ if [ "$no_build" -eq 0 ]; then
     --targets="$(IFS=,; echo "${targets[*]}")" "${cmake_args[@]}"
   conclude build "targets: ${targets[*]}; LibTorch $with_torch"
   [ "$step_status" -eq 0 ] || finish
+  if [ "${#torch_targets[@]}" -gt 0 ]; then
+    run_step build_torch 300 env LD_LIBRARY_PATH="${build_ld_path:-${LD_LIBRARY_PATH:-}}" \
+      deploy/cmake_build.sh --build_dir="$build_dir" --jobs="$jobs" \
+      --targets="$(IFS=,; echo "${torch_targets[*]}")" "${cmake_args[@]}"
+    conclude build_torch "targets: ${torch_targets[*]}"
+    if [ "$step_status" -ne 0 ]; then
+      with_torch=OFF
+      torch_missing="the LibTorch targets did not build (step build_torch; build_torch.log in logs.tar.gz)"
+    fi
+  fi
 fi
 
 # ---- nccl_tests
