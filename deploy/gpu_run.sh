@@ -483,8 +483,8 @@ if starting python_elastic; then
     stop_coordinator
     line=$(grep -o 'python_elastic: rounds=.*' "$logs/python_elastic.log" 2>/dev/null | tail -n 1)
     [ -n "$line" ] || fail_step "no 'python_elastic:' result line"
-    conclude python_elastic "gradsync.elastic MLP on the GPU, async NCCL error injected at collective 20 and healed in place" \
-      "$(sed -n 's/^python_elastic: rounds=\([0-9]*\) failpoint_hit=\([0-9]*\) steps=\([0-9]*\) seconds=\([0-9]*\).*/rounds=\1;failpoint_hit=\2;steps=\3;seconds=\4/p' <<<"$line")"
+    conclude python_elastic "gradsync.elastic MLP on the GPU, async NCCL error injected at collective 20, healed in place to the uninterrupted run's parameters" \
+      "$(sed -n 's/^python_elastic: rounds=\([0-9]*\) failpoint_hit=\([0-9]*\) steps=\([0-9]*\) seconds=\([0-9]*\) max_rel_diff=\([^ ]*\).*/rounds=\1;failpoint_hit=\2;steps=\3;seconds=\4;max_rel_diff=\5/p' <<<"$line")"
   else
     record python_elastic failed "missing binaries or scripts" 0
   fi
