@@ -14,8 +14,9 @@
 #
 #   deploy/gpu/python_elastic.sh BUILD_DIR PYTHON COORDINATOR_ADDRESS [DEVICE]
 #
-# DEVICE: cuda (default), or sim to try the same without a GPU (one
-# simulated GPU; the smoke test's CUDA case is left out).
+# DEVICE: cuda (default), or sim to run the same without a GPU (one
+# simulated GPU; the smoke test's CUDA case is left out), as ctest's
+# python.python_elastic_sim does (deploy/gpu/python_elastic_test.sh).
 #
 # Ends with "python_elastic: rounds=R failpoint_hit=H steps=S seconds=T
 # max_rel_diff=D" and exit 0 when the job succeeded after the failpoint
