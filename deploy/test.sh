@@ -7,7 +7,8 @@
 # find CMake's binaries the quickest; the multi-process scenarios that Bazel
 # has just run on the same sources (CMAKE_EXCLUDE below: 63 cases, about
 # half of ctest's test-seconds in a full run here) are not run twice. Then
-# the GPU check's dry run (deploy/gpu_run.sh --dry_run), then the libFuzzer
+# a configure-only CMake run without LibTorch, the GPU check's dry run
+# (deploy/gpu_run.sh --dry_run), then the libFuzzer
 # harnesses for a minute (tests/fuzz/run.sh). Ends with one line
 # "gtest: N passed, N failed, N skipped" counted from Bazel's test cases (GPU
 # tests skip on machines without a GPU), after ctest's own line.
@@ -48,6 +49,16 @@ deploy/cmake_build.sh --ctest --ctest_exclude="$CMAKE_EXCLUDE" \
   tee /tmp/gradsync-cmake.log
 cmake_status=${PIPESTATUS[0]}
 [ "$status" -eq 0 ] && status=$cmake_status
+
+# The configuration without LibTorch (what deploy/gpu_run.sh asks for where
+# PyTorch has the pre-C++11 ABI) must configure, its LibTorch users left out.
+rm -rf /tmp/gradsync-cmake-notorch
+cmake -S . -B /tmp/gradsync-cmake-notorch -G Ninja -DGRADSYNC_WITH_TORCH=OFF \
+  >/tmp/gradsync-cmake-notorch.log 2>&1
+notorch_status=$?
+echo "cmake without LibTorch: configure exit $notorch_status (/tmp/gradsync-cmake-notorch.log)"
+[ "$notorch_status" -eq 0 ] || grep -A3 'CMake Error' /tmp/gradsync-cmake-notorch.log | head -n 20
+[ "$status" -eq 0 ] && status=$notorch_status
 
 # The GPU check's plan (deploy/gpu_run.sh --dry_run, no GPU needed): every
 # step's command line well formed, every script and binary it names there.
