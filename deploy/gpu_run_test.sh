@@ -8,6 +8,8 @@
 #    fails it, naming the case;
 #  - users_script passes only with the script's "ddp_resnet50:" line;
 #  - python_elastic is skipped, saying why, where torch cannot be imported;
+#  - LibTorch's targets build after the rest: when they fail, only the
+#    steps that need them are skipped;
 #  - --budget_s cuts a hung step at the budget's end (failed, timed out) and
 #    records the steps it did not reach as skipped, out of time; the call
 #    fails, within the budget.
@@ -153,5 +155,51 @@ gpu_run no_torch --steps=python_elastic
 expect no_torch 'steps["python_elastic"]["result"] == "skipped" and "cannot import torch" in steps["python_elastic"]["why"] and not s["ok"]' \
   "python_elastic is skipped without torch, and the call is not OK"
 [ "$status" -eq 1 ] || fail "no_torch: exit $status, expected 1"
+
+# 6. The build: LibTorch's targets build in their own step after the rest;
+# when they fail (a PyTorch this code does not compile against), the steps
+# that need them are skipped, saying so, and the others still run. A copy
+# of gpu_run.sh in a tree of its own, with a stand-in for
+# deploy/cmake_build.sh that fails on gradsync-worker, and a Python whose
+# torch has the C++11 ABI.
+repo=$tmp/repo
+mkdir -p "$repo/deploy" "$repo/server" "$repo/cli" "$repo/worker" \
+  "$repo/tests/worker/backend"
+cp deploy/gpu_run.sh "$repo/deploy/"
+echo 'NAME gradsync-coordinator' >"$repo/server/CMakeLists.txt"
+echo 'NAME gradsync' >"$repo/cli/CMakeLists.txt"
+echo 'NAME gradsync-worker' >"$repo/worker/CMakeLists.txt"
+printf 'NAME nccl_backend_test\nNAME cuda_nccl_device_test\n' \
+  >"$repo/tests/worker/backend/CMakeLists.txt"
+cat >"$repo/deploy/cmake_build.sh" <<'EOF2'
+#!/usr/bin/env bash
+for a; do
+  case $a in --targets=*worker_gradsync-worker*)
+    echo "worker/ddp/reducer.cc: error: no member named 'x' (stand-in)"; exit 1 ;;
+  esac
+done
+echo "built: $*"
+EOF2
+cat >"$tmp/bin/torch_python" <<'EOF2'
+#!/usr/bin/env bash
+case "$2" in
+  *compiled_with_cxx11_abi*) echo cxx11 ;;
+  *cmake_prefix_path*) echo /nonexistent/torch/share/cmake ;;
+  *torch.__version__*) echo "2.11.0 cuda 13.0" ;;
+  *) exit 1 ;;
+esac
+EOF2
+chmod +x "$repo/deploy/cmake_build.sh" "$tmp/bin/torch_python"
+status=0
+bash "$repo/deploy/gpu_run.sh" --out="$tmp/build_split" --build_dir="$build" \
+  --python="$tmp/bin/torch_python" --steps=nccl_tests,worker_fault \
+  >"$tmp/build_split.log" 2>&1 || status=$?
+expect build_split 'steps["build"]["result"] == "passed" and steps["build_torch"]["result"] == "failed"' \
+  "the LibTorch targets fail in their own step, after the rest built"
+expect build_split 'steps["nccl_tests"]["result"] == "passed"' \
+  "the steps without LibTorch still run"
+expect build_split 'steps["worker_fault"]["result"] == "skipped" and "did not build" in steps["worker_fault"]["why"] and not s["ok"]' \
+  "worker_fault is skipped because LibTorch's targets did not build"
+[ "$status" -eq 1 ] || fail "build_split: exit $status, expected 1"
 
 echo "gpu_run_test: OK (the budgeted call took ${took} s)"
