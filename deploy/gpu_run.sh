@@ -471,6 +471,7 @@ if starting resnet50_ratio; then
     record resnet50_ratio failed "missing binaries or scripts" 0
   fi
 fi
+
 # ---- python_elastic
 if starting python_elastic; then
   if [ "$with_torch" = OFF ]; then
@@ -481,10 +482,12 @@ if starting python_elastic; then
     run_step python_elastic 240 deploy/gpu/python_elastic.sh "$build_dir" \
       "$python" "$coordinator_address"
     stop_coordinator
-    line=$(grep -o 'python_elastic: rounds=.*' "$logs/python_elastic.log" 2>/dev/null | tail -n 1)
+    # "rounds=R failpoint_hit=H steps=S seconds=T max_rel_diff=D"
+    line=$(grep -o '^python_elastic: rounds=.*' "$logs/python_elastic.log" 2>/dev/null | tail -n 1)
     [ -n "$line" ] || fail_step "no 'python_elastic:' result line"
+    figures=${line#python_elastic: }
     conclude python_elastic "gradsync.elastic MLP on the GPU, async NCCL error injected at collective 20, healed in place to the uninterrupted run's parameters" \
-      "$(sed -n 's/^python_elastic: rounds=\([0-9]*\) failpoint_hit=\([0-9]*\) steps=\([0-9]*\) seconds=\([0-9]*\) max_rel_diff=\([^ ]*\).*/rounds=\1;failpoint_hit=\2;steps=\3;seconds=\4;max_rel_diff=\5/p' <<<"$line")"
+      "${figures// /;}"
   else
     record python_elastic failed "missing binaries or scripts" 0
   fi
