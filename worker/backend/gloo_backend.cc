@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
+#include "worker/backend/abortable_gloo_context.h"
 #include "worker/backend/reduction.h"
 
 // Debian's libgloo-dev ships gloo/transport/tcp/pair.h without the
@@ -194,6 +195,10 @@ absl::Status StatusFromCurrentException(const std::string& where,
                         absl::StrCat(where, ": ", e.status().message()));
   } catch (const gloo::IoException& e) {
     const std::string message = e.what();
+    if (absl::StrContains(message, kGlooAbortedMessage)) {
+      return absl::UnavailableError(
+          absl::StrCat(where, ": ", kGlooAbortedMessage, " on this rank"));
+    }
     const std::string lower = absl::AsciiStrToLower(message);
     if (absl::StrContains(lower, "timed out") ||
         absl::StrContains(lower, "timeout")) {
@@ -278,12 +283,12 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
   }
 
   const std::chrono::milliseconds gloo_timeout = ToGlooTimeout(options.timeout);
-  auto context = std::make_shared<gloo::rendezvous::Context>(
-      options.rank, options.world_size);
+  auto context = std::make_shared<AbortableGlooContext>(options.rank,
+                                                        options.world_size);
   context->setTimeout(gloo_timeout);
   GlooStoreAdapter adapter(store, options.timeout);
   try {
-    context->connectFullMesh(adapter, device);
+    context->ConnectFullMesh(adapter, device);
   } catch (...) {
     return StatusFromCurrentException(where, options.timeout);
   }
@@ -292,7 +297,7 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
 }
 
 GlooBackend::GlooBackend(const BackendOptions& options,
-                         std::shared_ptr<gloo::Context> context)
+                         std::shared_ptr<AbortableGlooContext> context)
     : Backend(options),
       gloo_timeout_(ToGlooTimeout(options.timeout)),
       context_(std::move(context)),
@@ -383,9 +388,12 @@ std::shared_ptr<Work> GlooBackend::Enqueue(
 }
 
 void GlooBackend::Abort() {
-  // Closing a connection does not wake an operation waiting on it; failing
-  // each pair with an exception does (it signals the pair's pending
-  // operations, then closes its socket, so peers fail too).
+  // First the waits of the collective in flight (Gloo's own signal below
+  // misses a message cut short: AbortableGlooContext).
+  context_->AbortWaits();
+  // Then the connections: closing one does not wake an operation waiting on
+  // it; failing each pair with an exception does (it signals the pair's
+  // queued operations, then closes its socket, so peers fail too).
   // "gloo::transport::tcp::Pair", mangled: the pairs of a tcp device.
   static constexpr char kTcpPair[] = "N4gloo9transport3tcp4PairE";
   for (int peer = 0; peer < world_size(); ++peer) {
@@ -398,7 +406,7 @@ void GlooBackend::Abort() {
         continue;
       }
       static_cast<gloo::transport::tcp::Pair*>(pair)->signalExceptionExternal(
-          "the gloo backend was aborted");
+          kGlooAbortedMessage);
     } catch (const std::exception& e) {
       GS_LOG(WARNING) << "gloo rank " << rank() << ": aborting the connection "
                       << "to rank " << peer << ": " << e.what();

@@ -16,11 +16,9 @@
 #include "worker/backend/serial_op_queue.h"
 #include "worker/backend/store.h"
 
-namespace gloo {
-class Context;
-}  // namespace gloo
-
 namespace gradsync {
+
+class AbortableGlooContext;
 
 // Where this rank's Gloo device listens. The address is published through
 // the store, so it must be one the other ranks can reach.
@@ -97,13 +95,15 @@ class GlooBackend final : public Backend {
   std::shared_ptr<Work> Broadcast(Buffer buffer, int root) override;
   std::shared_ptr<Work> AllGather(Buffer input, Buffer output) override;
   std::shared_ptr<Work> Barrier() override;
-  // Fails every connection: the collective in flight fails (UNAVAILABLE),
-  // and so do peers waiting on this rank.
+  // Fails every connection: the collective in flight fails (UNAVAILABLE,
+  // "the gloo backend was aborted on this rank"), also one whose message a
+  // dead peer cut short (which Gloo alone leaves to its timeout), and so do
+  // peers waiting on this rank.
   void Abort() override;
 
  private:
   GlooBackend(const BackendOptions& options,
-              std::shared_ptr<gloo::Context> context);
+              std::shared_ptr<AbortableGlooContext> context);
 
   // Queues a validated collective and returns its Work. `run` calls into
   // Gloo and throws Gloo's exceptions; empty for a collective with no
@@ -120,7 +120,7 @@ class GlooBackend final : public Backend {
   const std::chrono::milliseconds gloo_timeout_;
   // Connected for the backend's whole life; used only by the queue's thread
   // once the constructor has returned.
-  const std::shared_ptr<gloo::Context> context_;
+  const std::shared_ptr<AbortableGlooContext> context_;
 
   // Runs the collectives; its thread writes on Gloo's sockets, so it blocks
   // SIGPIPE. Declared last: started once every other member is ready.
