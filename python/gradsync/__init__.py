@@ -18,3 +18,7 @@ def __getattr__(name):
         from gradsync import client
         return getattr(client, name)
     raise AttributeError(f"module 'gradsync' has no attribute '{name}'")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -3,7 +3,8 @@ python.extension_smoke; deploy/gpu_run.sh on a GPU machine): it loads into
 this Python beside its torch, makes a one-rank process group of backend
 "gradsync" through torch's FileStore, and all-reduces, broadcasts and
 all-gathers with it; with --cuda, on a CUDA tensor too (that group's
-backend is the CPU one, so the CUDA tensor must be refused, naming why).
+backend is the CPU one, so the CUDA tensor must be refused, naming why
+and the ways to CUDA).
 
     python3 extension_smoke.py BUILD/python/gradsync/_C.so [--cuda]
 
@@ -48,6 +49,7 @@ def main():
                 raise AssertionError("a CUDA tensor was taken by a CPU backend")
             except RuntimeError as e:
                 assert "expected cpu" in str(e), e
+                assert 'device="cuda"' in str(e), e
     print(f"extension_smoke: ok (torch {torch.__version__})")
 
 

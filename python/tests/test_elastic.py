@@ -167,6 +167,7 @@ def test_elastic_needs_neither_grpc_nor_protobuf():
         "            raise ImportError('blocked: ' + name)",
         "sys.meta_path.insert(0, Block())",
         "import gradsync.elastic",
+        "assert {'Client', 'Error', 'KeyValue', 'elastic'} <= set(dir(gradsync)), dir(gradsync)",
         "assert 'gradsync.client' not in sys.modules, sys.modules",
         "assert callable(gradsync.elastic.run)",
         "print('imported')"])

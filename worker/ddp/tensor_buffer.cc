@@ -12,7 +12,7 @@
 
 namespace gradsync {
 
-absl::StatusOr<Buffer> ToBuffer(const torch::Tensor& tensor) {
+absl::StatusOr<Buffer> ToBuffer(const at::Tensor& tensor) {
   if (!tensor.is_contiguous()) {
     return absl::InvalidArgumentError("collectives need contiguous tensors");
   }
@@ -20,26 +20,26 @@ absl::StatusOr<Buffer> ToBuffer(const torch::Tensor& tensor) {
   buffer.data = tensor.data_ptr();
   buffer.count = static_cast<size_t>(tensor.numel());
   switch (tensor.scalar_type()) {
-    case torch::kFloat32:
+    case at::kFloat:
       buffer.dtype = DataType::kFloat32;
       break;
-    case torch::kFloat64:
+    case at::kDouble:
       buffer.dtype = DataType::kFloat64;
       break;
-    case torch::kFloat16:
+    case at::kHalf:
       buffer.dtype = DataType::kFloat16;
       break;
-    case torch::kBFloat16:
+    case at::kBFloat16:
       buffer.dtype = DataType::kBFloat16;
       break;
-    case torch::kInt32:
+    case at::kInt:
       buffer.dtype = DataType::kInt32;
       break;
-    case torch::kInt64:
+    case at::kLong:
       buffer.dtype = DataType::kInt64;
       break;
-    case torch::kUInt8:
-    case torch::kBool:
+    case at::kByte:
+    case at::kBool:
       buffer.dtype = DataType::kUInt8;
       break;
     default:
@@ -55,7 +55,7 @@ absl::StatusOr<Buffer> ToBuffer(const torch::Tensor& tensor) {
   return buffer;
 }
 
-void* CurrentStream(const torch::Tensor& tensor) {
+void* CurrentStream(const at::Tensor& tensor) {
 #ifdef GRADSYNC_TORCH_CUDA
   if (tensor.is_cuda()) {
     return c10::cuda::getCurrentCUDAStream(tensor.get_device()).stream();
@@ -65,7 +65,7 @@ void* CurrentStream(const torch::Tensor& tensor) {
   return nullptr;
 }
 
-void RecordStream(const torch::Tensor& tensor, const Work& work) {
+void RecordStream(const at::Tensor& tensor, const Work& work) {
 #ifdef GRADSYNC_TORCH_CUDA
   if (tensor.is_cuda() && work.stream() != nullptr) {
     c10::cuda::CUDACachingAllocator::recordStream(
@@ -79,9 +79,9 @@ void RecordStream(const torch::Tensor& tensor, const Work& work) {
 }
 
 std::vector<c10::Device> FutureDevices(
-    const std::vector<torch::Tensor>& tensors) {
+    const std::vector<at::Tensor>& tensors) {
   std::vector<c10::Device> devices;
-  for (const torch::Tensor& tensor : tensors) {
+  for (const at::Tensor& tensor : tensors) {
     if (tensor.is_cuda() && std::find(devices.begin(), devices.end(),
                                       tensor.device()) == devices.end()) {
       devices.push_back(tensor.device());

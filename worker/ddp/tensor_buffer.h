@@ -5,7 +5,8 @@
 #include <functional>
 #include <vector>
 
-#include <torch/torch.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include "absl/status/statusor.h"
 #include "worker/backend/backend.h"
@@ -17,27 +18,27 @@ namespace gradsync {
 // collective); for a CUDA tensor its stream is the device's current stream
 // (CurrentStream). INVALID_ARGUMENT for non-contiguous tensors and dtypes
 // the backends do not carry.
-absl::StatusOr<Buffer> ToBuffer(const torch::Tensor& tensor);
+absl::StatusOr<Buffer> ToBuffer(const at::Tensor& tensor);
 
 // The current CUDA stream (a cudaStream_t) of `tensor`'s device, which the
 // caller's kernels are queued on: what collectives order after and what
 // waits on them. nullptr for CPU tensors, and in builds against a LibTorch
 // without CUDA (GRADSYNC_TORCH_CUDA unset: the backend's compute stream is
 // used then).
-void* CurrentStream(const torch::Tensor& tensor);
+void* CurrentStream(const at::Tensor& tensor);
 
 // Tells LibTorch's CUDA caching allocator that `tensor`'s memory is in use
 // on the stream `work` runs on (Work::stream(): NCCL's communication
 // stream) until the work queued there now has run, so that freeing the
 // tensor meanwhile cannot hand its memory to another kernel
 // (c10d's recordStream). Nothing for CPU tensors or host backends.
-void RecordStream(const torch::Tensor& tensor, const Work& work);
+void RecordStream(const at::Tensor& tensor, const Work& work);
 
 // The devices a c10::ivalue::Future completed with `tensors` must name: each
 // CUDA device among them once (none for CPU tensors). Such a future records
 // an event on each device's current stream when it completes, and a
 // consumer's wait() orders the consumer's stream after it.
-std::vector<c10::Device> FutureDevices(const std::vector<torch::Tensor>& tensors);
+std::vector<c10::Device> FutureDevices(const std::vector<at::Tensor>& tensors);
 
 // Runs `fn` with CUDA device `device_index`'s current stream set to the one
 // `work` ran on (Work::stream()), restoring the previous one after: a CUDA

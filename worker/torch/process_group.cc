@@ -73,6 +73,19 @@ int CudaDeviceOf(const std::vector<at::Tensor>& tensors) {
   return -1;
 }
 
+// `refused` (a backend's INVALID_ARGUMENT), naming the ways to CUDA when a
+// host backend refused CUDA tensors.
+absl::Status WithCudaHint(const absl::Status& refused,
+                          const std::string& backend,
+                          const std::vector<at::Tensor>& tensors) {
+  if (CudaDeviceOf(tensors) < 0 || backend == "nccl") return refused;
+  return absl::InvalidArgumentError(absl::StrCat(
+      refused.message(), " (this group's ", backend,
+      " backend carries CPU tensors; for CUDA tensors use the groups of "
+      "gradsync.elastic.run(..., device=\"cuda\"), which run NCCL, or "
+      "torch.distributed's \"nccl\" backend)"));
+}
+
 // The one tensor of a single-device collective's list.
 const at::Tensor& OnlyTensor(const std::vector<at::Tensor>& tensors,
                              const char* what) {
@@ -179,7 +192,8 @@ c10::intrusive_ptr<c10d::Work> TorchProcessGroup::Track(
   // Arguments the backend refused (a tensor on a device it does not take)
   // fail the call itself, as torch's own groups do.
   if (work->IsCompleted() && absl::IsInvalidArgument(work->status())) {
-    ThrowIfError(work->status(), collective);
+    ThrowIfError(WithCudaHint(work->status(), backend_->name(), outputs),
+                 collective);
   }
   auto future = c10::make_intrusive<c10::ivalue::Future>(
       c10::ListType::create(c10::TensorType::get()), FutureDevices(outputs));
