@@ -31,6 +31,7 @@
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
 #include "server/coordinator.h"
 #include "server/storage/in_memory_storage.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/ports.h"
 #include "worker/client/grpc_coordinator_client.h"
 
@@ -48,17 +49,10 @@ constexpr absl::Duration kPromptly = absl::Seconds(5);
 // server makes Shutdown() visibly slow (see ExpectPromptShutdown).
 constexpr absl::Duration kLongGrace = absl::Seconds(20);
 constexpr int64_t kMiB = 1 << 20;
+// How long Eventually waits for what the coordinator does at once: a bound
+// for a loaded machine, not a claim about speed (kPromptly is that).
+constexpr absl::Duration kSoon = absl::Seconds(30);
 
-// Calls `condition` until it returns true or `bound` passes. Every check is an
-// RPC to the coordinator, which paces the loop; no sleeping.
-bool Eventually(const std::function<bool()>& condition,
-                absl::Duration bound = kPromptly) {
-  const absl::Time deadline = absl::Now() + bound;
-  while (!condition()) {
-    if (absl::Now() > deadline) return false;
-  }
-  return true;
-}
 
 v1::JobConfig Config(const std::string& job_id, int min_nodes, int max_nodes,
                      absl::Duration join_timeout = absl::Seconds(60)) {
@@ -730,7 +724,7 @@ TEST_F(CoordinatorTest, LeaveEndsAWaitingJoinWithCancelled) {
   ASSERT_TRUE(Eventually([&] {
     auto job = GetJob("pair");
     return job.ok() && job->waiting_size() == 1;
-  }));
+  }, kSoon));
   EXPECT_TRUE(RawLeave("pair", node.incarnation_id()).ok());
   ASSERT_TRUE(join.Wait());
   EXPECT_EQ(joined.code(), absl::StatusCode::kCancelled) << joined;
@@ -929,7 +923,7 @@ TEST_F(CoordinatorTest, KvWithAStaleRoundIsAbortedAfterAMemberRejoins) {
     auto job = GetJob("rejoin");
     return job.ok() && job->state() == v1::JOB_STATE_WAITING &&
            job->waiting_size() == 1;
-  }));
+  }, kSoon));
   // The pending wait of round 1 ends with ABORTED.
   ASSERT_TRUE(waiting.Wait());
   EXPECT_EQ(b_wait.code(), absl::StatusCode::kAborted) << b_wait;
@@ -1111,7 +1105,8 @@ TEST_F(CoordinatorTest, JoinWhoseClientDeadlineExpiresIsWithdrawn) {
   EXPECT_TRUE(seen_waiting);
   EXPECT_EQ(joined.code(), absl::StatusCode::kDeadlineExceeded) << joined;
   // ...and withdrawn once the client's deadline passed.
-  EXPECT_TRUE(Eventually([&] { return WaitingCount("impatient") == 0; }));
+  EXPECT_TRUE(
+      Eventually([&] { return WaitingCount("impatient") == 0; }, kSoon));
   // The withdrawn process does not count: a later pair forms round 1
   // without it.
   absl::StatusOr<v1::Assignment> x, y;
@@ -1146,11 +1141,12 @@ TEST_F(CoordinatorTest, JoinCancelledByTheClientIsWithdrawn) {
   ASSERT_TRUE(Eventually([&] {
     auto job = GetJob("cancelled");
     return job.ok() && job->waiting_size() == 1;
-  }));
+  }, kSoon));
   context.TryCancel();
   ASSERT_TRUE(join.Wait());
   EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
-  EXPECT_TRUE(Eventually([&] { return WaitingCount("cancelled") == 0; }));
+  EXPECT_TRUE(
+      Eventually([&] { return WaitingCount("cancelled") == 0; }, kSoon));
 }
 
 TEST_F(CoordinatorTest, NodeJoinsFormARoundWithOneCallPerNode) {
@@ -1197,11 +1193,12 @@ TEST_F(CoordinatorTest, NodeJoinCancelledByTheClientWithdrawsEveryProcess) {
   ASSERT_TRUE(Eventually([&] {
     auto job = GetJob("node-cancelled");
     return job.ok() && job->waiting_size() == 2;
-  }));
+  }, kSoon));
   context.TryCancel();
   ASSERT_TRUE(join.Wait());
   EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
-  EXPECT_TRUE(Eventually([&] { return WaitingCount("node-cancelled") == 0; }));
+  EXPECT_TRUE(
+      Eventually([&] { return WaitingCount("node-cancelled") == 0; }, kSoon));
 }
 
 TEST_F(CoordinatorTest, BadNodeJoinIsInvalidArgument) {
@@ -1519,7 +1516,7 @@ TEST_F(CoordinatorTest, ShutdownWithAPendingJoinEndsItPromptly) {
   ASSERT_TRUE(Eventually([&] {
     auto job = (*client)->GetJob("pending");
     return job.ok() && job->waiting_size() == 1;
-  }));
+  }, kSoon));
 
   const absl::Time start = absl::Now();
   coordinator->Shutdown();
