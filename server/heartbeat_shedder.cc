@@ -62,13 +62,18 @@ void HeartbeatShedder::Update(absl::Time now, const Counts& counts,
       window_.samples > 0 ? static_cast<double>(window_.late) /
                                 static_cast<double>(window_.samples)
                           : 0.0;
+  // Overdue members are judged, as late heartbeats are, only over
+  // min_samples: among fewer, one dead member would keep an episode going
+  // and so stretch its own LOST deadline (by the time behind, up to the
+  // cap) long after the load that began the episode has passed.
   const bool calm =
       (config_.max_delay <= absl::ZeroDuration() ||
        window_delay_ <= config_.max_delay / 4) &&
       (window_.samples < config_.min_samples ||
        state_.late_fraction <= config_.calm_fraction) &&
-      static_cast<double>(backlog.overdue) <=
-          config_.calm_fraction * static_cast<double>(backlog.members);
+      (backlog.members < config_.min_samples ||
+       static_cast<double>(backlog.overdue) <=
+           config_.calm_fraction * static_cast<double>(backlog.members));
   if (calm) state_.behind = false;
   if (config_.enabled) DecideLocked(now, rate, calm);
   window_ = Counts();

@@ -45,7 +45,9 @@
 //       members are overdue: the factor doubles (up to max_factor).
 //  - calm: queue delay at most max_delay / 4 all window, at most
 //    calm_fraction of the heartbeats late (or fewer than min_samples) and
-//    at most calm_fraction of the members overdue. After calm_windows calm
+//    at most calm_fraction of the members overdue (or fewer than
+//    min_samples members heard from: in a small job a dead member would
+//    otherwise keep an episode going, stretching its own LOST deadline). After calm_windows calm
 //    windows in a row the factor halves, if twice the handled (and the
 //    expected) rate, what halving brings back, stays within headroom x the
 //    capacity estimate. Without that headroom it probes (halves
@@ -86,7 +88,8 @@ struct HeartbeatSheddingConfig {
   // A queue delay above this is an overload; zero: half the coordinator's
   // default heartbeat interval (HealthManager fills it in).
   absl::Duration max_delay = absl::ZeroDuration();
-  // Fewer heartbeats with a gap in a window are not judged late.
+  // Fewer heartbeats with a gap in a window are not judged late, nor
+  // fewer members heard from judged overdue.
   int64_t min_samples = 100;
   // Heartbeats a second (at the jobs' own intervals) below which a queue
   // delay is not blamed on them: at tens of microseconds each, 50 a second

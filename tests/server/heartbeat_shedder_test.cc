@@ -236,6 +236,23 @@ TEST_F(HeartbeatShedderTest, OverdueMembersKeepAnEpisodeGoingAndEscalateIt) {
   EXPECT_EQ(shedder_->Allowance(now_), absl::ZeroDuration());
 }
 
+// A small job: a load spike began an episode; one of its 3 members then
+// stopped (SIGSTOP: its stream open, silent). Once the queues are calm the
+// episode ends, so that member's LOST deadline is not stretched by the
+// time behind (a 3-member job hung this way was found only by its peers'
+// collective watchdog, 10 s in, in a loaded full run).
+TEST_F(HeartbeatShedderTest, ADeadMemberOfASmallJobDoesNotKeepAnEpisodeGoing) {
+  Make();
+  Window(Beats(3, 0), Waiting(absl::Seconds(1), 3, 3, 0));
+  ASSERT_TRUE(shedder_->state().behind);
+  // The window the delay ended in, then a calm one.
+  for (int i = 0; i < 2; ++i) {
+    Window(Beats(2, 0), Waiting(absl::ZeroDuration(), 3, 3, 1));
+  }
+  EXPECT_FALSE(shedder_->state().behind);
+  EXPECT_EQ(shedder_->Allowance(now_), absl::ZeroDuration());
+}
+
 TEST_F(HeartbeatShedderTest, OverdueMembersAloneAreNotAnOverload) {
   Make();
   // 60% of the members went silent (a rack lost power); those left are on
