@@ -47,10 +47,10 @@
 //    calm_fraction of the heartbeats late (or fewer than min_samples) and
 //    at most calm_fraction of the members overdue (or fewer than
 //    min_samples members heard from: in a small job a dead member would
-//    otherwise keep an episode going, stretching its own LOST deadline). After calm_windows calm
-//    windows in a row the factor halves, if twice the handled (and the
-//    expected) rate, what halving brings back, stays within headroom x the
-//    capacity estimate. Without that headroom it probes (halves
+//    otherwise keep an episode going, stretching its own LOST deadline).
+//    After calm_windows calm windows in a row the factor halves, if twice
+//    the handled (and the expected) rate, what halving brings back, stays
+//    within headroom x the capacity estimate. Without that headroom it probes (halves
 //    anyway) after probe_windows calm windows, in case the capacity grew; a
 //    probe that overloads again within calm_windows doubles the wait before
 //    the next one (up to 16 x probe_windows).
