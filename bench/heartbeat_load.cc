@@ -26,6 +26,10 @@
 // another); a level of 0 members is the witness alone:
 //   bazel-bin/bench/heartbeat_load --members=0,60000 --witness
 //       --duration=20s --status_members=0
+// With --obey_interval=false the simulated workers ignore the interval
+// they are asked for (a buggy or hostile job), and --police=off,on runs
+// every level with the coordinator reading such streams as they come and
+// holding them back to what it asked (HeartbeatPolicer), side by side.
 //
 //   bazel run -c opt //bench:heartbeat_load -- --members=10000,50000,100000
 //   bazel-bin/bench/heartbeat_load --members=30000,50000 --shed=off,on
@@ -103,6 +107,11 @@ ABSL_FLAG(std::string, shed, "on",
           "(off,on) to run every level once per mode, side by side; with "
           "--coordinator one mode, the one it runs with (--shed_heartbeats), "
           "which is only reported");
+ABSL_FLAG(std::string, police, "on",
+          "the coordinator's holding back of streams that send faster than "
+          "asked (--police_heartbeats): on, off, or a list (off,on) to run "
+          "every level and --shed mode once per setting, side by side; not "
+          "with --coordinator");
 ABSL_FLAG(bool, obey_interval, true,
           "simulated workers read the coordinator's answers and send at the "
           "interval it asks for (a read pending per stream); false: answers "
@@ -514,6 +523,7 @@ absl::Duration ProcessCpu() {
 struct LevelResult {
   int members = 0;
   std::string shed;  // "on" or "off"
+  std::string police;  // "on" or "off"
   // What the coordinator's shedding came to at the end of the level.
   HeartbeatShedder::State shedding;
   int64_t shed_skips = 0;  // heartbeats not sent because it asked for fewer
@@ -980,11 +990,16 @@ int Main() {
   }
   std::vector<std::string> modes =
       absl::StrSplit(absl::GetFlag(FLAGS_shed), ',', absl::SkipEmpty());
-  for (const std::string& mode : modes) {
-    if (mode != "on" && mode != "off") {
-      std::fprintf(stderr, "--shed: '%s' is neither on nor off\n",
-                   mode.c_str());
-      return 2;
+  std::vector<std::string> policing =
+      absl::StrSplit(absl::GetFlag(FLAGS_police), ',', absl::SkipEmpty());
+  for (const auto& [flag, values] :
+       {std::pair{"--shed", &modes}, std::pair{"--police", &policing}}) {
+    for (const std::string& value : *values) {
+      if (value != "on" && value != "off") {
+        std::fprintf(stderr, "%s: '%s' is neither on nor off\n", flag,
+                     value.c_str());
+        return 2;
+      }
     }
   }
   const double cap = absl::GetFlag(FLAGS_max_heartbeat_rate);
@@ -992,7 +1007,8 @@ int Main() {
   const int external_pid = absl::GetFlag(FLAGS_coordinator_pid);
   if (!external.empty() || external_pid != 0) {
     const std::string problem =
-        ExternalCoordinatorProblem(external, levels.size(), modes.size());
+        ExternalCoordinatorProblem(external, levels.size(),
+                                   modes.size() * policing.size());
     if (!problem.empty()) {
       std::fprintf(stderr, "%s\n", problem.c_str());
       return 2;
@@ -1008,23 +1024,31 @@ int Main() {
           : absl::StrFormat("gradsync-coordinator at %s (pid %d)", external,
                             external_pid);
   std::printf("heartbeat ingest: %s, %g Hz per member, %d connections, jobs "
-              "of %d members, %s per level, shedding %s, workers %s the "
-              "interval asked\n\n",
+              "of %d members, %s per level, shedding %s, holding back fast "
+              "streams %s, workers %s the interval asked\n\n",
               coordinator_text.c_str(), absl::GetFlag(FLAGS_rate),
               absl::GetFlag(FLAGS_channels), absl::GetFlag(FLAGS_job_size),
               absl::FormatDuration(absl::GetFlag(FLAGS_duration)).c_str(),
               absl::GetFlag(FLAGS_shed).c_str(),
+              absl::GetFlag(FLAGS_police).c_str(),
               absl::GetFlag(FLAGS_obey_interval) ? "obey" : "ignore");
-  std::printf("%9s %4s %10s %10s %10s %8s %8s %8s %6s %7s %8s %4s\n",
-              "members", "shed", "offered/s", "sent/s", "accepted/s", "ratio",
+  std::printf("%9s %4s %4s %10s %10s %10s %8s %8s %8s %6s %7s %8s %4s\n",
+              "members", "shed", "hold", "offered/s", "sent/s", "accepted/s", "ratio",
               "skipped", "shed-skip", "#lost", "#stale", "#failed", "x");
   int failures = 0;
   int sustained = 0;
   int run = 0;
-  // --witness: the detection time with the witness alone, by shed mode.
+  // --witness: the detection time with the witness alone, by shed and
+  // police mode.
   std::map<std::string, absl::Duration> baseline;
+  std::vector<std::pair<std::string, std::string>> settings;
+  for (const std::string& mode : modes) {
+    for (const std::string& police : policing) {
+      settings.emplace_back(mode, police);
+    }
+  }
   for (size_t i = 0; i < levels.size(); ++i) {
-    for (const std::string& mode : modes) {
+    for (const auto& [mode, police] : settings) {
       // A fresh coordinator per level and mode (unless an external one
       // serves): runs do not see each other's members or shedding state.
       Target target{external, nullptr, external_pid};
@@ -1039,6 +1063,7 @@ int Main() {
         config.health.heartbeat_interval =
             absl::Seconds(1) / absl::GetFlag(FLAGS_rate);
         config.health.shedding.enabled = mode == "on";
+        config.police_heartbeats = police == "on";
         in_process = std::make_unique<Coordinator>(config);
         absl::Status started = in_process->Start();
         if (!started.ok()) {
@@ -1052,6 +1077,7 @@ int Main() {
       LevelResult r = RunLevel(target, levels[i], run++);
       if (in_process != nullptr) in_process->Shutdown();
       r.shed = mode;
+      r.police = police;
       const double ratio = r.offered > 0 ? r.accepted / r.offered : 0;
       const bool ok = r.lost == 0 && r.stale == 0 && r.failed_streams == 0;
       // Sustained: every member live and (almost) all offered heartbeats
@@ -1065,9 +1091,10 @@ int Main() {
           external.empty() ? absl::StrFormat("%.0f", r.accepted) : "-";
       const std::string accepted_ratio =
           external.empty() ? absl::StrFormat("%.3f", ratio) : "-";
-      std::printf("%9d %4s %10.0f %10.0f %10s %8s %8lld %8lld %6d %7d %8d "
-                  "%4d\n",
-                  r.members, r.shed.c_str(), r.offered, r.sent,
+      std::printf("%9d %4s %4s %10.0f %10.0f %10s %8s %8lld %8lld %6d %7d "
+                  "%8d %4d\n",
+                  r.members, r.shed.c_str(), r.police.c_str(), r.offered,
+                  r.sent,
                   accepted.c_str(), accepted_ratio.c_str(),
                   static_cast<long long>(r.skipped),
                   static_cast<long long>(r.shed_skips), r.lost, r.stale,
@@ -1094,9 +1121,10 @@ int Main() {
                     heartbeating_bytes);
       }
       std::string line = absl::StrFormat(
-          "RESULT members=%d nproc_per_node=%d shed=%s offered=%.0f sent=%.0f",
-          r.members, absl::GetFlag(FLAGS_nproc_per_node), r.shed, r.offered,
-          r.sent);
+          "RESULT members=%d nproc_per_node=%d shed=%s police=%s offered=%.0f "
+          "sent=%.0f",
+          r.members, absl::GetFlag(FLAGS_nproc_per_node), r.shed, r.police,
+          r.offered, r.sent);
       if (external.empty()) absl::StrAppendFormat(&line, " accepted=%.0f", r.accepted);
       absl::StrAppendFormat(&line, " lost=%d stale=%d failed=%d factor=%d",
                             r.lost, r.stale, r.failed_streams,
@@ -1131,10 +1159,11 @@ int Main() {
         absl::StrAppendFormat(&line, " witness_detection_ms=%s witness_factor=%d",
                               found ? Ms(r.witness_detection) : "-",
                               r.witness_factor);
-        if (r.members == 0) baseline[r.shed] = r.witness_detection;
-        if (r.members > 0 && found && baseline.count(r.shed) > 0) {
+        const std::string key = r.shed + "/" + r.police;
+        if (r.members == 0) baseline[key] = r.witness_detection;
+        if (r.members > 0 && found && baseline.count(key) > 0) {
           std::printf("  witness detection / with the witness alone: %.2f\n",
-                      absl::FDivDuration(r.witness_detection, baseline[r.shed]));
+                      absl::FDivDuration(r.witness_detection, baseline[key]));
         }
       }
       std::printf("%s\n", line.c_str());

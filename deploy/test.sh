@@ -12,6 +12,10 @@
 # harnesses for a minute (tests/fuzz/run.sh). Ends with one line
 # "gtest: N passed, N failed, N skipped" counted from Bazel's test cases (GPU
 # tests skip on machines without a GPU), after ctest's own line.
+# GRADSYNC_TEST_LEAN_DISK=1 (CI's .ci/run sets it) frees each stage's build
+# outputs once the stage passed (bazel clean after Bazel's tests, the CMake
+# tree's objects after ctest, the fuzzers' objects after them), so that the
+# run never holds them all at once; a rerun then builds from nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 deploy/install_deps.sh || exit 1
@@ -39,6 +43,12 @@ while IFS= read -r target; do
   passed=$((passed + tests - failures - errors - disabled - skipped_here))
 done < <(grep -oE '^//[^ ]+' /tmp/gradsync-test.log | sort -u)
 [ "$status" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1  # a build or harness failure
+lean=${GRADSYNC_TEST_LEAN_DISK:-0}
+# Bazel's outputs go once its tests passed (a failure's logs stay for the
+# summary at the end).
+if [ "$lean" = 1 ] && [ "$status" -eq 0 ]; then
+  bazel clean >/dev/null 2>&1 && echo "lean disk: bazel clean"
+fi
 
 # Heavy multi-process scenarios Bazel ran above, from the same sources.
 CMAKE_EXCLUDE='^(recovery_process_test|hang_process_test|hostile_client_test|shutdown_process_test|shutdown_stress_test|ha_process_test|launch_process_test|checkpoint_process_test|durable_state_process_test|torch_reference_test|status_page_test|overload_process_test|limits_process_test|multiprocess_test)\.'
@@ -49,6 +59,9 @@ deploy/cmake_build.sh --ctest --ctest_exclude="$CMAKE_EXCLUDE" \
   tee /tmp/gradsync-cmake.log
 cmake_status=${PIPESTATUS[0]}
 [ "$status" -eq 0 ] && status=$cmake_status
+if [ "$lean" = 1 ] && [ "$cmake_status" -eq 0 ]; then
+  find build/cmake -name '*.o' -delete && echo "lean disk: CMake objects deleted"
+fi
 
 # The configuration without LibTorch (what deploy/gpu_run.sh asks for where
 # PyTorch has the pre-C++11 ABI) must configure, its LibTorch users left out.
@@ -56,6 +69,7 @@ rm -rf /tmp/gradsync-cmake-notorch
 cmake -S . -B /tmp/gradsync-cmake-notorch -G Ninja -DGRADSYNC_WITH_TORCH=OFF \
   >/tmp/gradsync-cmake-notorch.log 2>&1
 notorch_status=$?
+rm -rf /tmp/gradsync-cmake-notorch
 echo "cmake without LibTorch: configure exit $notorch_status (/tmp/gradsync-cmake-notorch.log)"
 [ "$notorch_status" -eq 0 ] || grep -A3 'CMake Error' /tmp/gradsync-cmake-notorch.log | head -n 20
 [ "$status" -eq 0 ] && status=$notorch_status
@@ -71,6 +85,10 @@ plan_status=${PIPESTATUS[0]}
 tests/fuzz/run.sh 60 2>&1 | tee /tmp/gradsync-fuzz.log
 fuzz_status=${PIPESTATUS[0]}
 [ "$status" -eq 0 ] && status=$fuzz_status
+if [ "$lean" = 1 ] && [ "$fuzz_status" -eq 0 ]; then
+  rm -rf "${GRADSYNC_FUZZ_DIR:-/tmp/gradsync-fuzz}/obj" &&
+    echo "lean disk: fuzzer objects deleted"
+fi
 
 # Name what failed last, where a log's tail still shows it, and why: the
 # last lines of each failed Bazel test's own log (a CI run keeps no more).

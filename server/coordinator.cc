@@ -76,7 +76,7 @@ Coordinator::Coordinator(CoordinatorConfig config)
                     &stream_limits_),
       tokens_service_(&jobs_, &auth_),
       health_service_(&health_, &auth_, &stream_limits_,
-                       config_.max_heartbeat_rate),
+                      config_.max_heartbeat_rate, config_.police_heartbeats),
       metrics_(HttpRoutes()) {}
 
 std::vector<HttpRoute> Coordinator::HttpRoutes() {

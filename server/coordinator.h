@@ -61,6 +61,9 @@ struct CoordinatorConfig {
   // For tests and benchmarks: heartbeats handled per second at most (the
   // rest wait in the connections, as past a real capacity); 0: no cap.
   double max_heartbeat_rate = 0;
+  // Hold back what heartbeat streams send faster than the coordinator asked
+  // (HeartbeatPolicer); false reads every message as it comes.
+  bool police_heartbeats = true;
   // The term this replica leads in (under etcd leadership: its leader key's
   // create revision), sent with every key-value answer
   // (common/leader_term.h); 0: none (one coordinator).

@@ -277,6 +277,11 @@ class HealthManager : public RoundListener {
 
   // Whether and how much the coordinator sheds heartbeat load now.
   HeartbeatShedder::State shedding() const { return shedder_.state(); }
+  // How much longer than usual a member may be silent now, while the
+  // coordinator is behind (HeartbeatShedder::Allowance; each job caps it).
+  absl::Duration allowance() const {
+    return shedder_.Allowance(clock_->Now());
+  }
   // The coordinator's default heartbeat interval (jobs may set their own).
   absl::Duration default_interval() const { return config_.heartbeat_interval; }
 

@@ -9,11 +9,16 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
+#include "common/job_config.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
+#include "server/heartbeat_policer.h"
 #include "server/malformed_request.h"
 
 namespace gradsync {
@@ -26,6 +31,16 @@ namespace {
 // a non-OK status ends the stream with it. Merge() folds a newer answer
 // into one waiting behind a write in flight. OnBroken() runs when the
 // stream ended by cancellation (the worker died or its connection broke).
+// asked() is what the answers so far asked of the stream's members (for
+// its HeartbeatPolicer); Describe() names them in a log line.
+
+// The heartbeats a second an answer asks for (0 when it names no interval).
+double AskedRate(const v1::HeartbeatResponse& answer) {
+  const absl::Duration interval = FromProtoDuration(answer.heartbeat_interval());
+  return interval > absl::ZeroDuration()
+             ? absl::FDivDuration(absl::Seconds(1), interval)
+             : 0.0;
+}
 
 // Monitor.Heartbeat: one member per stream.
 class MemberProtocol {
@@ -44,10 +59,24 @@ class MemberProtocol {
     GS_RETURN_IF_ERROR(
         Authenticator::Authorize(caller, request->member().job_id()));
     Response response;
+    member_ = request->member();
     GS_ASSIGN_OR_RETURN(bool tell,
                         health_->Heartbeat(session_.get(), request, &response));
-    if (tell) *answer = std::move(response);
+    if (tell) {
+      if (const double rate = AskedRate(response); rate > 0) asked_rate_ = rate;
+      *answer = std::move(response);
+    }
     return absl::OkStatus();
+  }
+  HeartbeatPolicer::Asked asked() const {
+    HeartbeatPolicer::Asked asked;
+    asked.rate = asked_rate_;
+    asked.members = asked_rate_ > 0 ? 1 : 0;
+    return asked;
+  }
+  std::string Describe() const {
+    return absl::StrCat("rank ", member_.rank(), " of job '",
+                        member_.job_id(), "'");
   }
   // Only the latest state matters.
   static void Merge(Response* waiting, Response newer) {
@@ -58,6 +87,8 @@ class MemberProtocol {
  private:
   HealthManager* const health_;
   const std::unique_ptr<HealthManager::Session> session_;
+  v1::MemberRef member_;  // the last heartbeat's
+  double asked_rate_ = 0;  // heartbeats a second; 0 until told
 };
 
 // Monitor.NodeHeartbeat: the members of one node, each with the session
@@ -75,6 +106,7 @@ class NodeProtocol {
                          std::optional<Response>* answer) {
     for (const v1::MemberRef& member : request->closed()) {
       sessions_.erase(Key(member));
+      asked_.erase(Key(member));
     }
     Response response;
     for (v1::HeartbeatRequest& heartbeat : *request->mutable_heartbeats()) {
@@ -91,6 +123,18 @@ class NodeProtocol {
   }
   void OnBroken() {
     for (auto& [key, session] : sessions_) health_->StreamBroken(session.get());
+  }
+  HeartbeatPolicer::Asked asked() const {
+    HeartbeatPolicer::Asked asked;
+    for (const auto& [key, rate] : asked_) asked.rate += rate;
+    asked.members = static_cast<int>(asked_.size());
+    return asked;
+  }
+  std::string Describe() const {
+    return asked_.empty() ? std::string("a node's stream")
+                          : absl::StrCat("a node's stream (", asked_.size(),
+                                         " members, job '",
+                                         asked_.begin()->first.first, "', ...)");
   }
 
  private:
@@ -113,6 +157,9 @@ class NodeProtocol {
     v1::MemberHeartbeatResponse* out = response->add_answers();
     *out->mutable_member() = member;
     if (tell.ok()) {
+      if (const double rate = AskedRate(answer); rate > 0) {
+        asked_[Key(member)] = rate;
+      }
       *out->mutable_response() = std::move(answer);
       return;
     }
@@ -120,11 +167,14 @@ class NodeProtocol {
     out->set_error_code(static_cast<int>(tell.status().code()));
     out->set_error_message(std::string(tell.status().message()));
     sessions_.erase(Key(member));
+    asked_.erase(Key(member));
   }
 
   HealthManager* const health_;
   absl::flat_hash_map<SessionKey, std::unique_ptr<HealthManager::Session>>
       sessions_;
+  // The heartbeats a second last asked of each member told an interval.
+  absl::flat_hash_map<SessionKey, double> asked_;
 };
 
 }  // namespace
@@ -168,16 +218,41 @@ class HealthService::Pacer {
 };
 
 HealthService::HealthService(HealthManager* health, const Authenticator* auth,
-                               ConnectionLimits* limits,
-                               double max_heartbeat_rate)
+                             ConnectionLimits* limits,
+                             double max_heartbeat_rate, bool police)
     : health_(health),
       auth_(auth),
       limits_(limits),
       pacer_(max_heartbeat_rate > 0 ? std::make_unique<Pacer>(max_heartbeat_rate)
                                     : nullptr),
+      police_(police),
       completions_(health) {}
 
 HealthService::~HealthService() = default;
+
+void HealthService::NoteHeld(const std::string& who,
+                             const HeartbeatPolicer::Asked& asked) {
+  const absl::Time now = absl::Now();
+  int64_t streams = 0;
+  {
+    absl::MutexLock lock(&held_mu_);
+    ++held_streams_;
+    if (now - held_logged_ < absl::Minutes(1)) return;
+    held_logged_ = now;
+    streams = held_streams_;
+    held_streams_ = 0;
+  }
+  GS_LOG(WARNING) << streams
+                  << " heartbeat stream(s) sent faster than the coordinator "
+                     "asked (the latest: "
+                  << who << ", asked for "
+                  << absl::StrFormat("%.3g", asked.rate)
+                  << " heartbeats/s): their messages are read at most "
+                  << HeartbeatPolicer::kTolerance
+                  << "x that fast, the rest wait in the network's buffers "
+                     "(are those workers told the interval they were "
+                     "asked for?)";
+}
 
 absl::Duration HealthService::PacingDelay() const {
   return pacer_ != nullptr ? pacer_->Delay() : absl::ZeroDuration();
@@ -202,7 +277,7 @@ class HealthService::StreamCall {
       grpc::CompletionQueue*, grpc::ServerCompletionQueue*, void*);
 
   // An event of this call on its queue.
-  enum class Event { kAccepted, kRead, kPaced, kWritten, kFinished, kDone };
+  enum class Event { kAccepted, kRead, kHeld, kWritten, kFinished, kDone };
   struct Tag final : CompletionQueues::Tag {
     Tag(StreamCall* call, Event event) : call(call), event(event) {}
     void Run(bool ok) override { call->On(event, ok); }
@@ -267,13 +342,16 @@ class HealthService::StreamCall {
           FinishWith(MalformedRequest(Protocol::kMethod));
         }
         break;
-      case Event::kPaced:
+      case Event::kHeld:
         --pending_;
-        paced_ = false;
-        if (ok) {
-          OnMessage();
-        } else {  // cancelled: the stream is done
+        held_ = false;
+        if (!ok) {  // cancelled: the stream is done
           FinishWith(grpc::Status::OK);
+        } else if (policed_) {
+          policed_ = false;
+          Pace();
+        } else {
+          OnMessage();
         }
         break;
       case Event::kWritten:
@@ -292,7 +370,7 @@ class HealthService::StreamCall {
       case Event::kDone:
         done_ = true;
         if (context_.IsCancelled()) protocol_.OnBroken();
-        if (paced_) pacing_.Cancel();  // a message waiting for its turn goes
+        if (held_) hold_.Cancel();  // a message held back goes
         break;
     }
     if (done_ && pending_ == 0) delete this;
@@ -307,23 +385,45 @@ class HealthService::StreamCall {
     }
   }
 
-  // A message was read: handled now, or at its turn under a cap.
+  // A message was read: handled now, or later when its stream sends
+  // faster than asked (HeartbeatPolicer), then at its turn under a cap.
   void OnRead() {
-    if (service_->pacer_ != nullptr) {
-      const absl::Time turn =
-          service_->pacer_->Turn(Protocol::Heartbeats(request_));
-      if (turn > absl::Now()) {
-        grpc::ServerCompletionQueue* cq = queue_->cq();
-        if (queue_->StartOp([&] {
-              pacing_.Set(cq, absl::ToChronoTime(turn), &paced_tag_);
-            })) {
-          ++pending_;
-          paced_ = true;
-          return;
-        }
+    const absl::Time now = absl::Now();
+    const HeartbeatPolicer::Asked asked = protocol_.asked();
+    const absl::Time admitted =
+        service_->police_
+            ? policer_.Admit(Protocol::Heartbeats(request_), asked, now)
+            : now;
+    if (admitted > now) {
+      if (policer_.held() == 1) service_->NoteHeld(protocol_.Describe(), asked);
+      if (HoldUntil(admitted)) {
+        policed_ = true;
+        return;
       }
     }
+    Pace();
+  }
+
+  void Pace() {
+    if (service_->pacer_ != nullptr &&
+        HoldUntil(service_->pacer_->Turn(Protocol::Heartbeats(request_)))) {
+      return;
+    }
     OnMessage();
+  }
+
+  // Sets the alarm that holds the message read until `until`; false when
+  // that is past or the queue is closing (then it is handled now).
+  bool HoldUntil(absl::Time until) {
+    if (until <= absl::Now()) return false;
+    grpc::ServerCompletionQueue* cq = queue_->cq();
+    if (!queue_->StartOp(
+            [&] { hold_.Set(cq, absl::ToChronoTime(until), &held_tag_); })) {
+      return false;
+    }
+    ++pending_;
+    held_ = true;
+    return true;
   }
 
   void OnMessage() {
@@ -394,13 +494,15 @@ class HealthService::StreamCall {
   bool writing_ = false;
   bool finishing_ = false;
   bool done_ = false;
-  bool paced_ = false;  // pacing_ is set
-  int pending_ = 0;  // reads, pacing, writes and the finish in flight
+  bool held_ = false;  // hold_ is set
+  bool policed_ = false;  // by policer_ (then the cap's turn is next)
+  int pending_ = 0;  // reads, holds, writes and the finish in flight
   Tag accepted_tag_{this, Event::kAccepted};
   Tag read_tag_{this, Event::kRead};
-  Tag paced_tag_{this, Event::kPaced};
-  // Holds a message until its turn under a cap (Pacer).
-  grpc::Alarm pacing_;
+  Tag held_tag_{this, Event::kHeld};
+  // Holds a message back (policer_), or until its turn under a cap (Pacer).
+  grpc::Alarm hold_;
+  HeartbeatPolicer policer_;
   Tag written_tag_{this, Event::kWritten};
   Tag finished_tag_{this, Event::kFinished};
   Tag done_tag_{this, Event::kDone};

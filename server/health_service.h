@@ -3,8 +3,12 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdint>
 #include <memory>
+#include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/gradsync/v1/health.grpc.pb.h"
 #include "server/authenticator.h"
@@ -12,6 +16,7 @@
 #include "server/completion_queues.h"
 #include "server/connection_limits.h"
 #include "server/health_manager.h"
+#include "server/heartbeat_policer.h"
 
 namespace gradsync {
 
@@ -21,6 +26,9 @@ namespace gradsync {
 //
 // Heartbeat streams (one member's, or a node's members' together) use the
 // asynchronous API on the coordinator's CompletionQueues (see there why);
+// each holds back the messages its worker sends faster than the coordinator
+// asked (HeartbeatPolicer: a job that ignores its interval cannot keep the
+// coordinator behind and so slow failure detection in the others);
 // ReportCompletion uses the callback API, answered from a CompletionBatcher
 // (completions recorded in batches, off gRPC's threads).
 //
@@ -37,9 +45,10 @@ class HealthService final
   // `auth` decides who may report for which job; `limits` bounds the
   // heartbeat streams of a connection. `max_heartbeat_rate` > 0 caps the
   // heartbeats handled per second (a test and benchmark knob, see Pacer);
-  // 0: no cap.
+  // 0: no cap. `police`: hold back what streams send faster than asked.
   HealthService(HealthManager* health, const Authenticator* auth,
-                 ConnectionLimits* limits, double max_heartbeat_rate = 0);
+                ConnectionLimits* limits, double max_heartbeat_rate = 0,
+                bool police = true);
   ~HealthService();
   // Starts accepting heartbeat streams (both kinds) on every queue of
   // `queues`.
@@ -59,11 +68,21 @@ class HealthService final
   class StreamCall;
   class Pacer;
 
+  // Logs, at most once a minute, that heartbeat streams send faster than
+  // asked and are held back: `who` (the latest such stream's members) was
+  // asked for `asked`.
+  void NoteHeld(const std::string& who, const HeartbeatPolicer::Asked& asked);
+
   HealthManager* const health_;
   const Authenticator* const auth_;
   ConnectionLimits* const limits_;
   // Null without a cap.
   const std::unique_ptr<Pacer> pacer_;
+  const bool police_;
+  absl::Mutex held_mu_;
+  absl::Time held_logged_ ABSL_GUARDED_BY(held_mu_) = absl::InfinitePast();
+  // Streams first held back since the last such log line.
+  int64_t held_streams_ ABSL_GUARDED_BY(held_mu_) = 0;
   // Last: its thread records completions until the service goes, after
   // the server that called ReportCompletion shut down.
   CompletionBatcher completions_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 
@@ -50,6 +51,7 @@ void HeartbeatShedder::Update(absl::Time now, const Counts& counts,
     state_.behind = true;
     state_.behind_since = std::min(window_start_, now - backlog.delay);
     episode_delay_ = absl::ZeroDuration();
+    LogEpisodeBeginLocked(now, queued);
   }
   if (state_.behind) episode_delay_ = std::max(episode_delay_, backlog.delay);
   if (now - window_start_ < config_.window) return;
@@ -74,11 +76,53 @@ void HeartbeatShedder::Update(absl::Time now, const Counts& counts,
       (backlog.members < config_.min_samples ||
        static_cast<double>(backlog.overdue) <=
            config_.calm_fraction * static_cast<double>(backlog.members));
-  if (calm) state_.behind = false;
+  if (calm && state_.behind) {
+    state_.behind = false;
+    LogEpisodeEndLocked(now);
+  }
   if (config_.enabled) DecideLocked(now, rate, calm);
   window_ = Counts();
   window_delay_ = backlog.delay;
   window_start_ = now;
+}
+
+void HeartbeatShedder::LogEpisodeBeginLocked(absl::Time now, bool queued) {
+  if (now - episode_logged_ < kEpisodeLogEvery) {
+    ++episodes_unlogged_;
+    episode_logging_ = false;
+    return;
+  }
+  episode_logged_ = now;
+  episode_logging_ = true;
+  const std::string why =
+      queued ? absl::StrCat("what arrives waits ",
+                            absl::FormatDuration(absl::Trunc(
+                                backlog_.delay, absl::Milliseconds(1))),
+                            " in its queues")
+             : absl::StrFormat("%lld of %lld heartbeats came late",
+                               static_cast<long long>(window_.late),
+                               static_cast<long long>(window_.samples));
+  std::string unlogged;
+  if (episodes_unlogged_ > 0) {
+    unlogged = absl::StrCat(" (", episodes_unlogged_,
+                            " shorter episodes were not logged since the last)");
+    episodes_unlogged_ = 0;
+  }
+  GS_LOG(WARNING) << "the coordinator runs behind its heartbeats (" << why
+                  << "): until it catches up, LOST deadlines are extended by "
+                     "the time behind"
+                  << unlogged;
+}
+
+void HeartbeatShedder::LogEpisodeEndLocked(absl::Time now) {
+  if (!episode_logging_) return;
+  GS_LOG(INFO) << "the coordinator caught up with its heartbeats after "
+               << absl::FormatDuration(absl::Trunc(now - state_.behind_since,
+                                                   absl::Milliseconds(1)))
+               << " behind (largest queue delay "
+               << absl::FormatDuration(
+                      absl::Trunc(episode_delay_, absl::Milliseconds(1)))
+               << ")";
 }
 
 void HeartbeatShedder::DecideLocked(absl::Time now, double rate, bool calm) {

@@ -56,6 +56,9 @@
 //    the next one (up to 16 x probe_windows).
 // Hysteresis: one overloaded window slows workers down; speeding them up
 // takes several calm windows and room to spare.
+// Logs factor changes, and the beginning and end of an episode of being
+// behind (at most one episode each kEpisodeLogEvery; the next logged one
+// counts those left out).
 //
 // Thread-safe: factor() is a lock-free read for the hot path; the rest
 // takes a mutex.
@@ -204,6 +207,11 @@ class HeartbeatShedder {
   // Decides on the window that just ended (handled `rate` per second).
   void DecideLocked(absl::Time now, double rate, bool calm)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Log an episode of being behind beginning (because of a queue delay,
+  // or of late heartbeats) and ending.
+  void LogEpisodeBeginLocked(absl::Time now, bool queued)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LogEpisodeEndLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets the factor (logging why), counting a shedding period when it
   // leaves 1.
   void SetFactorLocked(absl::Time now, int factor, const char* why)
@@ -231,6 +239,12 @@ class HeartbeatShedder {
   // (-1: none awaiting a verdict).
   int probe_after_ ABSL_GUARDED_BY(mu_);
   int since_probe_ ABSL_GUARDED_BY(mu_) = -1;
+  // When an episode's beginning was last logged, whether the current
+  // episode's was, and episodes begun since without a log line.
+  static constexpr absl::Duration kEpisodeLogEvery = absl::Seconds(30);
+  absl::Time episode_logged_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool episode_logging_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t episodes_unlogged_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace gradsync

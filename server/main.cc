@@ -78,6 +78,12 @@ ABSL_FLAG(bool, shed_heartbeats, true,
 ABSL_FLAG(int, max_heartbeat_slowdown, 16,
           "the most times a job's heartbeat interval the coordinator asks for "
           "while it sheds heartbeat load (>= 1)");
+ABSL_FLAG(bool, police_heartbeats, true,
+          "read a heartbeat stream no faster than twice the rate the "
+          "coordinator asked of its members, after a burst of 8 heartbeats "
+          "each (the rest waits in the connection), so that workers "
+          "ignoring their interval cannot keep the coordinator behind and "
+          "slow failure detection in other jobs");
 ABSL_FLAG(double, max_heartbeat_rate, 0,
           "for tests and benchmarks: handle at most this many heartbeats per "
           "second, the rest waiting in the connections as on a saturated "
@@ -319,6 +325,7 @@ absl::StatusOr<gradsync::CoordinatorConfig> ConfigFromFlags() {
   config.metrics_listen_address = absl::GetFlag(FLAGS_metrics_listen);
   config.health = HealthConfigFromFlags();
   config.max_heartbeat_rate = absl::GetFlag(FLAGS_max_heartbeat_rate);
+  config.police_heartbeats = absl::GetFlag(FLAGS_police_heartbeats);
   config.job_limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   config.job_limits.max_world_size = absl::GetFlag(FLAGS_max_world_size);
   config.kv_limits.max_key_bytes = absl::GetFlag(FLAGS_max_kv_key_bytes);

@@ -183,6 +183,16 @@ void AddHeartbeats(const HealthManager& health, std::vector<MetricFamily>* out) 
       {"gradsync_heartbeat_shed_periods_total", MetricType::Counter,
        "Times the coordinator started shedding heartbeat load.",
        static_cast<double>(shed.shed_periods)},
+      {"gradsync_heartbeat_behind", MetricType::Gauge,
+       "1 while the coordinator runs behind its heartbeats (a queue delay, or "
+       "many heartbeats late): meanwhile every LOST deadline is extended by "
+       "gradsync_heartbeat_allowance_seconds, else 0.",
+       shed.behind ? 1.0 : 0.0},
+      {"gradsync_heartbeat_allowance_seconds", MetricType::Gauge,
+       "How much longer than its missed-heartbeat window a member may be "
+       "silent now, while the coordinator is behind (the time behind, capped "
+       "per job at its window x the largest slowdown); 0 when not behind.",
+       absl::ToDoubleSeconds(health.allowance())},
       {"gradsync_heartbeat_late_ratio", MetricType::Gauge,
        "Fraction of the heartbeats handled in the last window that came late "
        "after their member's previous one (by over 1.5 of the intervals it "

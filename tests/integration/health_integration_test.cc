@@ -789,6 +789,8 @@ TEST_F(HealthIntegrationTest, PrometheusClientParsesTheMetrics) {
   EXPECT_EQ(samples["gradsync_heartbeat_interval_seconds"], "1.0");
   EXPECT_EQ(samples["gradsync_heartbeat_shed_periods_total"], "0.0");
   EXPECT_EQ(samples["gradsync_heartbeat_late_ratio"], "0.0");
+  EXPECT_EQ(samples["gradsync_heartbeat_behind"], "0.0");
+  EXPECT_EQ(samples["gradsync_heartbeat_allowance_seconds"], "0.0");
   EXPECT_EQ(samples["gradsync_member_step" + rank0], "42.0");
   EXPECT_EQ(samples["gradsync_member_samples_per_second" + rank0], "1500.5");
   EXPECT_EQ(samples["gradsync_member_step_seconds" + rank0], "0.125");

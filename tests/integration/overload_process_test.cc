@@ -5,11 +5,15 @@
 // any machine). With shedding (the default) it slows the members down and
 // no live member is LOST; without it (--shed_heartbeats=false), the same
 // load makes it declare live members LOST, which is what shows the load is
-// past its capacity. Jobs use failure_policy FAIL: one member LOST fails
-// the job, so a false loss cannot go unseen.
+// past its capacity. And a job whose workers ignore the interval they are
+// asked for does not slow failure detection in another. Jobs use
+// failure_policy FAIL: one member LOST fails the job, so a false loss
+// cannot go unseen.
+#include <atomic>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <httplib.h>
@@ -18,7 +22,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/job_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/eventually.h"
@@ -49,18 +56,21 @@ class OverloadProcessTest : public ::testing::Test {
   void TearDown() override {
     // The coordinator first: with its backlog it would take long to see
     // each stream close; its end ends them all.
-    if (started_) EXPECT_TRUE(coordinator_.Stop());
+    if (started_) {
+      EXPECT_TRUE(coordinator_.Stop());
+    }
     for (auto& reporter : reporters_) reporter->Stop();
   }
 
-  // Starts the coordinator capped at kCapacity heartbeats/s, with `flags`.
-  void StartCoordinator(const std::string& name,
-                        std::vector<std::string> flags) {
+  // Starts the coordinator capped at kCapacity heartbeats/s, with `flags`
+  // and a default heartbeat interval of `interval`.
+  void StartCoordinator(const std::string& name, std::vector<std::string> flags,
+                        absl::Duration interval = kInterval) {
     const std::string metrics_port_file = TempPath("metrics-port-" + name);
     flags.insert(flags.end(),
                  {absl::StrCat("--max_heartbeat_rate=", kCapacity),
                   absl::StrCat("--heartbeat_interval=",
-                               absl::FormatDuration(kInterval)),
+                               absl::FormatDuration(interval)),
                   "--metrics_listen=127.0.0.1:0",
                   "--metrics_port_file=" + metrics_port_file});
     ASSERT_TRUE(coordinator_.Start(Runfile("server/gradsync-coordinator"),
@@ -101,6 +111,36 @@ class OverloadProcessTest : public ::testing::Test {
       reporters_.back()->Start((*assignments)[i],
                                request.processes(i).node().incarnation_id());
     }
+  }
+
+  // Joins `members` processes (one node) to job `job`, heartbeating every
+  // `interval`, which fails when a member is LOST. Returns each member's
+  // reference.
+  std::vector<v1::MemberRef> Join(const std::string& job, int members,
+                                  absl::Duration interval) {
+    v1::JoinNodeRequest request;
+    request.set_job_id(job);
+    v1::JobConfig* config = request.mutable_config();
+    config->set_job_id(job);
+    config->set_min_nodes(1);
+    config->set_nproc_per_node(members);
+    config->set_failure_policy(v1::FAILURE_POLICY_FAIL);
+    *config->mutable_heartbeat_interval() = ToProtoDuration(interval);
+    for (int i = 0; i < members; ++i) {
+      *request.add_processes()->mutable_node() = LocalNodeDescriptor();
+    }
+    absl::StatusOr<std::vector<v1::Assignment>> assignments =
+        clients_[0]->JoinNode(request);
+    EXPECT_TRUE(assignments.ok()) << assignments.status();
+    std::vector<v1::MemberRef> refs;
+    for (size_t i = 0; assignments.ok() && i < assignments->size(); ++i) {
+      v1::MemberRef& ref = refs.emplace_back();
+      ref.set_job_id((*assignments)[i].job_id());
+      ref.set_round((*assignments)[i].round());
+      ref.set_rank((*assignments)[i].rank());
+      ref.set_incarnation_id(request.processes(i).node().incarnation_id());
+    }
+    return refs;
   }
 
   absl::StatusOr<v1::JobStatus> Job(const std::string& job) {
@@ -191,6 +231,128 @@ TEST_F(OverloadProcessTest, PastCapacityNoLiveMemberIsLost) {
   EXPECT_THAT(job->diagnosis().overload(),
               HasSubstr(absl::StrCat("every ",
                                      absl::FormatDuration(kInterval * factor))));
+}
+
+// A member's heartbeats on a raw stream, sent by RawMembers' thread.
+struct RawMember {
+  v1::MemberRef ref;
+  std::unique_ptr<HeartbeatStream> stream;
+  // Every this long; ignore_answers keeps it, otherwise each answer's
+  // interval replaces it (as a HealthReporter obeys).
+  std::atomic<int64_t> every_ns{0};
+  bool ignore_answers = false;
+  std::atomic<bool> sending{true};
+  absl::Time next = absl::InfinitePast();
+};
+
+// Sends every RawMember's heartbeats from one thread, until destroyed.
+class RawMembers {
+ public:
+  void Add(CoordinatorClient* client, const v1::MemberRef& ref,
+           absl::Duration every, bool ignore_answers) {
+    auto member = std::make_unique<RawMember>();
+    RawMember* m = member.get();
+    m->ref = ref;
+    m->every_ns = absl::ToInt64Nanoseconds(every);
+    m->ignore_answers = ignore_answers;
+    m->stream = client->OpenHeartbeatStream(
+        [m](const v1::HeartbeatResponse& answer) {
+          const absl::Duration asked =
+              FromProtoDuration(answer.heartbeat_interval());
+          if (!m->ignore_answers && asked > absl::ZeroDuration()) {
+            m->every_ns = absl::ToInt64Nanoseconds(asked);
+          }
+        });
+    members_.push_back(std::move(member));
+  }
+  void Start() {
+    thread_ = std::thread([this] {
+      while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(2))) {
+        const absl::Time now = absl::Now();
+        for (auto& m : members_) {
+          if (!m->sending || now < m->next) continue;
+          v1::HeartbeatRequest heartbeat;
+          *heartbeat.mutable_member() = m->ref;
+          heartbeat.mutable_metrics()->set_state(v1::WORKER_STATE_TRAINING);
+          m->stream->Send(std::move(heartbeat));
+          m->next = now + absl::Nanoseconds(m->every_ns.load());
+        }
+      }
+    });
+  }
+  RawMember& member(int i) { return *members_[i]; }
+  ~RawMembers() {
+    stop_.Notify();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::vector<std::unique_ptr<RawMember>> members_;
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+// A job of 200 members asked for a heartbeat every 5 s that send one every
+// 20 ms (10,000 a second against the coordinator's 250), beside a job of 3
+// that obeys its 200 ms. The coordinator reads the first job's streams no
+// faster than twice what it asked (HeartbeatPolicer: 80 heartbeats a
+// second in all, after a burst of 8 a member),
+// so once the start's backlog is read it is not behind, and the small job's
+// hung member is found LOST about as fast as on an idle coordinator
+// (3 x 200 ms), not after the allowance that stretches every job's
+// deadlines while the coordinator is behind (up to 16 x that: without the
+// policer, a message of each of the 200 streams always waits its turn, 800
+// ms, over the 500 ms that makes a queue delay an overload). The
+// coordinator's default interval is 1 s, so that its own queue delays on a
+// loaded machine do not count as being behind (over 125 ms). Nobody of the
+// flooding job is lost for being held back either.
+TEST_F(OverloadProcessTest, AJobIgnoringItsIntervalDoesNotSlowDetectionInAnother) {
+  constexpr absl::Duration kWitnessInterval = absl::Milliseconds(200);
+  StartCoordinator("hostile", {}, absl::Seconds(1));
+  const std::vector<v1::MemberRef> flood = Join("flood", 200, absl::Seconds(5));
+  const std::vector<v1::MemberRef> witness =
+      Join("witness", 3, kWitnessInterval);
+  ASSERT_EQ(flood.size(), 200u);
+  ASSERT_EQ(witness.size(), 3u);
+  RawMembers members;
+  for (size_t i = 0; i < flood.size(); ++i) {
+    members.Add(clients_[i % kConnections].get(), flood[i],
+                absl::Milliseconds(20), /*ignore_answers=*/true);
+  }
+  for (size_t i = 0; i < witness.size(); ++i) {
+    members.Add(clients_[i % kConnections].get(), witness[i],
+                kWitnessInterval, /*ignore_answers=*/false);
+  }
+  members.Start();
+  // The flood is read: every stream's first messages, then what the
+  // coordinator asked for.
+  ASSERT_TRUE(Eventually(
+      [&] { return Metric("gradsync_heartbeats_total") >= 3 * 200; }, kBound));
+  EXPECT_TRUE(Eventually(
+      [&] { return Metric("gradsync_heartbeat_behind") == 0; }, kBound))
+      << "still behind with the flood held back";
+
+  RawMember& hung = members.member(static_cast<int>(flood.size()) + 1);
+  EXPECT_EQ(absl::Nanoseconds(hung.every_ns.load()), kWitnessInterval)
+      << "the small job keeps its own interval";
+  hung.sending = false;  // hung: its stream stays open
+  const absl::Time stopped = absl::Now();
+  ASSERT_TRUE(Eventually(
+      [&] {
+        absl::StatusOr<v1::JobStatus> job = Job("witness");
+        return job.ok() && job->state() == v1::JOB_STATE_FAILED;
+      },
+      kBound));
+  const absl::Duration detection = absl::Now() - stopped;
+  // Alone: 600 ms, and this loaded machine's share; behind the flood
+  // without holding it back: 600 ms plus up to 9.6 s.
+  EXPECT_LT(detection, absl::Seconds(3)) << "found after " << detection;
+  absl::StatusOr<v1::JobStatus> job = Job("witness");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_THAT(job->reason(), HasSubstr("missed 3 heartbeats (every 200ms)"));
+  job = Job("flood");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING) << job->reason();
 }
 
 }  // namespace
