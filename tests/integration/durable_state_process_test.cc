@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -183,7 +184,16 @@ TEST_P(DurableStateProcessTest, TrainingGoesOnThroughKillNineAndRestart) {
   v1::Scope scope;
   scope.set_job_id("live");
   scope.set_round(job->round());
-  ASSERT_TRUE(client->Set(scope, "set-before-the-crash", "kept").ok());
+  // The job shows RUNNING once its round is recorded, a moment before the
+  // round's key-value store opens (its workers are answered after both):
+  // until then a write is FAILED_PRECONDITION "no closed round yet".
+  absl::Status set;
+  for (int i = 0; i < 200; ++i) {  // at most 10 s
+    set = client->Set(scope, "set-before-the-crash", "kept");
+    if (set.code() != absl::StatusCode::kFailedPrecondition) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(set.ok()) << set;
 
   CoordinatorProcess second;  // the same port and state
   ASSERT_TRUE(KillAndRestart(&first, &second, state, "mid-2"));

@@ -22,6 +22,13 @@ std::string EtcdProcess::Binary() {
   return access(path.c_str(), X_OK) == 0 ? path : std::string();
 }
 
+EtcdProcess::~EtcdProcess() {
+  child_.reset();  // killed and reaped first
+  if (data_dir_.empty()) return;
+  std::error_code ignored;
+  std::filesystem::remove_all(data_dir_, ignored);
+}
+
 ::testing::AssertionResult EtcdProcess::Start(const std::string& name,
                                               const Tls* tls) {
   // A port picked free may be taken before etcd binds it: try again then.
@@ -44,6 +51,7 @@ std::string EtcdProcess::Binary() {
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
   std::filesystem::create_directories(dir, ignored);
+  data_dir_ = absl::StrCat(dir, "/data");
   const int client_port = PickUnusedPort();
   const int peer_port = PickUnusedPort();
   endpoint_ = absl::StrCat("127.0.0.1:", client_port);
@@ -52,7 +60,7 @@ std::string EtcdProcess::Binary() {
   const std::string peer_url = absl::StrCat("http://127.0.0.1:", peer_port);
   std::vector<std::string> argv = {
       binary, absl::StrCat("--name=", name),
-      absl::StrCat("--data-dir=", dir, "/data"),
+      absl::StrCat("--data-dir=", data_dir_),
       absl::StrCat("--listen-client-urls=", client_url),
       absl::StrCat("--advertise-client-urls=", client_url),
       absl::StrCat("--listen-peer-urls=", peer_url),

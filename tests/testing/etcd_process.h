@@ -14,10 +14,16 @@ namespace gradsync {
 namespace testing {
 
 // Not thread-safe: one test thread drives it. The process is killed and
-// reaped on destruction; its data and log live in the test's temporary
-// directory.
+// reaped on destruction, and its data removed (etcd preallocates 64 MB of
+// write-ahead log: ctest's temporary directories, unlike Bazel's, outlive
+// the test); its log stays in the test's temporary directory.
 class EtcdProcess {
  public:
+  EtcdProcess() = default;
+  EtcdProcess(const EtcdProcess&) = delete;
+  EtcdProcess& operator=(const EtcdProcess&) = delete;
+  ~EtcdProcess();
+
   // Where the etcd binary is ($GRADSYNC_ETCD, else /usr/bin/etcd), or ""
   // when there is none (tests then skip).
   static std::string Binary();
@@ -47,6 +53,7 @@ class EtcdProcess {
 
   std::unique_ptr<Child> child_;  // killed and reaped when replaced or destroyed
   std::string endpoint_;
+  std::string data_dir_;  // of the member started last
 };
 
 }  // namespace testing
