@@ -1033,8 +1033,9 @@ int Main() {
               absl::GetFlag(FLAGS_police).c_str(),
               absl::GetFlag(FLAGS_obey_interval) ? "obey" : "ignore");
   std::printf("%9s %4s %4s %10s %10s %10s %8s %8s %8s %6s %7s %8s %4s\n",
-              "members", "shed", "hold", "offered/s", "sent/s", "accepted/s", "ratio",
-              "skipped", "shed-skip", "#lost", "#stale", "#failed", "x");
+              "members", "shed", "hold", "offered/s", "sent/s", "accepted/s",
+              "ratio", "skipped", "shed-skip", "#lost", "#stale", "#failed",
+              "x");
   int failures = 0;
   int sustained = 0;
   int run = 0;

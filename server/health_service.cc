@@ -36,7 +36,8 @@ namespace {
 
 // The heartbeats a second an answer asks for (0 when it names no interval).
 double AskedRate(const v1::HeartbeatResponse& answer) {
-  const absl::Duration interval = FromProtoDuration(answer.heartbeat_interval());
+  const absl::Duration interval =
+      FromProtoDuration(answer.heartbeat_interval());
   return interval > absl::ZeroDuration()
              ? absl::FDivDuration(absl::Seconds(1), interval)
              : 0.0;
