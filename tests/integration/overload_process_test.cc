@@ -304,8 +304,9 @@ class RawMembers {
 // policer, a message of each of the 200 streams always waits its turn, 800
 // ms, over the 500 ms that makes a queue delay an overload). The
 // coordinator's default interval is 1 s, so that its own queue delays on a
-// loaded machine do not count as being behind (over 125 ms). Nobody of the
-// flooding job is lost for being held back either.
+// loaded machine neither begin an episode of being behind (over 500 ms)
+// nor keep one going (calm at 125 ms). Nobody of the flooding job is lost
+// for being held back either.
 TEST_F(OverloadProcessTest, AJobIgnoringItsIntervalDoesNotSlowDetectionInAnother) {
   constexpr absl::Duration kWitnessInterval = absl::Milliseconds(200);
   StartCoordinator("hostile", {}, absl::Seconds(1));
