@@ -192,12 +192,16 @@ absl::Status NodeProcesses::Start(
   const int local_rank = static_cast<int>(i);
   output_.Add(slot.process->TakeStdout(), SinkFor(label, local_rank, restart, 1));
   output_.Add(slot.process->TakeStderr(), SinkFor(label, local_rank, restart, 2));
-  slot.reaper = std::thread([this, i, incarnation,
+  slot.reaper = std::thread([this, i, incarnation, stacks_file,
                              process = slot.process.get()] {
     const int code = process->Wait();
-    absl::MutexLock lock(&mu_);
-    exits_[i] = code;
-    stack_targets_.erase(incarnation);  // reaped: the pid may be reused
+    {
+      absl::MutexLock lock(&mu_);
+      exits_[i] = code;
+      stack_targets_.erase(incarnation);  // reaped: the pid may be reused
+    }
+    // Made by Start for this process only (the next attempt makes its own).
+    if (!stacks_file.empty()) unlink(stacks_file.c_str());
   });
   return absl::OkStatus();
 }

@@ -6,6 +6,7 @@
 
 #include <signal.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -123,6 +124,35 @@ TEST_F(NodeAgentTest, AFailedProcessRestartsTheGroupWithItsCause) {
             joins[0].processes(0).node().incarnation_id());
   EXPECT_THAT(Record(0, 1), HasSubstr("0 2 0"));
   EXPECT_THAT(Record(1, 1), HasSubstr("1 2 1"));
+}
+
+TEST_F(NodeAgentTest, ItLeavesNothingInItsTemporaryDirectory) {
+  // The agent's socket and each process's stacks file live in a directory
+  // under $TMPDIR; every attempt's files go with the agent (a restart too).
+  // Under /tmp: a socket's path must fit in 108 bytes, a sandbox's may not.
+  char made[] = "/tmp/node_agent_test.XXXXXX";
+  ASSERT_NE(mkdtemp(made), nullptr);
+  const std::string tmp = made;
+  const char* before = std::getenv("TMPDIR");
+  const std::string saved = before != nullptr ? before : "";
+  ASSERT_EQ(setenv("TMPDIR", tmp.c_str(), 1), 0);
+  options_.max_restarts = 1;
+  const int code = RunAgent(
+      "[ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ] && exit 3; "
+      "test -f \"$GRADSYNC_STACKS_FILE\"");
+  if (before != nullptr) {
+    setenv("TMPDIR", saved.c_str(), 1);
+  } else {
+    unsetenv("TMPDIR");
+  }
+  EXPECT_EQ(code, 0);  // each process found its stacks file
+  EXPECT_EQ(fake_.node_joins().size(), 2u);
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(tmp)) {
+    left.push_back(entry.path().string());
+  }
+  EXPECT_THAT(left, ::testing::IsEmpty());
+  std::filesystem::remove_all(tmp);
 }
 
 TEST_F(NodeAgentTest, OutOfRestartsTheFailureIsReportedWithItsExitCode) {
