@@ -357,6 +357,9 @@ class Beater {
   virtual void On(Event event, bool ok) = 0;
   // Half-closes once no write is in flight; Done() is true at the end.
   virtual void Close() = 0;
+  // Cancels the call (a client that disconnects): for a stream whose
+  // half-close waits behind the messages the coordinator holds back.
+  virtual void Cancel() = 0;
   virtual bool Done() const = 0;
   virtual bool failed() const = 0;
 
@@ -445,13 +448,18 @@ class StreamBeater final : public Beater {
     closing_ = true;
     if (!busy_) CloseLocked();
   }
+  void Cancel() override {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    context_.TryCancel();  // what is in flight completes, not ok
+  }
   bool Done() const override {
     absl::MutexLock lock(&mu_);
     return done_;
   }
   bool failed() const override {
     absl::MutexLock lock(&mu_);
-    return failed_;
+    return failed_ && !cancelled_;
   }
 
  private:
@@ -480,6 +488,7 @@ class StreamBeater final : public Beater {
   bool reading_ ABSL_GUARDED_BY(mu_) = false;  // a read in flight
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;  // Finish() started
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -520,6 +529,15 @@ absl::Duration ProcessCpu() {
          absl::DurationFromTimeval(usage.ru_stime);
 }
 
+// What the witness's detection came to.
+struct WitnessOutcome {
+  // From rank 1's last heartbeat to its LOST; infinite when not seen.
+  absl::Duration detection = absl::InfiniteDuration();
+  // A member that kept heartbeating but was found LOST (the verdict ends
+  // the round, so rank 1's can no longer come); -1 when none was.
+  int false_lost_rank = -1;
+};
+
 struct LevelResult {
   int members = 0;
   std::string shed;  // "on" or "off"
@@ -535,6 +553,9 @@ struct LevelResult {
   int lost = 0;
   int stale = 0;
   int failed_streams = 0;
+  // Streams whose half-close was not answered within 10 s (held behind the
+  // messages they sent too fast), cancelled instead; not failures.
+  int cancelled_at_close = 0;
   // By kind of GetJob answer (--status_kinds), in flag order.
   struct StatusTiming {
     std::string kind;
@@ -551,8 +572,9 @@ struct LevelResult {
   int64_t rss_heartbeating = 0;
   // --witness: from the stopped member's last heartbeat to its LOST, and
   // the largest factor the coordinator asked of the witness's members.
-  absl::Duration witness_detection = absl::InfiniteDuration();
+  WitnessOutcome witness;
   int witness_factor = 1;
+  absl::Duration witness_send_gap;
 };
 
 double RssGiB() {
@@ -594,17 +616,19 @@ absl::StatusOr<v1::JobStatus> JobWithMembers(const Target& target,
 // --witness: a job of 3 members beside the load, each on its own stream,
 // heartbeating every `interval` (times what the coordinator asks) on a
 // thread of its own until Stop(); StopRank1() silences rank 1 and returns
-// when its last heartbeat was sent.
+// when its last heartbeat was sent. Another job runs on other hosts: each
+// member has a connection of its own (`channels`, one a member), and their
+// events a completion queue of their own, not queued behind the load's.
 class Witness {
  public:
-  Witness(const std::vector<std::unique_ptr<v1::Monitor::Stub>>& stubs,
-          ClientQueues* queues, std::vector<v1::MemberRef> refs,
-          absl::Duration interval)
-      : interval_(interval) {
+  Witness(std::vector<std::shared_ptr<grpc::Channel>> channels,
+          std::vector<v1::MemberRef> refs, absl::Duration interval)
+      : interval_(interval), channels_(std::move(channels)), queues_(1) {
     for (size_t r = 0; r < refs.size(); ++r) {
+      stubs_.push_back(v1::Monitor::NewStub(channels_[r % channels_.size()]));
       beaters_.push_back(std::make_unique<StreamBeater<MemberStream>>(
-          stubs[r % stubs.size()].get(), queues->at(r), std::vector{refs[r]},
-          interval, /*obey=*/true));
+          stubs_.back().get(), queues_.at(0), std::vector{refs[r]}, interval,
+          /*obey=*/true));
     }
     thread_ = std::thread([this] { Beat(); });
   }
@@ -619,6 +643,13 @@ class Witness {
     int most = 1;
     for (const auto& b : beaters_) most = std::max(most, b->every());
     return most;
+  }
+  // The longest a member still heartbeating went between two heartbeats
+  // it got out (a write still in flight skips a beat): what this process,
+  // not the coordinator, delayed.
+  absl::Duration largest_send_gap() {
+    absl::MutexLock lock(&mu_);
+    return largest_gap_;
   }
   // Stops beating and closes the streams (at most 60 s).
   void Stop() {
@@ -647,40 +678,67 @@ class Witness {
                                 begin + cycle * interval_)) {
         return;
       }
+      last_sent_.resize(beaters_.size(), absl::InfinitePast());
       for (size_t r = 0; r < beaters_.size(); ++r) {
         if (r == 1 && rank1_stopped_) continue;
         if (cycle % beaters_[r]->every() != 0) continue;
-        if (beaters_[r]->Beat(cycle + 1, absl::Now()) && r == 1) {
-          rank1_last_ = absl::Now();
+        const absl::Time now = absl::Now();
+        if (!beaters_[r]->Beat(cycle + 1, now)) continue;
+        if (last_sent_[r] != absl::InfinitePast()) {
+          largest_gap_ = std::max(largest_gap_, now - last_sent_[r]);
         }
+        last_sent_[r] = now;
+        if (r == 1) rank1_last_ = now;
       }
     }
   }
 
   const absl::Duration interval_;
+  const std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::vector<std::unique_ptr<v1::Monitor::Stub>> stubs_;
+  ClientQueues queues_;  // destroyed after the beaters that use it
   std::vector<std::unique_ptr<Beater>> beaters_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool rank1_stopped_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time rank1_last_ ABSL_GUARDED_BY(mu_) = absl::Now();
+  std::vector<absl::Time> last_sent_ ABSL_GUARDED_BY(mu_);
+  absl::Duration largest_gap_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 
+// Waits until every one of `beaters` is done, or `limit` passed.
+void AwaitDone(const std::vector<std::unique_ptr<Beater>>& beaters,
+               absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  for (const auto& b : beaters) {
+    while (!b->Done() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+}
+
 // Silences the witness's rank 1 and waits (up to 120 s) until the
-// coordinator shows it LOST; how long after its last heartbeat.
-absl::Duration WitnessDetection(const Target& target, v1::Jobs::Stub* jobs,
+// coordinator shows it LOST, or shows another member LOST.
+WitnessOutcome WitnessDetection(const Target& target, v1::Jobs::Stub* jobs,
                                 const std::string& job, Witness* witness) {
+  WitnessOutcome outcome;
   const absl::Time last = witness->StopRank1();
   const absl::Time give_up = absl::Now() + absl::Seconds(120);
   while (absl::Now() < give_up) {
     absl::StatusOr<v1::JobStatus> status = JobWithMembers(target, jobs, job);
-    if (status.ok() && status->members_size() > 1 &&
-        status->members(1).state() == v1::MEMBER_STATE_LOST) {
-      return absl::Now() - last;
+    for (int r = 0; status.ok() && r < status->members_size(); ++r) {
+      if (status->members(r).state() != v1::MEMBER_STATE_LOST) continue;
+      if (r == 1) {
+        outcome.detection = absl::Now() - last;
+      } else {
+        outcome.false_lost_rank = r;
+      }
+      return outcome;
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
-  return absl::InfiniteDuration();
+  return outcome;
 }
 
 LevelResult RunLevel(const Target& target, int members, int level_index) {
@@ -714,7 +772,9 @@ LevelResult RunLevel(const Target& target, int members, int level_index) {
     jobs.push_back(job);
   }
   if (external) result.rss_joined = ResidentBytes(target.pid);
-  ClientQueues queues(absl::GetFlag(FLAGS_client_queues));
+  // Leaked with any stream that never ends (its operations still use it).
+  auto queues =
+      std::make_unique<ClientQueues>(absl::GetFlag(FLAGS_client_queues));
   std::vector<std::unique_ptr<Beater>> beaters;
   for (std::vector<v1::MemberRef>& refs : joined) {
     for (size_t first = 0; first < refs.size(); first += nproc) {
@@ -722,7 +782,7 @@ LevelResult RunLevel(const Target& target, int members, int level_index) {
           refs.begin() + first,
           refs.begin() + std::min(refs.size(), first + nproc));
       v1::Monitor::Stub* stub = stubs[beaters.size() % stubs.size()].get();
-      grpc::CompletionQueue* cq = queues.at(beaters.size());
+      grpc::CompletionQueue* cq = queues->at(beaters.size());
       if (nproc == 1) {
         beaters.push_back(std::make_unique<StreamBeater<MemberStream>>(
             stub, cq, std::move(node), interval, obey));
@@ -741,7 +801,8 @@ LevelResult RunLevel(const Target& target, int members, int level_index) {
       ++result.failed_streams;
       return result;
     }
-    witness = std::make_unique<Witness>(stubs, &queues, std::move(refs), interval);
+    witness = std::make_unique<Witness>(Connect(target.address, refs.size()),
+                                        std::move(refs), interval);
   }
 
   // Pacers: each sends its slice's heartbeats spread evenly over every
@@ -851,8 +912,9 @@ LevelResult RunLevel(const Target& target, int members, int level_index) {
     const absl::Duration half = measure_start + measured / 2 - absl::Now();
     if (half > absl::ZeroDuration()) absl::SleepFor(half);
     result.witness_factor = witness->factor();
-    result.witness_detection =
+    result.witness =
         WitnessDetection(target, jobs_stub.get(), witness_job, witness.get());
+    result.witness_send_gap = witness->largest_send_gap();
   }
   const absl::Duration left = measure_start + measured - absl::Now();
   if (left > absl::ZeroDuration()) absl::SleepFor(left);
@@ -896,21 +958,25 @@ LevelResult RunLevel(const Target& target, int members, int level_index) {
   for (auto& t : threads) t.join();
   if (witness != nullptr) witness->Stop();
   for (auto& b : beaters) b->Close();
-  const absl::Time close_deadline = absl::Now() + absl::Seconds(60);
+  AwaitDone(beaters, absl::Seconds(10));
   for (auto& b : beaters) {
-    while (!b->Done() && absl::Now() < close_deadline) {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-    if (!b->Done() || b->failed()) ++result.failed_streams;
+    if (b->Done()) continue;
+    b->Cancel();
+    ++result.cancelled_at_close;
   }
+  AwaitDone(beaters, absl::Seconds(60));
+  bool leaked = false;
   for (auto& b : beaters) {
+    if (!b->Done() || b->failed()) ++result.failed_streams;
     if (!b->Done()) {
       // Its operations still refer to it: keep it (leaked) rather than
       // destroy it under them.
-      std::fprintf(stderr, "a stream did not close within 60 s\n");
+      std::fprintf(stderr, "a stream did not end within 60 s of its cancel\n");
       b.release();
+      leaked = true;
     }
   }
+  if (leaked) queues.release();
   beaters.clear();
   return result;
 }
@@ -1127,9 +1193,11 @@ int Main() {
           r.members, absl::GetFlag(FLAGS_nproc_per_node), r.shed, r.police,
           r.offered, r.sent);
       if (external.empty()) absl::StrAppendFormat(&line, " accepted=%.0f", r.accepted);
-      absl::StrAppendFormat(&line, " lost=%d stale=%d failed=%d factor=%d",
+      absl::StrAppendFormat(&line,
+                            " lost=%d stale=%d failed=%d "
+                            "cancelled_at_close=%d factor=%d",
                             r.lost, r.stale, r.failed_streams,
-                            r.shedding.factor);
+                            r.cancelled_at_close, r.shedding.factor);
       if (external.empty()) {
         absl::StrAppendFormat(
             &line,
@@ -1150,21 +1218,36 @@ int Main() {
                         Ms(t.latency.p99));
       }
       if (absl::GetFlag(FLAGS_witness)) {
-        const bool found = r.witness_detection != absl::InfiniteDuration();
+        const absl::Duration detection = r.witness.detection;
+        const bool found = detection != absl::InfiniteDuration();
+        const bool healthy_lost = r.witness.false_lost_rank >= 0;
         if (!found) ++failures;
-        std::printf("  witness job (3 members): rank 1 found LOST %s after its "
-                    "last heartbeat; its members asked for %dx the interval\n",
-                    found ? absl::FormatDuration(r.witness_detection).c_str()
-                          : "not within 120 s",
-                    r.witness_factor);
-        absl::StrAppendFormat(&line, " witness_detection_ms=%s witness_factor=%d",
-                              found ? Ms(r.witness_detection) : "-",
-                              r.witness_factor);
+        if (healthy_lost) {
+          std::printf("  witness job (3 members): rank %d, still "
+                      "heartbeating, was found LOST first (the round ended "
+                      "before rank 1's silence could be timed)\n",
+                      r.witness.false_lost_rank);
+        } else {
+          std::printf("  witness job (3 members): rank 1 found LOST %s after "
+                      "its last heartbeat; its members asked for %dx the "
+                      "interval\n",
+                      found ? absl::FormatDuration(detection).c_str()
+                            : "not within 120 s",
+                      r.witness_factor);
+        }
+        std::printf("  witness job: the longest its members went between two "
+                    "heartbeats sent: %s\n",
+                    absl::FormatDuration(r.witness_send_gap).c_str());
+        absl::StrAppendFormat(
+            &line, " witness_detection_ms=%s witness_factor=%d "
+            "witness_healthy_lost=%d witness_send_gap_ms=%s",
+            found ? Ms(detection) : "-", r.witness_factor, healthy_lost ? 1 : 0,
+            Ms(r.witness_send_gap));
         const std::string key = r.shed + "/" + r.police;
-        if (r.members == 0) baseline[key] = r.witness_detection;
+        if (r.members == 0) baseline[key] = detection;
         if (r.members > 0 && found && baseline.count(key) > 0) {
           std::printf("  witness detection / with the witness alone: %.2f\n",
-                      absl::FDivDuration(r.witness_detection, baseline[key]));
+                      absl::FDivDuration(detection, baseline[key]));
         }
       }
       std::printf("%s\n", line.c_str());

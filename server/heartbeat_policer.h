@@ -1,10 +1,12 @@
 // HeartbeatPolicer: holds back the messages of one heartbeat stream that
 // come faster than the coordinator asked for, so that a job whose workers
 // ignore the interval they are told (a bug, or a hostile client) costs the
-// coordinator no more than an obedient one and cannot keep it behind: past
-// its capacity every job's LOST deadlines are stretched while it is behind
+// coordinator at most kTolerance times what an obedient one does: past its
+// capacity every job's LOST deadlines are stretched while it is behind
 // (HeartbeatShedder::Allowance), so one such job would slow failure
-// detection in every other.
+// detection in every other. Should even that much keep the coordinator
+// behind, HeartbeatShedder doubles the factor (stuck_windows), which this
+// bucket follows.
 //
 // A token bucket in heartbeats: it fills at kTolerance x the rate the
 // coordinator last asked of the stream's members (one heartbeat per

@@ -64,15 +64,19 @@ void HeartbeatShedder::Update(absl::Time now, const Counts& counts,
       window_.samples > 0 ? static_cast<double>(window_.late) /
                                 static_cast<double>(window_.samples)
                           : 0.0;
+  // What the coordinator is late with itself: a queue delay, or late
+  // heartbeats.
+  const bool processing =
+      (config_.max_delay > absl::ZeroDuration() &&
+       window_delay_ > config_.max_delay / 4) ||
+      (window_.samples >= config_.min_samples &&
+       state_.late_fraction > config_.calm_fraction);
   // Overdue members are judged, as late heartbeats are, only over
   // min_samples: among fewer, one dead member would keep an episode going
   // and so stretch its own LOST deadline (by the time behind, up to the
   // cap) long after the load that began the episode has passed.
   const bool calm =
-      (config_.max_delay <= absl::ZeroDuration() ||
-       window_delay_ <= config_.max_delay / 4) &&
-      (window_.samples < config_.min_samples ||
-       state_.late_fraction <= config_.calm_fraction) &&
+      !processing &&
       (backlog.members < config_.min_samples ||
        static_cast<double>(backlog.overdue) <=
            config_.calm_fraction * static_cast<double>(backlog.members));
@@ -80,7 +84,7 @@ void HeartbeatShedder::Update(absl::Time now, const Counts& counts,
     state_.behind = false;
     LogEpisodeEndLocked(now);
   }
-  if (config_.enabled) DecideLocked(now, rate, calm);
+  if (config_.enabled) DecideLocked(now, rate, calm, processing);
   window_ = Counts();
   window_delay_ = backlog.delay;
   window_start_ = now;
@@ -125,9 +129,16 @@ void HeartbeatShedder::LogEpisodeEndLocked(absl::Time now) {
                << ")";
 }
 
-void HeartbeatShedder::DecideLocked(absl::Time now, double rate, bool calm) {
+void HeartbeatShedder::DecideLocked(absl::Time now, double rate, bool calm,
+                                    bool processing) {
   const int factor = state_.factor;
-  if (since_probe_ >= 0 && ++since_probe_ > config_.calm_windows) {
+  // A probe is judged over calm_windows, or, once the load proved more
+  // than the asked intervals say, over stuck_windows (staying behind).
+  const int verdict_windows =
+      headroom_unreliable_
+          ? std::max(config_.calm_windows, config_.stuck_windows)
+          : config_.calm_windows;
+  if (since_probe_ >= 0 && ++since_probe_ > verdict_windows) {
     since_probe_ = -1;  // the probe held
     probe_after_ = std::max(1, config_.probe_windows);
   }
@@ -159,6 +170,23 @@ void HeartbeatShedder::DecideLocked(absl::Time now, double rate, bool calm) {
     why = "heartbeats are handled late or overdue";
     target = std::min(factor * 2, config_.max_factor);
   }
+  stuck_ = state_.behind && processing ? stuck_ + 1 : 0;
+  // A backlog D deep, arriving within headroom x what is handled, drains
+  // within D / (1 - headroom): not stuck before that either.
+  const absl::Duration drains_within =
+      episode_delay_ / std::max(0.1, 1 - config_.headroom);
+  if (why == nullptr && heartbeats_matter && config_.stuck_windows > 0 &&
+      stuck_ >= config_.stuck_windows &&
+      stuck_ * config_.window >= drains_within &&
+      factor < config_.max_factor) {
+    why = "the coordinator stays behind its heartbeats at this factor";
+    target = std::min(factor * 2, config_.max_factor);
+    // What halving would bring back was misjudged (the load is not what
+    // the asked intervals say): from now on the factor halves only as a
+    // probe (a probe that ends this way doubles the wait for the next,
+    // below).
+    headroom_unreliable_ = true;
+  }
   if (why != nullptr ||
       (config_.max_delay > absl::ZeroDuration() &&
        backlog_.delay > config_.max_delay)) {
@@ -180,8 +208,9 @@ void HeartbeatShedder::DecideLocked(absl::Time now, double rate, bool calm) {
   ++calm_;
   state_.capacity = std::max(state_.capacity, rate);
   if (factor == 1 || calm_ < config_.calm_windows) return;
-  const bool headroom = 2 * std::max(rate, backlog_.expected_rate) <=
-                        config_.headroom * state_.capacity;
+  const bool headroom = !headroom_unreliable_ &&
+                        2 * std::max(rate, backlog_.expected_rate) <=
+                            config_.headroom * state_.capacity;
   if (!headroom && calm_ < probe_after_) return;
   calm_ = 0;
   since_probe_ = headroom ? -1 : 0;
@@ -195,6 +224,8 @@ void HeartbeatShedder::SetFactorLocked(absl::Time now, int factor,
                                        const char* why) {
   const int before = state_.factor;
   state_.factor = factor;
+  stuck_ = 0;
+  if (factor == 1) headroom_unreliable_ = false;  // a new period, afresh
   factor_.store(factor, std::memory_order_relaxed);
   const std::string numbers = absl::StrFormat(
       "last window: %.0f%% of heartbeats late, queue delay %s, %.0f "

@@ -43,6 +43,20 @@
 //     - the heartbeats of members already told the current factor are late
 //       as above, or, while behind, at least overloaded_fraction of the
 //       members are overdue: the factor doubles (up to max_factor).
+//     - behind for stuck_windows windows in a row at one factor, each with
+//       a queue delay above max_delay / 4 or late heartbeats above
+//       calm_fraction, and for longer than a backlog as deep as the
+//       episode's largest queue delay D takes to drain when what arrives
+//       is within headroom of what is handled (D / (1 - headroom)): the
+//       factor doubles (up to max_factor), even when the intervals asked
+//       say the load fits. The load is then more than those intervals
+//       (workers that send faster than asked, held back only to
+//       HeartbeatPolicer's tolerance) or the capacity less than its
+//       estimate, and every job's LOST deadlines are stretched for as long
+//       as the episode lasts. Overdue members alone do not count (a failure
+//       to detect, not a load). Until the factor is back at 1, it then
+//       halves only as a probe (below), since what halving brings back was
+//       misjudged, and a probe is judged over stuck_windows windows.
 //  - calm: queue delay at most max_delay / 4 all window, at most
 //    calm_fraction of the heartbeats late (or fewer than min_samples) and
 //    at most calm_fraction of the members overdue (or fewer than
@@ -109,6 +123,10 @@ struct HeartbeatSheddingConfig {
   double calm_fraction = 0.05;
   // Calm windows in a row before the factor halves.
   int calm_windows = 3;
+  // Windows in a row behind, at one factor, with queue delay or late
+  // heartbeats, after which the factor doubles anyway (0: never); at
+  // least as long as the episode's backlog takes to drain (see above).
+  int stuck_windows = 10;
   // The factor halves only if twice the handled rate stays within this
   // fraction of the capacity estimate.
   double headroom = 0.7;
@@ -205,7 +223,9 @@ class HeartbeatShedder {
 
  private:
   // Decides on the window that just ended (handled `rate` per second).
-  void DecideLocked(absl::Time now, double rate, bool calm)
+  // `processing`: the window had a queue delay or late heartbeats above
+  // the calm limits (not only overdue members).
+  void DecideLocked(absl::Time now, double rate, bool calm, bool processing)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Log an episode of being behind beginning (because of a queue delay,
   // or of late heartbeats) and ending.
@@ -235,6 +255,12 @@ class HeartbeatShedder {
   State state_ ABSL_GUARDED_BY(mu_);
   // Calm windows in a row.
   int calm_ ABSL_GUARDED_BY(mu_) = 0;
+  // Windows in a row behind at the current factor with a queue delay or
+  // late heartbeats (see stuck_windows).
+  int stuck_ ABSL_GUARDED_BY(mu_) = 0;
+  // The factor had to double for staying behind in this shedding period:
+  // it halves only as a probe until the period ends.
+  bool headroom_unreliable_ ABSL_GUARDED_BY(mu_) = false;
   // Calm windows before the next probe, and windows since the last probe
   // (-1: none awaiting a verdict).
   int probe_after_ ABSL_GUARDED_BY(mu_);

@@ -155,13 +155,116 @@ TEST_F(HeartbeatShedderTest, ADrainingBacklogNeitherEscalatesNorSpeedsUp) {
   Make();
   Window(Beats(500, 0), Waiting(absl::Seconds(2), 2000));
   ASSERT_EQ(factor(), 8);
-  // Still 2 s of backlog, but what members send now (250/s) fits: it
-  // drains; no more slowing down, and no speeding up before it has.
-  for (int i = 0; i < 10; ++i) {
-    Window(Beats(500, 0), Waiting(absl::Seconds(2), 2000, 0, 0, 8));
+  // Still a backlog, but what members send now (250/s) fits: it drains
+  // (2 s of queue delay, 1.8 s, ...); no more slowing down, and no
+  // speeding up before it has.
+  for (int i = 0; i < 9; ++i) {
+    Window(Beats(500, 0),
+           Waiting(absl::Milliseconds(2000 - 200 * i), 2000, 0, 0, 8));
     EXPECT_EQ(factor(), 8);
     EXPECT_TRUE(shedder_->state().behind);
   }
+}
+
+// A backlog 8 s deep (the start of a flood) drains over 20 windows, well
+// past stuck_windows, at arrivals that fit: not stuck, since a backlog that
+// deep may take 8 s / (1 - headroom) to drain.
+TEST_F(HeartbeatShedderTest, ADeepBacklogDrainingSlowlyIsNotStuck) {
+  Make();
+  Window(Beats(500, 0), Waiting(absl::Seconds(8), 2000));
+  ASSERT_EQ(factor(), 8);
+  for (int i = 0; i < 20; ++i) {
+    Window(Beats(500, 0),
+           Waiting(absl::Milliseconds(8000 - 390 * i), 2000, 0, 0, 8));
+    EXPECT_EQ(factor(), 8) << "window " << i;
+  }
+}
+
+// Members of one job send twice what they are asked (HeartbeatPolicer lets
+// that much through): at the factor the asked intervals say fits, the
+// coordinator stays behind (queue delay between max_delay / 4 and
+// max_delay, nothing late enough to escalate), and every job's LOST
+// deadlines would stay stretched. After stuck_windows such windows the
+// factor doubles; then it is calm.
+TEST_F(HeartbeatShedderTest, StayingBehindAtOneFactorDoublesIt) {
+  Make();
+  Window(Beats(500, 0), Waiting(absl::Seconds(2), 2000));
+  ASSERT_EQ(factor(), 8);
+  const int stuck = Config().stuck_windows;
+  for (int i = 0; i < stuck; ++i) {
+    EXPECT_EQ(factor(), 8) << "window " << i;
+    Window(Beats(500, 10), Waiting(absl::Milliseconds(300), 2000, 0, 0, 8));
+    EXPECT_TRUE(shedder_->state().behind);
+  }
+  EXPECT_EQ(factor(), 16);
+  // At 16 it drains; the count starts again at the new factor.
+  for (int i = 0; i < stuck - 1; ++i) {
+    Window(Beats(250, 5), Waiting(absl::Milliseconds(300), 2000, 0, 0, 16));
+  }
+  Calm(2, 250);  // the first still carries the last window's delay
+  EXPECT_EQ(factor(), 16);
+  EXPECT_FALSE(shedder_->state().behind);
+}
+
+// After doubling for staying behind, room to spare by the asked intervals
+// is not trusted: the factor halves only as a probe, and a probe that
+// stays behind again doubles the wait for the next one.
+TEST_F(HeartbeatShedderTest, AfterStayingBehindItHalvesOnlyAsAProbe) {
+  HeartbeatSheddingConfig config = Config();
+  config.probe_windows = 5;
+  Make(config);
+  Window(Beats(500, 0), Waiting(absl::Seconds(2), 2000));
+  ASSERT_EQ(factor(), 8);
+  // An episode begins (600 ms queued) and goes on (300 ms).
+  auto stay_behind = [&](int at) {
+    for (int i = 0; i < config.stuck_windows; ++i) {
+      Window(Beats(500, 10),
+             Waiting(absl::Milliseconds(i == 0 ? 600 : 300), 2000, 0, 0, at));
+    }
+  };
+  stay_behind(8);
+  ASSERT_EQ(factor(), 16);
+  // 125/s handled, 2000 / 16 expected: twice that has room to spare, but
+  // it waits for the probe (5 calm windows, the first carrying the last
+  // window's delay).
+  Calm(5, 125);
+  EXPECT_EQ(factor(), 16);
+  Calm(1, 125);
+  EXPECT_EQ(factor(), 8);
+  stay_behind(8);
+  ASSERT_EQ(factor(), 16);
+  Calm(10, 125);
+  EXPECT_EQ(factor(), 16) << "the next probe waits twice as long";
+  Calm(1, 125);
+  EXPECT_EQ(factor(), 8);
+}
+
+// A rack lost power while the coordinator was behind: its members are
+// overdue and keep the episode going, but nothing waits and nothing is
+// late: no reason to slow the others down further.
+TEST_F(HeartbeatShedderTest, OverdueMembersDoNotCountAsStayingBehind) {
+  Make();
+  Window(Beats(1000, 0), Waiting(absl::Seconds(1), 1000));
+  ASSERT_TRUE(shedder_->state().behind);
+  const int started = factor();
+  for (int i = 0; i < 2 * Config().stuck_windows; ++i) {
+    Window(Beats(900, 0),
+           Waiting(absl::ZeroDuration(), 1000, 1000, 100, started));
+    EXPECT_TRUE(shedder_->state().behind);
+  }
+  EXPECT_EQ(factor(), started);
+}
+
+TEST_F(HeartbeatShedderTest, NeverStuckWhenDisabledByConfig) {
+  HeartbeatSheddingConfig config = Config();
+  config.stuck_windows = 0;
+  Make(config);
+  Window(Beats(500, 0), Waiting(absl::Seconds(2), 2000));
+  ASSERT_EQ(factor(), 8);
+  for (int i = 0; i < 30; ++i) {
+    Window(Beats(500, 10), Waiting(absl::Milliseconds(300), 2000, 0, 0, 8));
+  }
+  EXPECT_EQ(factor(), 8);
 }
 
 TEST_F(HeartbeatShedderTest, SpeedsUpOnlyAfterCalmWindowsWithHeadroom) {
