@@ -613,6 +613,17 @@ absl::StatusOr<v1::JobStatus> JobWithMembers(const Target& target,
   return std::move(*response.mutable_job());
 }
 
+// Waits until every one of `beaters` is done, or `limit` passed.
+void AwaitDone(const std::vector<std::unique_ptr<Beater>>& beaters,
+               absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  for (const auto& b : beaters) {
+    while (!b->Done() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+}
+
 // --witness: a job of 3 members beside the load, each on its own stream,
 // heartbeating every `interval` (times what the coordinator asks) on a
 // thread of its own until Stop(); StopRank1() silences rank 1 and returns
@@ -660,11 +671,8 @@ class Witness {
     }
     thread_.join();
     for (auto& b : beaters_) b->Close();
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    AwaitDone(beaters_, absl::Seconds(60));
     for (auto& b : beaters_) {
-      while (!b->Done() && absl::Now() < deadline) {
-        absl::SleepFor(absl::Milliseconds(1));
-      }
       if (!b->Done()) b.release();  // its operations still refer to it
     }
   }
@@ -706,17 +714,6 @@ class Witness {
   absl::Duration largest_gap_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
-
-// Waits until every one of `beaters` is done, or `limit` passed.
-void AwaitDone(const std::vector<std::unique_ptr<Beater>>& beaters,
-               absl::Duration limit) {
-  const absl::Time deadline = absl::Now() + limit;
-  for (const auto& b : beaters) {
-    while (!b->Done() && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-  }
-}
 
 // Silences the witness's rank 1 and waits (up to 120 s) until the
 // coordinator shows it LOST, or shows another member LOST.

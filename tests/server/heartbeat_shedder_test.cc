@@ -68,6 +68,18 @@ class HeartbeatShedderTest : public ::testing::Test {
     }
   }
 
+  // `windows` windows behind at `factor` while members send 2,000/s at
+  // their own intervals: 500 handled, 10 late, 300 ms of queue delay (the
+  // first `first_delay`); neither calm nor past an escalation threshold.
+  void StayBehind(int windows, int factor,
+                  absl::Duration first_delay = absl::Milliseconds(300)) {
+    for (int i = 0; i < windows; ++i) {
+      Window(Beats(500, 10),
+             Waiting(i == 0 ? first_delay : absl::Milliseconds(300), 2000, 0,
+                     0, factor));
+    }
+  }
+
   int factor() const { return shedder_->factor(); }
 
   absl::Time now_ = absl::FromUnixSeconds(1767225600);
@@ -193,7 +205,7 @@ TEST_F(HeartbeatShedderTest, StayingBehindAtOneFactorDoublesIt) {
   const int stuck = Config().stuck_windows;
   for (int i = 0; i < stuck; ++i) {
     EXPECT_EQ(factor(), 8) << "window " << i;
-    Window(Beats(500, 10), Waiting(absl::Milliseconds(300), 2000, 0, 0, 8));
+    StayBehind(1, 8);
     EXPECT_TRUE(shedder_->state().behind);
   }
   EXPECT_EQ(factor(), 16);
@@ -216,13 +228,8 @@ TEST_F(HeartbeatShedderTest, AfterStayingBehindItHalvesOnlyAsAProbe) {
   Window(Beats(500, 0), Waiting(absl::Seconds(2), 2000));
   ASSERT_EQ(factor(), 8);
   // An episode begins (600 ms queued) and goes on (300 ms).
-  auto stay_behind = [&](int at) {
-    for (int i = 0; i < config.stuck_windows; ++i) {
-      Window(Beats(500, 10),
-             Waiting(absl::Milliseconds(i == 0 ? 600 : 300), 2000, 0, 0, at));
-    }
-  };
-  stay_behind(8);
+  const absl::Duration begins = absl::Milliseconds(600);
+  StayBehind(config.stuck_windows, 8, begins);
   ASSERT_EQ(factor(), 16);
   // 125/s handled, 2000 / 16 expected: twice that has room to spare, but
   // it waits for the probe (5 calm windows, the first carrying the last
@@ -231,7 +238,7 @@ TEST_F(HeartbeatShedderTest, AfterStayingBehindItHalvesOnlyAsAProbe) {
   EXPECT_EQ(factor(), 16);
   Calm(1, 125);
   EXPECT_EQ(factor(), 8);
-  stay_behind(8);
+  StayBehind(config.stuck_windows, 8, begins);
   ASSERT_EQ(factor(), 16);
   Calm(10, 125);
   EXPECT_EQ(factor(), 16) << "the next probe waits twice as long";
@@ -261,9 +268,7 @@ TEST_F(HeartbeatShedderTest, NeverStuckWhenDisabledByConfig) {
   Make(config);
   Window(Beats(500, 0), Waiting(absl::Seconds(2), 2000));
   ASSERT_EQ(factor(), 8);
-  for (int i = 0; i < 30; ++i) {
-    Window(Beats(500, 10), Waiting(absl::Milliseconds(300), 2000, 0, 0, 8));
-  }
+  StayBehind(30, 8);
   EXPECT_EQ(factor(), 8);
 }
 
