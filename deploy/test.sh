@@ -23,14 +23,23 @@ deploy/install_deps.sh || exit 1
 bazel test //... "$@" 2>&1 | tee /tmp/gradsync-test.log
 status=${PIPESTATUS[0]}
 
+# A test target's logs (NAME is test.xml or test.log): its own, or one per
+# shard (bazel-testlogs/PKG/TARGET/shard_K_of_N/NAME) for a sharded test.
+target_logs() {
+  local dir="bazel-testlogs/${1#//}"
+  dir="${dir/://}"
+  if [ -f "$dir/$2" ]; then
+    echo "$dir/$2"
+  else
+    compgen -G "$dir/shard_*_of_*/$2" || true
+  fi
+}
+
 # Count test cases from the JUnit XML of each test target this run reported.
 passed=0
 failed=0
 skipped=0
-while IFS= read -r target; do
-  xml="bazel-testlogs/${target#//}/test.xml"
-  xml="${xml/://}"
-  [ -f "$xml" ] || continue
+while IFS= read -r xml; do
   line=$(grep -m1 -o '<testsuites [^>]*>' "$xml" || true)
   tests=$(sed -n 's/.* tests="\([0-9]*\)".*/\1/p' <<<"$line")
   failures=$(sed -n 's/.* failures="\([0-9]*\)".*/\1/p' <<<"$line")
@@ -41,7 +50,8 @@ while IFS= read -r target; do
   failed=$((failed + failures + errors))
   skipped=$((skipped + skipped_here))
   passed=$((passed + tests - failures - errors - disabled - skipped_here))
-done < <(grep -oE '^//[^ ]+' /tmp/gradsync-test.log | sort -u)
+done < <(grep -oE '^//[^ ]+' /tmp/gradsync-test.log | sort -u |
+         while IFS= read -r target; do target_logs "$target" test.xml; done)
 [ "$status" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1  # a build or harness failure
 lean=${GRADSYNC_TEST_LEAN_DISK:-0}
 # Bazel's outputs go once its tests passed (a failure's logs stay for the
@@ -90,16 +100,20 @@ if [ "$lean" = 1 ] && [ "$fuzz_status" -eq 0 ]; then
     echo "lean disk: fuzzer objects deleted"
 fi
 
-# Name what failed last, where a log's tail still shows it, and why: the
-# last lines of each failed Bazel test's own log (a CI run keeps no more).
+# Name what failed last, where a log's tail still shows it, and why: of
+# each failed Bazel test's own log (each shard's that failed), the gtest
+# failures and the log's last lines (a CI run keeps no more).
 bazel_failed=$(grep -E '^//[^ ]+ +(\(cached\) +)?(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' \
   /tmp/gradsync-test.log || true)
 while IFS= read -r target; do
-  log="bazel-testlogs/${target#//}"
-  log="${log/://}/test.log"
-  [ -f "$log" ] || continue
-  echo "== $target: the end of $log"
-  tail -n 15 "$log" | cut -c1-400
+  while IFS= read -r log; do
+    grep -aq '^\[  PASSED  \].*' "$log" && ! grep -aq '^\[  FAILED  \]' "$log" &&
+      continue
+    echo "== $target: $log"
+    grep -a -A3 -E '^[^ ]+:[0-9]+: Failure$' "$log" | head -n 24 | cut -c1-400
+    echo "-- its end:"
+    tail -n 8 "$log" | cut -c1-400
+  done < <(target_logs "$target" test.log)
 done < <(grep -oE '^//[^ ]+' <<<"$bazel_failed")
 [ -z "$bazel_failed" ] || sed 's/^/bazel: /' <<<"$bazel_failed"
 grep -E '^[[:space:]]*[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Not Run)\)' \

@@ -310,6 +310,16 @@ void HealthManager::AskForStacks(
                << " for the stacks of their threads";
 }
 
+bool HealthManager::PositionsSettled(const JobHealth& job) {
+  const absl::Time settled = job.last_progress + job.hang_timeout->value() / 2;
+  for (const MemberHealth& m : job.members) {
+    if (m.state == v1::MEMBER_STATE_ACTIVE && m.last_seen < settled) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void HealthManager::DiagnoseHang(JobHealth* job, absl::Time now) {
   if (now - job->last_progress < job->hang_timeout->value()) {
     ClearHang(job);
@@ -329,7 +339,9 @@ void HealthManager::DiagnoseHang(JobHealth* job, absl::Time now) {
     ClearHang(job);  // no collective, or all ranks agree
     return;
   }
-  if (!job->hang_stacks.asked()) AskForStacks(job, groups, now);
+  if (!job->hang_stacks.asked() && PositionsSettled(*job)) {
+    AskForStacks(job, groups, now);
+  }
   std::vector<std::string> parts;
   constexpr size_t kMaxGroups = 4;
   for (const auto& [position, ranks] : groups) {

@@ -565,6 +565,13 @@ class HealthManager : public RoundListener {
       const std::map<std::pair<int64_t, int64_t>, std::vector<int>,
                      std::greater<>>& groups,
       absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // Whether every active member heartbeated since half the hang timeout
+  // after the last progress: by then a rank that is not stuck has started
+  // its next collective (steps take a tenth of the timeout or less), so
+  // who is behind can be read from these reports. An older one (a
+  // heartbeat delayed by load) would show a rank that moved on as behind.
+  static bool PositionsSettled(const JobHealth& job)
+      ABSL_SHARED_LOCKS_REQUIRED(job.mu);
   // The hang is over (or never was): clears its diagnosis and stacks.
   static void ClearHang(JobHealth* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
 

@@ -910,6 +910,40 @@ TEST_F(HealthManagerTest, TheHangTimeoutFollowsTheStepTimes) {
                         "rank 1 finished #4 and has not started #5"));
 }
 
+// Who is behind is read from reports sent after the stall settled (half
+// the hang timeout after the last progress): a rank whose last report is
+// older (its heartbeat delayed) and shows it before the collective the
+// others wait in is not asked as behind on it; the request waits for its
+// next heartbeat, and names only the rank that is behind.
+TEST_F(HealthManagerTest, StacksAreAskedOnReportsFromAfterTheStallSettled) {
+  StartJob(3);
+  for (int step = 1; step <= 4; ++step) {
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(Beat(r, Stepping(step, absl::Milliseconds(50), step, step)).ok());
+    }
+    Advance(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(FromProtoDuration(Status().diagnosis().hang_timeout()),
+            absl::Seconds(1));
+  // Rank 2 stops before collective #5; ranks 0 and 1 wait inside it, and
+  // rank 1 is not heard from for a while.
+  Advance(absl::Milliseconds(550));
+  ASSERT_TRUE(Beat(0, Stepping(4, absl::Milliseconds(50), 5, 4)).ok());
+  ASSERT_TRUE(Beat(2, Stepping(4, absl::Milliseconds(50), 4, 4)).ok());
+  Advance(absl::Milliseconds(500));
+  EXPECT_THAT(Status().diagnosis().hang(),
+              HasSubstr("ranks 1,2 finished #4 and have not started #5"));
+  EXPECT_FALSE(Status().diagnosis().has_hang_stacks());
+  ASSERT_TRUE(Beat(1, Stepping(4, absl::Milliseconds(50), 5, 4)).ok());
+  Advance(absl::Milliseconds(10));
+  EXPECT_THAT(Status().diagnosis().hang(),
+              HasSubstr("rank 2 finished #4 and has not started #5"));
+  const v1::HangStacks stacks = Status().diagnosis().hang_stacks();
+  ASSERT_EQ(stacks.hung_ranks_size(), 1);
+  EXPECT_EQ(stacks.hung_ranks(0), 2);
+  EXPECT_EQ(stacks.healthy_rank(), 0);
+}
+
 TEST_F(HealthManagerTest, SlowStepsAreNoHang) {
   StartJob(2);
   for (int step = 1; step <= 4; ++step) {

@@ -98,6 +98,12 @@ void HealthReporter::Update(const v1::WorkerMetrics& metrics) {
   snapshot_.clear_replica_fingerprints();
 }
 
+void HealthReporter::SetLiveFields(
+    std::function<void(v1::WorkerMetrics*)> fill) {
+  absl::MutexLock lock(&mu_);
+  live_fields_ = std::move(fill);
+}
+
 HealthReporter::Verdict HealthReporter::verdict() const {
   absl::MutexLock lock(&mu_);
   return verdict_;
@@ -117,6 +123,7 @@ v1::HeartbeatRequest HealthReporter::NextRequestLocked() {
   v1::HeartbeatRequest request;
   *request.mutable_member() = *member_;
   *request.mutable_metrics() = snapshot_;
+  if (live_fields_) live_fields_(request.mutable_metrics());
   for (v1::CollectiveFingerprint& f : collectives_) {
     *request.mutable_metrics()->add_recent_collectives() = std::move(f);
   }

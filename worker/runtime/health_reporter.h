@@ -139,6 +139,15 @@ class HealthReporter {
   // Cheap and non-blocking with respect to the network.
   void Update(const v1::WorkerMetrics& metrics);
 
+  // Sets what fills each heartbeat's live fields as it is sent, or clears it
+  // (nullptr): Telemetry's collective counters, read then rather than at its
+  // last refresh, so that the coordinator's hang verdict sees which
+  // collective a rank stands in as of that heartbeat. `fill` runs on the
+  // reporter's thread under its lock: it must be quick and must not call
+  // the reporter. Once SetLiveFields returned, the previous `fill` is not
+  // running and never runs again.
+  void SetLiveFields(std::function<void(v1::WorkerMetrics*)> fill);
+
   // The job's state as the coordinator last reported it (on the first
   // heartbeat and whenever it changes: FAILED on a desync, DEGRADED when a
   // member is lost, ...).
@@ -197,7 +206,8 @@ class HealthReporter {
   // one; the caller runs it without the lock.
   std::function<void(const absl::Status&)> TakeRoundOverLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The next heartbeat: member, snapshot and the queued events.
+  // The next heartbeat: member, snapshot (its live fields filled now) and
+  // the queued events.
   v1::HeartbeatRequest NextRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The stacks request to answer in the next heartbeat, if any (taken: it
   // is answered once).
@@ -223,6 +233,7 @@ class HealthReporter {
   // Whether the coordinator last said it sheds heartbeat load (for logs).
   bool shedding_ ABSL_GUARDED_BY(mu_) = false;
   v1::WorkerMetrics snapshot_ ABSL_GUARDED_BY(mu_);
+  std::function<void(v1::WorkerMetrics*)> live_fields_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::CollectiveFingerprint> collectives_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::StepReady> ready_times_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::ReplicaFingerprint> fingerprints_ ABSL_GUARDED_BY(mu_);

@@ -17,12 +17,19 @@ Telemetry::Telemetry(HealthReporter* reporter, ObservedBackend* backend,
       backend_(backend),
       gpu_memory_(std::move(gpu_memory)) {
   metrics_.set_state(v1::WORKER_STATE_STARTING);
+  reporter_->SetLiveFields([backend](v1::WorkerMetrics* m) {
+    m->set_last_started_collective(
+        static_cast<int64_t>(backend->last_started()));
+    m->set_last_finished_collective(
+        static_cast<int64_t>(backend->last_finished()));
+  });
   refresher_ = std::thread([this, refresh_interval] {
     RefreshLoop(refresh_interval);
   });
 }
 
 Telemetry::~Telemetry() {
+  reporter_->SetLiveFields(nullptr);
   stop_.Notify();
   refresher_.join();
 }

@@ -1,7 +1,8 @@
 // Turns what the training loop and its backend observe into the heartbeats a
-// HealthReporter sends: step metrics after every step, and between steps a
-// refresh of the collective counters so that a rank stuck inside a step
-// still shows which collective it is waiting on.
+// HealthReporter sends: step metrics after every step; the collective
+// counters read as each heartbeat is sent (HealthReporter::SetLiveFields),
+// so that a rank stuck inside a step shows which collective it is waiting on
+// as of that heartbeat; memory use refreshed between steps.
 #ifndef GRADSYNC_WORKER_RUNTIME_TELEMETRY_H_
 #define GRADSYNC_WORKER_RUNTIME_TELEMETRY_H_
 
@@ -23,7 +24,8 @@
 namespace gradsync {
 
 // Thread-safe. `reporter` and `backend` must outlive it; the refresh thread
-// runs from construction to destruction.
+// runs, and the reporter reads `backend`'s counters, from construction to
+// destruction (one Telemetry per reporter at a time).
 class Telemetry {
  public:
   // `gpu_memory`, when set, tells the GPU memory in use (bytes) for the

@@ -1,5 +1,6 @@
 #include "worker/runtime/health_reporter.h"
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -304,6 +305,11 @@ class ScriptedStreams {
     absl::MutexLock lock(&mu_);
     return stacks_sent_;
   }
+  // The last_started_collective of the last heartbeat sent (-1: none yet).
+  int64_t last_started_sent() const {
+    absl::MutexLock lock(&mu_);
+    return last_started_;
+  }
   // Waits (bounded) until `n` heartbeats were sent in all.
   bool WaitForSent(int64_t n) {
     absl::MutexLock lock(&mu_);
@@ -321,6 +327,7 @@ class ScriptedStreams {
     bool Send(v1::HeartbeatRequest request) override {
       absl::MutexLock lock(&streams_->mu_);
       ++streams_->sent_;
+      streams_->last_started_ = request.metrics().last_started_collective();
       if (request.metrics().has_thread_stacks()) {
         streams_->stacks_sent_.push_back(
             request.metrics().thread_stacks().request());
@@ -336,6 +343,7 @@ class ScriptedStreams {
 
   mutable absl::Mutex mu_;
   int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_started_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<int64_t> stacks_sent_ ABSL_GUARDED_BY(mu_);
   std::function<void(const v1::HeartbeatResponse&)> answer_
       ABSL_GUARDED_BY(mu_);
@@ -419,6 +427,39 @@ TEST(HealthReporterStacksTest, AnswersAStacksRequestAtOnceAndOnce) {
   EXPECT_EQ(streams.stacks_sent(), (std::vector<int64_t>{41, 42}));
   absl::MutexLock lock(&mu);
   EXPECT_EQ(captured, (std::vector<int64_t>{41, 42}));
+}
+
+// The live fields are read as each heartbeat is sent: a collective
+// counter that moved after the last Update() shows in the next heartbeat
+// (a rank stuck in a collective reports it without a step ending); once
+// cleared, the snapshot's own value goes again.
+TEST(HealthReporterLiveFieldsTest, EachHeartbeatReadsThemAsItIsSent) {
+  ClientOptions client_options;
+  client_options.target = "127.0.0.1:1";
+  auto client = *GrpcCoordinatorClient::Create(client_options);
+  ScriptedStreams streams;
+  HealthReporterOptions options = FastOptions();
+  options.interval = absl::Milliseconds(20);
+  options.open_stream = streams.Opener();
+  HealthReporter reporter(client.get(), options);
+  std::atomic<int64_t> started{5};
+  reporter.SetLiveFields([&started](v1::WorkerMetrics* m) {
+    m->set_last_started_collective(started.load());
+  });
+  v1::WorkerMetrics step = Step(1);
+  step.set_last_started_collective(1);
+  reporter.Update(step);
+  reporter.Start(Member(0), "inc-0");
+  ASSERT_TRUE(streams.WaitForSent(1));
+  EXPECT_EQ(streams.last_started_sent(), 5);
+  started = 9;  // no Update()
+  ASSERT_TRUE(streams.WaitForSent(streams.sent() + 2));
+  EXPECT_EQ(streams.last_started_sent(), 9);
+  reporter.SetLiveFields(nullptr);
+  started = 11;
+  ASSERT_TRUE(streams.WaitForSent(streams.sent() + 2));
+  EXPECT_EQ(streams.last_started_sent(), 1);
+  reporter.Stop();
 }
 
 }  // namespace
