@@ -28,19 +28,31 @@ sockaddr_un Address(const std::string& path) {
   return address;
 }
 
+constexpr char kDirTemplate[] = "/gradsync-launch-XXXXXX";
+constexpr char kSocketName[] = "/agent.sock";
+
+// Where the private directory goes: $TMPDIR, unless the socket's path there
+// would not fit a sockaddr_un (a batch scheduler's long per-job TMPDIR),
+// then /tmp.
+std::string BaseDir() {
+  const char* tmp = getenv("TMPDIR");
+  if (tmp == nullptr || *tmp == '\0') return "/tmp";
+  const size_t path_size =
+      strlen(tmp) + strlen(kDirTemplate) + strlen(kSocketName);
+  if (path_size >= sizeof(sockaddr_un{}.sun_path)) return "/tmp";
+  return tmp;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsInbox>> MetricsInbox::Open(
     Callback on_message) {
-  const char* tmp = getenv("TMPDIR");
-  std::string dir =
-      absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
-                   "/gradsync-launch-XXXXXX");
+  std::string dir = absl::StrCat(BaseDir(), kDirTemplate);
   if (mkdtemp(dir.data()) == nullptr) {
     return absl::InternalError(
         absl::StrCat("cannot create ", dir, ": ", strerror(errno)));
   }
-  const std::string path = absl::StrCat(dir, "/agent.sock");
+  const std::string path = absl::StrCat(dir, kSocketName);
   const sockaddr_un address = Address(path);
   const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0 || path.size() >= sizeof(address.sun_path) ||

@@ -18,7 +18,9 @@
 
 namespace gradsync {
 
-// A datagram socket in a fresh private directory; each datagram is one
+// A datagram socket in a fresh private directory (under $TMPDIR, or /tmp
+// where the socket's path under $TMPDIR would be too long for a Unix
+// socket's 108 bytes); each datagram is one
 // serialized v1::HeartbeatRequest (member.rank and member.round name the
 // sender; metrics as in a heartbeat). One thread receives and hands each
 // well-formed message to `on_message`; malformed ones are dropped.

@@ -4,6 +4,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -55,6 +57,39 @@ TEST(MetricsInboxTest, DeliversMessagesDropsGarbageAndCleansUp) {
     EXPECT_EQ(received.back().metrics().step(), 17);
   }
   EXPECT_NE(access(path.c_str(), F_OK), 0) << "socket left behind";
+}
+
+// A $TMPDIR too long for the socket's path (a batch scheduler's per-job
+// directory) does not stop the inbox: it goes under /tmp instead; a short
+// one is used.
+TEST(MetricsInboxTest, ATmpdirTooLongForASocketFallsBackToTmp) {
+  const char* before = getenv("TMPDIR");
+  const std::string saved = before != nullptr ? before : "";
+  std::string long_dir = "/tmp/gradsync-inbox-test-" + std::string(80, 'x') +
+                         "-XXXXXX";
+  ASSERT_NE(mkdtemp(long_dir.data()), nullptr) << strerror(errno);
+  std::string short_dir = "/tmp/gradsync-inbox-XXXXXX";
+  ASSERT_NE(mkdtemp(short_dir.data()), nullptr) << strerror(errno);
+  const auto ignore = [](const v1::HeartbeatRequest&) {};
+  setenv("TMPDIR", long_dir.c_str(), 1);
+  auto fallen_back = MetricsInbox::Open(ignore);
+  setenv("TMPDIR", short_dir.c_str(), 1);
+  auto in_tmpdir = MetricsInbox::Open(ignore);
+  if (before != nullptr) {
+    setenv("TMPDIR", saved.c_str(), 1);
+  } else {
+    unsetenv("TMPDIR");
+  }
+  ASSERT_TRUE(fallen_back.ok()) << fallen_back.status();
+  EXPECT_EQ((*fallen_back)->dir().rfind("/tmp/gradsync-launch-", 0), 0u)
+      << (*fallen_back)->dir();
+  ASSERT_TRUE(in_tmpdir.ok()) << in_tmpdir.status();
+  EXPECT_EQ((*in_tmpdir)->dir().rfind(short_dir + "/gradsync-launch-", 0), 0u)
+      << (*in_tmpdir)->dir();
+  fallen_back->reset();
+  in_tmpdir->reset();
+  EXPECT_EQ(rmdir(long_dir.c_str()), 0) << strerror(errno);
+  EXPECT_EQ(rmdir(short_dir.c_str()), 0) << "the inbox left files behind";
 }
 
 }  // namespace
