@@ -176,18 +176,19 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now,
   }
   if (!job->detecting()) return;
   LogReconnects(job);
-  if (now < job->not_lost_before) {
-    DiagnoseHang(job, now);
-    return;
-  }
   // Silence allowed: missed intervals at the member's factor, plus the
   // backlog the coordinator knows it has (how long it has been behind, or
   // the longest its queues held heartbeats), at most missed intervals at
-  // the largest factor (see the class comment).
+  // the largest factor (see the class comment). A hang verdict waits for
+  // that backlog too.
   Silence silence;
   silence.limit = job->interval * job->missed;
   silence.extra =
       std::min(allowance, silence.limit * config_.shedding.max_factor);
+  if (now < job->not_lost_before) {
+    DiagnoseHang(job, now, silence.extra);
+    return;
+  }
   // Below both bounds a member is neither overdue nor lost (most are).
   silence.quiet = std::min(job->late_after, silence.limit);
   HealthUpdate update;
@@ -211,7 +212,7 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now,
   if (!update.members.empty()) {
     RecordLossesLocked(job, std::move(update), now, losses);
   }
-  DiagnoseHang(job, now);
+  DiagnoseHang(job, now, silence.extra);
 }
 
 std::optional<std::string> HealthManager::LostReasonLocked(
@@ -310,8 +311,20 @@ void HealthManager::AskForStacks(
                << " for the stacks of their threads";
 }
 
-bool HealthManager::PositionsSettled(const JobHealth& job) {
-  const absl::Time settled = job.last_progress + job.hang_timeout->value() / 2;
+absl::Duration HealthManager::HangTimeoutLocked(const JobHealth& job) {
+  int slowdown = job.factor;
+  for (const MemberHealth& m : job.members) {
+    if (m.state == v1::MEMBER_STATE_ACTIVE) {
+      slowdown = std::max(slowdown, m.allowed_factor);
+    }
+  }
+  return std::max(job.hang_timeout->value(),
+                  job.interval * kHeartbeatsToSeeProgress * slowdown);
+}
+
+bool HealthManager::PositionsSettled(const JobHealth& job,
+                                     absl::Duration timeout) {
+  const absl::Time settled = job.last_progress + timeout / 2;
   for (const MemberHealth& m : job.members) {
     if (m.state == v1::MEMBER_STATE_ACTIVE && m.last_seen < settled) {
       return false;
@@ -320,8 +333,10 @@ bool HealthManager::PositionsSettled(const JobHealth& job) {
   return true;
 }
 
-void HealthManager::DiagnoseHang(JobHealth* job, absl::Time now) {
-  if (now - job->last_progress < job->hang_timeout->value()) {
+void HealthManager::DiagnoseHang(JobHealth* job, absl::Time now,
+                                 absl::Duration allowance) {
+  const absl::Duration timeout = HangTimeoutLocked(*job);
+  if (now - job->last_progress < timeout + allowance) {
     ClearHang(job);
     return;
   }
@@ -339,7 +354,7 @@ void HealthManager::DiagnoseHang(JobHealth* job, absl::Time now) {
     ClearHang(job);  // no collective, or all ranks agree
     return;
   }
-  if (!job->hang_stacks.asked() && PositionsSettled(*job)) {
+  if (!job->hang_stacks.asked() && PositionsSettled(*job, timeout)) {
     AskForStacks(job, groups, now);
   }
   std::vector<std::string> parts;

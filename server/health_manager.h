@@ -555,9 +555,20 @@ class HealthManager : public RoundListener {
       ABSL_LOCKS_EXCLUDED(job->mu);
   // Logs (and clears) the job's broken streams and reconnections.
   void LogReconnects(JobHealth* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
-  // Sets or clears the hang diagnosis.
-  void DiagnoseHang(JobHealth* job, absl::Time now)
+  // Sets or clears the hang diagnosis; `allowance` is the backlog the
+  // coordinator knows it has (see PollJob), added to the hang timeout.
+  void DiagnoseHang(JobHealth* job, absl::Time now, absl::Duration allowance)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // The hang timeout in force: the job's (fixed or self-set), but at least
+  // kHeartbeatsToSeeProgress of its members' heartbeat intervals at the
+  // slowest factor one of them may be on. The coordinator sees progress
+  // only in heartbeats: in a healthy job of steps of milliseconds, whose
+  // timeout sets itself to --min_hang_timeout, the next report of a
+  // finished collective may come a whole interval after the last (the
+  // ranks heartbeat in step), later on a loaded machine or while shedding.
+  static absl::Duration HangTimeoutLocked(const JobHealth& job)
+      ABSL_SHARED_LOCKS_REQUIRED(job.mu);
+  static constexpr int kHeartbeatsToSeeProgress = 2;
   // A new hang verdict, ranks grouped by (last finished, last started) most
   // advanced first: asks the ranks behind and one ahead for their stacks.
   void AskForStacks(
@@ -566,11 +577,11 @@ class HealthManager : public RoundListener {
                      std::greater<>>& groups,
       absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // Whether every active member heartbeated since half the hang timeout
-  // after the last progress: by then a rank that is not stuck has started
+  // in force (`timeout`) after the last progress: by then a rank that is not stuck has started
   // its next collective (steps take a tenth of the timeout or less), so
   // who is behind can be read from these reports. An older one (a
   // heartbeat delayed by load) would show a rank that moved on as behind.
-  static bool PositionsSettled(const JobHealth& job)
+  static bool PositionsSettled(const JobHealth& job, absl::Duration timeout)
       ABSL_SHARED_LOCKS_REQUIRED(job.mu);
   // The hang is over (or never was): clears its diagnosis and stacks.
   static void ClearHang(JobHealth* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);

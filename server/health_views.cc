@@ -94,7 +94,7 @@ void HealthManager::Describe(v1::JobStatus* status, bool with_buckets) const {
     *status->mutable_diagnosis()->mutable_hang_stacks() = job->hang_stacks.view();
   }
   *status->mutable_diagnosis()->mutable_hang_timeout() =
-      ToProtoDuration(job->hang_timeout->value());
+      ToProtoDuration(HangTimeoutLocked(*job));
   status->mutable_diagnosis()->set_hang_timeout_self_set(
       job->hang_timeout->self_set());
   add_job_level();

@@ -68,7 +68,8 @@ ABSL_FLAG(double, hang_timeout_factor, 10,
           "the round's recent step times, within --min_hang_timeout and "
           "--max_hang_timeout; 0: always --hang_timeout");
 ABSL_FLAG(absl::Duration, min_hang_timeout, absl::Seconds(1),
-          "the shortest self-set hang timeout");
+          "the shortest self-set hang timeout (any hang timeout is also at "
+          "least two of the job's heartbeat intervals)");
 ABSL_FLAG(absl::Duration, max_hang_timeout, absl::Minutes(10),
           "the longest self-set hang timeout");
 ABSL_FLAG(bool, shed_heartbeats, true,

@@ -887,10 +887,10 @@ v1::WorkerMetrics Stepping(int64_t step, absl::Duration step_time,
 }
 
 // The hang timeout follows the step times: a job of 50 ms steps is found
-// hung a second after its collectives stop, one of 10 s steps is not at a
-// minute; status shows the timeout in force.
+// hung a second after its collectives stop (heartbeating every 400 ms), one
+// of 10 s steps is not at a minute; status shows the timeout in force.
 TEST_F(HealthManagerTest, TheHangTimeoutFollowsTheStepTimes) {
-  StartJob(2);
+  StartJob(2, v1::FAILURE_POLICY_DEGRADE, absl::Milliseconds(400));
   for (int step = 1; step <= 4; ++step) {
     for (int r = 0; r < 2; ++r) {
       ASSERT_TRUE(Beat(r, Stepping(step, absl::Milliseconds(50), step, step)).ok());
@@ -910,13 +910,43 @@ TEST_F(HealthManagerTest, TheHangTimeoutFollowsTheStepTimes) {
                         "rank 1 finished #4 and has not started #5"));
 }
 
+// The coordinator sees progress only in heartbeats: with 1 s heartbeats a
+// job of 50 ms steps, whose timeout would set itself to 1 s, is given two
+// intervals, since a healthy job's next report of a finished collective
+// may come a whole interval after the last (later on a loaded machine).
+TEST_F(HealthManagerTest, TheHangTimeoutIsAtLeastTwoHeartbeatIntervals) {
+  StartJob(2);
+  for (int step = 1; step <= 8; ++step) {
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(Beat(r, Stepping(step, absl::Milliseconds(50), step, step)).ok());
+    }
+    Advance(absl::Milliseconds(50));
+  }
+  v1::JobStatus status = Status();
+  EXPECT_TRUE(status.diagnosis().hang_timeout_self_set());
+  EXPECT_EQ(FromProtoDuration(status.diagnosis().hang_timeout()),
+            absl::Seconds(2));
+  // Rank 0 waits in collective #9 that rank 1 has not started.
+  ASSERT_TRUE(Beat(0, Stepping(8, absl::Milliseconds(50), 9, 8)).ok());
+  Advance(absl::Milliseconds(900));
+  ASSERT_TRUE(Beat(0, Stepping(8, absl::Milliseconds(50), 9, 8)).ok());
+  ASSERT_TRUE(Beat(1, Stepping(8, absl::Milliseconds(50), 8, 8)).ok());
+  Advance(absl::Milliseconds(900));
+  EXPECT_THAT(Status().diagnosis().hang(), IsEmpty()) << "1.8 s";
+  ASSERT_TRUE(Beat(0, Stepping(8, absl::Milliseconds(50), 9, 8)).ok());
+  ASSERT_TRUE(Beat(1, Stepping(8, absl::Milliseconds(50), 8, 8)).ok());
+  Advance(absl::Milliseconds(200));
+  EXPECT_THAT(Status().diagnosis().hang(),
+              HasSubstr("rank 1 finished #8 and has not started #9"));
+}
+
 // Who is behind is read from reports sent after the stall settled (half
 // the hang timeout after the last progress): a rank whose last report is
 // older (its heartbeat delayed) and shows it before the collective the
 // others wait in is not asked as behind on it; the request waits for its
 // next heartbeat, and names only the rank that is behind.
 TEST_F(HealthManagerTest, StacksAreAskedOnReportsFromAfterTheStallSettled) {
-  StartJob(3);
+  StartJob(3, v1::FAILURE_POLICY_DEGRADE, absl::Milliseconds(400));
   for (int step = 1; step <= 4; ++step) {
     for (int r = 0; r < 3; ++r) {
       ASSERT_TRUE(Beat(r, Stepping(step, absl::Milliseconds(50), step, step)).ok());
