@@ -128,11 +128,14 @@ void HealthManager::Poll() {
   // First what the heartbeats since the last Poll say about the load, so
   // that detection below already allows for an overload they show.
   HeartbeatShedder::Counts load;
+  std::vector<HeartbeatShedder::Counts> counts(jobs.size());
   std::vector<double> rates;
   rates.reserve(jobs.size());
-  for (const std::shared_ptr<JobHealth>& job : jobs) {
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    JobHealth* job = jobs[i].get();
     absl::MutexLock lock(&job->mu);
     load += job->load;
+    counts[i] = job->load;
     job->load = HeartbeatShedder::Counts();
     rates.push_back(job->full_rate);
   }
@@ -142,13 +145,14 @@ void HealthManager::Poll() {
   // coordinator is slowed, not the small jobs beside it.
   const std::vector<int> factors = HeartbeatShedder::FairFactors(
       shedder_.factor(), rates, config_.shedding.max_factor);
-  const absl::Duration allowance = shedder_.Allowance(now);
+  const HeartbeatShedder::Allowances allowed = shedder_.Allowed(now);
   polled_ = HeartbeatShedder::Backlog();
   for (size_t i = 0; i < jobs.size(); ++i) {
     JobHealth* job = jobs[i].get();
     absl::MutexLock lock(&job->mu);
     job->factor = factors[i];
-    PollJob(job, now, allowance, &losses, &polled_);
+    NoteEpisodeLocked(job, allowed, counts[i]);
+    PollJob(job, now, allowed, &losses, &polled_);
     if (!job->current) ended.push_back(jobs[i]);
   }
   ReportLosses(losses);
@@ -161,8 +165,41 @@ void HealthManager::Poll() {
   }
 }
 
+void HealthManager::NoteEpisodeLocked(
+    JobHealth* job, const HeartbeatShedder::Allowances& allowed,
+    const HeartbeatShedder::Counts& counts) {
+  if (allowed.all <= absl::ZeroDuration()) {
+    job->episode = absl::InfinitePast();
+    return;
+  }
+  if (job->episode != allowed.since) {
+    job->episode = allowed.since;
+    job->episode_samples = 0;
+    job->episode_late = 0;
+  }
+  job->episode_samples += counts.samples;
+  job->episode_late += counts.late;
+}
+
+bool HealthManager::KeepsTimeLocked(const JobHealth& job, absl::Time now) {
+  if (job.episode_samples == 0 || job.episode_late > 0) return false;
+  int on_time = 0;
+  int overdue = 0;
+  for (const MemberHealth& m : job.members) {
+    if (m.state != v1::MEMBER_STATE_ACTIVE) continue;
+    const int slowdown = std::max(job.factor, m.allowed_factor);
+    if (m.heard && m.stream_broke == absl::InfiniteFuture() &&
+        now - m.last_seen <= job.late_after * slowdown) {
+      ++on_time;
+    } else if (++overdue > 1) {
+      return false;
+    }
+  }
+  return on_time > 0;
+}
+
 void HealthManager::PollJob(JobHealth* job, absl::Time now,
-                            absl::Duration allowance,
+                            const HeartbeatShedder::Allowances& allowed,
                             std::vector<Loss>* losses,
                             HeartbeatShedder::Backlog* backlog) {
   // A round the rendezvous superseded (RoundEnded) ends its monitoring.
@@ -178,11 +215,15 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now,
   LogReconnects(job);
   // Silence allowed: missed intervals at the member's factor, plus the
   // backlog the coordinator knows it has (how long it has been behind, or
-  // the longest its queues held heartbeats), at most missed intervals at
-  // the largest factor (see the class comment). A hang verdict waits for
-  // that backlog too.
+  // the longest its queues held heartbeats; only the latter for a job that
+  // keeps time), at most missed intervals at the largest factor (see the
+  // class comment). A hang verdict waits for that backlog too.
   Silence silence;
   silence.limit = job->interval * job->missed;
+  const absl::Duration allowance =
+      allowed.all > allowed.queued && KeepsTimeLocked(*job, now)
+          ? allowed.queued
+          : allowed.all;
   silence.extra =
       std::min(allowance, silence.limit * config_.shedding.max_factor);
   if (now < job->not_lost_before) {

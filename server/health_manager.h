@@ -25,7 +25,13 @@
 //    it has been behind, or the longest its queues held heartbeats; at most
 //    missed x interval x max_factor): so at most 2 x missed x interval x
 //    max_factor after its last heartbeat was handled. The allowance covers
-//    the onset too, before any member was told to slow down.
+//    the onset too, before any member was told to slow down. A job whose
+//    own heartbeats keep time while the coordinator is behind (none late
+//    since it began, at most one member overdue, one on time:
+//    KeepsTimeLocked) is given only the longest queue delay: its silent
+//    member is not starved, so a flood in another job does not slow
+//    finding it. (A member starved alone, on a connection the others of
+//    its job do not share, is then taken for stopped.)
 //  - Describe() reports it in the diagnosis (JobDiagnosis.overload), and
 //    shedding() gives the state for metrics.
 // Heartbeats already queued in a connection when a member stops are still
@@ -381,6 +387,12 @@ class HealthManager : public RoundListener {
     // active members send at the job's own interval (as of the last Poll).
     int factor ABSL_GUARDED_BY(mu) = 1;
     double full_rate ABSL_GUARDED_BY(mu) = 0;
+    // The coordinator's current episode of being behind as this job saw it
+    // (InfinitePast: none): when it began, and the job's heartbeats since
+    // that had a gap to their member's previous one, and of those the late.
+    absl::Time episode ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+    int64_t episode_samples ABSL_GUARDED_BY(mu) = 0;
+    int64_t episode_late ABSL_GUARDED_BY(mu) = 0;
     // Ranks whose stream broke, and ranks that heartbeated again in their
     // grace, since the last Poll (which logs them, one line each).
     std::vector<int> broke ABSL_GUARDED_BY(mu);
@@ -466,15 +478,32 @@ class HealthManager : public RoundListener {
                    HealthUpdate* update, std::vector<Loss>* losses)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // Marks silent members LOST: silent longer than missed x interval x
-  // their factor (see the class comment) plus `allowance` (the backlog the
-  // coordinator knows it has; capped here per job).
+  // their factor (see the class comment) plus the backlog the coordinator
+  // knows it has (`allowed`, capped here per job): all of it, or only its
+  // queue delay for a job that keeps time (KeepsTimeLocked).
   // Adds the job's active members heard from, and those of them overdue
   // (silent longer than late_after x their factor), and the rates they
   // send, to `backlog`.
   void PollJob(JobHealth* job, absl::Time now,
-               absl::Duration allowance, std::vector<Loss>* losses,
-               HeartbeatShedder::Backlog* backlog)
+               const HeartbeatShedder::Allowances& allowed,
+               std::vector<Loss>* losses, HeartbeatShedder::Backlog* backlog)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // Adds `counts` (the job's heartbeats since the last Poll) to its view of
+  // the episode of being behind that began at `allowed.since`, starting
+  // over when a new one began, and forgetting it when none goes on.
+  static void NoteEpisodeLocked(JobHealth* job,
+                                const HeartbeatShedder::Allowances& allowed,
+                                const HeartbeatShedder::Counts& counts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // Whether the job's own heartbeats keep time while the coordinator is
+  // behind, so that its silent members are not starved but stopped: none
+  // of its heartbeats since the episode began was late (at least one was
+  // judged), at least one active member is on time now, and at most one
+  // is overdue (several at once may be a connection or a node starved).
+  // Such a job is given only the episode's queue delay: its members'
+  // heartbeats wait in the same queues, but not the time behind.
+  static bool KeepsTimeLocked(const JobHealth& job, absl::Time now)
+      ABSL_SHARED_LOCKS_REQUIRED(job.mu);
   // How long a member may be silent in one Poll (see PollJob).
   struct Silence {
     absl::Duration limit;  // missed x interval, at factor 1

@@ -284,11 +284,15 @@ std::vector<int> HeartbeatShedder::FairFactors(int factor,
   return factors;
 }
 
-absl::Duration HeartbeatShedder::Allowance(absl::Time now) const {
-  if (!config_.enabled) return absl::ZeroDuration();
+HeartbeatShedder::Allowances HeartbeatShedder::Allowed(absl::Time now) const {
+  Allowances allowed;
+  if (!config_.enabled) return allowed;
   absl::MutexLock lock(&mu_);
-  if (!state_.behind) return absl::ZeroDuration();
-  return std::max(now - state_.behind_since, episode_delay_);
+  if (!state_.behind) return allowed;
+  allowed.all = std::max(now - state_.behind_since, episode_delay_);
+  allowed.queued = episode_delay_;
+  allowed.since = state_.behind_since;
+  return allowed;
 }
 
 HeartbeatShedder::State HeartbeatShedder::state() const {

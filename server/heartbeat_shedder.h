@@ -216,7 +216,19 @@ class HeartbeatShedder {
   // the time since it began or the largest queue delay of the episode,
   // whichever is more; zero otherwise, and when disabled. HealthManager
   // caps it per job.
-  absl::Duration Allowance(absl::Time now) const;
+  absl::Duration Allowance(absl::Time now) const { return Allowed(now).all; }
+  // Allowance(now), its part `queued` (the episode's largest queue delay:
+  // what any heartbeat may have waited in the coordinator's queues), and
+  // when the episode began. HealthManager gives a job whose own heartbeats
+  // keep time during the episode only `queued`: the rest, the time behind,
+  // stands for heartbeats starved where no probe sees them, which that
+  // job's are not.
+  struct Allowances {
+    absl::Duration all;
+    absl::Duration queued;
+    absl::Time since = absl::InfinitePast();  // valid while `all` > 0
+  };
+  Allowances Allowed(absl::Time now) const;
 
   State state() const;
   const HeartbeatSheddingConfig& config() const { return config_; }

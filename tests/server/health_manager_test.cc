@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -1322,7 +1323,6 @@ class OverloadTest : public ::testing::Test {
  protected:
   static constexpr int kWorld = 1000;
   static constexpr char kWitness[] = "witness";
-  static constexpr int kWitnessWorld = 3;
   static constexpr absl::Duration kStep = absl::Milliseconds(10);
 
   struct Member {
@@ -1336,13 +1336,13 @@ class OverloadTest : public ::testing::Test {
     v1::HeartbeatResponse answer;  // the last one
   };
 
-  // Starts the job (and, with `witness`, a job of kWitnessWorld members
+  // Starts the job (and, with `witness`, a job of witness_world_ members
   // beside it: members_[kWorld...]) and their members; their first
   // heartbeats spread over `spread`.
   void Start(bool shedding, absl::Duration spread = absl::Seconds(1),
              bool witness = false) {
     AddJob(kJob, kWorld, spread);
-    if (witness) AddJob(kWitness, kWitnessWorld, spread);
+    if (witness) AddJob(kWitness, witness_world_, spread);
     HealthConfig health;
     health.shedding.enabled = shedding;
     health_ = std::make_unique<HealthManager>(&jobs_, &clock_, health);
@@ -1381,14 +1381,26 @@ class OverloadTest : public ::testing::Test {
   void Step() {
     clock_.Advance(kStep);
     const absl::Time now = clock_.Now();
+    std::vector<int> apart;  // witness heartbeats handled on arrival
     for (size_t r = 0; r < members_.size(); ++r) {
       Member& m = members_[r];
       while (m.sending && m.next_send <= now) {
-        waiting_.push_back({r, m.next_send});
+        if (witness_apart_ && m.job == kWitness) {
+          (now < witness_stalled_until_ && m.rank < stalled_ranks_ ? stalled_
+                                                                   : apart)
+              .push_back(static_cast<int>(r));
+        } else {
+          waiting_.push_back({r, m.next_send});
+        }
         m.last_send = m.next_send;
         m.next_send += m.interval;
       }
     }
+    if (now >= witness_stalled_until_) {
+      for (int r : stalled_) Handle(r);
+      stalled_.clear();
+    }
+    for (int r : apart) Handle(r);
     // Capacity is not banked while idle.
     const double per_step = capacity_ * absl::ToDoubleSeconds(kStep);
     credit_ = std::min(credit_ + per_step, per_step + 1);
@@ -1398,9 +1410,9 @@ class OverloadTest : public ::testing::Test {
       credit_ -= 1;
       Handle(r);
     }
-    health_->ReportQueueDelay(waiting_.empty()
-                                  ? absl::ZeroDuration()
-                                  : now - waiting_.front().second);
+    health_->ReportQueueDelay(std::max(
+        queued_, waiting_.empty() ? absl::ZeroDuration()
+                                  : now - waiting_.front().second));
     health_->Poll();
   }
 
@@ -1433,6 +1445,17 @@ class OverloadTest : public ::testing::Test {
 
   absl::Duration WitnessDetection();
 
+  // The job and the witness on a coordinator that is behind for as long as
+  // the test runs: every heartbeat waits 550 ms in its queues (a queue
+  // delay above the 500 ms it allows), which changes no gap between two;
+  // the witness's heartbeats wait nothing else.
+  void StartBehind() {
+    capacity_ = 1e6;
+    queued_ = absl::Milliseconds(550);
+    witness_apart_ = true;
+    Start(/*shedding=*/true, absl::Seconds(1), /*witness=*/true);
+  }
+
   int Lost() {
     int lost = 0;
     const v1::JobStatus status = Status();
@@ -1451,6 +1474,18 @@ class OverloadTest : public ::testing::Test {
   std::deque<std::pair<int, absl::Time>> waiting_;  // member, when sent
   double capacity_ = 250;  // heartbeats handled per second, at most
   double credit_ = 0;
+  // A queue delay reported besides the simulated one: every heartbeat
+  // waits that long, which changes no gap between two.
+  absl::Duration queued_;
+  // The witness job's heartbeats do not wait behind the others' (its
+  // connections are not the congested ones): handled as they arrive, or,
+  // for its ranks below stalled_ranks_, sent before witness_stalled_until_,
+  // at that time (their connections starved meanwhile).
+  bool witness_apart_ = false;
+  int witness_world_ = 3;
+  int stalled_ranks_ = 3;
+  absl::Time witness_stalled_until_ = absl::InfinitePast();
+  std::vector<int> stalled_;
 };
 
 TEST_F(OverloadTest, WithoutSheddingLiveMembersAreLost) {
@@ -1527,7 +1562,7 @@ TEST_F(OverloadTest, ASmallJobBesideAFloodingOneIsFoundLostAsFastAsAlone) {
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_GE(members_[r].interval, absl::Seconds(8)) << "the flood is slowed";
   }
-  for (int r = 0; r < kWitnessWorld; ++r) {
+  for (int r = 0; r < witness_world_; ++r) {
     EXPECT_EQ(members_[kWorld + r].interval, absl::Seconds(1)) << r;
   }
   EXPECT_THAT(Status(kWitness).diagnosis().overload(),
@@ -1538,6 +1573,65 @@ TEST_F(OverloadTest, ASmallJobBesideAFloodingOneIsFoundLostAsFastAsAlone) {
   EXPECT_EQ(Lost(), 0) << "nobody of the flooding job is lost";
   EXPECT_THAT(Status(kWitness).members(1).state_reason(),
               HasSubstr("missed 3 heartbeats (every 1s)"));
+}
+
+// While the coordinator is behind, LOST deadlines are extended by the time
+// behind, for heartbeats starved where no probe sees them; a job whose own
+// heartbeats keep time meanwhile is not starved, and is given only the
+// queue delay. Here the witness's rank 1 hangs 10 s into the episode.
+TEST_F(OverloadTest, AJobThatKeepsTimeIsGivenOnlyTheQueueDelay) {
+  StartBehind();
+  Run(absl::Seconds(10));
+  ASSERT_TRUE(health_->shedding().behind);
+  ASSERT_GE(health_->allowance(), absl::Seconds(9));
+  const absl::Duration detection = WitnessDetection();
+  EXPECT_GT(detection, absl::Seconds(3));
+  EXPECT_LE(detection, absl::Seconds(3) * 1.2) << "goal: within 1.2x of alone";
+  EXPECT_EQ(Lost(), 0) << "nobody of the other job is lost";
+}
+
+// The same episode with members of the witness starved together for 4 s
+// (their connections, or their node's): two or more overdue at once, or
+// none on time, and the job does not keep time; the time behind is
+// allowed: none is lost. Parameters: the witness's size, and how many of
+// its members starve.
+class StarvedTogetherTest
+    : public OverloadTest,
+      public ::testing::WithParamInterface<std::pair<int, int>> {};
+
+TEST_P(StarvedTogetherTest, AJobStarvedTogetherIsGivenTheTimeBehind) {
+  std::tie(witness_world_, stalled_ranks_) = GetParam();
+  StartBehind();
+  Run(absl::Seconds(10));
+  ASSERT_TRUE(health_->shedding().behind);
+  witness_stalled_until_ = clock_.Now() + absl::Seconds(4);
+  Run(absl::Seconds(6));
+  ASSERT_TRUE(stalled_.empty());
+  const v1::JobStatus witness = Status(kWitness);
+  for (int r = 0; r < witness_world_; ++r) {
+    EXPECT_EQ(witness.members(r).state(), v1::MEMBER_STATE_ACTIVE)
+        << r << ": " << witness.members(r).state_reason();
+  }
+  EXPECT_EQ(Lost(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(SomeOrAll, StarvedTogetherTest,
+                         ::testing::Values(std::make_pair(3, 2),
+                                           std::make_pair(3, 3),
+                                           std::make_pair(1, 1)));
+
+// A job whose heartbeats came late in the episode (a 2 s stall here) is
+// given the time behind for the rest of it: its hung member is found
+// only once the time behind no longer covers its silence.
+TEST_F(OverloadTest, AJobWhoseHeartbeatsCameLateIsGivenTheTimeBehind) {
+  StartBehind();
+  Run(absl::Seconds(8));
+  witness_stalled_until_ = clock_.Now() + absl::Seconds(2);
+  Run(absl::Seconds(4));
+  ASSERT_TRUE(health_->shedding().behind);
+  const absl::Duration detection = WitnessDetection();
+  EXPECT_GT(detection, absl::Seconds(6)) << "the time behind was allowed";
+  EXPECT_EQ(Status(kWitness).members(0).state(), v1::MEMBER_STATE_ACTIVE);
 }
 
 TEST_F(OverloadTest, ASmallJobOnAnIdleCoordinatorIsFoundLostAfterItsWindow) {
