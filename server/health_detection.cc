@@ -215,17 +215,17 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now,
   LogReconnects(job);
   // Silence allowed: missed intervals at the member's factor, plus the
   // backlog the coordinator knows it has (how long it has been behind, or
-  // the longest its queues held heartbeats; only the latter for a job that
-  // keeps time), at most missed intervals at the largest factor (see the
-  // class comment). A hang verdict waits for that backlog too.
+  // the longest its queues held heartbeats; for a job that keeps time, only
+  // what the queue delay grew by since the member was last handled), at
+  // most missed intervals at the largest factor (see the class comment). A
+  // hang verdict waits for that backlog too.
   Silence silence;
   silence.limit = job->interval * job->missed;
-  const absl::Duration allowance =
-      allowed.all > allowed.queued && KeepsTimeLocked(*job, now)
-          ? allowed.queued
-          : allowed.all;
   silence.extra =
-      std::min(allowance, silence.limit * config_.shedding.max_factor);
+      std::min(allowed.all, silence.limit * config_.shedding.max_factor);
+  silence.kept_time =
+      silence.extra > absl::ZeroDuration() && KeepsTimeLocked(*job, now);
+  silence.delay = allowed.delay;
   if (now < job->not_lost_before) {
     DiagnoseHang(job, now, silence.extra);
     return;
@@ -270,7 +270,7 @@ std::optional<std::string> HealthManager::LostReasonLocked(
   const absl::Duration silent_for = now - m.last_seen;
   if (silent_for <= silence.quiet) return std::nullopt;
   if (m.heard && silent_for > job.late_after * slowdown) ++backlog->overdue;
-  if (silent_for <= silence.limit * slowdown + silence.extra) {
+  if (silent_for <= silence.limit * slowdown + silence.Extra(m)) {
     return std::nullopt;
   }
   const std::string silent =

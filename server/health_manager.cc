@@ -306,6 +306,8 @@ absl::StatusOr<bool> HealthManager::HandleHeartbeat(
   m.allowed_factor = m.told_factor;  // a change it was told is behind it
   m.heard = true;
   m.last_seen = now;
+  m.seen_delay =
+      absl::Nanoseconds(queue_delay_ns_.load(std::memory_order_relaxed));
   RecordProgressLocked(job, session->rank, request->metrics(), now);
   if (job->detecting()) {
     RecordCollectives(job, session->rank, request->metrics());

@@ -28,9 +28,9 @@
 //    the onset too, before any member was told to slow down. A job whose
 //    own heartbeats keep time while the coordinator is behind (none late
 //    since it began, at most one member overdue, one on time:
-//    KeepsTimeLocked) is given only the longest queue delay: its silent
-//    member is not starved, so a flood in another job does not slow
-//    finding it. (A member starved alone, on a connection the others of
+//    KeepsTimeLocked) is given only what the queue delay grew by since a
+//    member's last heartbeat was handled: its silent member is not
+//    starved, so a flood in another job does not slow finding it. (A member starved alone, on a connection the others of
 //    its job do not share, is then taken for stopped.)
 //  - Describe() reports it in the diagnosis (JobDiagnosis.overload), and
 //    shedding() gives the state for metrics.
@@ -60,6 +60,7 @@
 #ifndef GRADSYNC_SERVER_HEALTH_MANAGER_H_
 #define GRADSYNC_SERVER_HEALTH_MANAGER_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -305,6 +306,9 @@ class HealthManager : public RoundListener {
     v1::MemberState state = v1::MEMBER_STATE_ACTIVE;
     bool heard = false;
     absl::Time last_seen;  // last heartbeat, or the start of monitoring
+    // The coordinator's queue delay (ReportQueueDelay) when that heartbeat
+    // was handled.
+    absl::Duration seen_delay;
     int64_t last_started = 0;
     int64_t last_finished = 0;
     v1::WorkerMetrics metrics;  // latest snapshot, events and buckets cleared
@@ -479,8 +483,8 @@ class HealthManager : public RoundListener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // Marks silent members LOST: silent longer than missed x interval x
   // their factor (see the class comment) plus the backlog the coordinator
-  // knows it has (`allowed`, capped here per job): all of it, or only its
-  // queue delay for a job that keeps time (KeepsTimeLocked).
+  // knows it has (`allowed`, capped here per job): all of it, or only the
+  // queue delay's growth for a job that keeps time (KeepsTimeLocked).
   // Adds the job's active members heard from, and those of them overdue
   // (silent longer than late_after x their factor), and the rates they
   // send, to `backlog`.
@@ -500,8 +504,9 @@ class HealthManager : public RoundListener {
   // of its heartbeats since the episode began was late (at least one was
   // judged), at least one active member is on time now, and at most one
   // is overdue (several at once may be a connection or a node starved).
-  // Such a job is given only the episode's queue delay: its members'
-  // heartbeats wait in the same queues, but not the time behind.
+  // Such a job is given only what the queue delay grew by since each
+  // member was last handled (a heartbeat sent on time waits no longer than
+  // that beyond what the last one waited), not the time behind.
   static bool KeepsTimeLocked(const JobHealth& job, absl::Time now)
       ABSL_SHARED_LOCKS_REQUIRED(job.mu);
   // How long a member may be silent in one Poll (see PollJob).
@@ -509,6 +514,16 @@ class HealthManager : public RoundListener {
     absl::Duration limit;  // missed x interval, at factor 1
     absl::Duration extra;  // the coordinator's known backlog, capped
     absl::Duration quiet;  // below this a member is neither overdue nor lost
+    // The job keeps time (KeepsTimeLocked): a member is allowed only what
+    // the queue delay grew by since its last heartbeat was handled (from
+    // its seen_delay to `delay`, at most `extra`), not all of `extra`.
+    bool kept_time = false;
+    absl::Duration delay;
+    absl::Duration Extra(const MemberHealth& m) const {
+      return kept_time ? std::clamp(delay - m.seen_delay, absl::ZeroDuration(),
+                                    extra)
+                       : extra;
+    }
   };
   // Why active member `m` is LOST now (nullopt: it is not): its reconnect
   // grace passed, or it was silent past `silence` at its factor. Counts it
