@@ -30,8 +30,9 @@
 //    since it began, at most one member overdue, one on time:
 //    KeepsTimeLocked) is given only what the queue delay grew by since a
 //    member's last heartbeat was handled: its silent member is not
-//    starved, so a flood in another job does not slow finding it. (A member starved alone, on a connection the others of
-//    its job do not share, is then taken for stopped.)
+//    starved, so a flood in another job does not slow finding it. (A
+//    member starved alone, on a connection the others of its job do not
+//    share, is then taken for stopped.)
 //  - Describe() reports it in the diagnosis (JobDiagnosis.overload), and
 //    shedding() gives the state for metrics.
 // Heartbeats already queued in a connection when a member stops are still
@@ -621,9 +622,9 @@ class HealthManager : public RoundListener {
                      std::greater<>>& groups,
       absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // Whether every active member heartbeated since half the hang timeout
-  // in force (`timeout`) after the last progress: by then a rank that is not stuck has started
-  // its next collective (steps take a tenth of the timeout or less), so
-  // who is behind can be read from these reports. An older one (a
+  // in force (`timeout`) after the last progress: by then a rank that is
+  // not stuck has started its next collective (steps take a tenth of the
+  // timeout or less), so who is behind can be read from these reports. An older one (a
   // heartbeat delayed by load) would show a rank that moved on as behind.
   static bool PositionsSettled(const JobHealth& job, absl::Duration timeout)
       ABSL_SHARED_LOCKS_REQUIRED(job.mu);
