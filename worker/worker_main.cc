@@ -208,6 +208,10 @@ ABSL_FLAG(std::string, summary_json, "",
 ABSL_FLAG(std::string, sample_log, "",
           "append every micro-batch's sample indices here, one line "
           "'round step epoch rank i,j,...' each (for checking data coverage)");
+ABSL_FLAG(std::string, step_log, "",
+          "append a line 'round step loss sum' per committed step: its loss "
+          "on this rank and the sum of the parameters' absolute values after "
+          "its update (for finding where two runs part)");
 
 namespace gradsync {
 namespace {
@@ -268,6 +272,7 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromFlags() {
   config.load_params = absl::GetFlag(FLAGS_load_params);
   config.save_params = absl::GetFlag(FLAGS_save_params);
   config.sample_log = absl::GetFlag(FLAGS_sample_log);
+  config.step_log = absl::GetFlag(FLAGS_step_log);
   return config;
 }
 

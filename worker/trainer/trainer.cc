@@ -52,6 +52,17 @@ absl::StatusOr<double> MeanOverRanks(Backend* backend, double value,
 
 double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
+// Appends "round step loss sum" to `path` (TrainerConfig::step_log).
+void LogStep(const std::string& path, int64_t round, int64_t step, double loss,
+             torch::nn::Module& model) {
+  double sum = 0;
+  for (const torch::Tensor& p : model.parameters()) {
+    sum += p.detach().to(torch::kFloat64).abs().sum().item<double>();
+  }
+  trainer_internal::AppendLogLine(
+      path, absl::StrFormat("%d %d %.17g %.17g\n", round, step, loss, sum));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Create(
@@ -341,6 +352,10 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
   cursor.step = report.step;
   position_ = cursor;  // committed
   GS_RETURN_IF_ERROR(AfterCommit(context, &report));
+  if (!config_.step_log.empty()) {
+    LogStep(config_.step_log, context.round, report.step, report.loss,
+            *model_);
+  }
   window_samples_ += global_samples;
   report.step_time = context.clock->Now() - step_start;
   if (ddp != nullptr) report.ddp = ddp->last_step_timings();

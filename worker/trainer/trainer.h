@@ -120,6 +120,11 @@ struct TrainerConfig {
   // test can check that every sample of an epoch was used once across
   // recoveries: per step, the latest round's lines count).
   std::string sample_log;
+  // When set, each committed step appends "round step loss sum" here: the
+  // step's loss on this rank and the sum of the absolute values of the
+  // parameters after its update (as doubles, %.17g), so a test can find the
+  // first step at which a run parted from another.
+  std::string step_log;
 };
 
 // What a training run did, for the progress line and benchmarks.

@@ -24,24 +24,31 @@ using trainer_internal::Position;
 
 namespace {
 
-// Appends "round step epoch rank i,j,..." to `path` in one write(2), so the
-// line is whole even if the process is killed right after.
+// Appends "round step epoch rank i,j,..." to `path` (AppendLogLine).
 void LogSamples(const std::string& path, int64_t round, int64_t step,
                 int64_t epoch, int rank, const torch::Tensor& batch) {
   torch::Tensor host = batch.cpu();
   const int64_t* p = host.data_ptr<int64_t>();
-  std::string line = absl::StrCat(round, " ", step, " ", epoch, " ", rank, " ",
-                                  absl::StrJoin(p, p + host.numel(), ","), "\n");
-  const int fd =
-      ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  TORCH_CHECK(fd >= 0, "cannot open the sample log ", path);
-  const ssize_t written = ::write(fd, line.data(), line.size());
-  ::close(fd);
-  TORCH_CHECK(written == static_cast<ssize_t>(line.size()),
-              "cannot write the sample log ", path);
+  trainer_internal::AppendLogLine(
+      path, absl::StrCat(round, " ", step, " ", epoch, " ", rank, " ",
+                         absl::StrJoin(p, p + host.numel(), ","), "\n"));
 }
 
 }  // namespace
+
+namespace trainer_internal {
+
+void AppendLogLine(const std::string& path, const std::string& line) {
+  const int fd =
+      ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  TORCH_CHECK(fd >= 0, "cannot open the log ", path);
+  const ssize_t written = ::write(fd, line.data(), line.size());
+  ::close(fd);
+  TORCH_CHECK(written == static_cast<ssize_t>(line.size()),
+              "cannot write the log ", path);
+}
+
+}  // namespace trainer_internal
 
 absl::StatusOr<int64_t> TrainingRun::Impl::StartRoundData(
     const TrainContext& context, DistributedDataParallel* ddp,

@@ -27,6 +27,11 @@
 namespace gradsync {
 namespace trainer_internal {
 
+// Appends `line` to the file at `path` in one write(2), so the line is
+// whole even if the process is killed right after (the sample and step
+// logs); throws c10::Error when it cannot.
+void AppendLogLine(const std::string& path, const std::string& line);
+
 // Aggregates the steps after warm-up into the summary.
 class StepStats {
  public:

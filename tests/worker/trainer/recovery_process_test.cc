@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -26,6 +27,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -55,11 +57,19 @@ using ::testing::Not;
 
 constexpr absl::Duration kBound = absl::Seconds(120);
 
-// One worker process of a job, with its sample log.
+// One worker process of a job, with its sample and step logs.
 struct Worker {
   std::unique_ptr<Child> child = std::make_unique<Child>();
   std::string sample_log;
+  std::string step_log;
 };
+
+// Where `job`'s parameters parted from `reference`'s, from the step logs
+// (the sum of the parameters' absolute values after each step; per step,
+// the latest round's line): the first step whose sums differ by more than
+// 1e-6 and 1e-4 relative, with its round in the job.
+std::string WherePartedFrom(const std::vector<Worker>& job,
+                            const std::vector<Worker>& reference);
 
 // Checks that `job`'s workers trained each step on the samples
 // `reference`'s did (per step, the lines of the latest round that ran it,
@@ -120,6 +130,7 @@ class RecoveryProcessTest : public ::testing::TestWithParam<Transport> {
                    const std::string& node = "") {
     Worker& w = workers_.emplace_back();
     w.sample_log = TempPath(absl::StrCat(job, "-", index, ".samples"));
+    w.step_log = TempPath(absl::StrCat(job, "-", index, ".steps"));
     std::vector<std::string> argv = {
         Runfile("worker/gradsync-worker"),
         absl::StrCat("--coordinator=", coordinator_->address()),
@@ -128,7 +139,8 @@ class RecoveryProcessTest : public ::testing::TestWithParam<Transport> {
                      : absl::StrCat("--node_id=", node),
         "--timeout=20s", "--join_timeout=60s", "--last_call_timeout=30s",
         "--log_every=1", TransportFlag(),
-        absl::StrCat("--sample_log=", w.sample_log)};
+        absl::StrCat("--sample_log=", w.sample_log),
+        absl::StrCat("--step_log=", w.step_log)};
     argv.insert(argv.end(), flags.begin(), flags.end());
     ASSERT_TRUE(w.child->Start(argv, /*capture=*/true));
   }
@@ -248,7 +260,7 @@ class RecoveryProcessTest : public ::testing::TestWithParam<Transport> {
         MaxRelativeError(run->params, run->reference_params, &worst);
     ASSERT_TRUE(error.ok()) << error.status();
     std::cout << "relative error against the reference: " << *error << " ("
-              << worst << ")\n";
+              << worst << "); " << WherePartedFrom(job, workers_) << "\n";
     EXPECT_LE(*error, 1e-5) << worst;
     ExpectSameSamplesEachStep(job, workers_);
   }
@@ -422,6 +434,45 @@ std::map<int64_t, std::multiset<int64_t>> SamplesByStep(
     }
   }
   return samples;
+}
+
+// Per step: the round of the latest line of the step logs, and its sum.
+std::map<int64_t, std::pair<int64_t, double>> StepSums(
+    const std::vector<Worker>& workers) {
+  std::map<int64_t, std::pair<int64_t, double>> sums;
+  for (const Worker& w : workers) {
+    std::ifstream in(w.step_log);
+    int64_t round = 0, step = 0;
+    double loss = 0, sum = 0;
+    while (in >> round >> step >> loss >> sum) {
+      auto [at, added] = sums.try_emplace(step, round, sum);
+      if (!added && at->second.first < round) at->second = {round, sum};
+    }
+  }
+  return sums;
+}
+
+std::string WherePartedFrom(const std::vector<Worker>& job,
+                            const std::vector<Worker>& reference) {
+  const auto mine = StepSums(job);
+  const auto theirs = StepSums(reference);
+  std::string out = "parameters' sums parted from the reference's";
+  for (const double bound : {1e-6, 1e-4}) {
+    std::string first = "never";
+    for (const auto& [step, round_sum] : mine) {
+      const auto at = theirs.find(step);
+      if (at == theirs.end()) continue;
+      const double a = round_sum.second, b = at->second.second;
+      const double diff = std::abs(a - b) / std::max(std::abs(b), 1e-30);
+      if (diff > bound) {
+        first = absl::StrCat("at step ", step, " (round ", round_sum.first,
+                             ", ", diff, ")");
+        break;
+      }
+    }
+    absl::StrAppend(&out, ", by ", bound, ": ", first);
+  }
+  return out;
 }
 
 void ExpectSameSamplesEachStep(const std::vector<Worker>& job,
