@@ -208,6 +208,10 @@ ABSL_FLAG(std::string, summary_json, "",
 ABSL_FLAG(std::string, sample_log, "",
           "append every micro-batch's sample indices here, one line "
           "'round step epoch rank i,j,...' each (for checking data coverage)");
+ABSL_FLAG(bool, float64, false,
+          "train in double precision (parameters, data, gradients): runs "
+          "whose reductions sum in another order then agree to far below "
+          "single precision's rounding (tests comparing runs)");
 ABSL_FLAG(std::string, step_log, "",
           "append a line 'round step loss sum' per committed step: its loss "
           "on this rank and the sum of the parameters' absolute values after "
@@ -273,6 +277,7 @@ absl::StatusOr<TrainerConfig> TrainerConfigFromFlags() {
   config.save_params = absl::GetFlag(FLAGS_save_params);
   config.sample_log = absl::GetFlag(FLAGS_sample_log);
   config.step_log = absl::GetFlag(FLAGS_step_log);
+  config.float64 = absl::GetFlag(FLAGS_float64);
   return config;
 }
 

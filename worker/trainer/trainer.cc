@@ -82,9 +82,11 @@ absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Create(
     if (!config.load_params.empty()) {
       GS_RETURN_IF_ERROR(LoadParameters(*model, config.load_params));
     }
-    model->to(device);
+    const torch::Dtype dtype =
+        config.float64 ? torch::kFloat64 : torch::kFloat32;
+    model->to(device, dtype);
     GS_ASSIGN_OR_RETURN(ImageDataset data, LoadDataset(config));
-    data.images = data.images.to(device);
+    data.images = data.images.to(device, dtype);
     data.labels = data.labels.to(device);
     std::optional<GlobalBatchPlan> plan;
     if (config.global_batch_size > 0) {

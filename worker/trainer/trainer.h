@@ -125,6 +125,12 @@ struct TrainerConfig {
   // parameters after its update (as doubles, %.17g), so a test can find the
   // first step at which a run parted from another.
   std::string step_log;
+  // Parameters, data and gradients in double precision. For tests that
+  // compare runs whose reductions sum in another order (a global batch
+  // divided differently among ranks): in single precision those differ by
+  // rounding, which a ReLU can turn into a different step when a
+  // pre-activation sits that close to zero.
+  bool float64 = false;
 };
 
 // What a training run did, for the progress line and benchmarks.

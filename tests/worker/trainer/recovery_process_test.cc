@@ -13,6 +13,14 @@
 // after the host moved on, and one that hangs, are healed without applying
 // the failed step (the final parameters equal an uninterrupted run's); and
 // processes keep their devices through a replacement, no two on one.
+// The runs whose global batch is divided otherwise than the reference's
+// (a rebalance, a shrink and a grow) train in double precision
+// (--float64): in single precision the two sum their gradients in another
+// order, and 1 rebalanced run in 8 here (and 2 in CI) ended 1.3e-3 apart
+// from the reference (the same figure each time), with the same samples in
+// every step and the parameters' sums parting by 1e-6 in the middle of a
+// round, never by 1e-4: the mark of a rounding difference that a ReLU
+// near zero turned into another trajectory, not of a step lost or repeated.
 #include <signal.h>
 #include <torch/torch.h>
 
@@ -30,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -261,7 +270,9 @@ class RecoveryProcessTest : public ::testing::TestWithParam<Transport> {
     ASSERT_TRUE(error.ok()) << error.status();
     std::cout << "relative error against the reference: " << *error << " ("
               << worst << "); " << WherePartedFrom(job, workers_) << "\n";
-    EXPECT_LE(*error, 1e-5) << worst;
+    // In double precision rounding is some 1e-15 here.
+    const bool float64 = absl::c_linear_search(run->flags, "--float64");
+    EXPECT_LE(*error, float64 ? 1e-9 : 1e-5) << worst;
     ExpectSameSamplesEachStep(job, workers_);
   }
 
@@ -701,7 +712,7 @@ void RecoveryProcessTest::ExpectGlobalBatchExactThroughAShrinkAndAGrow() {
   ComparedRun run = StartReference(
       job, {"--synthetic_size=960", absl::StrCat("--steps=", steps),
             "--batch_size=4", "--global_batch_size=24", "--shuffle",
-            "--max_recoveries=2"});
+            "--max_recoveries=2", "--float64"});
   // Round 1 waits up to 5 s for its third node; round 2 closes with two
   // after as long.
   std::vector<std::string> flags = run.flags;
@@ -779,7 +790,8 @@ void RecoveryProcessTest::ExpectAStragglerRebalanced() {
   // which would fill its pipe.
   ComparedRun run = StartReference(
       job, {"--synthetic_size=3840", "--steps=500", "--batch_size=16",
-            "--global_batch_size=384", "--max_recoveries=2", "--log_every=0"});
+            "--global_batch_size=384", "--max_recoveries=2", "--log_every=0",
+            "--float64"});
   std::vector<std::string> flags = run.flags;
   flags.push_back("--straggler_threshold=3ms");
   flags.push_back("--log_every=1");  // rank 0's step times, before and after
