@@ -256,6 +256,12 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now,
   DiagnoseHang(job, now, silence.extra);
 }
 
+absl::Duration HealthManager::Silence::Extra(const MemberHealth& m) const {
+  return kept_time
+             ? std::clamp(delay - m.seen_delay, absl::ZeroDuration(), extra)
+             : extra;
+}
+
 std::optional<std::string> HealthManager::LostReasonLocked(
     const JobHealth& job, const MemberHealth& m, const Silence& silence,
     absl::Time now, int factor, HeartbeatShedder::Backlog* backlog) const {

@@ -61,7 +61,6 @@
 #ifndef GRADSYNC_SERVER_HEALTH_MANAGER_H_
 #define GRADSYNC_SERVER_HEALTH_MANAGER_H_
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -520,11 +519,7 @@ class HealthManager : public RoundListener {
     // its seen_delay to `delay`, at most `extra`), not all of `extra`.
     bool kept_time = false;
     absl::Duration delay;
-    absl::Duration Extra(const MemberHealth& m) const {
-      return kept_time ? std::clamp(delay - m.seen_delay, absl::ZeroDuration(),
-                                    extra)
-                       : extra;
-    }
+    absl::Duration Extra(const MemberHealth& m) const;
   };
   // Why active member `m` is LOST now (nullopt: it is not): its reconnect
   // grace passed, or it was silent past `silence` at its factor. Counts it

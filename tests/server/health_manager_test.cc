@@ -31,6 +31,11 @@ constexpr char kJob[] = "train";
 
 std::string Incarnation(int rank) { return absl::StrCat("inc-", rank); }
 
+// Metrics of a rank at `step`, whose latest step took `step_time`, with
+// its collective counters (defined with the diagnosis tests).
+v1::WorkerMetrics Stepping(int64_t step, absl::Duration step_time,
+                           int64_t started, int64_t finished);
+
 // A JobManager with one running round of `world` members (round 1) and a
 // HealthManager over it, on a FakeClock.
 class HealthManagerTest : public ::testing::Test {
@@ -95,6 +100,18 @@ class HealthManagerTest : public ::testing::Test {
 
   void BeatAll(v1::WorkerMetrics metrics = {}) {
     for (int r = 0; r < world_; ++r) ASSERT_TRUE(Beat(r, metrics).ok());
+  }
+
+  // Steps 1..`steps` of 50 ms, 50 ms apart: every rank reports each, its
+  // collectives up to the step's finished (Stepping).
+  void StepAll50ms(int steps) {
+    for (int step = 1; step <= steps; ++step) {
+      for (int r = 0; r < world_; ++r) {
+        ASSERT_TRUE(
+            Beat(r, Stepping(step, absl::Milliseconds(50), step, step)).ok());
+      }
+      Advance(absl::Milliseconds(50));
+    }
   }
 
   absl::StatusOr<v1::JobState> Complete(int rank, bool success, int exit_code,
@@ -892,12 +909,7 @@ v1::WorkerMetrics Stepping(int64_t step, absl::Duration step_time,
 // of 10 s steps is not at a minute; status shows the timeout in force.
 TEST_F(HealthManagerTest, TheHangTimeoutFollowsTheStepTimes) {
   StartJob(2, v1::FAILURE_POLICY_DEGRADE, absl::Milliseconds(400));
-  for (int step = 1; step <= 4; ++step) {
-    for (int r = 0; r < 2; ++r) {
-      ASSERT_TRUE(Beat(r, Stepping(step, absl::Milliseconds(50), step, step)).ok());
-    }
-    Advance(absl::Milliseconds(50));
-  }
+  StepAll50ms(4);
   v1::JobStatus status = Status();
   EXPECT_TRUE(status.diagnosis().hang_timeout_self_set());
   EXPECT_EQ(FromProtoDuration(status.diagnosis().hang_timeout()), absl::Seconds(1));
@@ -917,12 +929,7 @@ TEST_F(HealthManagerTest, TheHangTimeoutFollowsTheStepTimes) {
 // may come a whole interval after the last (later on a loaded machine).
 TEST_F(HealthManagerTest, TheHangTimeoutIsAtLeastTwoHeartbeatIntervals) {
   StartJob(2);
-  for (int step = 1; step <= 8; ++step) {
-    for (int r = 0; r < 2; ++r) {
-      ASSERT_TRUE(Beat(r, Stepping(step, absl::Milliseconds(50), step, step)).ok());
-    }
-    Advance(absl::Milliseconds(50));
-  }
+  StepAll50ms(8);
   v1::JobStatus status = Status();
   EXPECT_TRUE(status.diagnosis().hang_timeout_self_set());
   EXPECT_EQ(FromProtoDuration(status.diagnosis().hang_timeout()),
@@ -948,12 +955,7 @@ TEST_F(HealthManagerTest, TheHangTimeoutIsAtLeastTwoHeartbeatIntervals) {
 // next heartbeat, and names only the rank that is behind.
 TEST_F(HealthManagerTest, StacksAreAskedOnReportsFromAfterTheStallSettled) {
   StartJob(3, v1::FAILURE_POLICY_DEGRADE, absl::Milliseconds(400));
-  for (int step = 1; step <= 4; ++step) {
-    for (int r = 0; r < 3; ++r) {
-      ASSERT_TRUE(Beat(r, Stepping(step, absl::Milliseconds(50), step, step)).ok());
-    }
-    Advance(absl::Milliseconds(50));
-  }
+  StepAll50ms(4);
   ASSERT_EQ(FromProtoDuration(Status().diagnosis().hang_timeout()),
             absl::Seconds(1));
   // Rank 2 stops before collective #5; ranks 0 and 1 wait inside it, and
