@@ -181,8 +181,20 @@ void HealthManager::NoteEpisodeLocked(
   job->episode_late += counts.late;
 }
 
-bool HealthManager::KeepsTimeLocked(const JobHealth& job, absl::Time now) {
-  if (job.episode_samples == 0 || job.episode_late > 0) return false;
+bool HealthManager::KeepsTimeLocked(const JobHealth& job, absl::Time now,
+                                    std::string* why_not) {
+  if (job.episode_samples == 0 || job.episode_late > 0) {
+    if (why_not != nullptr) {
+      *why_not = job.episode_samples == 0
+                     ? "none of the job's heartbeats since it fell behind "
+                       "was judged"
+                     : absl::StrCat(job.episode_late, " of the job's ",
+                                    job.episode_samples,
+                                    " heartbeats since it fell behind came "
+                                    "late");
+    }
+    return false;
+  }
   int on_time = 0;
   int overdue = 0;
   for (const MemberHealth& m : job.members) {
@@ -191,11 +203,18 @@ bool HealthManager::KeepsTimeLocked(const JobHealth& job, absl::Time now) {
     if (m.heard && m.stream_broke == absl::InfiniteFuture() &&
         now - m.last_seen <= job.late_after * slowdown) {
       ++on_time;
-    } else if (++overdue > 1) {
-      return false;
+    } else {
+      ++overdue;
     }
   }
-  return on_time > 0;
+  if (overdue <= 1 && on_time > 0) return true;
+  if (why_not != nullptr) {
+    *why_not = on_time == 0
+                   ? std::string("none of the job's members is on time")
+                   : absl::StrCat(overdue, " of the job's members are overdue "
+                                           "at once");
+  }
+  return false;
 }
 
 void HealthManager::PollJob(JobHealth* job, absl::Time now,
@@ -288,10 +307,28 @@ std::optional<std::string> HealthManager::LostReasonLocked(
                          ": the job's ", absl::FormatDuration(job.interval),
                          " x", slowdown,
                          " while the coordinator sheds heartbeat load");
-  return m.heard ? absl::StrCat("missed ", job.missed, " heartbeats (every ",
-                                every, "): last heard ", silent, " ago")
-                 : absl::StrCat("sent no heartbeat in the ", silent,
-                                " since ", job.started_by);
+  std::string reason =
+      m.heard ? absl::StrCat("missed ", job.missed, " heartbeats (every ", every,
+                             "): last heard ", silent, " ago")
+              : absl::StrCat("sent no heartbeat in the ", silent, " since ",
+                             job.started_by);
+  const absl::Duration extra = silence.Extra(m);
+  if (extra <= absl::ZeroDuration()) return reason;
+  // Why it took longer than the missed intervals: the coordinator was
+  // behind, and what of that this job was given.
+  const std::string more =
+      absl::FormatDuration(absl::Trunc(extra, absl::Milliseconds(1)));
+  std::string why_not;
+  if (silence.kept_time) {
+    absl::StrAppend(&reason, ", after ", more,
+                    " more for what the coordinator's queue delay grew by "
+                    "(it is behind; this job's heartbeats keep time)");
+  } else {
+    KeepsTimeLocked(job, now, &why_not);
+    absl::StrAppend(&reason, ", after ", more,
+                    " more while the coordinator is behind (", why_not, ")");
+  }
+  return reason;
 }
 
 void HealthManager::RecordLossesLocked(JobHealth* job, HealthUpdate update,

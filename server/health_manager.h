@@ -506,8 +506,9 @@ class HealthManager : public RoundListener {
   // is overdue (several at once may be a connection or a node starved).
   // Such a job is given only what the queue delay grew by since each
   // member was last handled (a heartbeat sent on time waits no longer than
-  // that beyond what the last one waited), not the time behind.
-  static bool KeepsTimeLocked(const JobHealth& job, absl::Time now)
+  // that beyond the last), not the time behind; else sets `why_not`.
+  static bool KeepsTimeLocked(const JobHealth& job, absl::Time now,
+                              std::string* why_not = nullptr)
       ABSL_SHARED_LOCKS_REQUIRED(job.mu);
   // How long a member may be silent in one Poll (see PollJob).
   struct Silence {
@@ -522,8 +523,8 @@ class HealthManager : public RoundListener {
     absl::Duration Extra(const MemberHealth& m) const;
   };
   // Why active member `m` is LOST now (nullopt: it is not): its reconnect
-  // grace passed, or it was silent past `silence` at its factor. Counts it
-  // in `backlog` when it is overdue.
+  // grace passed, or it was silent past `silence` at its factor (and what
+  // of the backlog it was allowed). Counts it in `backlog` if overdue.
   std::optional<std::string> LostReasonLocked(
       const JobHealth& job, const MemberHealth& m, const Silence& silence,
       absl::Time now, int factor, HeartbeatShedder::Backlog* backlog) const

@@ -23,9 +23,11 @@
 namespace gradsync {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::IsEmpty;
+using ::testing::MatchesRegex;
 
 constexpr char kJob[] = "train";
 
@@ -1601,6 +1603,9 @@ TEST_F(OverloadTest, AJobThatKeepsTimeIsNotGivenTheTimeBehind) {
   EXPECT_LE(detection, absl::Seconds(3) + 2 * kStep)
       << "a steady queue delay delays no heartbeat more than the last";
   EXPECT_EQ(Lost(), 0) << "nobody of the other job is lost";
+  EXPECT_THAT(Status(kWitness).members(1).state_reason(),
+              AllOf(HasSubstr("missed 3 heartbeats (every 1s): last heard"),
+                    Not(HasSubstr("more"))));
 }
 
 // A job that keeps time is allowed what the queue delay grew by since its
@@ -1668,6 +1673,13 @@ TEST_F(OverloadTest, AJobWhoseHeartbeatsCameLateIsGivenTheTimeBehind) {
   const absl::Duration detection = WitnessDetection();
   EXPECT_GT(detection, absl::Seconds(6)) << "the time behind was allowed";
   EXPECT_EQ(Status(kWitness).members(0).state(), v1::MEMBER_STATE_ACTIVE);
+  // The reason says why it took longer than 3 missed heartbeats.
+  EXPECT_THAT(Status(kWitness).members(1).state_reason(),
+              MatchesRegex("missed 3 heartbeats \\(every 1s\\): last heard "
+                           "[0-9.]+s ago, after [0-9.]+s more while the "
+                           "coordinator is behind \\([1-9][0-9]* of the "
+                           "job's [0-9]+ heartbeats since it fell behind came "
+                           "late\\)"));
 }
 
 TEST_F(OverloadTest, ASmallJobOnAnIdleCoordinatorIsFoundLostAfterItsWindow) {
