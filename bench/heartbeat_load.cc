@@ -20,10 +20,11 @@
 // #stale check then allows 2 of the intervals the coordinator asks for.
 // --max_heartbeat_rate caps the coordinator's ingest to reach its capacity
 // cheaply (CoordinatorConfig::max_heartbeat_rate).
-// --witness runs a small job beside the load in every level and times how
-// long the coordinator takes to find one of its members LOST (job
-// isolation: a flood in one job must not slow failure detection in
-// another); a level of 0 members is the witness alone:
+// --witness runs a small job beside the load in every level, in a process
+// of its own (as another job runs on other hosts), and times how long the
+// coordinator takes to find one of its members LOST, printing the LOST
+// reason (job isolation: a flood in one job must not slow failure
+// detection in another); a level of 0 members is the witness alone:
 //   bazel-bin/bench/heartbeat_load --members=0,60000 --witness
 //       --duration=20s --status_members=0
 // With --obey_interval=false the simulated workers ignore the interval
@@ -51,7 +52,9 @@
 // (bench/coordinator_memory.sh starts coordinators and runs it so).
 #include <grpcpp/grpcpp.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -69,10 +72,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/line_child.h"
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/process_usage.h"
@@ -136,10 +141,16 @@ ABSL_FLAG(int, coordinator_pid, 0,
           "resident memory");
 ABSL_FLAG(bool, witness, false,
           "beside the load, a job of 3 members heartbeating at the same "
-          "interval; half-way through each level its rank 1 stops (its stream "
-          "open, as a hung process's) and the level reports how long the "
-          "coordinator took to find it LOST (a level of 0 members: the "
-          "witness alone, the baseline)");
+          "interval, in a process of its own (this binary, --witness_child); "
+          "half-way through each level its rank 1 stops (its stream open, as "
+          "a hung process's) and the level reports how long the coordinator "
+          "took to find it LOST and why (a level of 0 members: the witness "
+          "alone, the baseline)");
+ABSL_FLAG(std::string, witness_child, "",
+          "internal, for --witness: run only the witness job against the "
+          "coordinator at this HOST:PORT, driven over stdin and stdout");
+ABSL_FLAG(std::string, witness_job, "witness",
+          "internal: with --witness_child, the witness's job id");
 ABSL_FLAG(int, nproc_per_node, 1,
           "members per stream: above 1, the members of each simulated node "
           "share one Monitor.NodeHeartbeat stream and send their heartbeats "
@@ -362,6 +373,10 @@ class Beater {
   virtual void Cancel() = 0;
   virtual bool Done() const = 0;
   virtual bool failed() const = 0;
+  // Once failed(): what failed (the call's status, or "a write failed"
+  // while it was still open), and when that was first seen.
+  virtual std::string failure() const = 0;
+  virtual absl::Time failed_at() const = 0;
 
  protected:
   std::atomic<int> every_{1};
@@ -403,7 +418,7 @@ class StreamBeater final : public Beater {
     switch (event) {
       case Event::kStarted:
       case Event::kWritten:
-        if (!ok) failed_ = true;
+        if (!ok) FailLocked();
         busy_ = false;
         if (event == Event::kStarted && obey_ && !reading_ && !finishing_) {
           reading_ = true;
@@ -437,7 +452,7 @@ class StreamBeater final : public Beater {
         stream_->Read(&response_, &read_tag_);
         break;
       case Event::kFinished:
-        if (!status_.ok()) failed_ = true;
+        if (!status_.ok()) FailLocked();
         done_ = true;
         break;
     }
@@ -461,8 +476,22 @@ class StreamBeater final : public Beater {
     absl::MutexLock lock(&mu_);
     return failed_ && !cancelled_;
   }
+  std::string failure() const override {
+    absl::MutexLock lock(&mu_);
+    if (!done_ || status_.ok()) return "a write failed";
+    return absl::StrCat("code ", status_.error_code(), ": ",
+                        status_.error_message());
+  }
+  absl::Time failed_at() const override {
+    absl::MutexLock lock(&mu_);
+    return failed_at_;
+  }
 
  private:
+  void FailLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!failed_) failed_at_ = absl::Now();
+    failed_ = true;
+  }
   void CloseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     busy_ = true;
     stream_->WritesDone(&writes_done_tag_);
@@ -490,6 +519,7 @@ class StreamBeater final : public Beater {
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time failed_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -536,6 +566,8 @@ struct WitnessOutcome {
   // A member that kept heartbeating but was found LOST (the verdict ends
   // the round, so rank 1's can no longer come); -1 when none was.
   int false_lost_rank = -1;
+  // The coordinator's reason for the LOST member found.
+  std::string reason;
 };
 
 struct LevelResult {
@@ -556,6 +588,10 @@ struct LevelResult {
   // Streams whose half-close was not answered within 10 s (held behind the
   // messages they sent too fast), cancelled instead; not failures.
   int cancelled_at_close = 0;
+  // Failed streams by what failed, and the first failure's time since the
+  // load began to send.
+  std::map<std::string, int> stream_failures;
+  absl::Duration first_failure = absl::InfiniteDuration();
   // By kind of GetJob answer (--status_kinds), in flag order.
   struct StatusTiming {
     std::string kind;
@@ -628,8 +664,11 @@ void AwaitDone(const std::vector<std::unique_ptr<Beater>>& beaters,
 // heartbeating every `interval` (times what the coordinator asks) on a
 // thread of its own until Stop(); StopRank1() silences rank 1 and returns
 // when its last heartbeat was sent. Another job runs on other hosts: each
-// member has a connection of its own (`channels`, one a member), and their
-// events a completion queue of their own, not queued behind the load's.
+// member has a connection of its own (`channels`, one a member), and the
+// witness runs in a process of its own (WitnessChildMain), whose gRPC
+// threads do not serve the load's streams (in one process, gRPC's pollers
+// serve every queue's connections, and the load's kept the witness's
+// sends waiting for seconds).
 class Witness {
  public:
   Witness(std::vector<std::shared_ptr<grpc::Channel>> channels,
@@ -715,17 +754,17 @@ class Witness {
   std::thread thread_;
 };
 
-// Silences the witness's rank 1 and waits (up to 120 s) until the
-// coordinator shows it LOST, or shows another member LOST.
+// Waits (up to 120 s) until the coordinator shows the witness's rank 1,
+// silent since `last`, LOST, or shows another member LOST.
 WitnessOutcome WitnessDetection(const Target& target, v1::Jobs::Stub* jobs,
-                                const std::string& job, Witness* witness) {
+                                const std::string& job, absl::Time last) {
   WitnessOutcome outcome;
-  const absl::Time last = witness->StopRank1();
   const absl::Time give_up = absl::Now() + absl::Seconds(120);
   while (absl::Now() < give_up) {
     absl::StatusOr<v1::JobStatus> status = JobWithMembers(target, jobs, job);
     for (int r = 0; status.ok() && r < status->members_size(); ++r) {
       if (status->members(r).state() != v1::MEMBER_STATE_LOST) continue;
+      outcome.reason = status->members(r).state_reason();
       if (r == 1) {
         outcome.detection = absl::Now() - last;
       } else {
@@ -737,6 +776,116 @@ WitnessOutcome WitnessDetection(const Target& target, v1::Jobs::Stub* jobs,
   }
   return outcome;
 }
+
+// --witness_child: the witness job alone in this process, driven by the
+// parent's WitnessProcess one line each way. Prints "ready" once its
+// members joined and heartbeat; then "stop" silences rank 1 and is
+// answered "stopped MICROS FACTOR" (when rank 1's last heartbeat was sent,
+// Unix microseconds, and the largest factor asked of the witness), and
+// "gap" is answered "gap MICROS" (Witness::largest_send_gap). It ends when
+// its input closes.
+int WitnessChildMain() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each answer at once
+  const std::string address = absl::GetFlag(FLAGS_witness_child);
+  std::vector<v1::MemberRef> refs =
+      JoinJob(Connect(address, 1), absl::GetFlag(FLAGS_witness_job), 3);
+  if (refs.empty()) return 1;
+  const int members = static_cast<int>(refs.size());
+  Witness witness(Connect(address, members), std::move(refs),
+                  absl::Seconds(1) / absl::GetFlag(FLAGS_rate));
+  std::printf("ready\n");
+  char line[64];
+  while (std::fgets(line, sizeof line, stdin) != nullptr) {
+    const absl::string_view command = absl::StripAsciiWhitespace(line);
+    if (command == "stop") {
+      const absl::Time last = witness.StopRank1();
+      std::printf("stopped %lld %d\n",
+                  static_cast<long long>(absl::ToUnixMicros(last)),
+                  witness.factor());
+    } else if (command == "gap") {
+      std::printf("gap %lld\n", static_cast<long long>(absl::ToInt64Microseconds(
+                                    witness.largest_send_gap())));
+    } else {
+      std::printf("unknown command '%s'\n", std::string(command).c_str());
+    }
+  }
+  witness.Stop();
+  return 0;
+}
+
+// The witness job in a child process of this binary (WitnessChildMain).
+// Not thread-safe; the child is ended (and, if need be, killed) on
+// destruction.
+class WitnessProcess {
+ public:
+  // Starts it against `address` as job `job`, and waits (up to 120 s)
+  // until its members joined and heartbeat.
+  static absl::StatusOr<std::unique_ptr<WitnessProcess>> Start(
+      const std::string& address, const std::string& job) {
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return absl::InternalError("cannot read /proc/self/exe");
+    absl::StatusOr<std::unique_ptr<LineChild>> child = LineChild::Start(
+        {std::string(self, n), absl::StrCat("--witness_child=", address),
+         absl::StrCat("--witness_job=", job),
+         absl::StrCat("--rate=", absl::GetFlag(FLAGS_rate))});
+    if (!child.ok()) return child.status();
+    auto process = std::unique_ptr<WitnessProcess>(
+        new WitnessProcess(*std::move(child)));
+    absl::StatusOr<std::string> ready =
+        process->child_->Ask("", absl::Seconds(120));
+    if (!ready.ok()) return ready.status();
+    if (*ready != "ready") {
+      return absl::InternalError(absl::StrCat("the witness said '", *ready,
+                                              "' instead of 'ready'"));
+    }
+    return process;
+  }
+  ~WitnessProcess() { End().IgnoreError(); }  // a failure was reported
+
+  // Silences rank 1: when its last heartbeat was sent, and the largest
+  // factor the coordinator asked of the witness's members.
+  absl::StatusOr<std::pair<absl::Time, int>> StopRank1() {
+    absl::StatusOr<std::string> answer = child_->Ask("stop", absl::Seconds(10));
+    if (!answer.ok()) return answer.status();
+    int64_t micros = 0;
+    int factor = 0;
+    std::vector<absl::string_view> words = absl::StrSplit(*answer, ' ');
+    if (words.size() != 3 || words[0] != "stopped" ||
+        !absl::SimpleAtoi(words[1], &micros) ||
+        !absl::SimpleAtoi(words[2], &factor)) {
+      return absl::InternalError(
+          absl::StrCat("the witness answered 'stop' with '", *answer, "'"));
+    }
+    return std::make_pair(absl::FromUnixMicros(micros), factor);
+  }
+  // The longest its members still heartbeating went between two sends.
+  absl::StatusOr<absl::Duration> LargestSendGap() {
+    absl::StatusOr<std::string> answer = child_->Ask("gap", absl::Seconds(10));
+    if (!answer.ok()) return answer.status();
+    int64_t micros = 0;
+    absl::string_view value = *answer;
+    if (!absl::ConsumePrefix(&value, "gap ") ||
+        !absl::SimpleAtoi(value, &micros)) {
+      return absl::InternalError(
+          absl::StrCat("the witness answered 'gap' with '", *answer, "'"));
+    }
+    return absl::Microseconds(micros);
+  }
+  // Ends it: its streams close (it has 60 s to exit).
+  absl::Status End() {
+    if (ended_) return absl::OkStatus();
+    ended_ = true;
+    return child_->Close(absl::Seconds(70));
+  }
+
+ private:
+  explicit WitnessProcess(std::unique_ptr<LineChild> child)
+      : child_(std::move(child)) {}
+
+  std::unique_ptr<LineChild> child_;
+  bool ended_ = false;
+};
 
 LevelResult RunLevel(const Target& target, int members, int level_index) {
   LevelResult result;
@@ -769,6 +918,21 @@ LevelResult RunLevel(const Target& target, int members, int level_index) {
     jobs.push_back(job);
   }
   if (external) result.rss_joined = ResidentBytes(target.pid);
+  // The witness joins and heartbeats before any stream of the load opens
+  // (a level that fails here has nothing to close).
+  std::unique_ptr<WitnessProcess> witness;
+  const std::string witness_job = absl::StrCat("witness", level_index);
+  if (absl::GetFlag(FLAGS_witness)) {
+    absl::StatusOr<std::unique_ptr<WitnessProcess>> started =
+        WitnessProcess::Start(target.address, witness_job);
+    if (!started.ok()) {
+      std::fprintf(stderr, "the witness: %s\n",
+                   started.status().ToString().c_str());
+      ++result.failed_streams;
+      return result;
+    }
+    witness = *std::move(started);
+  }
   // Leaked with any stream that never ends (its operations still use it).
   auto queues =
       std::make_unique<ClientQueues>(absl::GetFlag(FLAGS_client_queues));
@@ -790,17 +954,6 @@ LevelResult RunLevel(const Target& target, int members, int level_index) {
     }
   }
 
-  std::unique_ptr<Witness> witness;
-  const std::string witness_job = absl::StrCat("witness", level_index);
-  if (absl::GetFlag(FLAGS_witness)) {
-    std::vector<v1::MemberRef> refs = JoinJob(channels, witness_job, 3);
-    if (refs.empty()) {
-      ++result.failed_streams;
-      return result;
-    }
-    witness = std::make_unique<Witness>(Connect(target.address, refs.size()),
-                                        std::move(refs), interval);
-  }
 
   // Pacers: each sends its slice's heartbeats spread evenly over every
   // interval, in 1 ms ticks; a stream asked for a longer interval sends on
@@ -908,10 +1061,20 @@ LevelResult RunLevel(const Target& target, int members, int level_index) {
     // Half-way, once the shedding had time to settle.
     const absl::Duration half = measure_start + measured / 2 - absl::Now();
     if (half > absl::ZeroDuration()) absl::SleepFor(half);
-    result.witness_factor = witness->factor();
-    result.witness =
-        WitnessDetection(target, jobs_stub.get(), witness_job, witness.get());
-    result.witness_send_gap = witness->largest_send_gap();
+    absl::StatusOr<std::pair<absl::Time, int>> stopped = witness->StopRank1();
+    absl::StatusOr<absl::Duration> gap = absl::UnknownError("not stopped");
+    if (stopped.ok()) {
+      result.witness_factor = stopped->second;
+      result.witness = WitnessDetection(target, jobs_stub.get(), witness_job,
+                                        stopped->first);
+      gap = witness->LargestSendGap();
+    }
+    if (gap.ok()) {
+      result.witness_send_gap = *gap;
+    } else {  // the level fails: no detection time
+      const absl::Status why = stopped.ok() ? gap.status() : stopped.status();
+      std::fprintf(stderr, "the witness: %s\n", why.ToString().c_str());
+    }
   }
   const absl::Duration left = measure_start + measured - absl::Now();
   if (left > absl::ZeroDuration()) absl::SleepFor(left);
@@ -953,7 +1116,12 @@ LevelResult RunLevel(const Target& target, int members, int level_index) {
   }
   stop.store(true);
   for (auto& t : threads) t.join();
-  if (witness != nullptr) witness->Stop();
+  if (witness != nullptr) {
+    if (absl::Status ended = witness->End(); !ended.ok()) {
+      std::fprintf(stderr, "the witness: %s\n", ended.ToString().c_str());
+      ++result.failed_streams;
+    }
+  }
   for (auto& b : beaters) b->Close();
   AwaitDone(beaters, absl::Seconds(10));
   for (auto& b : beaters) {
@@ -965,6 +1133,11 @@ LevelResult RunLevel(const Target& target, int members, int level_index) {
   bool leaked = false;
   for (auto& b : beaters) {
     if (!b->Done() || b->failed()) ++result.failed_streams;
+    if (b->failed()) {
+      ++result.stream_failures[b->failure()];
+      result.first_failure =
+          std::min(result.first_failure, b->failed_at() - begin);
+    }
     if (!b->Done()) {
       // Its operations still refer to it: keep it (leaked) rather than
       // destroy it under them.
@@ -1163,6 +1336,21 @@ int Main() {
                   static_cast<long long>(r.skipped),
                   static_cast<long long>(r.shed_skips), r.lost, r.stale,
                   r.failed_streams, r.shedding.factor);
+      if (!r.stream_failures.empty()) {
+        std::printf("  failed streams, the first %s after the load began:\n",
+                    absl::FormatDuration(r.first_failure).c_str());
+        std::vector<std::pair<int, std::string>> kinds;
+        for (const auto& [failure, count] : r.stream_failures) {
+          kinds.emplace_back(count, failure);
+        }
+        std::sort(kinds.rbegin(), kinds.rend());  // the most common first
+        for (size_t k = 0; k < kinds.size() && k < 5; ++k) {
+          std::printf("    %d x %s\n", kinds[k].first, kinds[k].second.c_str());
+        }
+        if (kinds.size() > 5) {
+          std::printf("    and %zu other kinds\n", kinds.size() - 5);
+        }
+      }
       for (const LevelResult::StatusTiming& t : r.status) {
         const std::string what =
             t.kind == "metrics" ? "/metrics" : "GetJob " + t.kind;
@@ -1232,6 +1420,10 @@ int Main() {
                             : "not within 120 s",
                       r.witness_factor);
         }
+        if (!r.witness.reason.empty()) {
+          std::printf("  witness job: the coordinator's reason: %s\n",
+                      r.witness.reason.c_str());
+        }
         std::printf("  witness job: the longest its members went between two "
                     "heartbeats sent: %s\n",
                     absl::FormatDuration(r.witness_send_gap).c_str());
@@ -1268,5 +1460,11 @@ int main(int argc, char** argv) {
   // As in the coordinator's main(): Debian's abseil checks every mutex
   // acquisition for lock-order cycles, which the service does not need.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // A witness child that died must fail its level, not end this process.
+  signal(SIGPIPE, SIG_IGN);
+  if (!absl::GetFlag(FLAGS_witness_child).empty()) {
+    gradsync::SetMinLogSeverity(gradsync::LogSeverity::kError);
+    return gradsync::WitnessChildMain();
+  }
   return gradsync::Main();
 }
