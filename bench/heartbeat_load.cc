@@ -592,6 +592,9 @@ struct LevelResult {
   // load began to send.
   std::map<std::string, int> stream_failures;
   absl::Duration first_failure = absl::InfiniteDuration();
+  // Streams ended with an error after the load stopped sending (its
+  // members then silent, so LOST if the close takes long): not failures.
+  int failed_after_stop = 0;
   // By kind of GetJob answer (--status_kinds), in flag order.
   struct StatusTiming {
     std::string kind;
@@ -1115,6 +1118,7 @@ LevelResult RunLevel(const Target& target, int members, int level_index) {
     }
   }
   stop.store(true);
+  const absl::Time stopped = absl::Now();
   for (auto& t : threads) t.join();
   if (witness != nullptr) {
     if (absl::Status ended = witness->End(); !ended.ok()) {
@@ -1130,10 +1134,14 @@ LevelResult RunLevel(const Target& target, int members, int level_index) {
     ++result.cancelled_at_close;
   }
   AwaitDone(beaters, absl::Seconds(60));
+  // A stream that failed after the load stopped was ended by its members'
+  // silence since (found LOST, their round then over): not a failure.
   bool leaked = false;
   for (auto& b : beaters) {
-    if (!b->Done() || b->failed()) ++result.failed_streams;
-    if (b->failed()) {
+    const bool failed = b->failed() && b->failed_at() < stopped;
+    if (!b->Done() || failed) ++result.failed_streams;
+    if (b->failed() && !failed) ++result.failed_after_stop;
+    if (failed) {
       ++result.stream_failures[b->failure()];
       result.first_failure =
           std::min(result.first_failure, b->failed_at() - begin);
@@ -1380,9 +1388,11 @@ int Main() {
       if (external.empty()) absl::StrAppendFormat(&line, " accepted=%.0f", r.accepted);
       absl::StrAppendFormat(&line,
                             " lost=%d stale=%d failed=%d "
-                            "cancelled_at_close=%d factor=%d",
+                            "cancelled_at_close=%d failed_after_stop=%d "
+                            "factor=%d",
                             r.lost, r.stale, r.failed_streams,
-                            r.cancelled_at_close, r.shedding.factor);
+                            r.cancelled_at_close, r.failed_after_stop,
+                            r.shedding.factor);
       if (external.empty()) {
         absl::StrAppendFormat(
             &line,
