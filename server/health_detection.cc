@@ -298,6 +298,15 @@ std::optional<std::string> HealthManager::LostReasonLocked(
   if (silent_for <= silence.limit * slowdown + silence.Extra(m)) {
     return std::nullopt;
   }
+  // A round still starting: while others are heard for the first time, a
+  // member not heard yet may be waiting to be read (a coordinator past its
+  // capacity accepts a large round's new streams slowly, where no queue
+  // probe sees them). It is waited for until a window passed without a
+  // first heartbeat, and at most as long as a silent member can be.
+  if (!m.heard && now - job.first_heard_last <= silence.limit * slowdown &&
+      silent_for <= silence.limit * config_.shedding.max_factor) {
+    return std::nullopt;
+  }
   const std::string silent =
       absl::FormatDuration(absl::Trunc(silent_for, absl::Milliseconds(1)));
   const std::string every =

@@ -304,6 +304,7 @@ absl::StatusOr<bool> HealthManager::HandleHeartbeat(
   const bool same_stream = NoteStreamLocked(job, *session);
   CountLoadLocked(job, m, same_stream, now, factor);
   m.allowed_factor = m.told_factor;  // a change it was told is behind it
+  if (!m.heard) job->first_heard_last = now;
   m.heard = true;
   m.last_seen = now;
   m.seen_delay =
@@ -555,6 +556,7 @@ void HealthManager::NoteCompletionLocked(
     JobHealth* job, int rank, const v1::ReportCompletionRequest& request,
     absl::Time now) {
   MemberHealth& m = job->members[rank];
+  if (!m.heard) job->first_heard_last = now;
   m.heard = true;
   m.last_seen = now;
   if (!request.has_metrics()) return;

@@ -8,8 +8,10 @@
 // or, after a restart on durable state, from MonitorRunningRounds(). From
 // then on every member must heartbeat; one silent for
 // missed_heartbeats x heartbeat_interval (counted from its last heartbeat, or
-// from the start of monitoring) is LOST. Time comes from the injected Clock
-// and detection runs in Poll(), so tests step a FakeClock.
+// for one not heard yet from the latest first heartbeat of another, up to
+// shedding.max_factor such windows from the start of monitoring) is LOST.
+// Time comes from the injected Clock and detection runs in Poll(), so tests
+// step a FakeClock.
 //
 // Past its heartbeat capacity the coordinator sheds load instead of
 // declaring live members LOST (HeartbeatShedder decides when and how much;
@@ -350,6 +352,9 @@ class HealthManager : public RoundListener {
     std::string started_by;
     // No member is found silent before this (the grace after a restart).
     absl::Time not_lost_before = absl::InfinitePast();
+    // The latest first heartbeat of a member (LostReasonLocked: unheard
+    // members are waited for while others keep arriving).
+    absl::Time first_heard_last ABSL_GUARDED_BY(mu) = absl::InfinitePast();
 
     // The job's state and reason: read from JobManager when the monitoring
     // started, then as this manager recorded them (Transition);

@@ -675,8 +675,14 @@ TEST_F(HealthManagerTest, AfterARestartMembersHaveAGraceOfFiveWindows) {
   EXPECT_THAT(restarted.lost, IsEmpty()) << "within the grace";
   clock_.Advance(absl::Seconds(1));  // 15.5 s: past 5 windows of 3 s
   restarted.health.Poll();
-  // Rank 1 never came back: silent for the window since the restart.
-  // Rank 2 had succeeded before the crash and stays EXITED.
+  EXPECT_THAT(restarted.lost, IsEmpty())
+      << "rank 0 came back 1 s ago: others may still be on their way";
+  clock_.Advance(absl::Seconds(2) + absl::Milliseconds(10));
+  ASSERT_TRUE(restarted.Beat(0).ok());
+  restarted.health.Poll();
+  // Rank 1 never came back: silent since the restart, and for a window
+  // since the last member came back. Rank 2 had succeeded before the
+  // crash and stays EXITED.
   EXPECT_EQ(restarted.lost, std::vector<int>{1});
   const v1::JobStatus status = restarted.Status();
   EXPECT_EQ(status.members(0).state(), v1::MEMBER_STATE_ACTIVE);
@@ -1777,6 +1783,48 @@ TEST_F(OverloadTest, ASlowStartOfALargeRoundIsNotAnOverload) {
   Run(absl::Seconds(10));
   EXPECT_EQ(health_->shedding().shed_periods, 0);
   EXPECT_EQ(Lost(), 0);
+}
+
+// A large round whose first heartbeats take longer than a detection window
+// to be read (spread over 8 s here; a coordinator past its capacity accepts
+// tens of thousands of new streams slowly, where no queue probe sees them)
+// loses nobody while its members keep being heard for the first time.
+TEST_F(OverloadTest, ARoundWhoseFirstHeartbeatsComeSlowlyLosesNobody) {
+  capacity_ = 1e6;
+  Start(/*shedding=*/true, /*spread=*/absl::Seconds(8));
+  Run(absl::Seconds(15));
+  EXPECT_EQ(Lost(), 0);
+}
+
+// A member that never heartbeats is found one window (3 intervals) after
+// the last of the others was first heard, not before.
+TEST_F(OverloadTest, AMemberThatNeverStartsIsLostAWindowAfterTheLastFirstHeard) {
+  capacity_ = 1e6;
+  Start(/*shedding=*/true, /*spread=*/absl::Seconds(8));
+  members_[500].sending = false;  // would start 4 s in
+  const absl::Time start = clock_.Now();
+  while (Lost() == 0 && clock_.Now() - start < absl::Seconds(30)) Step();
+  const absl::Duration found = clock_.Now() - start;
+  EXPECT_GT(found, absl::Seconds(8 + 3) - kStep);
+  EXPECT_LE(found, absl::Seconds(8 + 3) + 4 * kStep);
+  EXPECT_EQ(Lost(), 1);
+  EXPECT_THAT(Status().members(500).state_reason(),
+              HasSubstr("sent no heartbeat in the"));
+}
+
+// While first heartbeats keep coming, an unheard member is waited for at
+// most as long as a silent one can be: missed x interval x max_factor
+// (48 s). Here they come over 120 s: those not heard by then are LOST.
+TEST_F(OverloadTest, AnUnheardMemberIsWaitedForAtMostTheLargestWindow) {
+  capacity_ = 1e6;
+  Start(/*shedding=*/true, /*spread=*/absl::Seconds(120));
+  const absl::Time start = clock_.Now();
+  while (Lost() == 0 && clock_.Now() - start < absl::Seconds(60)) Step();
+  const absl::Duration found = clock_.Now() - start;
+  EXPECT_GT(found, absl::Seconds(48) - kStep);
+  EXPECT_LE(found, absl::Seconds(48) + 4 * kStep);
+  EXPECT_EQ(Status().members(999).state(), v1::MEMBER_STATE_LOST);
+  EXPECT_EQ(Status().members(0).state(), v1::MEMBER_STATE_ACTIVE);
 }
 
 TEST_F(OverloadTest, AMassFailureIsNotMistakenForAnOverload) {
