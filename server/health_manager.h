@@ -352,8 +352,7 @@ class HealthManager : public RoundListener {
     std::string started_by;
     // No member is found silent before this (the grace after a restart).
     absl::Time not_lost_before = absl::InfinitePast();
-    // The latest first heartbeat of a member (LostReasonLocked: unheard
-    // members are waited for while others keep arriving).
+    // The latest first heartbeat of a member (see LostReasonLocked).
     absl::Time first_heard_last ABSL_GUARDED_BY(mu) = absl::InfinitePast();
 
     // The job's state and reason: read from JobManager when the monitoring
@@ -488,11 +487,9 @@ class HealthManager : public RoundListener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // Marks silent members LOST: silent longer than missed x interval x
   // their factor (see the class comment) plus the backlog the coordinator
-  // knows it has (`allowed`, capped here per job): all of it, or only the
-  // queue delay's growth for a job that keeps time (KeepsTimeLocked).
-  // Adds the job's active members heard from, and those of them overdue
-  // (silent longer than late_after x their factor), and the rates they
-  // send, to `backlog`.
+  // knows it has (`allowed`, capped per job; for a job that keeps time only
+  // the queue delay's growth). Adds the active members heard from, those
+  // overdue (silent over late_after x factor) and their rates to `backlog`.
   void PollJob(JobHealth* job, absl::Time now,
                const HeartbeatShedder::Allowances& allowed,
                std::vector<Loss>* losses, HeartbeatShedder::Backlog* backlog)
@@ -505,13 +502,10 @@ class HealthManager : public RoundListener {
                                 const HeartbeatShedder::Counts& counts)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // Whether the job's own heartbeats keep time while the coordinator is
-  // behind, so that its silent members are not starved but stopped: none
-  // of its heartbeats since the episode began was late (at least one was
-  // judged), at least one active member is on time now, and at most one
-  // is overdue (several at once may be a connection or a node starved).
-  // Such a job is given only what the queue delay grew by since each
-  // member was last handled (a heartbeat sent on time waits no longer than
-  // that beyond the last), not the time behind; else sets `why_not`.
+  // behind (its silent members are stopped, not starved; see Silence): none
+  // since the episode began was late (at least one judged), at least one
+  // active member is on time, at most one overdue (several at once may be
+  // a connection or a node starved). If not, sets `why_not` (if given).
   static bool KeepsTimeLocked(const JobHealth& job, absl::Time now,
                               std::string* why_not = nullptr)
       ABSL_SHARED_LOCKS_REQUIRED(job.mu);
