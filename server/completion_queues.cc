@@ -19,6 +19,7 @@ void CompletionQueues::AddTo(grpc::ServerBuilder* builder, int count) {
   for (int i = 0; i < std::max(1, count); ++i) {
     auto queue = std::make_unique<Queue>();
     queue->cq_ = builder->AddCompletionQueue();
+    queue->index_ = static_cast<int>(queues_.size());
     queues_.push_back(std::move(queue));
   }
 }
@@ -58,13 +59,12 @@ absl::Duration CompletionQueues::Queue::Probe::Delay(absl::Time now) const {
       std::max(waiting, late_ns_.load(std::memory_order_relaxed)));
 }
 
-absl::Duration CompletionQueues::Delay(absl::Time now) const {
+std::vector<absl::Duration> CompletionQueues::Delays(absl::Time now) const {
   absl::MutexLock lock(&clear_mu_);
-  absl::Duration delay;
-  for (const auto& queue : queues_) {
-    delay = std::max(delay, queue->probe_.Delay(now));
-  }
-  return delay;
+  std::vector<absl::Duration> delays;
+  delays.reserve(queues_.size());
+  for (const auto& queue : queues_) delays.push_back(queue->probe_.Delay(now));
+  return delays;
 }
 
 void CompletionQueues::Drain(Queue* queue) {

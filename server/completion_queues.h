@@ -46,11 +46,12 @@ namespace gradsync {
 // thread ran its marker, i.e. consumed every call accepted before it.
 //
 // Queue delay: each queue runs a probe, an alarm set kProbePeriod ahead
-// that, once run on the queue's thread, sets the next; Delay() is how late
-// the queues run what is due now (the age of the oldest probe waiting, or
-// the latest probe's lateness). Events wait in a queue only when its thread
-// cannot keep up, so the delay is near zero until the coordinator is past
-// its capacity, and then rises at once (HealthManager::ReportQueueDelay).
+// that, once run on the queue's thread, sets the next; Delays() is how
+// late each queue runs what is due now (the age of the oldest probe
+// waiting, or the latest probe's lateness). Events wait in a queue only
+// when its thread cannot keep up, so the delay is near zero until the
+// coordinator is past its capacity, and then rises at once
+// (HealthManager::ReportQueueDelay).
 //
 // Lifetime: construct; AddTo() the builder before BuildAndStart(); the
 // services request their first calls on queues(); Start(); after the
@@ -73,6 +74,8 @@ class CompletionQueues {
   class Queue {
    public:
     grpc::ServerCompletionQueue* cq() const { return cq_.get(); }
+    // Its place in queues() (and in Delays()).
+    int index() const { return index_; }
     // Runs `start` (which starts one operation on cq()) under the lock if
     // the queue is open; returns whether it ran.
     bool StartOp(absl::FunctionRef<void()> start) ABSL_LOCKS_EXCLUDED(mu_);
@@ -109,6 +112,7 @@ class CompletionQueues {
     };
 
     std::unique_ptr<grpc::ServerCompletionQueue> cq_;
+    int index_ = 0;
     absl::Mutex mu_;
     bool open_ ABSL_GUARDED_BY(mu_) = true;
     Probe probe_{this};
@@ -132,9 +136,9 @@ class CompletionQueues {
   // Starts one thread per queue, running the events of its queue, and the
   // queues' probes.
   void Start();
-  // How late the queues run what is due now: the largest delay of any
-  // queue (see the class comment); zero before Start().
-  absl::Duration Delay(absl::Time now) const;
+  // How late each queue runs what is due now, in the order of queues()
+  // (see the class comment); zeros before Start(), none after Shutdown().
+  std::vector<absl::Duration> Delays(absl::Time now) const;
   // Closes the queues, lets each thread run what was queued up to now,
   // shuts the queues down, then drains them and joins their threads (see
   // the class comment). Call after the server's Shutdown(). Idempotent.
@@ -145,7 +149,7 @@ class CompletionQueues {
   static void Drain(Queue* queue);
 
   std::vector<std::unique_ptr<Queue>> queues_;
-  // Held by Delay() (called from other threads while the server runs) and
+  // Held by Delays() (called from other threads while the server runs) and
   // by Shutdown() to clear queues_; setup needs no lock.
   mutable absl::Mutex clear_mu_;
   std::vector<std::thread> threads_;

@@ -21,10 +21,11 @@ namespace gradsync {
 
 namespace {
 
-// The health settings, the shedder told of a heartbeat rate cap: at the
-// cap, heartbeats are the load however few they are.
+// The health settings, the shedder told of a heartbeat rate cap (at the
+// cap, heartbeats are the load however few they are), and of the queues.
 HealthConfig HealthSettings(const CoordinatorConfig& config) {
   HealthConfig health = config.health;
+  health.completion_queues = config.completion_queues;
   if (config.max_heartbeat_rate > 0) {
     health.shedding.min_rate =
         std::min(health.shedding.min_rate, config.max_heartbeat_rate);
@@ -298,6 +299,18 @@ std::string Coordinator::RenderMetrics() const {
   return gradsync::RenderMetrics(jobs_, rendezvous_, health_, rpc_stats_);
 }
 
+void Coordinator::ReportQueueDelays() {
+  // A turn under a rate cap (PacingDelay) is waited for on every queue.
+  const absl::Duration pacing = health_service_.PacingDelay();
+  std::vector<absl::Duration> delays = queues_.Delays(absl::Now());
+  absl::Duration overall = pacing;
+  for (absl::Duration& delay : delays) {
+    delay = std::max(delay, pacing);
+    overall = std::max(overall, delay);
+  }
+  health_.ReportQueueDelay(overall, delays);
+}
+
 void Coordinator::PollLoop() {
   bool saving_failed = false;  // logged once per run of failures
   const auto save_round_starts = [&] {
@@ -310,9 +323,7 @@ void Coordinator::PollLoop() {
   while (!stop_polling_.WaitForNotificationWithTimeout(config_.poll_interval)) {
     rendezvous_.Poll();
     kv_.Poll();
-    // How late heartbeats are handled, for the heartbeat shedder.
-    health_.ReportQueueDelay(std::max(queues_.Delay(absl::Now()),
-                                      health_service_.PacingDelay()));
+    ReportQueueDelays();
     health_.Poll();
     jobs_service_.PollWatches();
     save_round_starts();

@@ -117,6 +117,9 @@ class Coordinator {
 
  private:
   void PollLoop();
+  // Tells health_ how late the completion queues run what arrives now
+  // (each queue's and the largest), for failure detection under overload.
+  void ReportQueueDelays();
   // The HTTP port's routes: /metrics, the status page (/) and its JSON
   // (/api/jobs, /api/job?id=JOB).
   std::vector<HttpRoute> HttpRoutes();

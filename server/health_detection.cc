@@ -139,7 +139,7 @@ void HealthManager::Poll() {
     job->load = HeartbeatShedder::Counts();
     rates.push_back(job->full_rate);
   }
-  polled_.delay = absl::Nanoseconds(queue_delay_ns_.load());
+  polled_.delay = queue_delays_.overall();
   shedder_.Update(now, load, polled_);
   // The slowdown the load needs, shared fairly: a job that floods the
   // coordinator is slowed, not the small jobs beside it.
@@ -235,7 +235,7 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now,
   // Silence allowed: missed intervals at the member's factor, plus the
   // backlog the coordinator knows it has (how long it has been behind, or
   // the longest its queues held heartbeats; for a job that keeps time, only
-  // what the queue delay grew by since the member was last handled), at
+  // what its queue's delay grew by since the member was last handled), at
   // most missed intervals at the largest factor (see the class comment). A
   // hang verdict waits for that backlog too.
   Silence silence;
@@ -244,7 +244,7 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now,
       std::min(allowed.all, silence.limit * config_.shedding.max_factor);
   silence.kept_time =
       silence.extra > absl::ZeroDuration() && KeepsTimeLocked(*job, now);
-  silence.delay = allowed.delay;
+  silence.delays = &queue_delays_;
   if (now < job->not_lost_before) {
     DiagnoseHang(job, now, silence.extra);
     return;
@@ -276,9 +276,9 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now,
 }
 
 absl::Duration HealthManager::Silence::Extra(const MemberHealth& m) const {
-  return kept_time
-             ? std::clamp(delay - m.seen_delay, absl::ZeroDuration(), extra)
-             : extra;
+  return kept_time ? std::clamp(delays->Of(m.queue) - m.seen_delay,
+                                absl::ZeroDuration(), extra)
+                   : extra;
 }
 
 std::optional<std::string> HealthManager::LostReasonLocked(
@@ -321,12 +321,13 @@ std::optional<std::string> HealthManager::LostReasonLocked(
                              "): last heard ", silent, " ago")
               : absl::StrCat("sent no heartbeat in the ", silent, " since ",
                              job.started_by);
-  const absl::Duration extra = silence.Extra(m);
+  // Below a millisecond it would read "after 0 more".
+  const absl::Duration extra =
+      absl::Trunc(silence.Extra(m), absl::Milliseconds(1));
   if (extra <= absl::ZeroDuration()) return reason;
   // Why it took longer than the missed intervals: the coordinator was
   // behind, and what of that this job was given.
-  const std::string more =
-      absl::FormatDuration(absl::Trunc(extra, absl::Milliseconds(1)));
+  const std::string more = absl::FormatDuration(extra);
   std::string why_not;
   if (silence.kept_time) {
     absl::StrAppend(&reason, ", after ", more,

@@ -44,14 +44,16 @@ HealthManager::HealthManager(JobManager* jobs, Clock* clock,
       on_job_ended_(std::move(on_job_ended)),
       on_heal_(std::move(on_heal)),
       on_rebalance_(std::move(on_rebalance)),
+      queue_delays_(config.completion_queues),
       shedder_(WithDefaults(config).shedding, clock->Now()) {}
 
 HealthManager::~HealthManager() = default;
 
-std::unique_ptr<HealthManager::Session> HealthManager::NewSession() {
+std::unique_ptr<HealthManager::Session> HealthManager::NewSession(int queue) {
   static std::atomic<uint64_t> next_id{1};
   auto session = std::make_unique<Session>();
   session->id = next_id.fetch_add(1, std::memory_order_relaxed);
+  session->queue = queue;
   return session;
 }
 
@@ -307,8 +309,8 @@ absl::StatusOr<bool> HealthManager::HandleHeartbeat(
   if (!m.heard) job->first_heard_last = now;
   m.heard = true;
   m.last_seen = now;
-  m.seen_delay =
-      absl::Nanoseconds(queue_delay_ns_.load(std::memory_order_relaxed));
+  m.queue = session->queue;
+  m.seen_delay = queue_delays_.Of(m.queue);
   RecordProgressLocked(job, session->rank, request->metrics(), now);
   if (job->detecting()) {
     RecordCollectives(job, session->rank, request->metrics());

@@ -30,11 +30,12 @@
 //    the onset too, before any member was told to slow down. A job whose
 //    own heartbeats keep time while the coordinator is behind (none late
 //    since it began, at most one member overdue, one on time:
-//    KeepsTimeLocked) is given only what the queue delay grew by since a
-//    member's last heartbeat was handled: its silent member is not
-//    starved, so a flood in another job does not slow finding it. (A
-//    member starved alone, on a connection the others of its job do not
-//    share, is then taken for stopped.)
+//    KeepsTimeLocked) is given only what the delay of a member's queue
+//    (the completion queue serving its stream) grew by since its last
+//    heartbeat was handled: its silent member is not starved, so a flood
+//    in another job does not slow finding it. (A member starved alone, on
+//    a connection the others of its job do not share, is then taken for
+//    stopped.)
 //  - Describe() reports it in the diagnosis (JobDiagnosis.overload), and
 //    shedding() gives the state for metrics.
 // Heartbeats already queued in a connection when a member stops are still
@@ -52,10 +53,10 @@
 // in their grace are reported lost at once, so the round that replaces it
 // does not wait for them.
 //
-// Implemented in health_manager.cc (monitoring, heartbeat ingest, completion,
-// transitions), health_detection.cc (broken streams, Poll: silence, hangs),
-// health_replicas.cc (divergences and rebalances) and health_views.cc (what status, the page and Prometheus show); the wire
-// checks are server/health_wire.h.
+// Implemented in health_manager.cc (monitoring, heartbeat ingest,
+// completion, transitions), health_detection.cc (broken streams, Poll:
+// silence, hangs), health_replicas.cc (divergences, rebalances) and
+// health_views.cc (status, the page, Prometheus); wire checks: health_wire.h.
 //
 // Hot path: a heartbeat takes one per-job lock and swaps the reported metrics
 // into the member's slot (no allocation in steady state); low-rate state
@@ -79,6 +80,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/self_set_timeout.h"
 #include "proto/gradsync/v1/health.pb.h"
@@ -87,6 +89,7 @@
 #include "server/heartbeat_shedder.h"
 #include "server/share_balancer.h"
 #include "server/job_manager.h"
+#include "server/queue_delays.h"
 #include "server/round_lifecycle.h"
 
 namespace gradsync {
@@ -108,6 +111,8 @@ struct HealthConfig {
   // again on a new one before it is LOST; unset: the job's missed-heartbeat
   // window (interval x missed heartbeats); zero: LOST at once.
   std::optional<absl::Duration> reconnect_grace;
+  // Queues whose delays ReportQueueDelay gives (0: only the largest).
+  int completion_queues = 0;
   // Slowing heartbeats down past the coordinator's capacity.
   HeartbeatSheddingConfig shedding;
 };
@@ -186,8 +191,9 @@ class HealthManager : public RoundListener {
                 RebalanceCallback on_rebalance = nullptr);
   ~HealthManager() override;
 
-  // Creates the state of one heartbeat stream.
-  static std::unique_ptr<Session> NewSession();
+  // Creates the state of one heartbeat stream, served by completion queue
+  // `queue` (-1: not known; see ReportQueueDelay).
+  static std::unique_ptr<Session> NewSession(int queue = -1);
 
   // Records one heartbeat of `session`'s stream. Takes the metrics out of
   // `request` (swapped, so the caller's message keeps its capacity). Fills
@@ -275,13 +281,13 @@ class HealthManager : public RoundListener {
   // Replica divergences found since start (DivergenceDetector).
   int64_t divergences() const { return divergences_.load(); }
 
-  // How late the coordinator runs what arrives now (the oldest event
-  // waiting in its completion queues, or for its turn under a rate cap):
-  // the composition root reports it before each Poll(). An overload shows
-  // in it before any heartbeat is read late.
-  void ReportQueueDelay(absl::Duration delay) {
-    queue_delay_ns_.store(absl::ToInt64Nanoseconds(delay),
-                          std::memory_order_relaxed);
+  // How late the coordinator runs what arrives now (the oldest event waiting
+  // in its completion queues, or for its turn under a rate cap): the largest
+  // `delay` and each queue's (`per_queue`, indexed as NewSession's `queue`),
+  // reported before each Poll(). An overload shows in it at once.
+  void ReportQueueDelay(absl::Duration delay,
+                        absl::Span<const absl::Duration> per_queue = {}) {
+    queue_delays_.Report(delay, per_queue);
   }
 
   // Whether and how much the coordinator sheds heartbeat load now.
@@ -308,8 +314,9 @@ class HealthManager : public RoundListener {
     v1::MemberState state = v1::MEMBER_STATE_ACTIVE;
     bool heard = false;
     absl::Time last_seen;  // last heartbeat, or the start of monitoring
-    // The coordinator's queue delay (ReportQueueDelay) when that heartbeat
-    // was handled.
+    // The queue that heartbeat came through (Session::queue), and its delay
+    // (ReportQueueDelay) when it was handled.
+    int queue = -1;
     absl::Duration seen_delay;
     int64_t last_started = 0;
     int64_t last_finished = 0;
@@ -326,8 +333,7 @@ class HealthManager : public RoundListener {
     int allowed_factor = 1;
     // Session::id of the stream it last heartbeated on (0: none yet).
     uint64_t stream = 0;
-    // When that stream broke; InfiniteFuture while it is fine. The member
-    // is LOST once the job's reconnect grace passed since.
+    // When that stream broke (InfiniteFuture: it is fine; see reconnect_grace).
     absl::Time stream_broke = absl::InfiniteFuture();
   };
   // The monitoring of one round of one job.
@@ -354,15 +360,13 @@ class HealthManager : public RoundListener {
     absl::Time not_lost_before = absl::InfinitePast();
     // The latest first heartbeat of a member (see LostReasonLocked).
     absl::Time first_heard_last ABSL_GUARDED_BY(mu) = absl::InfinitePast();
-
     // The job's state and reason: read from JobManager when the monitoring
     // started, then as this manager recorded them (Transition);
     // `generation` counts their changes so streams know what to resend.
     v1::JobState state ABSL_GUARDED_BY(mu) = v1::JOB_STATE_RUNNING;
     std::string reason ABSL_GUARDED_BY(mu);
     int64_t generation ABSL_GUARDED_BY(mu) = 1;
-    // False once the round was superseded or forgotten: heartbeats get
-    // ABORTED.
+    // False once the round was superseded or forgotten (heartbeats: ABORTED).
     bool current ABSL_GUARDED_BY(mu) = true;
     // The rendezvous asked the members to re-form at a step boundary.
     bool reform_requested ABSL_GUARDED_BY(mu) = false;
@@ -385,8 +389,7 @@ class HealthManager : public RoundListener {
     bool rebalance = true;
     bool rebalancing ABSL_GUARDED_BY(mu) = false;
     v1::JobDiagnosis diagnosis ABSL_GUARDED_BY(mu);
-    // The stacks a standing hang verdict asked for (diagnosis.hang_stacks
-    // mirrors its view).
+    // Stacks a standing hang verdict asked for (diagnosis.hang_stacks).
     HangStackRequest hang_stacks ABSL_GUARDED_BY(mu);
     // Heartbeats counted for the shedder since the last Poll.
     HeartbeatShedder::Counts load ABSL_GUARDED_BY(mu);
@@ -405,7 +408,6 @@ class HealthManager : public RoundListener {
     // grace, since the last Poll (which logs them, one line each).
     std::vector<int> broke ABSL_GUARDED_BY(mu);
     std::vector<int> reconnected ABSL_GUARDED_BY(mu);
-
     // Set by RoundEnded the moment the rendezvous supersedes the round, so
     // its members are turned away at once; the next Poll clears `current`.
     std::atomic<bool> superseded{false};
@@ -421,8 +423,8 @@ class HealthManager : public RoundListener {
     }
   };
 
-  // Finds or starts the monitoring of the session's round and checks the
-  // member; points `session` at it.
+  // Finds or starts the monitoring of the session's round, checks the
+  // member, and points `session` at it.
   absl::Status Resolve(Session* session, const v1::MemberRef& member);
   absl::StatusOr<std::shared_ptr<JobHealth>> FindOrStart(
       const v1::MemberRef& member,
@@ -441,8 +443,7 @@ class HealthManager : public RoundListener {
   absl::StatusOr<std::shared_ptr<JobHealth>> Install(
       std::shared_ptr<JobHealth> job) ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<std::shared_ptr<JobHealth>> Snapshot() const;
-  // The monitoring of round `round` of `job_id`; null when that round is
-  // not monitored.
+  // The monitoring of round `round` of `job_id` (null: not monitored).
   std::shared_ptr<JobHealth> Monitored(const std::string& job_id,
                                        int64_t round) const;
 
@@ -453,8 +454,7 @@ class HealthManager : public RoundListener {
   void RecordReadyTimes(JobHealth* job, int rank,
                         const v1::WorkerMetrics& metrics)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
-  // After a straggler verdict: asks for a rebalance once, when the job's
-  // policy allows and the balancer proposes one.
+  // After a straggler verdict: asks once for a proposed, allowed rebalance.
   void MaybeRebalance(JobHealth* job,
                       const std::vector<v1::Straggler>& stragglers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
@@ -515,10 +515,10 @@ class HealthManager : public RoundListener {
     absl::Duration extra;  // the coordinator's known backlog, capped
     absl::Duration quiet;  // below this a member is neither overdue nor lost
     // The job keeps time (KeepsTimeLocked): a member is allowed only what
-    // the queue delay grew by since its last heartbeat was handled (from
-    // its seen_delay to `delay`, at most `extra`), not all of `extra`.
+    // its queue's delay grew by since its last heartbeat was handled (from
+    // its seen_delay to `delays`' now, at most `extra`), not all of `extra`.
     bool kept_time = false;
-    absl::Duration delay;
+    const QueueDelays* delays = nullptr;
     absl::Duration Extra(const MemberHealth& m) const;
   };
   // Why active member `m` is LOST now (nullopt: it is not): its reconnect
@@ -650,7 +650,7 @@ class HealthManager : public RoundListener {
   std::atomic<int64_t> divergences_{0};  // divergences found
   std::atomic<bool> stopped_{false};
   std::atomic<int64_t> heartbeats_{0};
-  std::atomic<int64_t> queue_delay_ns_{0};  // ReportQueueDelay
+  QueueDelays queue_delays_;  // ReportQueueDelay
   HeartbeatShedder shedder_;
   // Held by Poll() throughout (it is called from one thread at a time).
   absl::Mutex poll_mu_;  // taken before mu_ and the jobs' locks
@@ -681,6 +681,7 @@ class HealthManager::Session {
  private:
   friend class HealthManager;
   uint64_t id = 0;  // unique per stream (NewSession); 0 for a one-off call
+  int queue = -1;   // the completion queue serving it (NewSession)
   std::shared_ptr<JobHealth> job;
   std::string job_id;
   int64_t round = 0;

@@ -52,8 +52,9 @@ class MemberProtocol {
   // Heartbeats in one message.
   static int Heartbeats(const Request&) { return 1; }
 
-  explicit MemberProtocol(HealthManager* health)
-      : health_(health), session_(HealthManager::NewSession()) {}
+  // `queue`: the completion queue serving the stream (its index).
+  MemberProtocol(HealthManager* health, int queue)
+      : health_(health), session_(HealthManager::NewSession(queue)) {}
 
   absl::Status OnMessage(const Caller& caller, Request* request,
                          std::optional<Response>* answer) {
@@ -101,7 +102,8 @@ class NodeProtocol {
   static constexpr const char* kMethod = "/gradsync.v1.Monitor/NodeHeartbeat";
   static int Heartbeats(const Request& r) { return r.heartbeats_size(); }
 
-  explicit NodeProtocol(HealthManager* health) : health_(health) {}
+  NodeProtocol(HealthManager* health, int queue)
+      : health_(health), queue_(queue) {}
 
   absl::Status OnMessage(const Caller& caller, Request* request,
                          std::optional<Response>* answer) {
@@ -149,7 +151,7 @@ class NodeProtocol {
     const v1::MemberRef member = heartbeat->member();
     absl::Status allowed = Authenticator::Authorize(caller, member.job_id());
     std::unique_ptr<HealthManager::Session>& session = sessions_[Key(member)];
-    if (session == nullptr) session = HealthManager::NewSession();
+    if (session == nullptr) session = HealthManager::NewSession(queue_);
     v1::HeartbeatResponse answer;
     absl::StatusOr<bool> tell =
         allowed.ok() ? health_->Heartbeat(session.get(), heartbeat, &answer)
@@ -172,6 +174,7 @@ class NodeProtocol {
   }
 
   HealthManager* const health_;
+  const int queue_;
   absl::flat_hash_map<SessionKey, std::unique_ptr<HealthManager::Session>>
       sessions_;
   // The heartbeats a second last asked of each member told an interval.
@@ -292,7 +295,7 @@ class HealthService::StreamCall {
         requester_(requester),
         queue_(queue),
         stream_(&context_),
-        protocol_(service->health_) {
+        protocol_(service->health_, queue->index()) {
     context_.AsyncNotifyWhenDone(&done_tag_);
   }
 

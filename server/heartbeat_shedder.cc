@@ -290,7 +290,6 @@ HeartbeatShedder::Allowances HeartbeatShedder::Allowed(absl::Time now) const {
   absl::MutexLock lock(&mu_);
   if (!state_.behind) return allowed;
   allowed.all = std::max(now - state_.behind_since, episode_delay_);
-  allowed.delay = backlog_.delay;
   allowed.since = state_.behind_since;
   return allowed;
 }

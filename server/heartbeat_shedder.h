@@ -217,14 +217,13 @@ class HeartbeatShedder {
   // whichever is more; zero otherwise, and when disabled. HealthManager
   // caps it per job.
   absl::Duration Allowance(absl::Time now) const { return Allowed(now).all; }
-  // Allowance(now), the queue delay now (the latest Update's), and when
-  // the episode began. HealthManager gives a job whose own heartbeats keep
-  // time during the episode only what the queue delay grew by since each
-  // member's last heartbeat was handled: the time behind stands for
-  // heartbeats starved where no probe sees them, which that job's are not.
+  // Allowance(now), and when the episode began. HealthManager gives a job
+  // whose own heartbeats keep time during the episode only what the queue
+  // delay grew by since each member's last heartbeat was handled: the time
+  // behind stands for heartbeats starved where no probe sees them, which
+  // that job's are not.
   struct Allowances {
     absl::Duration all;
-    absl::Duration delay;
     absl::Time since = absl::InfinitePast();  // valid while `all` > 0
   };
   Allowances Allowed(absl::Time now) const;
