@@ -570,6 +570,9 @@ struct WitnessOutcome {
   std::string reason;
 };
 
+// How many members not ACTIVE at a level's check a level prints.
+constexpr size_t kLostShown = 3;
+
 struct LevelResult {
   int members = 0;
   std::string shed;  // "on" or "off"
@@ -584,6 +587,9 @@ struct LevelResult {
   int64_t skipped = 0;
   int lost = 0;
   int stale = 0;
+  // The coordinator's reasons for the first members not ACTIVE at the
+  // check (at most kLostShown), each with its job and rank.
+  std::vector<std::string> lost_reasons;
   int failed_streams = 0;
   // Streams whose half-close was not answered within 10 s (held behind the
   // messages they sent too fast), cancelled instead; not failures.
@@ -1113,7 +1119,15 @@ LevelResult RunLevel(const Target& target, int members, int level_index) {
       continue;
     }
     for (const v1::Member& m : status->members()) {
-      if (m.state() != v1::MEMBER_STATE_ACTIVE) ++result.lost;
+      if (m.state() != v1::MEMBER_STATE_ACTIVE) {
+        ++result.lost;
+        if (result.lost_reasons.size() < kLostShown) {
+          result.lost_reasons.push_back(
+              absl::StrCat("job '", job, "' rank ", m.rank(), " (",
+                           v1::MemberState_Name(m.state()),
+                           "): ", m.state_reason()));
+        }
+      }
       if (now - FromProtoTime(m.last_seen()) > stale_after) ++result.stale;
     }
   }
@@ -1344,6 +1358,9 @@ int Main() {
                   static_cast<long long>(r.skipped),
                   static_cast<long long>(r.shed_skips), r.lost, r.stale,
                   r.failed_streams, r.shedding.factor);
+      for (const std::string& reason : r.lost_reasons) {
+        std::printf("  not active: %s\n", reason.c_str());
+      }
       if (!r.stream_failures.empty()) {
         std::printf("  failed streams, the first %s after the load began:\n",
                     absl::FormatDuration(r.first_failure).c_str());
