@@ -277,7 +277,9 @@ std::pair<double, int64_t> TrainWith(std::function<std::shared_ptr<CommHook>()> 
     auto model = models[rank];
     auto ddp = DistributedDataParallel::Create(model, backend);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
-    if (hook) ASSERT_TRUE((*ddp)->RegisterCommHook(hook()).ok());
+    if (hook) {
+      ASSERT_TRUE((*ddp)->RegisterCommHook(hook()).ok());
+    }
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
     const int steps = 250, batch = 32;
     double tail = 0;
