@@ -218,10 +218,10 @@ class HeartbeatShedder {
   // caps it per job.
   absl::Duration Allowance(absl::Time now) const { return Allowed(now).all; }
   // Allowance(now), and when the episode began. HealthManager gives a job
-  // whose own heartbeats keep time during the episode only what the queue
-  // delay grew by since each member's last heartbeat was handled: the time
-  // behind stands for heartbeats starved where no probe sees them, which
-  // that job's are not.
+  // whose own heartbeats keep time during the episode only what each
+  // member's queue's delay grew by since its last heartbeat was handled:
+  // the time behind stands for heartbeats starved where no probe sees
+  // them, which that job's are not.
   struct Allowances {
     absl::Duration all;
     absl::Time since = absl::InfinitePast();  // valid while `all` > 0
