@@ -300,15 +300,13 @@ std::string Coordinator::RenderMetrics() const {
 }
 
 void Coordinator::ReportQueueDelays() {
-  // A turn under a rate cap (PacingDelay) is waited for on every queue.
-  const absl::Duration pacing = health_service_.PacingDelay();
-  std::vector<absl::Duration> delays = queues_.Delays(absl::Now());
-  absl::Duration overall = pacing;
-  for (absl::Duration& delay : delays) {
-    delay = std::max(delay, pacing);
-    overall = std::max(overall, delay);
-  }
-  health_.ReportQueueDelay(overall, delays);
+  const absl::Time now = absl::Now();
+  // Under a rate cap each job's heartbeats also wait for their turns.
+  HeartbeatPacer::Waits waits = health_service_.TurnWaits(now);
+  const std::vector<absl::Duration> delays = queues_.Delays(now);
+  absl::Duration overall = waits.longest;
+  for (absl::Duration delay : delays) overall = std::max(overall, delay);
+  health_.ReportQueueDelay(overall, delays, std::move(waits.jobs));
 }
 
 void Coordinator::PollLoop() {

@@ -118,7 +118,8 @@ class Coordinator {
  private:
   void PollLoop();
   // Tells health_ how late the completion queues run what arrives now
-  // (each queue's and the largest), for failure detection under overload.
+  // (each queue's and the largest) and, under a rate cap, how long each
+  // job's heartbeats wait for turns, for failure detection under overload.
   void ReportQueueDelays();
   // The HTTP port's routes: /metrics, the status page (/) and its JSON
   // (/api/jobs, /api/job?id=JOB).

@@ -119,6 +119,14 @@ std::vector<std::shared_ptr<HealthManager::JobHealth>> HealthManager::Snapshot()
   return jobs;
 }
 
+void HealthManager::ReportQueueDelay(
+    absl::Duration delay, absl::Span<const absl::Duration> per_queue,
+    absl::flat_hash_map<std::string, absl::Duration> turn_waits) {
+  queue_delays_.Report(delay, per_queue);
+  absl::MutexLock lock(&poll_mu_);
+  turn_waits_ = std::move(turn_waits);
+}
+
 void HealthManager::Poll() {
   absl::MutexLock poll_lock(&poll_mu_);
   const absl::Time now = clock_->Now();
@@ -138,6 +146,9 @@ void HealthManager::Poll() {
     counts[i] = job->load;
     job->load = HeartbeatShedder::Counts();
     rates.push_back(job->full_rate);
+    const auto wait = turn_waits_.find(job->job_id);
+    job->turn_wait =
+        wait != turn_waits_.end() ? wait->second : absl::ZeroDuration();
   }
   polled_.delay = queue_delays_.overall();
   shedder_.Update(now, load, polled_);
@@ -245,6 +256,7 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now,
   silence.kept_time =
       silence.extra > absl::ZeroDuration() && KeepsTimeLocked(*job, now);
   silence.delays = &queue_delays_;
+  silence.turn_wait = job->turn_wait;
   if (now < job->not_lost_before) {
     DiagnoseHang(job, now, silence.extra);
     return;
@@ -276,9 +288,8 @@ void HealthManager::PollJob(JobHealth* job, absl::Time now,
 }
 
 absl::Duration HealthManager::Silence::Extra(const MemberHealth& m) const {
-  return kept_time ? std::clamp(delays->Of(m.queue) - m.seen_delay,
-                                absl::ZeroDuration(), extra)
-                   : extra;
+  const absl::Duration grew = delays->Of(m.queue) + turn_wait - m.seen_delay;
+  return kept_time ? std::clamp(grew, absl::ZeroDuration(), extra) : extra;
 }
 
 std::optional<std::string> HealthManager::LostReasonLocked(
@@ -331,8 +342,8 @@ std::optional<std::string> HealthManager::LostReasonLocked(
   std::string why_not;
   if (silence.kept_time) {
     absl::StrAppend(&reason, ", after ", more,
-                    " more for what the coordinator's queue delay grew by "
-                    "(it is behind; this job's heartbeats keep time)");
+                    " more for what the delay of its heartbeats grew by (the "
+                    "coordinator is behind; this job's heartbeats keep time)");
   } else {
     KeepsTimeLocked(job, now, &why_not);
     absl::StrAppend(&reason, ", after ", more,

@@ -310,7 +310,7 @@ absl::StatusOr<bool> HealthManager::HandleHeartbeat(
   m.heard = true;
   m.last_seen = now;
   m.queue = session->queue;
-  m.seen_delay = queue_delays_.Of(m.queue);
+  m.seen_delay = queue_delays_.Of(m.queue) + job->turn_wait;
   RecordProgressLocked(job, session->rank, request->metrics(), now);
   if (job->detecting()) {
     RecordCollectives(job, session->rank, request->metrics());

@@ -31,9 +31,10 @@
 //    own heartbeats keep time while the coordinator is behind (none late
 //    since it began, at most one member overdue, one on time:
 //    KeepsTimeLocked) is given only what the delay of a member's queue
-//    (the completion queue serving its stream) grew by since its last
-//    heartbeat was handled: its silent member is not starved, so a flood
-//    in another job does not slow finding it. (A member starved alone, on
+//    (the completion queue serving its stream), and under a heartbeat cap
+//    its job's wait for turns, grew by since its last heartbeat was
+//    handled: its silent member is not starved, so a flood in another job
+//    does not slow finding it. (A member starved alone, on
 //    a connection the others of its job do not share, is then taken for
 //    stopped.)
 //  - Describe() reports it in the diagnosis (JobDiagnosis.overload), and
@@ -85,6 +86,7 @@
 #include "common/self_set_timeout.h"
 #include "proto/gradsync/v1/health.pb.h"
 #include "server/hang_stack_request.h"
+#include "server/health_config.h"
 #include "server/health_detectors.h"
 #include "server/heartbeat_shedder.h"
 #include "server/share_balancer.h"
@@ -93,29 +95,6 @@
 #include "server/round_lifecycle.h"
 
 namespace gradsync {
-
-// Coordinator-wide defaults for the health settings a JobConfig leaves zero.
-struct HealthConfig {
-  absl::Duration heartbeat_interval = absl::Seconds(1);
-  int missed_heartbeats = 3;
-  absl::Duration straggler_threshold = absl::Milliseconds(100);
-  // The hang timeout of a job that sets none follows its step times
-  // (SelfSetTimeout): hang_timeout_factor x their 99th percentile, within
-  // [min_hang_timeout, max_hang_timeout]; hang_timeout until enough steps
-  // were reported.
-  absl::Duration hang_timeout = absl::Seconds(30);
-  absl::Duration min_hang_timeout = absl::Seconds(1);
-  absl::Duration max_hang_timeout = absl::Minutes(10);
-  double hang_timeout_factor = 10;
-  // How long a member whose heartbeat stream broke may take to heartbeat
-  // again on a new one before it is LOST; unset: the job's missed-heartbeat
-  // window (interval x missed heartbeats); zero: LOST at once.
-  std::optional<absl::Duration> reconnect_grace;
-  // Queues whose delays ReportQueueDelay gives (0: only the largest).
-  int completion_queues = 0;
-  // Slowing heartbeats down past the coordinator's capacity.
-  HeartbeatSheddingConfig shedding;
-};
 
 // One member as the Prometheus exposition sees it (see ForEachMember).
 struct MemberSample {
@@ -284,11 +263,12 @@ class HealthManager : public RoundListener {
   // How late the coordinator runs what arrives now (the oldest event waiting
   // in its completion queues, or for its turn under a rate cap): the largest
   // `delay` and each queue's (`per_queue`, indexed as NewSession's `queue`),
-  // reported before each Poll(). An overload shows in it at once.
-  void ReportQueueDelay(absl::Duration delay,
-                        absl::Span<const absl::Duration> per_queue = {}) {
-    queue_delays_.Report(delay, per_queue);
-  }
+  // and under a cap each job's wait for turns (HeartbeatPacer; jobs left
+  // out wait for none), reported before each Poll(). An overload shows in
+  // it at once.
+  void ReportQueueDelay(
+      absl::Duration delay, absl::Span<const absl::Duration> per_queue = {},
+      absl::flat_hash_map<std::string, absl::Duration> turn_waits = {});
 
   // Whether and how much the coordinator sheds heartbeat load now.
   HeartbeatShedder::State shedding() const { return shedder_.state(); }
@@ -315,7 +295,7 @@ class HealthManager : public RoundListener {
     bool heard = false;
     absl::Time last_seen;  // last heartbeat, or the start of monitoring
     // The queue that heartbeat came through (Session::queue), and its delay
-    // (ReportQueueDelay) when it was handled.
+    // plus the job's turn_wait (ReportQueueDelay) when it was handled.
     int queue = -1;
     absl::Duration seen_delay;
     int64_t last_started = 0;
@@ -398,6 +378,8 @@ class HealthManager : public RoundListener {
     // active members send at the job's own interval (as of the last Poll).
     int factor ABSL_GUARDED_BY(mu) = 1;
     double full_rate ABSL_GUARDED_BY(mu) = 0;
+    // Its wait for turns under a heartbeat cap (as of the last Poll).
+    absl::Duration turn_wait ABSL_GUARDED_BY(mu);
     // The coordinator's current episode of being behind as this job saw it
     // (InfinitePast: none): when it began, and the job's heartbeats since
     // that had a gap to their member's previous one, and of those the late.
@@ -515,10 +497,12 @@ class HealthManager : public RoundListener {
     absl::Duration extra;  // the coordinator's known backlog, capped
     absl::Duration quiet;  // below this a member is neither overdue nor lost
     // The job keeps time (KeepsTimeLocked): a member is allowed only what
-    // its queue's delay grew by since its last heartbeat was handled (from
-    // its seen_delay to `delays`' now, at most `extra`), not all of `extra`.
+    // its queue's delay and the job's turn_wait grew by since its last
+    // heartbeat was handled (from its seen_delay to `delays`' now plus
+    // `turn_wait`, at most `extra`), not all of `extra`.
     bool kept_time = false;
     const QueueDelays* delays = nullptr;
+    absl::Duration turn_wait;
     absl::Duration Extra(const MemberHealth& m) const;
   };
   // Why active member `m` is LOST now (nullopt: it is not): its reconnect
@@ -657,6 +641,9 @@ class HealthManager : public RoundListener {
   // Members heard from and overdue, and the heartbeats they send, as of
   // the last Poll, for the next one's shedder update.
   HeartbeatShedder::Backlog polled_ ABSL_GUARDED_BY(poll_mu_);
+  // job id -> its wait for turns under a cap, as last reported.
+  absl::flat_hash_map<std::string, absl::Duration> turn_waits_
+      ABSL_GUARDED_BY(poll_mu_);
 
   // Held while a round's monitoring starts (FindOrStart), before mu_.
   absl::Mutex start_mu_;

@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -43,6 +44,17 @@ double AskedRate(const v1::HeartbeatResponse& answer) {
              : 0.0;
 }
 
+// The line of turns under a cap (HeartbeatPacer) a heartbeat of `job_id`
+// takes its turn in: its job's, or, when `caller` may not report for that
+// job, one line all such heartbeats share (they are refused once handled),
+// so that they take no turn of the job they name. No job's id is empty.
+absl::string_view LineOf(const absl::StatusOr<Caller>& caller,
+                         const std::string& job_id) {
+  return caller.ok() && Authenticator::Authorize(*caller, job_id).ok()
+             ? absl::string_view(job_id)
+             : absl::string_view();
+}
+
 // Monitor.Heartbeat: one member per stream.
 class MemberProtocol {
  public:
@@ -51,6 +63,12 @@ class MemberProtocol {
   static constexpr const char* kMethod = "/gradsync.v1.Monitor/Heartbeat";
   // Heartbeats in one message.
   static int Heartbeats(const Request&) { return 1; }
+  // When a message of `caller` read at `now` may be handled under a cap.
+  static absl::Time Turn(HeartbeatPacer* pacer,
+                         const absl::StatusOr<Caller>& caller,
+                         const Request& r, absl::Time now) {
+    return pacer->Turn(LineOf(caller, r.member().job_id()), 1, now);
+  }
 
   // `queue`: the completion queue serving the stream (its index).
   MemberProtocol(HealthManager* health, int queue)
@@ -101,6 +119,23 @@ class NodeProtocol {
   using Response = v1::NodeHeartbeatResponse;
   static constexpr const char* kMethod = "/gradsync.v1.Monitor/NodeHeartbeat";
   static int Heartbeats(const Request& r) { return r.heartbeats_size(); }
+  // Each job's heartbeats (runs of one job, in order: a node's members are
+  // mostly of one job) take their turns in its line; the message is
+  // handled at the latest.
+  static absl::Time Turn(HeartbeatPacer* pacer,
+                         const absl::StatusOr<Caller>& caller,
+                         const Request& r, absl::Time now) {
+    absl::Time turn = now;
+    for (int i = 0, end = 0; i < r.heartbeats_size(); i = end) {
+      const std::string& job = r.heartbeats(i).member().job_id();
+      for (end = i + 1; end < r.heartbeats_size() &&
+                        r.heartbeats(end).member().job_id() == job;
+           ++end) {
+      }
+      turn = std::max(turn, pacer->Turn(LineOf(caller, job), end - i, now));
+    }
+    return turn;
+  }
 
   NodeProtocol(HealthManager* health, int queue)
       : health_(health), queue_(queue) {}
@@ -183,52 +218,15 @@ class NodeProtocol {
 
 }  // namespace
 
-// A cap on the heartbeats the coordinator handles per second, so that tests
-// and benchmarks reach its capacity cheaply (--max_heartbeat_rate): a
-// message read from a stream is handled at its turn (turns are spaced
-// 1/rate apart per heartbeat, in the order messages are read, across all
-// queues), the stream waiting on an alarm meanwhile, without reading its
-// next message. Heartbeats past the cap so wait in gRPC's buffers and the
-// kernel's, as on a saturated machine. (The queue threads must not sleep
-// instead: with Debian's gRPC they are the ones that poll the network.)
-// Not for production: a real coordinator's capacity is its CPU.
-// Thread-safe.
-class HealthService::Pacer {
- public:
-  explicit Pacer(double per_second)
-      : spacing_(absl::Seconds(1) / per_second) {}
-
-  // When a message of `heartbeats` read now may be handled.
-  absl::Time Turn(int heartbeats) {
-    absl::MutexLock lock(&mu_);
-    last_turn_ = std::max(next_, absl::Now());
-    next_ = last_turn_ + spacing_ * std::max(0, heartbeats);
-    return last_turn_;
-  }
-
-  // How long the message read last still waits for its turn (zero once
-  // the messages waiting have had theirs).
-  absl::Duration Delay() const {
-    absl::MutexLock lock(&mu_);
-    return std::max(absl::ZeroDuration(), last_turn_ - absl::Now());
-  }
-
- private:
-  const absl::Duration spacing_;
-  mutable absl::Mutex mu_;
-  // The next free turn, and the turn given last.
-  absl::Time next_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Time last_turn_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-};
-
 HealthService::HealthService(HealthManager* health, const Authenticator* auth,
                              ConnectionLimits* limits,
                              double max_heartbeat_rate, bool police)
     : health_(health),
       auth_(auth),
       limits_(limits),
-      pacer_(max_heartbeat_rate > 0 ? std::make_unique<Pacer>(max_heartbeat_rate)
-                                    : nullptr),
+      pacer_(max_heartbeat_rate > 0
+                 ? std::make_unique<HeartbeatPacer>(max_heartbeat_rate)
+                 : nullptr),
       police_(police),
       completions_(health) {}
 
@@ -258,8 +256,8 @@ void HealthService::NoteHeld(const std::string& who,
                      "asked for?)";
 }
 
-absl::Duration HealthService::PacingDelay() const {
-  return pacer_ != nullptr ? pacer_->Delay() : absl::ZeroDuration();
+HeartbeatPacer::Waits HealthService::TurnWaits(absl::Time now) const {
+  return pacer_ != nullptr ? pacer_->WaitsAt(now) : HeartbeatPacer::Waits();
 }
 
 // One heartbeat stream: a state machine driven by the events of its
@@ -410,7 +408,8 @@ class HealthService::StreamCall {
 
   void Pace() {
     if (service_->pacer_ != nullptr &&
-        HoldUntil(service_->pacer_->Turn(Protocol::Heartbeats(request_)))) {
+        HoldUntil(Protocol::Turn(service_->pacer_.get(), caller_, request_,
+                                 absl::Now()))) {
       return;
     }
     OnMessage();
@@ -504,7 +503,9 @@ class HealthService::StreamCall {
   Tag accepted_tag_{this, Event::kAccepted};
   Tag read_tag_{this, Event::kRead};
   Tag held_tag_{this, Event::kHeld};
-  // Holds a message back (policer_), or until its turn under a cap (Pacer).
+  // Holds a message back (policer_), or until its turn under a cap (an
+  // alarm: the queue threads must not sleep instead, with Debian's gRPC
+  // they are the ones that poll the network).
   grpc::Alarm hold_;
   HeartbeatPolicer policer_;
   Tag written_tag_{this, Event::kWritten};

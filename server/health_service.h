@@ -16,6 +16,7 @@
 #include "server/completion_queues.h"
 #include "server/connection_limits.h"
 #include "server/health_manager.h"
+#include "server/heartbeat_pacer.h"
 #include "server/heartbeat_policer.h"
 
 namespace gradsync {
@@ -44,8 +45,9 @@ class HealthService final
  public:
   // `auth` decides who may report for which job; `limits` bounds the
   // heartbeat streams of a connection. `max_heartbeat_rate` > 0 caps the
-  // heartbeats handled per second (a test and benchmark knob, see Pacer);
-  // 0: no cap. `police`: hold back what streams send faster than asked.
+  // heartbeats handled per second, shared fairly across jobs
+  // (HeartbeatPacer); 0: no cap. `police`: hold back what streams send
+  // faster than asked.
   HealthService(HealthManager* health, const Authenticator* auth,
                 ConnectionLimits* limits, double max_heartbeat_rate = 0,
                 bool police = true);
@@ -54,9 +56,9 @@ class HealthService final
   // `queues`.
   void Start(CompletionQueues* queues);
 
-  // Under a rate cap, how long a heartbeat read now waits for its turn;
-  // zero without one.
-  absl::Duration PacingDelay() const;
+  // Under a rate cap, how long each job's heartbeats read last still wait
+  // for their turns at `now` (HeartbeatPacer::WaitsAt); none without one.
+  HeartbeatPacer::Waits TurnWaits(absl::Time now) const;
 
   grpc::ServerUnaryReactor* ReportCompletion(
       grpc::CallbackServerContext* context,
@@ -66,7 +68,6 @@ class HealthService final
  private:
   template <typename Protocol>
   class StreamCall;
-  class Pacer;
 
   // Logs, at most once a minute, that heartbeat streams send faster than
   // asked and are held back: `who` (the latest such stream's members) was
@@ -77,7 +78,7 @@ class HealthService final
   const Authenticator* const auth_;
   ConnectionLimits* const limits_;
   // Null without a cap.
-  const std::unique_ptr<Pacer> pacer_;
+  const std::unique_ptr<HeartbeatPacer> pacer_;
   const bool police_;
   absl::Mutex held_mu_;
   absl::Time held_logged_ ABSL_GUARDED_BY(held_mu_) = absl::InfinitePast();

@@ -8,8 +8,9 @@
 // clocks that agree with the workers':
 //  - queue delay: how late the coordinator runs what has arrived (the age
 //    of the oldest event waiting in its completion queues, from a probe
-//    alarm on each; under --max_heartbeat_rate, the wait for a turn). It
-//    rises the moment heartbeats queue up, before any member looks silent.
+//    alarm on each; under --max_heartbeat_rate, the longest wait for a
+//    turn, HeartbeatPacer). It rises the moment heartbeats queue up,
+//    before any member looks silent.
 //  - late heartbeats: each heartbeat handled is compared with the same
 //    member's previous one; it is late when the gap exceeds late_ratio x
 //    the interval the member was asked for. Past capacity, heartbeats wait

@@ -86,9 +86,11 @@ ABSL_FLAG(bool, police_heartbeats, true,
           "ignoring their interval cannot keep the coordinator behind and "
           "slow failure detection in other jobs");
 ABSL_FLAG(double, max_heartbeat_rate, 0,
-          "for tests and benchmarks: handle at most this many heartbeats per "
-          "second, the rest waiting in the connections as on a saturated "
-          "machine; 0: no cap");
+          "handle at most this many heartbeats per second, shared fairly "
+          "across jobs (a job sending less than its share is handled at "
+          "once), the rest waiting in the connections as on a saturated "
+          "machine (tests and benchmarks reach the capacity cheaply with "
+          "it); 0: no cap");
 ABSL_FLAG(int, completion_queues, 32,
           "completion queues (each with a thread) serving heartbeat streams "
           "and joins; more keep them fast with many workers");

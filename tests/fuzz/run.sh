@@ -31,7 +31,8 @@ library=(
   server/health_detection.cc server/health_detectors.cc
   server/health_manager.cc server/health_replicas.cc server/health_transitions.cc
   server/health_views.cc
-  server/health_wire.cc server/heartbeat_policer.cc server/heartbeat_shedder.cc
+  server/health_wire.cc server/heartbeat_pacer.cc server/heartbeat_policer.cc
+  server/heartbeat_shedder.cc
   server/job_manager.cc server/queue_delays.cc
   server/job_records.cc
   server/jobs_service.cc server/kv_manager.cc server/kv_records.cc server/kv_service.cc

@@ -6,9 +6,9 @@
 // no live member is LOST; without it (--shed_heartbeats=false), the same
 // load makes it declare live members LOST, which is what shows the load is
 // past its capacity. And a job whose workers ignore the interval they are
-// asked for does not slow failure detection in another. Jobs use
-// failure_policy FAIL: one member LOST fails the job, so a false loss
-// cannot go unseen.
+// asked for, or obey it but are past the cap anyway, does not slow failure
+// detection in another. Jobs use failure_policy FAIL: one member LOST
+// fails the job, so a false loss cannot go unseen.
 #include <atomic>
 #include <fstream>
 #include <memory>
@@ -50,6 +50,9 @@ constexpr int kCapacity = 250;
 // How long overload, shedding and the members hearing of it may take on a
 // loaded 2-core machine.
 constexpr absl::Duration kBound = absl::Seconds(30);
+
+struct RawMember;
+class RawMembers;
 
 class OverloadProcessTest : public ::testing::Test {
  protected:
@@ -162,6 +165,17 @@ class OverloadProcessTest : public ::testing::Test {
     }
     return -1;
   }
+
+  // Adds `refs` to `members`, over the connections in turn, each sending
+  // every `every` (and, unless `ignore_answers`, every interval answered).
+  void AddMembers(RawMembers* members, const std::vector<v1::MemberRef>& refs,
+                  absl::Duration every, bool ignore_answers);
+  // Hangs `hung` of job "witness" (it stops sending; its stream stays
+  // open) and returns how long until the job FAILED.
+  absl::Duration HangUntilWitnessFails(RawMember* hung);
+  // The witness failed for a member that missed 3 heartbeats `every`
+  // interval, and job "flood" still runs (none of it was lost).
+  void ExpectWitnessMissedAndFloodRunning(absl::Duration every);
 
   CoordinatorProcess coordinator_;
   bool started_ = false;
@@ -292,6 +306,40 @@ class RawMembers {
   std::thread thread_;
 };
 
+void OverloadProcessTest::AddMembers(RawMembers* members,
+                                     const std::vector<v1::MemberRef>& refs,
+                                     absl::Duration every,
+                                     bool ignore_answers) {
+  for (size_t i = 0; i < refs.size(); ++i) {
+    members->Add(clients_[i % kConnections].get(), refs[i], every,
+                 ignore_answers);
+  }
+}
+
+absl::Duration OverloadProcessTest::HangUntilWitnessFails(RawMember* hung) {
+  hung->sending = false;
+  const absl::Time stopped = absl::Now();
+  EXPECT_TRUE(Eventually(
+      [&] {
+        absl::StatusOr<v1::JobStatus> job = Job("witness");
+        return job.ok() && job->state() == v1::JOB_STATE_FAILED;
+      },
+      kBound));
+  return absl::Now() - stopped;
+}
+
+void OverloadProcessTest::ExpectWitnessMissedAndFloodRunning(
+    absl::Duration every) {
+  absl::StatusOr<v1::JobStatus> job = Job("witness");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_THAT(job->reason(),
+              HasSubstr(absl::StrCat("missed 3 heartbeats (every ",
+                                     absl::FormatDuration(every), ")")));
+  job = Job("flood");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING) << job->reason();
+}
+
 // A job of 200 members asked for a heartbeat every 5 s that send one every
 // 20 ms (10,000 a second against the coordinator's 250), beside a job of 3
 // that obeys its 200 ms. The coordinator reads the first job's streams no
@@ -316,14 +364,8 @@ TEST_F(OverloadProcessTest, AJobIgnoringItsIntervalDoesNotSlowDetectionInAnother
   ASSERT_EQ(flood.size(), 200u);
   ASSERT_EQ(witness.size(), 3u);
   RawMembers members;
-  for (size_t i = 0; i < flood.size(); ++i) {
-    members.Add(clients_[i % kConnections].get(), flood[i],
-                absl::Milliseconds(20), /*ignore_answers=*/true);
-  }
-  for (size_t i = 0; i < witness.size(); ++i) {
-    members.Add(clients_[i % kConnections].get(), witness[i],
-                kWitnessInterval, /*ignore_answers=*/false);
-  }
+  AddMembers(&members, flood, absl::Milliseconds(20), /*ignore_answers=*/true);
+  AddMembers(&members, witness, kWitnessInterval, /*ignore_answers=*/false);
   members.Start();
   // The flood is read: every stream's first messages, then what the
   // coordinator asked for.
@@ -336,24 +378,52 @@ TEST_F(OverloadProcessTest, AJobIgnoringItsIntervalDoesNotSlowDetectionInAnother
   RawMember& hung = members.member(static_cast<int>(flood.size()) + 1);
   EXPECT_EQ(absl::Nanoseconds(hung.every_ns.load()), kWitnessInterval)
       << "the small job keeps its own interval";
-  hung.sending = false;  // hung: its stream stays open
-  const absl::Time stopped = absl::Now();
-  ASSERT_TRUE(Eventually(
-      [&] {
-        absl::StatusOr<v1::JobStatus> job = Job("witness");
-        return job.ok() && job->state() == v1::JOB_STATE_FAILED;
-      },
-      kBound));
-  const absl::Duration detection = absl::Now() - stopped;
+  const absl::Duration detection = HangUntilWitnessFails(&hung);
   // Alone: 600 ms, and this loaded machine's share; behind the flood
   // without holding it back: 600 ms plus up to 9.6 s.
   EXPECT_LT(detection, absl::Seconds(3)) << "found after " << detection;
-  absl::StatusOr<v1::JobStatus> job = Job("witness");
-  ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_THAT(job->reason(), HasSubstr("missed 3 heartbeats (every 200ms)"));
-  job = Job("flood");
-  ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->state(), v1::JOB_STATE_RUNNING) << job->reason();
+  ExpectWitnessMissedAndFloodRunning(kWitnessInterval);
+}
+
+// Under the cap, heartbeats are handled fairly across jobs (HeartbeatPacer).
+// A job of 200 members that obey their interval (100 ms) is past the cap
+// even at the largest slowdown allowed here (4x: 500 heartbeats a second
+// against 250), so the coordinator stays behind and every job's deadlines
+// may be stretched (the allowance, up to 4 x the witness's 1.5 s window).
+// A job of 3 at 500 ms beside it gets its turns at once, its heartbeats
+// keep time, and it is allowed only what its own wait for turns grew by:
+// its hung member is found about as fast as on an idle coordinator (1.5 s
+// after its last heartbeat). With one line of turns for every job, each of
+// its heartbeats waited behind the flood's (200 x 4 ms), so they were read
+// over 750 ms apart (late), and it was allowed the time behind too: found
+// after 8 s.
+TEST_F(OverloadProcessTest, AnObedientFloodPastTheCapDoesNotSlowDetectionInAnother) {
+  constexpr absl::Duration kWitnessInterval = absl::Milliseconds(500);
+  StartCoordinator("fair", {"--max_heartbeat_slowdown=4"}, absl::Seconds(1));
+  const std::vector<v1::MemberRef> flood = Join("flood", 200, kInterval);
+  const std::vector<v1::MemberRef> witness =
+      Join("witness", 3, kWitnessInterval);
+  ASSERT_EQ(flood.size(), 200u);
+  ASSERT_EQ(witness.size(), 3u);
+  RawMembers members;
+  AddMembers(&members, flood, kInterval, /*ignore_answers=*/false);
+  AddMembers(&members, witness, kWitnessInterval, /*ignore_answers=*/false);
+  members.Start();
+  // The flood is slowed as far as allowed, and the coordinator is behind.
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return Metric("gradsync_heartbeat_interval_factor") == 4 &&
+               Metric("gradsync_heartbeat_behind") == 1;
+      },
+      kBound));
+  RawMember& hung = members.member(static_cast<int>(flood.size()) + 1);
+  ASSERT_EQ(absl::Nanoseconds(hung.every_ns.load()), kWitnessInterval)
+      << "the small job keeps its own interval";
+  const absl::Duration detection = HangUntilWitnessFails(&hung);
+  EXPECT_EQ(Metric("gradsync_heartbeat_behind"), 1)
+      << "the coordinator was behind throughout";
+  EXPECT_LT(detection, absl::Seconds(4)) << "found after " << detection;
+  ExpectWitnessMissedAndFloodRunning(kWitnessInterval);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -1398,7 +1399,7 @@ class OverloadTest : public ::testing::Test {
       Member& m = members_[r];
       while (m.sending && m.next_send <= now) {
         if (witness_apart_ && m.job == kWitness) {
-          absl::Time due = m.next_send + queued_;
+          absl::Time due = m.next_send + queued_ + witness_turns_;
           if (m.rank < stalled_ranks_) {
             due = std::max(due, witness_stalled_until_);
           }
@@ -1431,12 +1432,19 @@ class OverloadTest : public ::testing::Test {
     const absl::Duration delay = std::max(
         queued_, waiting_.empty() ? absl::ZeroDuration()
                                   : now - waiting_.front().second);
+    absl::flat_hash_map<std::string, absl::Duration> turn_waits;
+    if (witness_turns_ > absl::ZeroDuration()) {
+      turn_waits[kWitness] = witness_turns_;
+    }
+    if (flood_turns_ > absl::ZeroDuration()) turn_waits[kJob] = flood_turns_;
+    const absl::Duration longest =
+        std::max({delay + flood_queue_extra_, witness_turns_, flood_turns_});
     if (per_queue_) {
       const std::vector<absl::Duration> queues = {delay + flood_queue_extra_,
                                                   queued_};
-      health_->ReportQueueDelay(delay + flood_queue_extra_, queues);
+      health_->ReportQueueDelay(longest, queues, std::move(turn_waits));
     } else {
-      health_->ReportQueueDelay(delay);
+      health_->ReportQueueDelay(longest, {}, std::move(turn_waits));
     }
     health_->Poll();
   }
@@ -1523,6 +1531,11 @@ class OverloadTest : public ::testing::Test {
   // queue 1, whose delay is queued_.
   bool per_queue_ = false;
   absl::Duration flood_queue_extra_;
+  // Under a heartbeat cap, each job's wait for turns (reported as such):
+  // the witness's heartbeats (with witness_apart_) wait witness_turns_
+  // more; the flood's wait is only reported.
+  absl::Duration witness_turns_;
+  absl::Duration flood_turns_;
 };
 
 TEST_F(OverloadTest, WithoutSheddingLiveMembersAreLost) {
@@ -1642,13 +1655,16 @@ TEST_F(OverloadTest, AJobThatKeepsTimeIsNotGivenTheTimeBehind) {
 // apart and is lost after 2 missed heartbeats, and the jump comes just
 // after the second sent: the first member reaches its 2 s while the other
 // is still on time (the job keeps time). None is lost.
-// Per queue (the parameter), the witness's own queue's delay jumps with
-// every other's: the same.
-class GrewByTest : public OverloadTest,
-                   public ::testing::WithParamInterface<bool> {};
+// The parameter says where the jump is: the largest queue delay (the only
+// one reported), the witness's own queue's with every other's, or under a
+// heartbeat cap the witness job's wait for turns (its queue steady).
+enum class Jump { kLargest, kOwnQueue, kTurns };
 
-TEST_P(GrewByTest, AJobThatKeepsTimeIsGivenWhatTheQueueDelayGrewBy) {
-  per_queue_ = GetParam();
+class GrewByTest : public OverloadTest,
+                   public ::testing::WithParamInterface<Jump> {};
+
+TEST_P(GrewByTest, AJobThatKeepsTimeIsGivenWhatItsDelayGrewBy) {
+  per_queue_ = GetParam() != Jump::kLargest;
   witness_world_ = 2;
   witness_missed_ = 2;
   capacity_ = 1e6;
@@ -1657,7 +1673,8 @@ TEST_P(GrewByTest, AJobThatKeepsTimeIsGivenWhatTheQueueDelayGrewBy) {
   Start(/*shedding=*/true, absl::Milliseconds(1400), /*witness=*/true);
   Run(absl::Milliseconds(10750));
   ASSERT_TRUE(health_->shedding().behind);
-  queued_ = absl::Milliseconds(2050);
+  (GetParam() == Jump::kTurns ? witness_turns_ : queued_) +=
+      absl::Milliseconds(1500);
   Run(absl::Seconds(6));
   const v1::JobStatus witness = Status(kWitness);
   for (int r = 0; r < witness_world_; ++r) {
@@ -1666,7 +1683,20 @@ TEST_P(GrewByTest, AJobThatKeepsTimeIsGivenWhatTheQueueDelayGrewBy) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(LargestOrPerQueue, GrewByTest, ::testing::Bool());
+INSTANTIATE_TEST_SUITE_P(
+    Where, GrewByTest,
+    ::testing::Values(Jump::kLargest, Jump::kOwnQueue, Jump::kTurns),
+    [](const ::testing::TestParamInfo<Jump>& info) {
+      switch (info.param) {
+        case Jump::kLargest:
+          return "Largest";
+        case Jump::kOwnQueue:
+          return "OwnQueue";
+        case Jump::kTurns:
+          return "Turns";
+      }
+      return "Unknown";
+    });
 
 // A job that keeps time is allowed what its own queue's delay grew by, not
 // what another queue's did: the flood's queue falls 1.5 s further behind
@@ -1681,6 +1711,19 @@ TEST_F(OverloadTest, AJobThatKeepsTimeIsNotGivenWhatAnotherQueuesDelayGrewBy) {
   flood_queue_extra_ = absl::Milliseconds(1500);
   queued_ += absl::Microseconds(400);
   ExpectWitnessFoundAsAlone("the witness's queue's delay grew by 0.4 ms only");
+}
+
+// Under a heartbeat cap (HeartbeatPacer), a job that keeps time is allowed
+// what its own wait for turns grew by, not what another job's did: the
+// flood's wait grows to 1.5 s just after the witness's rank 1 stopped, the
+// witness waits for none. It is found as fast as with no wait anywhere.
+TEST_F(OverloadTest, AJobThatKeepsTimeIsNotGivenWhatAnotherJobsTurnsGrewBy) {
+  per_queue_ = true;
+  StartBehind();
+  Run(absl::Seconds(10));
+  ASSERT_TRUE(health_->shedding().behind);
+  flood_turns_ = absl::Milliseconds(1500);
+  ExpectWitnessFoundAsAlone("only the flood's wait for turns grew");
 }
 
 // The same episode with members of the witness starved together for 4 s
