@@ -580,15 +580,22 @@ TEST_F(HealthIntegrationTest, EndedJobIsForgottenAfterRetentionAndItsIdReused) {
 // A job's token goes with the job: once the job is forgotten, the old token
 // authenticates nothing, so it cannot re-create the id by joining (jobs are
 // created on join here).
-TEST(ForgottenJobTokenTest, AnOldTokenCannotRecreateTheJob) {
-  FakeClock clock;
+// A coordinator on a loopback port with tokens on (the admin's:
+// "admin-secret"), polling every 2 ms.
+CoordinatorConfig WithTokens() {
   CoordinatorConfig config;
   config.listen_address = "127.0.0.1:0";
   config.poll_interval = absl::Milliseconds(2);
-  config.retention = kRetention;
-  config.clock = &clock;
   config.admin_token = "admin-secret";
   config.completion_queues = 2;
+  return config;
+}
+
+TEST(ForgottenJobTokenTest, AnOldTokenCannotRecreateTheJob) {
+  FakeClock clock;
+  CoordinatorConfig config = WithTokens();
+  config.retention = kRetention;
+  config.clock = &clock;
   Coordinator coordinator(config);
   ASSERT_TRUE(coordinator.Start().ok());
   ClientOptions options;
@@ -631,6 +638,67 @@ TEST(ForgottenJobTokenTest, AnOldTokenCannotRecreateTheJob) {
   EXPECT_EQ(admin->GetJob("tokened").status().code(),
             absl::StatusCode::kNotFound)
       << "the refused join created nothing";
+  coordinator.Shutdown();
+}
+
+// Under a heartbeat cap (10 a second here), heartbeats a caller may not
+// send for the job they name take their turns in a line of their own, not
+// that job's: 30 streams of another job's token naming job "victim" are
+// each refused at their turn (3 s of turns), and the victim's own member
+// is answered at once meanwhile, not after them.
+TEST(CappedHeartbeatsTest, HeartbeatsNamingAnotherJobTakeNoTurnOfIt) {
+  CoordinatorConfig config = WithTokens();
+  config.max_heartbeat_rate = 10;
+  Coordinator coordinator(config);
+  ASSERT_TRUE(coordinator.Start().ok());
+  ClientOptions options;
+  options.target = absl::StrCat("127.0.0.1:", coordinator.port());
+  options.token = "admin-secret";
+  std::unique_ptr<CoordinatorClient> admin =
+      *GrpcCoordinatorClient::Create(options);
+  std::map<std::string, std::unique_ptr<CoordinatorClient>> clients;
+  for (const std::string id : {"victim", "other"}) {
+    v1::JobConfig job;
+    job.set_job_id(id);
+    job.set_min_nodes(1);
+    absl::StatusOr<v1::CreateJobResponse> created = admin->CreateJob(job);
+    ASSERT_TRUE(created.ok()) << created.status();
+    options.token = created->token();
+    clients[id] = *GrpcCoordinatorClient::Create(options);
+  }
+  v1::JoinRequest join;
+  join.set_job_id("victim");
+  *join.mutable_node() = LocalNodeDescriptor();
+  absl::StatusOr<v1::Assignment> a = clients["victim"]->Join(join, kPromptly);
+  ASSERT_TRUE(a.ok()) << a.status();
+  v1::HeartbeatRequest heartbeat;
+  heartbeat.mutable_member()->set_job_id("victim");
+  heartbeat.mutable_member()->set_round(a->round());
+  heartbeat.mutable_member()->set_rank(a->rank());
+  heartbeat.mutable_member()->set_incarnation_id(join.node().incarnation_id());
+
+  std::vector<std::unique_ptr<HeartbeatStream>> refused;
+  for (int i = 0; i < 30; ++i) {
+    refused.push_back(clients["other"]->OpenHeartbeatStream(
+        [](const v1::HeartbeatResponse&) {}));
+    ASSERT_TRUE(refused.back()->Send(heartbeat));
+  }
+  // The first had its turn at once: the others were read by then.
+  ASSERT_TRUE(Eventually([&] { return refused[0]->ended().has_value(); }));
+  Answers answers;
+  std::unique_ptr<HeartbeatStream> own =
+      clients["victim"]->OpenHeartbeatStream(answers.Callback());
+  const absl::Time sent = absl::Now();
+  ASSERT_TRUE(own->Send(heartbeat));
+  ASSERT_TRUE(answers.WaitFor(v1::JOB_STATE_RUNNING));
+  EXPECT_LT(absl::Now() - sent, absl::Milliseconds(1500))
+      << "the victim's heartbeat waited behind the refused ones";
+  for (auto& stream : refused) {
+    ASSERT_TRUE(Eventually([&] { return stream->ended().has_value(); }));
+    EXPECT_EQ(stream->ended()->code(), absl::StatusCode::kPermissionDenied)
+        << *stream->ended();
+  }
+  EXPECT_TRUE(own->Close(kPromptly).ok());
   coordinator.Shutdown();
 }
 
