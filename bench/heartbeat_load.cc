@@ -117,6 +117,9 @@ ABSL_FLAG(std::string, police, "on",
           "asked (--police_heartbeats): on, off, or a list (off,on) to run "
           "every level and --shed mode once per setting, side by side; not "
           "with --coordinator");
+ABSL_FLAG(bool, grow_receive_windows, true,
+          "the in-process coordinator's CoordinatorConfig::"
+          "grow_receive_windows (false: HTTP/2's 64 KiB a stream)");
 ABSL_FLAG(bool, obey_interval, true,
           "simulated workers read the coordinator's answers and send at the "
           "interval it asks for (a read pending per stream); false: answers "
@@ -1323,6 +1326,7 @@ int Main() {
             absl::Seconds(1) / absl::GetFlag(FLAGS_rate);
         config.health.shedding.enabled = mode == "on";
         config.police_heartbeats = police == "on";
+        config.grow_receive_windows = absl::GetFlag(FLAGS_grow_receive_windows);
         in_process = std::make_unique<Coordinator>(config);
         absl::Status started = in_process->Start();
         if (!started.ok()) {

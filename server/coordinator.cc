@@ -211,6 +211,9 @@ absl::Status Coordinator::Start() {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              absl::ToInt64Milliseconds(kMinPingInterval));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  if (!config_.grow_receive_windows) {
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  }
   builder.RegisterService(&rendezvous_service_);
   builder.RegisterService(&kv_service_);
   builder.RegisterService(&jobs_service_);

@@ -85,6 +85,13 @@ ABSL_FLAG(bool, police_heartbeats, true,
           "each (the rest waits in the connection), so that workers "
           "ignoring their interval cannot keep the coordinator behind and "
           "slow failure detection in other jobs");
+ABSL_FLAG(bool, grow_receive_windows, true,
+          "let gRPC grow each stream's receive window with the bandwidth-"
+          "delay product it measures (up to about 4 MiB a stream); false "
+          "keeps 64 KiB, so a heartbeat stream held back for sending faster "
+          "than asked buffers about 0.2 MiB instead of 4.3 MiB (for a "
+          "coordinator exposed to clients it does not trust), while "
+          "messages larger than that take more round trips");
 ABSL_FLAG(double, max_heartbeat_rate, 0,
           "handle at most this many heartbeats per second, shared fairly "
           "across jobs (a job sending less than its share is handled at "
@@ -329,6 +336,7 @@ absl::StatusOr<gradsync::CoordinatorConfig> ConfigFromFlags() {
   config.health = HealthConfigFromFlags();
   config.max_heartbeat_rate = absl::GetFlag(FLAGS_max_heartbeat_rate);
   config.police_heartbeats = absl::GetFlag(FLAGS_police_heartbeats);
+  config.grow_receive_windows = absl::GetFlag(FLAGS_grow_receive_windows);
   config.job_limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   config.job_limits.max_world_size = absl::GetFlag(FLAGS_max_world_size);
   config.kv_limits.max_key_bytes = absl::GetFlag(FLAGS_max_kv_key_bytes);
