@@ -69,7 +69,7 @@ struct CoordinatorConfig {
   // product it measures (its BDP probe; up to about 4 MiB a stream here).
   // false keeps HTTP/2's 64 KiB: a stream held back then buffers at most
   // that (measured: 0.2 MiB a held heartbeat stream against 4.3 MiB), and
-  // a message larger than it takes more round trips.
+  // a message larger than it takes about one round trip more.
   bool grow_receive_windows = true;
   // The term this replica leads in (under etcd leadership: its leader key's
   // create revision), sent with every key-value answer

@@ -91,7 +91,7 @@ ABSL_FLAG(bool, grow_receive_windows, true,
           "keeps 64 KiB, so a heartbeat stream held back for sending faster "
           "than asked buffers about 0.2 MiB instead of 4.3 MiB (for a "
           "coordinator exposed to clients it does not trust), while "
-          "messages larger than that take more round trips");
+          "messages larger than that take about one round trip more");
 ABSL_FLAG(double, max_heartbeat_rate, 0,
           "handle at most this many heartbeats per second, shared fairly "
           "across jobs (a job sending less than its share is handled at "
