@@ -3,6 +3,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 
 #include <algorithm>
 
@@ -213,6 +214,11 @@ absl::Status Coordinator::Start() {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   if (!config_.grow_receive_windows) {
     builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  }
+  if (config_.transport_memory_limit > 0) {
+    grpc::ResourceQuota quota("gradsync-coordinator-transport");
+    quota.Resize(static_cast<size_t>(config_.transport_memory_limit));
+    builder.SetResourceQuota(quota);
   }
   builder.RegisterService(&rendezvous_service_);
   builder.RegisterService(&kv_service_);

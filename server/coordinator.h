@@ -71,6 +71,14 @@ struct CoordinatorConfig {
   // that (measured: 0.2 MiB a held heartbeat stream against 4.3 MiB), and
   // a message larger than it takes about one round trip more.
   bool grow_receive_windows = true;
+  // Bytes gRPC may hold for this server's connections (read buffers,
+  // calls, messages received and not yet read), all of them together: a
+  // grpc::ResourceQuota. Near it gRPC shrinks receive windows, so senders
+  // wait; past it, gRPC ends streams (RESOURCE_EXHAUSTED) and idle
+  // connections rather than the process running out of memory (measured:
+  // 40 held heartbeat streams buffer about twice the limit in all, not
+  // 4-11 MiB each). 0: no limit (gRPC's default).
+  int64_t transport_memory_limit = 0;
   // The term this replica leads in (under etcd leadership: its leader key's
   // create revision), sent with every key-value answer
   // (common/leader_term.h); 0: none (one coordinator).

@@ -29,6 +29,7 @@
 #include "common/status_macros.h"
 #include "server/authenticator.h"
 #include "server/coordinator.h"
+#include "server/memory_available.h"
 #include "server/server_credentials.h"
 #include "server/standby_server.h"
 #include "server/storage/open_storage.h"
@@ -92,6 +93,14 @@ ABSL_FLAG(bool, grow_receive_windows, true,
           "than asked buffers about 0.2 MiB instead of 4.3 MiB (for a "
           "coordinator exposed to clients it does not trust), while "
           "messages larger than that take about one round trip more");
+ABSL_FLAG(std::string, transport_memory_limit, "0",
+          "bytes gRPC may hold for all the coordinator's connections "
+          "together (read buffers, calls, messages received and not yet "
+          "read), or a share of the memory this process may use (25%: of "
+          "its cgroup's limit, else the machine's): near it gRPC shrinks "
+          "receive windows so that senders wait, and past it ends streams "
+          "and idle connections rather than the coordinator running out of "
+          "memory (obedient clients' calls too); 0: no limit");
 ABSL_FLAG(double, max_heartbeat_rate, 0,
           "handle at most this many heartbeats per second, shared fairly "
           "across jobs (a job sending less than its share is handled at "
@@ -326,6 +335,21 @@ gradsync::HealthConfig HealthConfigFromFlags() {
   return health;
 }
 
+// --transport_memory_limit in bytes (0: none), logged when set.
+absl::StatusOr<int64_t> TransportMemoryLimit() {
+  absl::StatusOr<gradsync::MemoryLimit> limit =
+      gradsync::ParseMemoryLimit(absl::GetFlag(FLAGS_transport_memory_limit));
+  if (!limit.ok()) {
+    return absl::Status(limit.status().code(),
+                        absl::StrCat("--transport_memory_limit: ",
+                                     limit.status().message()));
+  }
+  if (limit->bytes > 0) {
+    GS_LOG(INFO) << "transport memory limit: " << limit->description;
+  }
+  return limit->bytes;
+}
+
 // Everything but the storage, from the flags.
 absl::StatusOr<gradsync::CoordinatorConfig> ConfigFromFlags() {
   gradsync::CoordinatorConfig config;
@@ -337,6 +361,7 @@ absl::StatusOr<gradsync::CoordinatorConfig> ConfigFromFlags() {
   config.max_heartbeat_rate = absl::GetFlag(FLAGS_max_heartbeat_rate);
   config.police_heartbeats = absl::GetFlag(FLAGS_police_heartbeats);
   config.grow_receive_windows = absl::GetFlag(FLAGS_grow_receive_windows);
+  GS_ASSIGN_OR_RETURN(config.transport_memory_limit, TransportMemoryLimit());
   config.job_limits.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   config.job_limits.max_world_size = absl::GetFlag(FLAGS_max_world_size);
   config.kv_limits.max_key_bytes = absl::GetFlag(FLAGS_max_kv_key_bytes);
