@@ -85,6 +85,7 @@
 #include "proto/gradsync/v1/jobs.grpc.pb.h"
 #include "proto/gradsync/v1/rendezvous.grpc.pb.h"
 #include "server/coordinator.h"
+#include "server/memory_available.h"
 
 ABSL_FLAG(std::string, members, "10000,50000,100000",
           "comma-separated load levels: simulated workers heartbeating at once");
@@ -120,6 +121,9 @@ ABSL_FLAG(std::string, police, "on",
 ABSL_FLAG(bool, grow_receive_windows, true,
           "the in-process coordinator's CoordinatorConfig::"
           "grow_receive_windows (false: HTTP/2's 64 KiB a stream)");
+ABSL_FLAG(std::string, transport_memory_limit, "0",
+          "the in-process coordinator's --transport_memory_limit (bytes, or "
+          "a share such as 25% of the memory this process may use; 0: none)");
 ABSL_FLAG(bool, obey_interval, true,
           "simulated workers read the coordinator's answers and send at the "
           "interval it asks for (a read pending per stream); false: answers "
@@ -1327,6 +1331,14 @@ int Main() {
         config.health.shedding.enabled = mode == "on";
         config.police_heartbeats = police == "on";
         config.grow_receive_windows = absl::GetFlag(FLAGS_grow_receive_windows);
+        absl::StatusOr<MemoryLimit> memory_limit =
+            ParseMemoryLimit(absl::GetFlag(FLAGS_transport_memory_limit));
+        if (!memory_limit.ok()) {
+          std::fprintf(stderr, "--transport_memory_limit: %s\n",
+                       memory_limit.status().ToString().c_str());
+          return 1;
+        }
+        config.transport_memory_limit = memory_limit->bytes;
         in_process = std::make_unique<Coordinator>(config);
         absl::Status started = in_process->Start();
         if (!started.ok()) {

@@ -42,16 +42,29 @@ void HeartbeatShedder::Update(absl::Time now, const Counts& counts,
   window_delay_ = std::max(window_delay_, backlog.delay);
   const bool queued = config_.max_delay > absl::ZeroDuration() &&
                       backlog.delay > config_.max_delay;
-  // An episode begins at once: a queue delay, or enough late heartbeats so
-  // far in the window. It began at least when the oldest event waiting
-  // arrived, and the lateness at least with the window.
-  if (!state_.behind &&
-      (queued ||
-       Overloaded(window_.samples, window_.late, config_.min_samples))) {
-    state_.behind = true;
-    state_.behind_since = std::min(window_start_, now - backlog.delay);
-    episode_delay_ = absl::ZeroDuration();
-    LogEpisodeBeginLocked(now, queued);
+  // Heartbeats that opened a stream (no gap to judge).
+  const int64_t opened = window_.heartbeats - window_.samples;
+  // An episode begins at once: a queue delay, enough late heartbeats so far
+  // in the window, or a storm of new streams. It began at least when the
+  // oldest event waiting arrived, and the lateness or storm at least with
+  // the window.
+  if (!state_.behind) {
+    Why why = Why::kNone;
+    if (queued) {
+      why = Why::kQueued;
+    } else if (Overloaded(window_.samples, window_.late,
+                          config_.min_samples)) {
+      why = Why::kLate;
+    } else if (opened >= config_.min_samples &&
+               Overloaded(window_.heartbeats, opened, config_.min_samples)) {
+      why = Why::kOpening;
+    }
+    if (why != Why::kNone) {
+      state_.behind = true;
+      state_.behind_since = std::min(window_start_, now - backlog.delay);
+      episode_delay_ = absl::ZeroDuration();
+      LogEpisodeBeginLocked(now, why);
+    }
   }
   if (state_.behind) episode_delay_ = std::max(episode_delay_, backlog.delay);
   if (now - window_start_ < config_.window) return;
@@ -75,8 +88,13 @@ void HeartbeatShedder::Update(absl::Time now, const Counts& counts,
   // min_samples: among fewer, one dead member would keep an episode going
   // and so stretch its own LOST deadline (by the time behind, up to the
   // cap) long after the load that began the episode has passed.
+  // Nor is a window calm while it takes in many new streams.
+  const bool opening =
+      opened >= config_.min_samples &&
+      static_cast<double>(opened) >
+          config_.calm_fraction * static_cast<double>(window_.heartbeats);
   const bool calm =
-      !processing &&
+      !processing && !opening &&
       (backlog.members < config_.min_samples ||
        static_cast<double>(backlog.overdue) <=
            config_.calm_fraction * static_cast<double>(backlog.members));
@@ -90,7 +108,7 @@ void HeartbeatShedder::Update(absl::Time now, const Counts& counts,
   window_start_ = now;
 }
 
-void HeartbeatShedder::LogEpisodeBeginLocked(absl::Time now, bool queued) {
+void HeartbeatShedder::LogEpisodeBeginLocked(absl::Time now, Why why) {
   if (now - episode_logged_ < kEpisodeLogEvery) {
     ++episodes_unlogged_;
     episode_logging_ = false;
@@ -98,21 +116,36 @@ void HeartbeatShedder::LogEpisodeBeginLocked(absl::Time now, bool queued) {
   }
   episode_logged_ = now;
   episode_logging_ = true;
-  const std::string why =
-      queued ? absl::StrCat("what arrives waits ",
-                            absl::FormatDuration(absl::Trunc(
-                                backlog_.delay, absl::Milliseconds(1))),
-                            " in its queues")
-             : absl::StrFormat("%lld of %lld heartbeats came late",
-                               static_cast<long long>(window_.late),
-                               static_cast<long long>(window_.samples));
+  std::string because;
+  switch (why) {
+    case Why::kQueued:
+      because = absl::StrCat(
+          "what arrives waits ",
+          absl::FormatDuration(
+              absl::Trunc(backlog_.delay, absl::Milliseconds(1))),
+          " in its queues");
+      break;
+    case Why::kLate:
+      because = absl::StrFormat("%lld of %lld heartbeats came late",
+                                static_cast<long long>(window_.late),
+                                static_cast<long long>(window_.samples));
+      break;
+    case Why::kOpening:
+    case Why::kNone:
+      because = absl::StrFormat(
+          "%lld of %lld heartbeats opened a stream: taking in new streams, "
+          "it may read those already open late",
+          static_cast<long long>(window_.heartbeats - window_.samples),
+          static_cast<long long>(window_.heartbeats));
+      break;
+  }
   std::string unlogged;
   if (episodes_unlogged_ > 0) {
     unlogged = absl::StrCat(" (", episodes_unlogged_,
                             " shorter episodes were not logged since the last)");
     episodes_unlogged_ = 0;
   }
-  GS_LOG(WARNING) << "the coordinator runs behind its heartbeats (" << why
+  GS_LOG(WARNING) << "the coordinator runs behind its heartbeats (" << because
                   << "): until it catches up, LOST deadlines are extended by "
                      "the time behind"
                   << unlogged;

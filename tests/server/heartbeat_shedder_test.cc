@@ -29,6 +29,13 @@ Counts Beats(int64_t n, int64_t late, bool current = true) {
   return c;
 }
 
+// `n` heartbeats that opened a stream (no gap to judge).
+Counts Opened(int64_t n) {
+  Counts c;
+  c.heartbeats = n;
+  return c;
+}
+
 // Members that send `full_rate` heartbeats a second at their jobs' own
 // intervals, asked for `factor`.
 Backlog Waiting(absl::Duration delay, double full_rate = 0,
@@ -371,6 +378,46 @@ TEST_F(HeartbeatShedderTest, OverdueMembersAloneAreNotAnOverload) {
   EXPECT_EQ(factor(), 1);
   EXPECT_FALSE(shedder_->state().behind);
   EXPECT_EQ(shedder_->Allowance(now_), absl::ZeroDuration());
+}
+
+// A job of 10,000 was heard a moment ago; 50,000 more members open their
+// streams (the bench's start, where 257 of the first job were LOST): the
+// coordinator reads the new streams ahead of the open ones, where no
+// queue probe sees it.
+TEST_F(HeartbeatShedderTest, AStormOfNewStreamsIsBehindWhileItStarvesOthers) {
+  Make();
+  Window(Opened(20000), Waiting(absl::ZeroDuration(), 10000, 10000, 0));
+  ASSERT_TRUE(shedder_->state().behind);
+  // Still opening; the first 10,000 are overdue, their streams unread.
+  Counts storm = Opened(20000);
+  storm += Beats(500, 0);
+  Window(storm, Waiting(absl::ZeroDuration(), 30000, 30000, 10000));
+  EXPECT_TRUE(shedder_->state().behind);
+  EXPECT_GE(shedder_->Allowance(now_), 2 * kWindow);
+  // The storm is over and every member heard again: the episode ends.
+  Window(Beats(60000, 0), Waiting(absl::ZeroDuration(), 60000, 60000, 0));
+  EXPECT_FALSE(shedder_->state().behind);
+  EXPECT_EQ(shedder_->Allowance(now_), absl::ZeroDuration());
+}
+
+TEST_F(HeartbeatShedderTest, AStormThatStarvesNobodyEndsWithIt) {
+  Make();
+  Window(Opened(1000), Waiting(absl::ZeroDuration(), 1000, 1000, 0));
+  ASSERT_TRUE(shedder_->state().behind);
+  Window(Beats(1000, 0), Waiting(absl::ZeroDuration(), 1000, 1000, 0));
+  EXPECT_FALSE(shedder_->state().behind);
+  EXPECT_EQ(factor(), 1);
+  EXPECT_EQ(shedder_->state().shed_periods, 0);
+}
+
+TEST_F(HeartbeatShedderTest, AFewNewStreamsAreNoStorm) {
+  Make();
+  Window(Opened(99), Waiting(absl::ZeroDuration(), 99, 0, 0));
+  EXPECT_FALSE(shedder_->state().behind) << "fewer than min_samples";
+  Counts some = Opened(150);
+  some += Beats(1000, 0);
+  Window(some, Waiting(absl::ZeroDuration(), 1150, 1000, 0));
+  EXPECT_FALSE(shedder_->state().behind) << "13% of the heartbeats";
 }
 
 TEST_F(HeartbeatShedderTest, DisabledNeverShedsButStillSeesItIsBehind) {
