@@ -88,7 +88,7 @@ ABSL_FLAG(bool, police_heartbeats, true,
           "slow failure detection in other jobs");
 ABSL_FLAG(bool, grow_receive_windows, true,
           "let gRPC grow each stream's receive window with the bandwidth-"
-          "delay product it measures (up to about 4 MiB a stream); false "
+          "delay product it measures (4-11 MiB a held stream measured); false "
           "keeps 64 KiB, so a heartbeat stream held back for sending faster "
           "than asked buffers about 0.2 MiB instead of 4.3 MiB (for a "
           "coordinator exposed to clients it does not trust), while "

@@ -150,7 +150,12 @@ absl::StatusOr<MemoryLimit> ParseMemoryLimit(absl::string_view spec,
   }
   absl::StatusOr<MemoryAvailable> available =
       MemoryAvailableToThisProcess(root);
-  if (!available.ok()) return available.status();
+  if (!available.ok()) {
+    return absl::Status(
+        available.status().code(),
+        absl::StrCat(available.status().message(),
+                     ": cannot size a share of it; give a number of bytes"));
+  }
   const auto bytes =
       static_cast<int64_t>(static_cast<double>(available->bytes) * percent /
                            100);
