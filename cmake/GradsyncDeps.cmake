@@ -165,6 +165,17 @@ add_library(gradsync_system_torch INTERFACE)
 if(GRADSYNC_WITH_TORCH)
   find_package(Torch REQUIRED)
   target_link_libraries(gradsync_system_torch INTERFACE ${TORCH_LIBRARIES} Threads::Threads)
+  # The C++ standard LibTorch's headers need (PyTorch 2.13 and later: C++20;
+  # TorchConfig.cmake sets it on its own target, which does not pass it on):
+  # the code that includes them compiles with it.
+  if(TARGET torch)
+    get_target_property(_torch_std torch CXX_STANDARD)
+    if(_torch_std AND _torch_std GREATER CMAKE_CXX_STANDARD)
+      target_compile_features(gradsync_system_torch INTERFACE cxx_std_${_torch_std})
+      message(STATUS "gradsync: LibTorch ${Torch_VERSION} needs C++${_torch_std}: "
+        "its users compile with it")
+    endif()
+  endif()
   # A LibTorch with CUDA: collectives order after its current stream
   # (worker/ddp/tensor_buffer.cc uses c10_cuda).
   if(TORCH_CUDA_LIBRARIES)

@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "worker/ddp/torch_compat.h"
 #include "worker/ddp/torch_file.h"
 
 namespace gradsync {
@@ -27,14 +28,6 @@ using GenericDict = c10::impl::GenericDict;
 
 GenericDict NewDict(c10::TypePtr key = c10::StringType::get()) {
   return GenericDict(std::move(key), c10::AnyType::get());
-}
-
-// The optimizer's state of `param` (nullptr: none yet).
-const torch::optim::OptimizerParamState* StateOf(
-    const torch::optim::Optimizer& optimizer, const torch::Tensor& param) {
-  auto it = optimizer.state().find(
-      c10::guts::to_string(param.unsafeGetTensorImpl()));
-  return it == optimizer.state().end() ? nullptr : it->second.get();
 }
 
 enum class Kind { kSgd, kAdam, kAdamW };
@@ -218,7 +211,7 @@ absl::StatusOr<c10::IValue> OptimizerStateDict(
   for (const auto& group : optimizer.param_groups()) {
     c10::List<int64_t> numbers;
     for (const torch::Tensor& param : group.params()) {
-      if (const auto* s = StateOf(optimizer, param)) {
+      if (const auto* s = FindOptimizerState(optimizer, param)) {
         state.insert(index, ParamStateDict(kind, *s));
       }
       numbers.push_back(index++);
@@ -251,7 +244,7 @@ absl::Status LoadOptimizerStateDict(torch::optim::Optimizer& optimizer,
                                  ours.size()));
   }
   // Parse and check everything first; change nothing on an error.
-  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> parsed;
+  std::vector<std::pair<torch::Tensor, std::unique_ptr<torch::optim::OptimizerParamState>>> parsed;
   int64_t index = 0;
   for (size_t g = 0; g < ours.size(); ++g) {
     if (!theirs[g].isGenericDict()) return Mismatch("a param group is not a dict");
@@ -275,15 +268,13 @@ absl::Status LoadOptimizerStateDict(torch::optim::Optimizer& optimizer,
       if (!s.ok()) {
         return Mismatch(absl::StrCat("parameter ", index - 1, ": ", s.status().message()));
       }
-      parsed.emplace_back(c10::guts::to_string(param.unsafeGetTensorImpl()),
-                          std::move(*s));
+      parsed.emplace_back(param, std::move(*s));
     }
   }
   for (size_t g = 0; g < ours.size(); ++g) {
     GS_RETURN_IF_ERROR(ApplyGroup(kind, theirs[g].toGenericDict(), ours[g].options()));
   }
-  optimizer.state().clear();
-  for (auto& [key, s] : parsed) optimizer.state()[key] = std::move(s);
+  ReplaceOptimizerState(optimizer, std::move(parsed));
   return absl::OkStatus();
 }
 

@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
-#include "worker/ddp/autograd_hooks.h"
 #include "worker/ddp/tensor_buffer.h"
 
 namespace gradsync {

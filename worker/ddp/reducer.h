@@ -21,6 +21,7 @@
 #include "worker/backend/backend.h"
 #include "worker/ddp/comm_hook.h"
 #include "worker/ddp/step_timings.h"
+#include "worker/ddp/torch_compat.h"
 
 namespace gradsync {
 
@@ -150,7 +151,7 @@ class Reducer {
   const ReducerOptions options_;
   Clock* const clock_;
   // Keeps the hooked grad accumulators alive.
-  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
+  std::vector<GradAccumulatorPtr> grad_accumulators_;
 
   mutable absl::Mutex mu_;
   std::vector<Bucket> buckets_ ABSL_GUARDED_BY(mu_);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/ddp/torch_compat.h"
 
 namespace gradsync {
 namespace {
@@ -41,15 +42,13 @@ void AddOptimizerState(const torch::optim::Optimizer& optimizer,
                        const std::string& name, const torch::Tensor& param,
                        std::vector<std::string>* names,
                        std::vector<torch::Tensor>* sums) {
-  auto it = optimizer.state().find(
-      c10::guts::to_string(param.unsafeGetTensorImpl()));
-  if (it == optimizer.state().end()) return;
+  const torch::optim::OptimizerParamState* state = FindOptimizerState(optimizer, param);
+  if (state == nullptr) return;
   auto add = [&](const char* what, const torch::Tensor& t) {
     if (!t.defined()) return;
     names->push_back(absl::StrCat(name, ":", what));
     sums->push_back(BitSum(t));
   };
-  const torch::optim::OptimizerParamState* state = it->second.get();
   if (auto* s = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
     add("momentum_buffer", s->momentum_buffer());
   } else if (auto* s = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
