@@ -39,11 +39,27 @@ def _call(what, fn, *args, **kwargs):
         raise Error(e.code().name, f"{what}: {e.details()}") from None
 
 
+# gRPC's words for a call the coordinator's transport ended to free memory
+# (past its --transport_memory_limit: an HTTP/2 reset with
+# ENHANCE_YOUR_CALM, reported as RESOURCE_EXHAUSTED). The coordinator's own
+# RESOURCE_EXHAUSTED (a limit it enforces) never says it.
+_SHED_BY_TRANSPORT = "Received RST_STREAM with error code 11"
+
+
+def _transient(error):
+    """Whether another attempt may succeed: the coordinator restarting or
+    failing over, or a call its transport shed to free memory."""
+    return error.code == "UNAVAILABLE" or (
+        error.code == "RESOURCE_EXHAUSTED"
+        and error.message.endswith(": " + _SHED_BY_TRANSPORT))
+
+
 def _retrying(what, budget, fn, *args, **kwargs):
     """_call, again with backoff (0.1 s doubling to 1 s, jittered) while the
-    coordinator is UNAVAILABLE (restarting, failing over), for up to
-    `budget` seconds: as gradsync's C++ client retries. The same request
-    goes every time (an Add's or a CompareAndSet's request id with it)."""
+    coordinator is UNAVAILABLE (restarting, failing over) or its transport
+    sheds the call to free memory, for up to `budget` seconds: as
+    gradsync's C++ client retries. The same request goes every time (an
+    Add's or a CompareAndSet's request id with it)."""
     deadline = time.monotonic() + budget
     backoff = 0.1
     while True:
@@ -51,7 +67,7 @@ def _retrying(what, budget, fn, *args, **kwargs):
             return _call(what, fn, *args, **kwargs)
         except Error as e:
             pause = backoff * random.uniform(0.8, 1.2)
-            if e.code != "UNAVAILABLE" or time.monotonic() + pause > deadline:
+            if not _transient(e) or time.monotonic() + pause > deadline:
                 raise
         time.sleep(pause)
         backoff = min(1.0, backoff * 2)
@@ -60,7 +76,8 @@ def _retrying(what, budget, fn, *args, **kwargs):
 class KeyValue:
     """The key-value store of one round of a job (keys vanish with the round;
     a superseded round's calls fail with ABORTED). A call the coordinator
-    cannot answer (UNAVAILABLE: restarting, failing over) is made again
+    cannot answer (UNAVAILABLE: restarting, failing over; or shed by its
+    transport to free memory) is made again
     for up to `retry_budget` seconds; add and compare_and_set carry a
     request id, the same in every attempt, so that the coordinator answers
     a retry of one it applied as it answered the first (kv.proto)."""

@@ -106,26 +106,35 @@ def test_a_token_goes_with_every_call(tmp_path):
         assert len(gradsync.Client(coordinator, token="admin-secret").list_jobs()) == 2
 
 
-class _Unavailable(grpc.RpcError):
+class _Failed(grpc.RpcError):
+    def __init__(self, code, details):
+        super().__init__()
+        self._code, self._details = code, details
+
     def code(self):
-        return grpc.StatusCode.UNAVAILABLE
+        return self._code
 
     def details(self):
-        return "the coordinator restarts"
+        return self._details
+
+
+def _unavailable():
+    return _Failed(grpc.StatusCode.UNAVAILABLE, "the coordinator restarts")
 
 
 class _FlakyKv:
-    """A KeyValue stub that answers each call UNAVAILABLE `failures` times
-    before it answers, and records every request it was given."""
+    """A KeyValue stub that answers each call with `error()` `failures`
+    times before it answers, and records every request it was given."""
 
-    def __init__(self, failures):
+    def __init__(self, failures, error=_unavailable):
         self.failures = failures
+        self.error = error
         self.requests = []
 
     def _answer(self, request, response):
         self.requests.append(request)
         if len(self.requests) <= self.failures:
-            raise _Unavailable()
+            raise self.error()
         return response
 
     def Add(self, request, timeout, metadata):
@@ -154,3 +163,20 @@ def test_a_coordinator_unavailable_past_the_budget_is_an_error():
     with pytest.raises(gradsync.Error) as raised:
         kv.add("n", 1)
     assert raised.value.code == "UNAVAILABLE"
+
+
+def test_calls_the_transport_shed_are_retried_and_limits_are_not():
+    # Past its --transport_memory_limit, the coordinator's gRPC resets
+    # streams to free memory: gRPC's words for it, RESOURCE_EXHAUSTED.
+    shed = _FlakyKv(failures=2, error=lambda: _Failed(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "Received RST_STREAM with error code 11"))
+    assert gradsync.KeyValue(shed, "j", 1, timeout=5).add("n", 1) == 7
+    assert len(shed.requests) == 3
+    limit = _FlakyKv(failures=1, error=lambda: _Failed(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "job j holds 1000 keys (--max_keys_per_job)"))
+    with pytest.raises(gradsync.Error) as raised:
+        gradsync.KeyValue(limit, "j", 1, timeout=5).add("n", 1)
+    assert raised.value.code == "RESOURCE_EXHAUSTED"
+    assert len(limit.requests) == 1

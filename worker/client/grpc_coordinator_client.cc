@@ -7,6 +7,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -52,6 +53,26 @@ class LocalDeadline {
   bool passed_ = false;  // written by thread_ before it ends
   std::thread thread_;
 };
+
+// gRPC's words for a call the coordinator's transport ended to free memory:
+// past --transport_memory_limit, gRPC's reclaimer resets streams with
+// HTTP/2 ENHANCE_YOUR_CALM, which the client reports as RESOURCE_EXHAUSTED
+// with this message (gRPC 1.51, chttp2 frame_rst_stream.cc). The
+// coordinator's own RESOURCE_EXHAUSTED (a limit it enforces) never says it.
+constexpr absl::string_view kShedByTransport =
+    "Received RST_STREAM with error code 11";
+
+bool ShedByTransport(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+         absl::StartsWith(status.error_message(), kShedByTransport);
+}
+
+// Worth another attempt: the coordinator not up yet, restarting or failing
+// over (UNAVAILABLE), or a call its transport shed to free memory.
+bool Transient(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         ShedByTransport(status);
+}
 
 // The wait a join allows: `max_wait`, or the job's join timeout (the
 // default one when unset) plus kWaitMargin.
@@ -146,6 +167,26 @@ std::string GrpcCoordinatorClient::UnreachableHint() const {
                "certificate it trusts, --tls_cert and --tls_key?)";
 }
 
+absl::Status GrpcCoordinatorClient::GaveUp(const char* what,
+                                           const grpc::Status& last,
+                                           int attempts,
+                                           absl::Duration spent) const {
+  const std::string tried = absl::StrCat(
+      " after ", attempts, " attempt(s) in ",
+      absl::FormatDuration(absl::Trunc(spent, absl::Milliseconds(1))), ": ",
+      last.error_message());
+  if (ShedByTransport(last)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": the coordinator at ", options_.target,
+        " kept ending the call to free memory", tried,
+        " (it is short of memory for its connections: see its "
+        "--transport_memory_limit)"));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      what, ": cannot reach the coordinator at ", options_.target, tried,
+      UnreachableHint()));
+}
+
 std::shared_ptr<const GrpcCoordinatorClient::Route> GrpcCoordinatorClient::route()
     const {
   absl::MutexLock lock(&mu_);
@@ -227,10 +268,9 @@ absl::Status GrpcCoordinatorClient::Call(const char* what, absl::Duration timeou
           " within ", absl::FormatDuration(timeout)));
     }
     if (status.ok() && options_.on_term) TellTerm(what, context);
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) {
-      return FromGrpcStatus(status);
-    }
-    const bool moved = Reroute(context, status, *route);
+    if (!Transient(status)) return FromGrpcStatus(status);
+    const bool moved = status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+                       Reroute(context, status, *route);
     if (moved && attempt_number < retry.max_attempts &&
         absl::Now() - start < retry.budget) {
       continue;  // to the leader, at once
@@ -239,13 +279,7 @@ absl::Status GrpcCoordinatorClient::Call(const char* what, absl::Duration timeou
         backoff * absl::Uniform(random, 1.0 - retry.jitter, 1.0 + retry.jitter);
     if (attempt_number >= retry.max_attempts ||
         absl::Now() + pause - start > retry.budget) {
-      return absl::UnavailableError(absl::StrCat(
-          what, ": cannot reach the coordinator at ", options_.target,
-          " after ", attempt_number, " attempt(s) in ",
-          absl::FormatDuration(absl::Trunc(absl::Now() - start,
-                                           absl::Milliseconds(1))),
-          ": ", status.error_message(),
-          UnreachableHint()));
+      return GaveUp(what, status, attempt_number, absl::Now() - start);
     }
     absl::SleepFor(pause);
     backoff = std::min(retry.max_backoff, backoff * retry.backoff_multiplier);

@@ -78,9 +78,10 @@ inline constexpr absl::Duration kConnectTimeout = absl::Seconds(4);
 // call at once.
 // Calls go to the coordinator named in ClientOptions::target, or to the
 // leader among its replicas. Every call has a deadline; calls that fail with
-// UNAVAILABLE (coordinator not up yet, restarting, connection broken) are
-// retried with exponential backoff and jitter within ClientOptions::retry's
-// budget. Other errors are returned at once with the coordinator's code and
+// UNAVAILABLE (coordinator not up yet, restarting, connection broken), and
+// calls the coordinator's transport ended to free memory (gRPC's reclaimer
+// under its --transport_memory_limit), are retried with exponential backoff
+// and jitter within ClientOptions::retry's budget. Other errors are returned at once with the coordinator's code and
 // message. A retried call may reach the coordinator twice when the first
 // attempt was applied but its answer lost (the coordinator restarted in
 // between): Set, Get, Wait, Delete, List and Join are idempotent; Add and
@@ -165,6 +166,11 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
   std::shared_ptr<const Route> route() const;
   // What to check when the coordinator cannot be reached, for errors.
   std::string UnreachableHint() const;
+  // The error of a call whose retries ended (`attempts` over `spent`, the
+  // last one ending `last`): UNAVAILABLE naming what to check, or
+  // RESOURCE_EXHAUSTED when the coordinator's transport kept shedding it.
+  absl::Status GaveUp(const char* what, const grpc::Status& last, int attempts,
+                      absl::Duration spent) const;
   // After a call over `used` ended UNAVAILABLE (`status`, with `context`'s
   // trailing metadata): when a standby named the leader, calls go there from now on
   // (true: try again at once); when a leader followed before went away,
@@ -185,8 +191,8 @@ class GrpcCoordinatorClient final : public CoordinatorClient {
     kLocal,
   };
   // Runs `attempt` with a fresh context whose deadline is `timeout` away,
-  // retrying UNAVAILABLE per the retry policy. `what` names the call in
-  // errors.
+  // retrying UNAVAILABLE, and calls the coordinator's transport shed to free
+  // memory, per the retry policy. `what` names the call in errors.
   absl::Status Call(const char* what, absl::Duration timeout,
                     const Attempt& attempt, Deadline deadline = Deadline::kSent);
 

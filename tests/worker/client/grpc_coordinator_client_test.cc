@@ -219,6 +219,36 @@ TEST_F(GrpcCoordinatorClientTest, OtherErrorsAreReturnedAtOnceWithTheirCode) {
   EXPECT_EQ(server_.kv.calls(), 1);
 }
 
+// Past its --transport_memory_limit, the coordinator's gRPC resets streams
+// to free memory; the client sees RESOURCE_EXHAUSTED with gRPC's words for
+// it and tries again. The coordinator's own RESOURCE_EXHAUSTED (a limit) is
+// final.
+TEST_F(GrpcCoordinatorClientTest, CallsTheTransportShedAreRetried) {
+  const grpc::Status shed(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          "Received RST_STREAM with error code 11");
+  server_.kv.Script({shed, shed});
+  std::unique_ptr<CoordinatorClient> client = Client(server_.address());
+  absl::StatusOr<std::string> value = Get(client.get());
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, "v");
+  EXPECT_EQ(server_.kv.calls(), 3);
+
+  server_.kv.Script({grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                  "job j holds 1000 keys (--max_keys_per_job)")});
+  value = Get(client.get());
+  EXPECT_TRUE(absl::IsResourceExhausted(value.status())) << value.status();
+  EXPECT_EQ(value.status().message(), "job j holds 1000 keys (--max_keys_per_job)");
+  EXPECT_EQ(server_.kv.calls(), 4);
+
+  server_.kv.Script(std::deque<grpc::Status>(1000, shed));
+  value = Get(client.get());
+  EXPECT_TRUE(absl::IsResourceExhausted(value.status())) << value.status();
+  EXPECT_THAT(value.status().message(),
+              HasSubstr("kept ending the call to free memory after "));
+  EXPECT_THAT(value.status().message(), HasSubstr("--transport_memory_limit"));
+  EXPECT_GT(server_.kv.calls(), 6);
+}
+
 TEST_F(GrpcCoordinatorClientTest, RetriesEndWithTheBudgetAndSaySo) {
   std::deque<grpc::Status> down(
       1000, grpc::Status(grpc::StatusCode::UNAVAILABLE, "restarting"));
