@@ -23,7 +23,8 @@
 # tree's build dependencies (deploy/install_deps.sh). Prints one line per
 # source and set, then "torch_headers_check: N of M failed"; exits 1 when
 # any failed (the compiler's messages are in DIR/logs/SET/), 2 on bad usage.
-# Not part of the test command: it downloads about 10 MB.
+# Not part of the test command: it downloads about 30 MB (the package lists
+# of two Debian releases, then 6 MB of packages).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)

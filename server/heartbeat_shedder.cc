@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 
 namespace gradsync {
@@ -110,7 +112,7 @@ void HeartbeatShedder::Update(absl::Time now, const Counts& counts,
 
 void HeartbeatShedder::LogEpisodeBeginLocked(absl::Time now, Why why) {
   if (now - episode_logged_ < kEpisodeLogEvery) {
-    ++episodes_unlogged_;
+    ++episodes_unlogged_[static_cast<size_t>(why)];
     episode_logging_ = false;
     return;
   }
@@ -139,16 +141,25 @@ void HeartbeatShedder::LogEpisodeBeginLocked(absl::Time now, Why why) {
           static_cast<long long>(window_.heartbeats));
       break;
   }
-  std::string unlogged;
-  if (episodes_unlogged_ > 0) {
-    unlogged = absl::StrCat(" (", episodes_unlogged_,
-                            " shorter episodes were not logged since the last)");
-    episodes_unlogged_ = 0;
-  }
   GS_LOG(WARNING) << "the coordinator runs behind its heartbeats (" << because
                   << "): until it catches up, LOST deadlines are extended by "
                      "the time behind"
-                  << unlogged;
+                  << TakeUnloggedEpisodesLocked();
+}
+
+std::string HeartbeatShedder::TakeUnloggedEpisodesLocked() {
+  const int64_t queued = episodes_unlogged_[static_cast<size_t>(Why::kQueued)];
+  const int64_t late = episodes_unlogged_[static_cast<size_t>(Why::kLate)];
+  const int64_t opening = episodes_unlogged_[static_cast<size_t>(Why::kOpening)];
+  episodes_unlogged_ = {};
+  if (queued + late + opening == 0) return "";
+  std::vector<std::string> causes;
+  if (queued > 0) causes.push_back(absl::StrCat(queued, " begun by a queue delay"));
+  if (late > 0) causes.push_back(absl::StrCat(late, " by late heartbeats"));
+  if (opening > 0) causes.push_back(absl::StrCat(opening, " by new streams"));
+  return absl::StrCat(" (", queued + late + opening,
+                      " shorter episodes were not logged since the last: ",
+                      absl::StrJoin(causes, ", "), ")");
 }
 
 void HeartbeatShedder::LogEpisodeEndLocked(absl::Time now) {

@@ -82,15 +82,17 @@
 // takes several calm windows and room to spare.
 // Logs factor changes, and the beginning and end of an episode of being
 // behind (at most one episode each kEpisodeLogEvery; the next logged one
-// counts those left out).
+// counts those left out by what began them).
 //
 // Thread-safe: factor() is a lock-free read for the hot path; the rest
 // takes a mutex.
 #ifndef GRADSYNC_SERVER_HEARTBEAT_SHEDDER_H_
 #define GRADSYNC_SERVER_HEARTBEAT_SHEDDER_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -253,6 +255,9 @@ class HeartbeatShedder {
   void LogEpisodeBeginLocked(absl::Time now, Why why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogEpisodeEndLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // " (N shorter episodes were not logged since the last: ...)" naming what
+  // began them, or "" when none; counts from zero again.
+  std::string TakeUnloggedEpisodesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets the factor (logging why), counting a shedding period when it
   // leaves 1.
   void SetFactorLocked(absl::Time now, int factor, const char* why)
@@ -287,11 +292,12 @@ class HeartbeatShedder {
   int probe_after_ ABSL_GUARDED_BY(mu_);
   int since_probe_ ABSL_GUARDED_BY(mu_) = -1;
   // When an episode's beginning was last logged, whether the current
-  // episode's was, and episodes begun since without a log line.
+  // episode's was, and episodes begun since without a log line, by what
+  // began them (indexed by Why).
   static constexpr absl::Duration kEpisodeLogEvery = absl::Seconds(30);
   absl::Time episode_logged_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool episode_logging_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t episodes_unlogged_ ABSL_GUARDED_BY(mu_) = 0;
+  std::array<int64_t, 4> episodes_unlogged_ ABSL_GUARDED_BY(mu_) = {};
 };
 
 }  // namespace gradsync

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -9,6 +10,8 @@
 
 namespace gradsync {
 namespace {
+
+using ::testing::HasSubstr;
 
 using Counts = HeartbeatShedder::Counts;
 using Backlog = HeartbeatShedder::Backlog;
@@ -418,6 +421,33 @@ TEST_F(HeartbeatShedderTest, AFewNewStreamsAreNoStorm) {
   some += Beats(1000, 0);
   Window(some, Waiting(absl::ZeroDuration(), 1150, 1000, 0));
   EXPECT_FALSE(shedder_->state().behind) << "13% of the heartbeats";
+}
+
+// Episodes begin at most once every 30 s in the log; the next one logged
+// says how many were left out and what began each, so that a storm of new
+// streams between two queue delays is not lost.
+TEST_F(HeartbeatShedderTest, EpisodesLeftOutOfTheLogAreCountedByCause) {
+  Make();
+  const Backlog heard = Waiting(absl::ZeroDuration(), 1000, 1000, 0);
+  ::testing::internal::CaptureStderr();
+  // A window that ends with a queue delay is followed by one that is not
+  // calm (its delay counts in it): two calm windows end the episode.
+  Window(Beats(500, 0), Waiting(absl::Seconds(2), 2000));  // logged
+  Calm(2);
+  Window(Opened(1000), heard);  // within 30 s: left out
+  Window(Beats(1000, 0), heard);
+  Window(Opened(1000), heard);  // left out
+  Window(Beats(1000, 0), heard);
+  Window(Beats(500, 0), Waiting(absl::Seconds(2), 2000));  // left out
+  Calm(2);
+  now_ += absl::Seconds(30);
+  Window(Opened(1000), heard);  // logged, with the three before
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(log, HasSubstr("what arrives waits 2s in its queues"));
+  EXPECT_THAT(log, HasSubstr("1000 of 1000 heartbeats opened a stream"));
+  EXPECT_THAT(log, HasSubstr("(3 shorter episodes were not logged since the "
+                             "last: 1 begun by a queue delay, 2 by new "
+                             "streams)"));
 }
 
 TEST_F(HeartbeatShedderTest, DisabledNeverShedsButStillSeesItIsBehind) {
