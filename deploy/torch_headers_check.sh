@@ -78,7 +78,8 @@ unpack() {  # unpack NAME PACKAGE=VERSION: into DIR/NAME unless there
       touch "$apt_dir/updated"
     fi
     (cd "$work/debs" && apt-get "${apt_opts[@]}" download "$spec") >"$work/apt-download.log" 2>&1 ||
-      { echo "torch_headers_check: apt-get download $spec failed ($work/apt-download.log)" >&2; return 1; }
+      { echo "torch_headers_check: apt-get download $spec failed ($work/apt-download.log;" \
+          "if Debian no longer has that version, put the current one in this script)" >&2; return 1; }
   fi
   deb=$(ls "$work/debs/${spec%%=*}_"*.deb | head -n 1)
   rm -rf "$work/$name.tmp" && mkdir -p "$work/$name.tmp" && dpkg -x "$deb" "$work/$name.tmp" &&

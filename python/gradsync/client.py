@@ -67,7 +67,14 @@ def _retrying(what, budget, fn, *args, **kwargs):
             return _call(what, fn, *args, **kwargs)
         except Error as e:
             pause = backoff * random.uniform(0.8, 1.2)
-            if not _transient(e) or time.monotonic() + pause > deadline:
+            if not _transient(e):
+                raise
+            if time.monotonic() + pause > deadline:
+                if e.code == "RESOURCE_EXHAUSTED":
+                    raise Error(e.code, e.message + " (the coordinator kept "
+                                "ending the call to free memory: it is short "
+                                "of memory for its connections, see its "
+                                "--transport_memory_limit)") from None
                 raise
         time.sleep(pause)
         backoff = min(1.0, backoff * 2)

@@ -180,3 +180,10 @@ def test_calls_the_transport_shed_are_retried_and_limits_are_not():
         gradsync.KeyValue(limit, "j", 1, timeout=5).add("n", 1)
     assert raised.value.code == "RESOURCE_EXHAUSTED"
     assert len(limit.requests) == 1
+    always_shed = _FlakyKv(failures=1000, error=shed.error)
+    with pytest.raises(gradsync.Error) as raised:
+        gradsync.KeyValue(always_shed, "j", 1, timeout=5,
+                          retry_budget=0.5).add("n", 1)
+    assert raised.value.code == "RESOURCE_EXHAUSTED"
+    assert "--transport_memory_limit" in raised.value.message
+    assert len(always_shed.requests) > 1
