@@ -29,6 +29,7 @@
 #include "absl/flags/usage.h"
 #include "cli/commands.h"
 #include "common/logging.h"
+#include "common/mutex_checks.h"
 #include "common/status_macros.h"
 #include "common/token_file.h"
 #include "worker/client/grpc_coordinator_client.h"
@@ -104,6 +105,7 @@ gradsync::CommandOptions CommandOptionsFromFlags() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  gradsync::ConfigureMutexChecks();
   if (argc > 1 && std::string(argv[1]) == "launch") {
     return gradsync::RunLaunchCommand(
         std::vector<std::string>(argv + 2, argv + argc));

@@ -166,6 +166,7 @@ class ExampleTrainer : public gradsync::Trainer {
 }  // namespace
 
 int main(int argc, char** argv) {
+  gradsync::ConfigureMutexChecks();  // gradsync/job.h
   absl::ParseCommandLine(argc, argv);
   torch::set_num_threads(1);
   ExampleTrainer trainer;

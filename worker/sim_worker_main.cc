@@ -31,6 +31,7 @@
 #include "common/job_config.h"
 #include "common/leader_term.h"
 #include "common/logging.h"
+#include "common/mutex_checks.h"
 #include "common/token_file.h"
 #include "common/status_macros.h"
 #include "worker/client/grpc_coordinator_client.h"
@@ -387,6 +388,7 @@ absl::Status Run() {
 }  // namespace gradsync
 
 int main(int argc, char** argv) {
+  gradsync::ConfigureMutexChecks();
   absl::SetProgramUsageMessage(
       "gradsync-sim-worker --coordinator=HOST:PORT --job=NAME "
       "--nnodes=MIN[:MAX]");

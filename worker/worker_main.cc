@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "common/failpoint.h"
 #include "common/job_config.h"
+#include "common/mutex_checks.h"
 #include "common/status_macros.h"
 #include "worker/backend/nccl_faults.h"
 #include "worker/runtime/run_job.h"
@@ -475,6 +476,7 @@ void KeepFreedHostMemory() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  gradsync::ConfigureMutexChecks();
   KeepFreedHostMemory();
   absl::SetProgramUsageMessage(
       "gradsync-worker --coordinator=HOST:PORT --job=NAME --nnodes=MIN[:MAX] "

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/mutex_checks.h"
 #include "python/ext/job.h"
 #include "python/ext/key_value.h"
 #include "python/ext/membership.h"
@@ -70,6 +71,8 @@ TorchProcessGroup& Gradsync(const c10::intrusive_ptr<c10d::ProcessGroup>& group)
 }  // namespace gradsync
 
 PYBIND11_MODULE(_C, m) {
+  // This module's code is compiled with NDEBUG: common/mutex_checks.h.
+  gradsync::ConfigureMutexChecks();
   m.doc() =
       "gradsync's native part: its process groups for torch.distributed, and "
       "its job runtime for training loops in Python (gradsync.elastic)";

@@ -311,8 +311,21 @@ def _create_process_group(store, rank, world_size, timeout):
     return _native.create_process_group(store, rank, world_size, timeout)
 
 
+def _register_backend():
+    """Registers the backend "gradsync" for CPU tensors (init_process_group
+    makes its groups with them; a round's NCCL group with device "cuda"
+    comes from gradsync.elastic, not from here). torch 2.x takes the
+    devices a backend serves (and warns when told none); torch 1.13 does
+    not."""
+    try:
+        dist.Backend.register_backend("gradsync", _create_process_group,
+                                      devices=["cpu"])
+    except TypeError:  # torch before 2.1: no devices=
+        dist.Backend.register_backend("gradsync", _create_process_group)
+
+
 if _native is not None and "GRADSYNC" not in dist.Backend._plugins:
-    dist.Backend.register_backend("gradsync", _create_process_group)
+    _register_backend()
 
 
 def process_groups_available():

@@ -17,6 +17,26 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # the gradsync package
 
 
+def _torch_lacks_libuv():
+    """Whether this torch's TCPStore lacks the libuv server that env://
+    asks for by default from torch 2.4: Debian 13's torch 2.6 is built
+    without it and refuses (its own torchrun included) unless USE_LIBUV=0,
+    which its users must set. torch 1.13 has no such server and no such
+    default."""
+    try:
+        import torch.distributed as dist
+        dist.TCPStore("127.0.0.1", 0, 1, True, use_libuv=True)
+    except TypeError:  # torch before 2.2: no use_libuv
+        return False
+    except RuntimeError as e:
+        return "use_libuv" in str(e)
+    return False
+
+
+if _torch_lacks_libuv():  # for the processes the tests launch
+    os.environ["USE_LIBUV"] = "0"
+
+
 def binary(path):
     root = os.environ.get("GRADSYNC_BIN") or os.path.join(HERE, "..", "..",
                                                           "bazel-bin")

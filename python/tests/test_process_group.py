@@ -98,3 +98,26 @@ except RuntimeError as e:
                 p.wait()
     assert "failed after 0." in out, out
     assert "allreduce #" in out, out
+
+
+def test_the_backend_is_registered_for_cpu_tensors_without_a_warning():
+    """torch 2.x asks which devices a backend serves and warns once per
+    process when a backend does not say; "gradsync" serves CPU tensors
+    (torch 1.13 has no such notion)."""
+    code = "\n".join([
+        "import warnings",
+        "import torch.distributed as dist",
+        "import gradsync.client",
+        "with warnings.catch_warnings(record=True) as caught:",
+        "    warnings.simplefilter('always')",
+        "    import gradsync.torch",
+        "print([str(w.message) for w in caught if 'gradsync' in str(w.message)])",
+        "print(getattr(dist.Backend, 'backend_capability', {}).get('gradsync'))"])
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True,
+        timeout=120, env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
+    assert result.returncode == 0, result.stderr
+    warned, capability = result.stdout.strip().splitlines()[-2:]
+    assert warned == "[]", warned
+    has_devices = hasattr(gradsync.torch.dist.Backend, "backend_capability")
+    assert capability == ("['cpu']" if has_devices else "None"), result.stdout

@@ -62,13 +62,25 @@ def _gradsync_store(client, way, timeout):
     return store
 
 
+def _tcp_store(*args, **kwargs):
+    """torch's TCPStore, the control: on its libuv server where torch has
+    one (the default from torch 2.4), else on the older one (Debian's torch
+    2.6 is built without libuv and refuses the default)."""
+    try:
+        return dist.TCPStore(*args, **kwargs)
+    except RuntimeError as e:
+        if "use_libuv" not in str(e):
+            raise
+        return dist.TCPStore(*args, use_libuv=False, **kwargs)
+
+
 @pytest.fixture(params=["tcp", "tcp+prefix", "gradsync", "gradsync+prefix",
                         "gradsync-grpcio", "gradsync-grpcio+prefix"])
 def store(request, coordinator_client):
     kind = request.param
     if kind.startswith("tcp"):
-        base = dist.TCPStore("127.0.0.1", 0, 1, True,
-                             timeout=datetime.timedelta(seconds=30))
+        base = _tcp_store("127.0.0.1", 0, 1, True,
+                          timeout=datetime.timedelta(seconds=30))
     else:
         base = _gradsync_store(coordinator_client, kind.split("+")[0],
                                datetime.timedelta(seconds=30))
@@ -215,10 +227,25 @@ def test_large_values_take_the_coordinators_flag(coordinator_client, way):
         client.close()
 
 
+def test_torch_2_calls_as_tcpstore_does(store):
+    """torch 2.x's append, multi_get and multi_set, TCPStore the control;
+    through a PrefixStore they reach gradsync's Store by torch's own
+    trampoline (by these names, with bytes). Run on Debian 13's torch 2.6
+    (deploy/torch_runtime_check.sh); torch 1.13 has none of them."""
+    if not hasattr(dist.Store, "append"):
+        pytest.skip(f"torch {torch.__version__} has no Store.append")
+    assert store.has_extended_api()
+    store.append("log", "a")
+    store.append("log", b"bc")
+    assert store.get("log") == b"abc"
+    store.multi_set(["a", "b"], ["1", b"2"])
+    assert store.multi_get(["b", "a"]) == [b"2", b"1"]
+
+
 # torch 2.x's calls beyond StoreTestBase (append, multi_get, multi_set,
-# queues): the installed torch 1.13 has none of them, so TCPStore cannot be
-# the control here; gradsync.torch.Store offers them with TCPStore 2.x's
-# semantics (its trampoline calls them by these names).
+# queues) on gradsync's Store alone, called directly: where torch has no
+# such calls (1.13; queues before 2.7) TCPStore cannot be the control;
+# gradsync.torch.Store offers them with TCPStore 2.x's semantics.
 @pytest.fixture
 def gradsync_store(coordinator_client, way):
     return _gradsync_store(coordinator_client, way, SHORT)

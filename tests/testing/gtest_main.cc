@@ -14,6 +14,7 @@
 #include <cstdio>
 
 #include "absl/debugging/symbolize.h"
+#include "common/mutex_checks.h"
 #include "gtest/gtest.h"
 
 namespace {
@@ -70,6 +71,7 @@ void InstallCrashHandler(const char* argv0) {
 
 int main(int argc, char** argv) {
   InstallCrashHandler(argv[0]);
+  gradsync::ConfigureMutexChecks();
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -94,6 +94,17 @@ template <typename Done>
 bool PumpUntil(const std::vector<Child*>& children, absl::Duration bound,
                Done done);
 
+// Python for RunPython's scripts: imports torch and defines load(path),
+// torch.load as PyTorch calls it by default from 2.6 (weights_only=True:
+// containers, tensors and scalars, no other objects), so that the tests show
+// what a user of such a PyTorch reads. torch 1.13's weights_only cannot read
+// floats at all: there load is the plain torch.load.
+inline constexpr char kPythonLoad[] =
+    "import torch\n"
+    "def load(path):\n"
+    "    return torch.load(\n"
+    "        path, weights_only=not torch.__version__.startswith('1.'))\n";
+
 // Runs Debian's Python (/usr/bin/python3, with python3-torch) on `script`
 // (written to a file under TempPath, named after `name`), waiting at most
 // `bound`; stdout and stderr are captured. Success when it exits 0,

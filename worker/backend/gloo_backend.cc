@@ -12,7 +12,9 @@
 #include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
+#include <netdb.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <typeinfo>
 #include <signal.h>
 
@@ -248,6 +250,32 @@ void SumInto(void* out, const void* a, const void* b, size_t n) {
   }
 }
 
+// The name Gloo's device binds: `gloo_options.hostname`, or this machine's
+// name when that is empty (Gloo looks it up the same way).
+std::string BindName(const GlooOptions& gloo_options) {
+  if (!gloo_options.hostname.empty()) return gloo_options.hostname;
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// Gloo resolves the name itself and reads the lookup's result unchecked when
+// the name does not resolve (Debian 13's Gloo crashes in CreateDeviceAttr):
+// the lookup it will make, first, for a clear error instead.
+absl::Status CheckResolves(const std::string& name) {
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  const int error = ::getaddrinfo(name.c_str(), nullptr, &hints, &result);
+  if (error != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the name does not resolve: ", ::gai_strerror(error)));
+  }
+  ::freeaddrinfo(result);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
@@ -260,20 +288,32 @@ absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
   }
   const std::string where = absl::StrCat("gloo bootstrap (rank ", options.rank,
                                          " of ", options.world_size, ")");
+  const bool by_interface = !gloo_options.network_interface.empty();
+  const std::string name = BindName(gloo_options);
   const std::string address =
-      gloo_options.network_interface.empty()
-          ? absl::StrCat("host '", gloo_options.hostname, "'")
-          : absl::StrCat("interface '", gloo_options.network_interface, "'");
+      by_interface
+          ? absl::StrCat("interface '", gloo_options.network_interface, "'")
+          : absl::StrCat(gloo_options.hostname.empty() ? "this machine's name '"
+                                                       : "host '",
+                         name, "'");
+  if (!by_interface) {
+    absl::Status resolves = CheckResolves(name);
+    if (!resolves.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": cannot listen on ", address, ": ", resolves.message(),
+          " (pass an address or interface of this machine)"));
+    }
+  }
 
   // Held until the backend (and its thread) exist: see ScopedSigpipeBlock.
   ScopedSigpipeBlock block_sigpipe;
   std::shared_ptr<gloo::transport::Device> device;
   try {
     gloo::transport::tcp::attr attr;
-    if (!gloo_options.network_interface.empty()) {
+    if (by_interface) {
       attr.iface = gloo_options.network_interface;
     } else {
-      attr.hostname = gloo_options.hostname;
+      attr.hostname = name;
     }
     device = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {

@@ -2,6 +2,8 @@
 
 #include <caffe2/serialize/inline_container.h>
 #include <fcntl.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -469,6 +471,64 @@ bool WriteAll(int fd, const std::vector<char>& bytes) {
   return true;
 }
 
+// `value` with every list a generic one, recursively: torch::pickle_save
+// writes typed lists through torch.jit._pickle's build_intlist and the like,
+// globals that torch.load(weights_only=True) refuses (PyTorch's default from
+// 2.6); generic lists are plain pickle lists.
+c10::IValue PlainContainers(const c10::IValue& value) {
+  if (value.isList()) {
+    c10::impl::GenericList list(c10::AnyType::get());
+    for (const c10::IValue& item : value.toListRef()) {
+      list.push_back(PlainContainers(item));
+    }
+    return list;
+  }
+  if (value.isGenericDict()) {
+    const c10::impl::GenericDict dict = value.toGenericDict();
+    c10::impl::GenericDict plain(dict.keyType(), c10::AnyType::get());
+    for (const auto& item : dict) {
+      plain.insert(item.key(), PlainContainers(item.value()));
+    }
+    return plain;
+  }
+  if (value.isTuple()) {
+    std::vector<c10::IValue> items;
+    for (const c10::IValue& item : value.toTupleRef().elements()) {
+      items.push_back(PlainContainers(item));
+    }
+    return c10::ivalue::Tuple::create(std::move(items));
+  }
+  return value;
+}
+
+// The zip archive torch::pickle_save writes (data.pkl and a record per
+// storage), without its type tags: lists and dicts as plain pickle ones, so
+// that torch.load(weights_only=True) reads it.
+std::vector<char> PickleSave(const c10::IValue& value) {
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler(
+      [&](const char* bytes, size_t size) {
+        pickle.insert(pickle.end(), bytes, bytes + size);
+      },
+      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
+      /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
+      /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(PlainContainers(value));
+  pickler.stop();
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer(
+      [&](const void* bytes, size_t size) {
+        const char* begin = static_cast<const char*>(bytes);
+        archive.insert(archive.end(), begin, begin + size);
+        return size;
+      });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(),
+                                     pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  return archive;
+}
+
 }  // namespace
 
 absl::StatusOr<c10::IValue> ReadTorchFile(const std::string& path) {
@@ -498,7 +558,7 @@ absl::StatusOr<c10::IValue> ReadTorchFile(const std::string& path) {
 absl::Status WriteTorchFile(const c10::IValue& value, const std::string& path) {
   std::vector<char> bytes;
   try {
-    bytes = torch::pickle_save(value);
+    bytes = PickleSave(value);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("cannot serialize for ", path, ": ",
                                             e.what_without_backtrace()));

@@ -27,8 +27,10 @@ namespace gradsync {
 // is not such an archive, or that holds objects outside that subset (named).
 absl::StatusOr<c10::IValue> ReadTorchFile(const std::string& path);
 
-// Writes `value` (dicts, lists, tuples, tensors, scalars, strings) the way
-// torch::pickle_save does, so torch.load reads it, and atomically: to a
+// Writes `value` (dicts, lists, tuples, tensors, scalars, strings) as
+// torch::pickle_save does but without its type tags (lists and dicts as plain
+// pickle ones), so that torch.load reads it, weights_only=True (PyTorch's
+// default from 2.6) included, and atomically: to a
 // temporary file beside `path`, flushed to disk (fsync), then renamed over
 // `path`, and the directory synced, so a crash leaves the old file or the
 // new one, never a part. INTERNAL naming the path on failure.

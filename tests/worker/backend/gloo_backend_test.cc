@@ -221,12 +221,18 @@ TEST(GlooBackendArgumentsTest, CreateRejectsBadOptions) {
   };
   GlooOptions foreign_address;
   foreign_address.hostname = "192.0.2.1";  // TEST-NET-1: not this machine's
+  GlooOptions unresolvable;
+  // Not a host name (a space), so the resolver refuses it without a query.
+  unresolvable.hostname = "gradsync no such host.invalid";
   GlooOptions no_such_interface;
   no_such_interface.network_interface = "gradsync-no-such-if";
   const Case cases[] = {
       {"no store", OptionsFor(0, 1, kBound), nullptr, {}, "no store"},
       {"foreign address", OptionsFor(0, 1, kBound), &store, foreign_address,
        "cannot listen on host '192.0.2.1'"},
+      {"unresolvable name", OptionsFor(0, 1, kBound), &store, unresolvable,
+       "cannot listen on host 'gradsync no such host.invalid': the name does "
+       "not resolve"},
       {"no such interface", OptionsFor(0, 1, kBound), &store, no_such_interface,
        "cannot listen on interface 'gradsync-no-such-if'"},
   };

@@ -22,6 +22,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using testing::kPythonLoad;
 using testing::RunPython;
 using testing::TempPath;
 
@@ -114,8 +115,8 @@ TEST(CheckpointTest, PyTorchLoadsOurCheckpointsAndWeLoadTheirs) {
   ASSERT_TRUE(WriteTorchFile(c10::IValue(batch), data).ok());
 
   ASSERT_TRUE(RunPython("resume_in_python", absl::StrCat(
-      kPythonModel,
-      "ckpt = torch.load('", ours, "')\n",
+      kPythonModel, kPythonLoad,
+      "ckpt = load('", ours, "')\n",
       "assert ckpt['format'] == 'gradsync-checkpoint/1' and ckpt['step'] == 2\n"
       "model.load_state_dict(ckpt['model'])\n"
       "opt = torch.optim.SGD(model.parameters(), lr=1.0)\n"
@@ -123,7 +124,7 @@ TEST(CheckpointTest, PyTorchLoadsOurCheckpointsAndWeLoadTheirs) {
       "assert opt.param_groups[0]['lr'] == 0.05, opt.param_groups\n"
       "assert opt.param_groups[0]['momentum'] == 0.9\n"
       "torch.set_rng_state(ckpt['rng_state'])\n"
-      "batch = torch.load('", data, "')\n",
+      "batch = load('", data, "')\n",
       "opt.zero_grad()\n"
       "torch.nn.functional.cross_entropy(model(batch['x']), batch['y']).backward()\n"
       "opt.step()\n"

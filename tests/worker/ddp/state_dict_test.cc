@@ -22,6 +22,7 @@ namespace gradsync {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::kPythonLoad;
 using testing::RunPython;
 using testing::TempPath;
 
@@ -65,8 +66,8 @@ TEST(StateDictTest, PythonReadsWhatWeWriteAndViceVersa) {
   // Python loads our dict, checks the names and a value, adds 1 to every
   // tensor and saves it back with torch.save.
   const std::string script = absl::StrCat(
-      "import torch\n"
-      "d = torch.load('", ours, "')\n",
+      kPythonLoad,
+      "d = load('", ours, "')\n",
       "assert isinstance(d, dict), type(d)\n"
       "assert sorted(d) == sorted(['fc1.weight', 'fc1.bias', 'fc2.weight',"
       " 'fc2.bias', 'fc3.weight', 'fc3.bias']), sorted(d)\n"
@@ -190,10 +191,10 @@ TEST(StateDictTest, InterchangeWithPyTorchDdp) {
   });
   std::remove(init.c_str());
   const std::string check = absl::StrCat(
-      prelude, "ours = torch.load('", ours, "')\n",
+      prelude, kPythonLoad, "ours = load('", ours, "')\n",
       "assert all(k.startswith('module.') for k in ours), list(ours)\n"
       "ddp.load_state_dict(ours)\n"
-      "theirs = torch.load('", theirs, "')\n"
+      "theirs = load('", theirs, "')\n"
       "for k, v in theirs.items():\n"
       "    assert torch.allclose(ddp.state_dict()[k], v + 1), k\n"
       "nn.modules.utils.consume_prefix_in_state_dict_if_present(ours, 'module.')\n"

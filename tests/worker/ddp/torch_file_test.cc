@@ -4,6 +4,7 @@
 // bad file is a clear error. Python is Debian's python3-torch.
 #include "worker/ddp/torch_file.h"
 
+#include <caffe2/serialize/inline_container.h>
 #include <dirent.h>
 #include <torch/torch.h>
 
@@ -20,6 +21,8 @@ namespace gradsync {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::kPythonLoad;
 using testing::RunPython;
 using testing::TempPath;
 
@@ -89,8 +92,8 @@ TEST(TorchFileTest, PythonReadsWhatWeWriteAndNothingIsLeftBehind) {
   ASSERT_TRUE(WriteTorchFile(c10::IValue(top), path).ok());
   ASSERT_TRUE(WriteTorchFile(c10::IValue(top), path).ok());  // replaces it
   ASSERT_TRUE(RunPython("script", absl::StrCat(
-                "import torch\n"
-                "d = torch.load('", path, "')\n"
+                kPythonLoad,
+                "d = load('", path, "')\n"
                 "assert d['step'] == 9 and d['lr'] == 0.25, d\n"
                 "assert torch.equal(d['state'][0], torch.full((2,), 3.0)), d\n")));
   // Only the file: the temporary was renamed over it.
@@ -106,6 +109,48 @@ TEST(TorchFileTest, PythonReadsWhatWeWriteAndNothingIsLeftBehind) {
   absl::StatusOr<c10::IValue> back = ReadTorchFile(path);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(At(*back, std::string("step")).toInt(), 9);
+}
+
+// torch.load(weights_only=True), PyTorch's default from 2.6, refuses
+// torch::pickle_save's type tags and typed lists (globals of
+// torch.jit._pickle): the pickle we write has none, typed containers
+// included, and reads back the same. (Python's weights_only load itself runs
+// above where torch is 2.x: deploy/torch_runtime_check.sh.)
+TEST(TorchFileTest, WhatWeWriteHasNoTypeTags) {
+  const std::string path = TempPath("untagged.pt");
+  c10::Dict<std::string, int64_t> counters;
+  counters.insert("samples", 7);
+  c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
+  top.insert("params", c10::List<int64_t>({0, 1, 2}));
+  top.insert("betas", c10::List<double>({0.9, 0.999}));
+  top.insert("flags", c10::List<bool>({true, false}));
+  top.insert("tensors", c10::List<at::Tensor>({torch::ones({2})}));
+  top.insert("counters", counters);
+  top.insert("pair", c10::ivalue::Tuple::create(
+                         {c10::IValue(c10::List<int64_t>({5})), int64_t{6}}));
+  ASSERT_TRUE(WriteTorchFile(c10::IValue(top), path).ok());
+
+  caffe2::serialize::PyTorchStreamReader archive(path);
+  auto [data, size] = archive.getRecord("data.pkl");
+  const std::string pickle(static_cast<const char*>(data.get()), size);
+  EXPECT_THAT(pickle, Not(HasSubstr("torch.jit._pickle")));
+  EXPECT_THAT(pickle, HasSubstr("_rebuild_tensor_v2"));  // a tensor is there
+
+  absl::StatusOr<c10::IValue> read = ReadTorchFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  auto ints = [](const c10::IValue& list) {
+    std::vector<int64_t> out;
+    for (const c10::IValue& item : list.toListRef()) out.push_back(item.toInt());
+    return out;
+  };
+  EXPECT_EQ(ints(At(*read, "params")), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(At(*read, "betas").toListRef()[1].toDouble(), 0.999);
+  EXPECT_FALSE(At(*read, "flags").toListRef()[1].toBool());
+  EXPECT_TRUE(torch::equal(At(*read, "tensors").toListRef()[0].toTensor(),
+                           torch::ones({2})));
+  EXPECT_EQ(At(At(*read, "counters"), "samples").toInt(), 7);
+  EXPECT_EQ(ints(At(*read, "pair").toTupleRef().elements()[0]),
+            (std::vector<int64_t>{5}));
 }
 
 TEST(TorchFileTest, BadFilesAreClearErrors) {

@@ -105,7 +105,10 @@ def run(rank, spec, init_method, out):
 
 def main():
     spec_path, out = sys.argv[1], sys.argv[2]
-    spec = torch.load(spec_path)
+    # weights_only=True (PyTorch's default from 2.6) where torch can read
+    # floats with it (1.13 cannot).
+    spec = torch.load(spec_path,
+                      weights_only=not torch.__version__.startswith("1."))
     # Loopback only, whatever the host name resolves to.
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     with socket.socket() as s:

@@ -30,7 +30,8 @@ class TorchProcessGroupTest
  protected:
   int world() const { return std::get<0>(GetParam()); }
 
-  // One group per rank, made concurrently.
+  // One group per rank, made concurrently; none when any failed (the
+  // failure is reported).
   std::vector<c10::intrusive_ptr<TorchProcessGroup>> Groups() {
     std::vector<c10::intrusive_ptr<TorchProcessGroup>> groups(world());
     TorchGroupOptions options;
@@ -42,7 +43,9 @@ class TorchProcessGroupTest
       ASSERT_TRUE(made.ok()) << "rank " << rank << ": " << made.status();
       groups[rank] = *made;
     });
-    for (const auto& group : groups) EXPECT_TRUE(group);
+    for (const auto& group : groups) {
+      if (!group) return {};  // the failure is reported above
+    }
     return groups;
   }
 
@@ -60,6 +63,7 @@ TEST_P(TorchProcessGroupTest, TheTransportIsSharedMemoryOnOneHostUnlessTurnedOff
 
 TEST_P(TorchProcessGroupTest, AllreduceSumsAndAverages) {
   auto groups = Groups();
+  ASSERT_FALSE(groups.empty());
   OnEveryRank(world(), [&](int rank) {
     std::vector<at::Tensor> sum = {torch::full({1000}, rank + 1.0f)};
     groups[rank]->allreduce(sum)->wait();
@@ -77,6 +81,7 @@ TEST_P(TorchProcessGroupTest, AllreduceSumsAndAverages) {
 
 TEST_P(TorchProcessGroupTest, BroadcastCopiesTheRootsTensor) {
   auto groups = Groups();
+  ASSERT_FALSE(groups.empty());
   const int root = world() - 1;
   OnEveryRank(world(), [&](int rank) {
     std::vector<at::Tensor> tensors = {torch::full({5, 3}, rank * 1.0f)};
@@ -89,6 +94,7 @@ TEST_P(TorchProcessGroupTest, BroadcastCopiesTheRootsTensor) {
 
 TEST_P(TorchProcessGroupTest, AllgatherFillsEveryRanksTensorInRankOrder) {
   auto groups = Groups();
+  ASSERT_FALSE(groups.empty());
   OnEveryRank(world(), [&](int rank) {
     std::vector<at::Tensor> input = {torch::full({4}, rank * 1.0f)};
     std::vector<std::vector<at::Tensor>> output(1);
@@ -109,6 +115,7 @@ TEST_P(TorchProcessGroupTest, AllgatherFillsEveryRanksTensorInRankOrder) {
 // the collective's outputs.
 TEST_P(TorchProcessGroupTest, TheFutureCompletesWithTheOutputs) {
   auto groups = Groups();
+  ASSERT_FALSE(groups.empty());
   OnEveryRank(world(), [&](int rank) {
     std::vector<at::Tensor> tensors = {torch::ones({16})};
     c10::intrusive_ptr<c10::ivalue::Future> future =
@@ -124,6 +131,7 @@ TEST_P(TorchProcessGroupTest, TheFutureCompletesWithTheOutputs) {
 
 TEST_P(TorchProcessGroupTest, BadTensorsAndReductionsAreRefusedWithAMessage) {
   auto groups = Groups();
+  ASSERT_FALSE(groups.empty());
   std::vector<at::Tensor> strided = {torch::ones({4, 4}).t()};
   try {
     groups[0]->allreduce(strided);

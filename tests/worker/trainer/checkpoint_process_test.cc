@@ -22,6 +22,7 @@ namespace {
 
 using ::gradsync::testing::Child;
 using ::gradsync::testing::CoordinatorProcess;
+using ::gradsync::testing::kPythonLoad;
 using ::gradsync::testing::RunPython;
 using ::gradsync::testing::Runfile;
 using ::gradsync::testing::TempPath;
@@ -117,9 +118,9 @@ TEST_F(CheckpointProcessTest, AJobKilledWholeResumesToTheSameParameters) {
 
   // Python reads the last checkpoint: the model of the saved parameters.
   ASSERT_TRUE(RunPython("read_checkpoint", absl::StrCat(
-      "import torch\n"
-      "c = torch.load('", dir, "/checkpoint-20.pt')\n",
-      "p = torch.load('", resumed, "')\n",
+      kPythonLoad,
+      "c = load('", dir, "/checkpoint-20.pt')\n",
+      "p = load('", resumed, "')\n",
       "assert c['step'] == 20, c['step']\n"
       "assert sorted(c['model']) == sorted(p), (sorted(c['model']), sorted(p))\n"
       "assert all(torch.equal(c['model'][k], p[k]) for k in p)\n"
