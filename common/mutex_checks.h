@@ -21,8 +21,9 @@ namespace gradsync {
 bool MutexOrderCheckIsSound();
 
 // Turns the check off where it cannot be trusted (see above); leaves abseil's
-// setting otherwise. Call at the start of main(), before other threads run
-// (absl::SetMutexDeadlockDetectionMode is process-wide).
+// setting otherwise. Process-wide; call it at the start of main() (or, in a
+// Python extension, when the module loads: the setting is an atomic that
+// every later acquisition reads).
 void ConfigureMutexChecks();
 
 }  // namespace gradsync

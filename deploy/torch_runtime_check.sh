@@ -10,21 +10,23 @@
 #
 #   --root         the Debian 13 system it builds and runs in (default
 #                  build/torch-runtime/root, git-ignored; made once with
-#                  debootstrap, about 2.5 GB with its packages, then reused)
+#                  debootstrap, then reused: 4.5 GB with its packages and
+#                  the build tree)
 #   --jobs         compile jobs (default 2)
 #   --pytest_args  more arguments for pytest (e.g. "-k store")
 # Needs root (chroot, mounts), Debian's package archive (debootstrap and
-# apt-get inside the root, about 700 MB the first time), rsync, and this
-# machine's etcd .proto files (golang-etcd-server-dev, deploy/install_deps.sh):
-# Debian 13 has etcd 3.5's, whose layout the etcd client does not compile
-# against. The root gets this machine's /etc/hosts, so that the host name
+# apt-get inside the root, about 400 MB the first time), rsync, and this
+# machine's etcd .proto files (golang-etcd-server-dev, deploy/install_deps.sh;
+# mounted into the root): Debian 13 has etcd 3.5's, whose layout the etcd
+# client does not compile against. The root gets this machine's /etc/hosts, so that the host name
 # resolves as on a configured machine. Debian 13's torch is built without
 # libuv, which env:// and tcp:// ask for by default from torch 2.4 (its own
 # torchrun fails so): USE_LIBUV=0 for everything run here, as its users
 # must set it. Prints one line per part, then "torch_runtime_check: N of M
 # parts failed"; exits 1 when any did (logs in ROOT/src/gradsync/build/t26
-# and ROOT/tmp), 2 on bad usage. About 45 minutes on 2 cores the first time
-# (the root, the packages, a build of ~600 steps), 20 after.
+# and ROOT/tmp), 2 on bad usage. A run after a small change took 9 minutes on
+# 2 cores (the tests 7 of them); the first run also makes the root and
+# builds about 450 steps (not timed end to end: tens of minutes).
 # Not part of the test command: it downloads, and needs root.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -77,18 +79,10 @@ if [ ! -f "$root/.packages-installed" ]; then
   touch "$root/.packages-installed"
 fi
 
-# --- This tree (tracked and new files) and what the root takes from here.
+# --- This tree (tracked and new files), and this machine's host names.
 mkdir -p "$root/src/gradsync" "$root/opt/gocode"
 (git ls-files -z -co --exclude-standard | rsync -a --from0 --files-from=- ./ "$root/src/gradsync/") ||
   { echo "torch_runtime_check: copying the tree failed" >&2; exit 1; }
-(cd "$gocode" && for f in go.etcd.io/etcd/etcdserver/etcdserverpb/rpc.proto \
-    go.etcd.io/etcd/etcdserver/api/v3election/v3electionpb/v3election.proto \
-    go.etcd.io/etcd/mvcc/mvccpb/kv.proto go.etcd.io/etcd/auth/authpb/auth.proto \
-    github.com/gogo/protobuf/gogoproto/gogo.proto \
-    github.com/grpc-ecosystem/grpc-gateway/third_party/googleapis/google/api/annotations.proto \
-    github.com/grpc-ecosystem/grpc-gateway/third_party/googleapis/google/api/http.proto; do
-  mkdir -p "$root/opt/gocode/$(dirname "$f")" && cp "$f" "$root/opt/gocode/$f" || exit 1
-done) || { echo "torch_runtime_check: copying etcd's .proto files failed" >&2; exit 1; }
 cp /etc/hosts "$root/etc/hosts"
 
 mounted=()
@@ -99,6 +93,9 @@ trap cleanup EXIT
 for m in proc sys dev dev/pts; do
   mountpoint -q "$root/$m" || { mount --bind "/$m" "$root/$m" && mounted+=("$root/$m"); }
 done
+# This machine's etcd .proto files, read-only, where CMake looks for them.
+mountpoint -q "$root/opt/gocode" ||
+  { mount --bind -o ro "$gocode" "$root/opt/gocode" && mounted+=("$root/opt/gocode"); }
 mountpoint -q "$root/dev/shm" || { mount -t tmpfs tmpfs "$root/dev/shm" && mounted+=("$root/dev/shm"); }
 
 # --- Build and run, inside the root.

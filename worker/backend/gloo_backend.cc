@@ -260,8 +260,8 @@ std::string BindName(const GlooOptions& gloo_options) {
 }
 
 // Gloo resolves the name itself and reads the lookup's result unchecked when
-// the name does not resolve (Debian 13's Gloo crashes in CreateDeviceAttr):
-// the lookup it will make, first, for a clear error instead.
+// the name does not resolve (Debian 12's and 13's Gloo crash in
+// CreateDeviceAttr): the lookup it will make, first, for a clear error.
 absl::Status CheckResolves(const std::string& name) {
   addrinfo hints = {};
   hints.ai_family = AF_UNSPEC;
