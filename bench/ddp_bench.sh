@@ -142,10 +142,12 @@ print(sum(p.numel() for p in torchvision.models.$model(num_classes=10).parameter
 fi
 echo "== $device, $description, batch $batch per rank," \
      "$world ranks, $threads thread(s) per rank, $steps steps ($warmup warm-up), $rounds rounds," \
-     "gradsync over $([ "$shm" = true ] && echo "shared memory" || echo "Gloo TCP")"
+     "gradsync over $([ "$device" = cuda ] && echo NCCL ||
+       { [ "$shm" = true ] && echo "shared memory" || echo "Gloo TCP"; })"
 gs_ddp=() gs_local=() t_ddp=() t_local=() gs_grow=()
 for round in $(seq "$rounds"); do
   gs_ddp+=("$(gradsync_ddp "$round")")
+  cp "$work/gs.json" "$work/gs_ddp.json"
   if [ "$may_grow" = 1 ]; then
     gs_grow+=("$(gradsync_ddp "grow-$round" 1:2)")
     echo "round $round: gradsync ddp in a round that may grow ${gs_grow[-1]} ms"
@@ -168,6 +170,22 @@ awk -v g="$g" -v t="$t" -v gl="$gl" -v tl="$tl" 'BEGIN {
   if (to > 0) printf "overhead ratio gradsync/pytorch: %.2f (goal <= 0.5)\n", go / to
   printf "RESULT gradsync_ms=%.3f torch_ms=%.3f gradsync_alone_ms=%.3f torch_alone_ms=%.3f step_ratio=%.3f\n", g, t, gl, tl, g / t
 }'
+
+# Where gradsync's DDP step went, in the last round (means over its
+# measured steps; forward and backward are host times, on a GPU the time to
+# queue the work; communication is the collectives' own run time; a replica
+# fingerprint's time is the mean of one, taken every --fingerprint_every
+# steps and after the last).
+"$python" - "$work/gs_ddp.json" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+keys = ("forward_ms", "backward_ms", "communication_ms",
+        "exposed_communication_ms", "fingerprint_ms", "buckets")
+print("gradsync's DDP step, last round: " + ", ".join(
+    f"{k.replace('_ms', '')} {s.get(k, 0):.3f}" + (" ms" if k.endswith("_ms") else "")
+    for k in keys))
+print("RESULT_PARTS " + " ".join(f"{k}={s.get(k, 0):.3f}" for k in keys))
+EOF
 
 if [ "$may_grow" = 1 ]; then
   gg=$(echo "${gs_grow[*]}" | median)

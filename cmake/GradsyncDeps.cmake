@@ -126,6 +126,15 @@ if(NOT GRADSYNC_PROTOBUF_INCLUDE_DIR)
   message(FATAL_ERROR "gradsync: google/protobuf/descriptor.proto not found "
     "(libprotobuf-dev); set GRADSYNC_PROTOBUF_INCLUDE_DIR.")
 endif()
+# protobuf's headers alone, in a folder of their own, for a target that must
+# put them before PyTorch's include folder: PyTorch 2.x wheels ship an older
+# protobuf's headers there (torch/include/google/protobuf), which the code
+# this protoc generated does not compile against.
+set(GRADSYNC_PROTOBUF_ONLY_INCLUDE_DIR
+  "${PROJECT_BINARY_DIR}/third_party/system/protobuf_include")
+file(MAKE_DIRECTORY "${GRADSYNC_PROTOBUF_ONLY_INCLUDE_DIR}/google")
+file(CREATE_LINK "${GRADSYNC_PROTOBUF_INCLUDE_DIR}/google/protobuf"
+  "${GRADSYNC_PROTOBUF_ONLY_INCLUDE_DIR}/google/protobuf" SYMBOLIC)
 
 # --- GoogleTest (libgtest-dev, libgmock-dev).
 if(GRADSYNC_BUILD_TESTS)
@@ -223,8 +232,9 @@ _gradsync_link_by_name(gradsync_system_nghttp2 "nghttp2" nghttp2)
 
 # --- etcd's v3 API (golang-etcd-server-dev, with golang-github-gogo-protobuf-dev
 # and golang-github-grpc-ecosystem-grpc-gateway-dev), the client of the
-# coordinator's --etcd: its .proto files compiled unchanged. Optional here (a
-# GPU machine has no Debian packages): without them --etcd is left out.
+# coordinator's --etcd: its .proto files compiled unchanged. The coordinator
+# needs them: without them it is left out, with everything that needs it (on
+# a GPU machine deploy/gpu_run.sh takes them from deploy/pack_gpu_deps.sh).
 set(GRADSYNC_GOCODE_DIR "/usr/share/gocode/src" CACHE PATH
   "Where Debian's golang-*-dev packages keep their sources (etcd's .proto files)")
 set(_etcd_roots

@@ -136,7 +136,7 @@ steps = [done.get(s, {"step": s, "result": "missing", "why": "the run ended befo
 good = "planned" if dry_run else "passed"
 ok = all(s["result"] == good for s in steps) and all(
     v["result"] == good for k, v in done.items() if k not in asked)
-summary = {"date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
+summary = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "dry_run": dry_run, "machine": facts, "ok": ok,
            "steps": steps + [v for k, v in done.items() if k not in asked]}
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=2)
@@ -353,14 +353,38 @@ if [ -n "$deps" ] && [ "$dry_run" -eq 0 ]; then
           (tmp=$(mktemp -d) && cd "$tmp" && ar x "$deb" && tar -xf data.tar.* -C "$root") ||
           { record build failed "cannot unpack $deb" 0; finish; }
       done
+      # A link to an absolute path (zlib1g-dev's libz.so -> /lib/...) points
+      # out of the tree, to the machine's own file or to nothing (then the
+      # linker takes the static libz.a, which the Python extension, a shared
+      # object, cannot link): each is pointed into the tree.
+      find "$root" -type l -lname '/*' -print0 |
+        while IFS= read -r -d '' link; do
+          ln -sfn "$root$(readlink "$link")" "$link"
+        done
       echo "$stamp" >"$root/.unpacked"
     fi
   fi
   prefix_path=("$root/usr" "${prefix_path[@]}")
-  export PATH="$root/usr/bin:$PATH"  # protoc, grpc_cpp_plugin
+  # etcd's .proto files (the coordinator's etcd client), from the Go packages.
+  cmake_args+=(-DGRADSYNC_GOCODE_DIR="$root/usr/share/gocode/src")
   build_ld_path="$root/usr/lib/x86_64-linux-gnu:$root/usr/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  # RPATH (not RUNPATH): it also serves the libraries' own dependencies.
-  cmake_args+=(-DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags)
+  # The packs' programs (protoc, the gRPC plugins for C++ and, in the
+  # package's setup.py, Python) through wrappers that give them alone the
+  # packs' libraries: Python with torch, which the steps also start, must
+  # keep the machine's own.
+  wrappers=$build_dir/deps-bin
+  rm -rf "$wrappers" && mkdir -p "$wrappers"
+  for program in "$root"/usr/bin/*; do
+    [ -f "$program" ] && [ -x "$program" ] || continue
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%q exec %q "$@"\n' "$build_ld_path" \
+      "$program" >"$wrappers/${program##*/}"
+    chmod +x "$wrappers/${program##*/}"
+  done
+  export PATH="$wrappers:$PATH"
+  # RPATH (not RUNPATH), in the programs and the Python extension module: it
+  # also serves the libraries' own dependencies (libgrpc's libupb).
+  cmake_args+=(-DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags
+              -DCMAKE_MODULE_LINKER_FLAGS=-Wl,--disable-new-dtags)
 fi
 [ ${#prefix_path[@]} -gt 0 ] && cmake_args+=(-DCMAKE_PREFIX_PATH="$(IFS=';'; echo "${prefix_path[*]}")")
 if [ "$no_build" -eq 0 ]; then
@@ -465,6 +489,10 @@ if starting resnet50_ratio; then
     result=$(grep -m1 '^RESULT gradsync_ms=' "$logs/resnet50_ratio.log" 2>/dev/null)
     figures=$(sed -n 's/^RESULT gradsync_ms=\([^ ]*\) torch_ms=\([^ ]*\) .* step_ratio=\([^ ]*\).*/gradsync_ms=\1;torch_ms=\2;step_ratio=\3/p' <<<"$result")
     [ -n "$figures" ] || fail_step "no 'RESULT gradsync_ms=' line from the benchmark"
+    # Where gradsync's step went (forward, backward, communication, ...).
+    parts=$(grep -m1 '^RESULT_PARTS ' "$logs/resnet50_ratio.log" 2>/dev/null)
+    parts=${parts#RESULT_PARTS }
+    [ -n "$parts" ] && figures="$figures;${parts// /;}"
     conclude resnet50_ratio "gradsync DDP step / PyTorch DDP step, ResNet-50, batch 64, 1 GPU" \
       "$figures"
   else

@@ -12,7 +12,9 @@
 #    steps that need them are skipped;
 #  - --budget_s cuts a hung step at the budget's end (failed, timed out) and
 #    records the steps it did not reach as skipped, out of time; the call
-#    fails, within the budget.
+#    fails, within the budget;
+#  - a dependency pack's absolute links point into its unpacked tree, and
+#    its programs find its libraries without the caller's LD_LIBRARY_PATH.
 set -euo pipefail
 cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
@@ -201,5 +203,41 @@ expect build_split 'steps["nccl_tests"]["result"] == "passed"' \
 expect build_split 'steps["worker_fault"]["result"] == "skipped" and "did not build" in steps["worker_fault"]["why"] and not s["ok"]' \
   "worker_fault is skipped because LibTorch's targets did not build"
 [ "$status" -eq 1 ] || fail "build_split: exit $status, expected 1"
+
+# 7. A dependency pack (--deps: .deb files): unpacked into the build tree; a
+# link in it to an absolute path (zlib1g-dev's libz.so -> /lib/...) points
+# into the tree; the packs' programs run through wrappers that give them the
+# packs' libraries, with no LD_LIBRARY_PATH of the caller's (Python with
+# torch runs them from setup.py); the build links RPATH into the Python
+# module too and finds etcd's .proto files in the pack.
+pack=$tmp/pack
+mkdir -p "$pack/deb/DEBIAN" "$pack/deb/usr/bin" "$pack/deb/lib/x86_64-linux-gnu" \
+  "$pack/deb/usr/lib/x86_64-linux-gnu" "$pack/debs"
+printf 'Package: fake\nVersion: 1\nArchitecture: all\nMaintainer: t\nDescription: t\n' \
+  >"$pack/deb/DEBIAN/control"
+printf '#!/bin/sh\necho "ld=$LD_LIBRARY_PATH"\n' >"$pack/deb/usr/bin/fake-protoc"
+chmod +x "$pack/deb/usr/bin/fake-protoc"
+echo lib >"$pack/deb/lib/x86_64-linux-gnu/libfake.so.1"
+ln -s /lib/x86_64-linux-gnu/libfake.so.1 "$pack/deb/usr/lib/x86_64-linux-gnu/libfake.so"
+dpkg-deb -b "$pack/deb" "$pack/debs/fake_1_all.deb" >/dev/null
+cat >"$repo/deploy/cmake_build.sh" <<EOF2
+#!/usr/bin/env bash
+echo "\$*" >>"$tmp/cmake_args"
+env -u LD_LIBRARY_PATH fake-protoc >"$tmp/fake_protoc.out"
+EOF2
+status=0
+env -u LD_LIBRARY_PATH bash "$repo/deploy/gpu_run.sh" --out="$tmp/pack_run" --build_dir="$build" \
+  --deps="$pack/debs" --python="$tmp/bin/torch_python" --steps=nccl_tests \
+  >"$tmp/pack_run.log" 2>&1 || status=$?
+expect pack_run 's["ok"]' "the call with a dependency pack is OK"
+link=$build/deps-root/usr/lib/x86_64-linux-gnu/libfake.so
+[ "$(readlink "$link")" = "$build/deps-root/lib/x86_64-linux-gnu/libfake.so.1" ] &&
+  [ -f "$link" ] || fail "the pack's absolute link was not pointed into the tree: $(ls -l "$link")"
+grep -qx "ld=$build/deps-root/usr/lib/x86_64-linux-gnu:$build/deps-root/usr/lib" \
+  "$tmp/fake_protoc.out" ||
+  fail "the pack's program did not get the pack's libraries: $(cat "$tmp/fake_protoc.out")"
+grep -q -- "-DCMAKE_MODULE_LINKER_FLAGS=-Wl,--disable-new-dtags" "$tmp/cmake_args" &&
+  grep -q -- "-DGRADSYNC_GOCODE_DIR=$build/deps-root/usr/share/gocode/src" \
+    "$tmp/cmake_args" || fail "the build's CMake arguments: $(cat "$tmp/cmake_args")"
 
 echo "gpu_run_test: OK (the budgeted call took ${took} s)"

@@ -3,9 +3,10 @@
 # needs on a GPU machine that has LibTorch (in PyTorch's wheel), CUDA, NCCL,
 # CMake, ninja and a compiler but no network and none of these: protoc and
 # the gRPC plugin, gRPC, protobuf, abseil, Gloo, GoogleTest, cpp-httplib,
-# nlohmann-json, prometheus-cpp, nghttp2 (the benchmarks' load generator)
-# and the libraries they load (c-ares, re2, OpenSSL, zlib,
-# brotli, ibverbs, hiredis).
+# nlohmann-json, prometheus-cpp, nghttp2 (the benchmarks' load generator),
+# etcd's v3 API .proto files (the coordinator's etcd client; with the two
+# packages they import) and the libraries they load (c-ares, re2, OpenSSL,
+# zlib, brotli, ibverbs, hiredis).
 #   deploy/pack_gpu_deps.sh [--out=DIR]      (default .gpudeps, git-ignored)
 # Each package is taken at apt's candidate version (the newest, as
 # `apt-get install` would) from apt's cache when it is there, else with
@@ -39,6 +40,8 @@ packages=(
   libprometheus-cpp-core1.0 prometheus-cpp-dev libsqlite3-0 libsqlite3-dev
   libnghttp2-14 libnghttp2-dev
   libgloo0 libgloo-dev libibverbs1 libnl-3-200 libnl-route-3-200 libhiredis0.14
+  golang-etcd-server-dev golang-github-gogo-protobuf-dev
+  golang-github-grpc-ecosystem-grpc-gateway-dev
 )
 # Libraries every Linux with a C++ compiler has; the check allows these.
 base_sonames='^(libc|libm|libdl|librt|libpthread|libresolv|libutil|libanl|ld-linux-x86-64)\.so|^(libstdc\+\+\.so\.6|libgcc_s\.so\.1)$'

@@ -29,6 +29,9 @@
 #                              # and on the first host the key-value checker
 #                              # (gradsync-sim-worker --kv_checks, job JOBkv)
 #   netns_await_step COORDS JOB N  # until every member of JOB passed step N
+#                              # (fails after 90 s, or at once when a worker
+#                              # ended, with the last status and the logs'
+#                              # ends: netns_log_tails)
 #   netns_finish COORDS JOB    # waits for them; fails unless JOB succeeded
 #                              # in round 1, nobody lost, and the checker
 #                              # read back every acknowledged write
@@ -166,13 +169,29 @@ netns_train() {
 }
 
 netns_await_step() {
-  local deadline=$((SECONDS + 60)) step
-  until step=$(netns_run "${netns_hosts[-1]}" "$bin/cli/gradsync" \
-        --coordinator="$1" status "$2" --json 2>/dev/null |
-      /usr/bin/python3 -c "import json,sys; j=json.load(sys.stdin); print(min([m.get('step', 0) for m in j['members']] or [0]) if len(j['members']) > 0 else 0)" \
-        2>/dev/null) && [ "$step" -ge "$3" ] 2>/dev/null; do
-    [ $SECONDS -lt $deadline ] || netns_fail "$2: the workers did not reach step $3"
+  local deadline=$((SECONDS + 90)) step status w
+  until status=$(netns_run "${netns_hosts[-1]}" "$bin/cli/gradsync" \
+        --coordinator="$1" status "$2" --json 2>&1) &&
+      step=$(/usr/bin/python3 -c "import json,sys; j=json.load(sys.stdin); print(min([m.get('step', 0) for m in j['members']] or [0]) if len(j['members']) > 0 else 0)" \
+        <<<"$status" 2>/dev/null) && [ "$step" -ge "$3" ] 2>/dev/null; do
+    for w in "${netns_trainers[@]}"; do
+      kill -0 "$w" 2>/dev/null ||
+        netns_fail "$2: a worker ended before step $3; $(netns_log_tails)"
+    done
+    [ $SECONDS -lt $deadline ] || netns_fail "$2: the workers did not reach \
+step $3 in 90 s; the last status: $(tail -c 1500 <<<"$status"); $(netns_log_tails)"
     sleep 0.2
+  done
+}
+
+# The last lines of every log of this scenario (a failure's evidence).
+netns_log_tails() {
+  local log
+  echo "the logs' ends:"
+  for log in "$tmp"/*.log; do
+    [ -f "$log" ] || continue
+    echo "-- $log"
+    tail -n 6 "$log" | cut -c1-300
   done
 }
 

@@ -5,8 +5,10 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -164,6 +166,44 @@ class CudaNcclComm final : public NcclComm {
   const int device_;
 };
 
+// The streams of every CudaNcclDevice of this process, never destroyed:
+// PyTorch's caching allocator remembers each stream a tensor was used on
+// (recordStream) and, when the tensor is freed, possibly long after the
+// backend that made the stream is gone, records an event on it; on a
+// destroyed stream that fails ("CUDA error: context is destroyed", thrown
+// from a tensor's destructor: seen on an H200). So, as PyTorch's own stream
+// pool does, a stream lives for the process: DestroyStream hands it back
+// here and CreateStream takes a free one of its device before making one.
+// A reused stream runs new work after the work already queued on it.
+// Thread-safe; leaked on purpose (streams may be used until the process
+// ends).
+class StreamPool {
+ public:
+  static StreamPool& Get() {
+    static StreamPool* pool = new StreamPool;
+    return *pool;
+  }
+
+  // A free stream of `device` (the current device), or nullptr.
+  cudaStream_t Take(int device) {
+    absl::MutexLock lock(&mu_);
+    std::vector<cudaStream_t>& free = free_[device];
+    if (free.empty()) return nullptr;
+    cudaStream_t stream = free.back();
+    free.pop_back();
+    return stream;
+  }
+  void Give(int device, cudaStream_t stream) {
+    absl::MutexLock lock(&mu_);
+    free_[device].push_back(stream);
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<int, std::vector<cudaStream_t>> free_
+      ABSL_GUARDED_BY(mu_);
+};
+
 class CudaNcclDevice final : public NcclDevice {
  public:
   explicit CudaNcclDevice(int index) : index_(index) {}
@@ -174,15 +214,18 @@ class CudaNcclDevice final : public NcclDevice {
 
   absl::Status MakeCurrent() override { return GS_CUDA(cudaSetDevice(index_)); }
 
+  // Streams come from and go back to the process's StreamPool (above).
   absl::StatusOr<void*> CreateStream() override {
     GS_RETURN_IF_ERROR(MakeCurrent());
-    cudaStream_t stream = nullptr;
-    GS_RETURN_IF_ERROR(
-        GS_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
+    cudaStream_t stream = StreamPool::Get().Take(index_);
+    if (stream == nullptr) {
+      GS_RETURN_IF_ERROR(
+          GS_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
+    }
     return static_cast<void*>(stream);
   }
   void DestroyStream(void* stream) override {
-    cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+    StreamPool::Get().Give(index_, static_cast<cudaStream_t>(stream));
   }
 
   absl::StatusOr<void*> CreateEvent(bool timing) override {

@@ -86,7 +86,9 @@ class NcclDevice {
   virtual absl::Status MakeCurrent() = 0;
 
   // A stream that runs its work asynchronously to the host and to other
-  // streams. DestroyStream lets the work already queued finish first.
+  // streams. DestroyStream lets the work already queued finish first; the
+  // CUDA device keeps the stream for reuse rather than destroying it (PyTorch's
+  // allocator may still record events on it: cuda_nccl_device.cc).
   virtual absl::StatusOr<void*> CreateStream() = 0;
   virtual void DestroyStream(void* stream) = 0;
 

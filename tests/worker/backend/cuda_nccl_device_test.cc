@@ -273,6 +273,27 @@ TEST(NcclBackendTest, AbortAndRecreateTwentyTimesKeepsGpuMemory) {
   EXPECT_LE(after - before, int64_t{64} << 20);
 }
 
+// PyTorch's allocator records events on the streams a tensor was used on
+// when it frees the tensor, after the backend that made the stream may be
+// gone: a stream handed back still takes work, and is the one handed out
+// next (streams are kept for the process, not destroyed).
+TEST(CudaNcclDeviceTest, AStreamHandedBackStillWorksAndIsReused) {
+  SKIP_WITHOUT_GPU();
+  NcclDevice* gpu = Gpu();
+  absl::StatusOr<void*> stream = gpu->CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  absl::StatusOr<void*> event = gpu->CreateEvent(/*timing=*/false);
+  ASSERT_TRUE(event.ok()) << event.status();
+  gpu->DestroyStream(*stream);
+  EXPECT_TRUE(gpu->RecordEvent(*event, *stream).ok());
+  EXPECT_TRUE(gpu->SynchronizeEvent(*event).ok());
+  absl::StatusOr<void*> again = gpu->CreateStream();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *stream);
+  gpu->DestroyStream(*again);
+  gpu->DestroyEvent(*event);
+}
+
 TEST(NcclBackendTest, CreationFailsWithinTheTimeoutWhenARankNeverArrives) {
   SKIP_WITHOUT_GPU();
   InMemoryStore store;
