@@ -173,14 +173,17 @@ awk -v g="$g" -v t="$t" -v gl="$gl" -v tl="$tl" 'BEGIN {
 
 # Where gradsync's DDP step went, in the last round (means over its
 # measured steps; forward and backward are host times, on a GPU the time to
-# queue the work; communication is the collectives' own run time; a replica
+# queue the work; communication is the collectives' own run time; commit
+# wait the host's wait for the step's collectives (and loss) before the
+# update, update the optimizer step's host time; a replica
 # fingerprint's time is the mean of one, taken every --fingerprint_every
 # steps and after the last).
 "$python" - "$work/gs_ddp.json" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
 keys = ("forward_ms", "backward_ms", "communication_ms",
-        "exposed_communication_ms", "fingerprint_ms", "buckets")
+        "exposed_communication_ms", "commit_wait_ms", "update_ms",
+        "fingerprint_ms", "buckets")
 print("gradsync's DDP step, last round: " + ", ".join(
     f"{k.replace('_ms', '')} {s.get(k, 0):.3f}" + (" ms" if k.endswith("_ms") else "")
     for k in keys))

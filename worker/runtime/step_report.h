@@ -22,6 +22,12 @@ struct StepReport {
   double loss = 0;
   absl::Duration step_time;
   StepTimings ddp;
+  // The host's time, after the micro-batches returned, until the step's
+  // collectives were known good and its loss read (on a GPU: the wait for
+  // the device to finish the step), and then to apply the update (on a
+  // GPU: to queue it).
+  absl::Duration commit_wait;
+  absl::Duration update;
   // The replica's fingerprint after this step, on the steps it is taken
   // (TrainerConfig::fingerprint_every); null on the others.
   std::shared_ptr<const ReplicaDigest> fingerprint;

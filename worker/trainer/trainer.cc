@@ -348,9 +348,13 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
     if (p.grad().defined()) p.mutable_grad().zero_();
   }
   const MicroBatchesRun run = RunMicroBatches(context, ddp, micro);
+  const absl::Time computed = context.clock->Now();
   if (ddp != nullptr) GS_RETURN_IF_ERROR(ddp->CheckStep());
   report.loss = run.loss.item<double>();
+  const absl::Time checked = context.clock->Now();
   optimizer_->step();
+  report.commit_wait = checked - computed;
+  report.update = context.clock->Now() - checked;
   cursor.step = report.step;
   position_ = cursor;  // committed
   GS_RETURN_IF_ERROR(AfterCommit(context, &report));

@@ -149,6 +149,10 @@ struct TrainSummary {
   absl::Duration mean_communication;
   absl::Duration mean_exposed_communication;
   absl::Duration mean_hidden_communication;
+  // The host's waits after the micro-batches: for the step's collectives to
+  // be known good (and its loss), then for the update (StepReport).
+  absl::Duration mean_commit_wait;
+  absl::Duration mean_update;
   // Gradient buckets and the bytes this rank put into their collectives,
   // per synchronized step (the last one; with a compressing hook, less than
   // the gradients' size).

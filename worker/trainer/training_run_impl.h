@@ -42,6 +42,8 @@ class StepStats {
     communication_ += report.ddp.communication;
     exposed_ += report.ddp.exposed_communication;
     hidden_ += report.ddp.hidden_communication;
+    commit_wait_ += report.commit_wait;
+    update_ += report.update;
     last_ = report.ddp;
   }
   void Fill(int64_t samples_per_step, TrainSummary* summary) const {
@@ -60,6 +62,8 @@ class StepStats {
     summary->mean_communication = communication_ / n;
     summary->mean_exposed_communication = exposed_ / n;
     summary->mean_hidden_communication = hidden_ / n;
+    summary->mean_commit_wait = commit_wait_ / n;
+    summary->mean_update = update_ / n;
     summary->buckets = last_.buckets;
     summary->bucket_bytes_per_step = 0;
     for (const BucketTiming& b : last_.bucket_timings) {
@@ -70,6 +74,7 @@ class StepStats {
  private:
   std::vector<absl::Duration> step_times_;
   absl::Duration forward_, backward_, communication_, exposed_, hidden_;
+  absl::Duration commit_wait_, update_;
   StepTimings last_;
 };
 
