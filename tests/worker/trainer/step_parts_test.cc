@@ -4,9 +4,10 @@
 // counted once: on host memory (the simulated device) the backward's end
 // waits for the buckets' data, so it is the exposed communication, and the
 // commit wait (after the micro-batches, for the collectives to be known
-// good) and the update stay short; on a GPU the backward only queues that
-// wait and the host waits in the commit wait instead. The parts of a step
-// never add up to more than the step.
+// good) and the update stay short. On a GPU, by the code (the reducer
+// only queues a stream wait for each bucket), the host would wait in the
+// commit wait instead: not yet measured there. The parts of a step never
+// add up to more than the step.
 #include <memory>
 #include <vector>
 
