@@ -6,8 +6,10 @@
 // commit wait (after the micro-batches, for the collectives to be known
 // good) and the update stay short. On a GPU, by the code (the reducer
 // only queues a stream wait for each bucket), the host would wait in the
-// commit wait instead: not yet measured there. The parts of a step never
-// add up to more than the step.
+// commit wait instead: not yet measured there. The parts of a step do not
+// add up to more than the step, but for the backend's completion thread:
+// the exposed communication ends when that thread saw the collective end,
+// which may be a scheduling delay after the trainer's thread went on.
 #include <memory>
 #include <vector>
 
@@ -29,6 +31,10 @@ constexpr int kWorld = 2;
 // Every collective of rank 1 starts this late on its stream (a slow peer),
 // so every rank's step waits about this long for its all-reduce.
 constexpr absl::Duration kDelay = absl::Milliseconds(100);
+// How much later than the trainer's thread the backend's completion thread
+// may see a collective end on a loaded machine. Counting the slow peer's
+// wait twice would add a whole kDelay.
+constexpr absl::Duration kCompletionThreadLag = absl::Milliseconds(25);
 
 CommFaultPlan DelayEverything() {
   return [](uint64_t) {
@@ -90,7 +96,7 @@ TEST(StepPartsTest, ASlowPeersWaitIsCountedOnceAndThePartsFitTheStep) {
     EXPECT_LE(s.mean_forward + s.mean_backward +
                   s.mean_exposed_communication + s.mean_commit_wait +
                   s.mean_update,
-              s.mean_step_time);
+              s.mean_step_time + kCompletionThreadLag);
   }
 }
 
