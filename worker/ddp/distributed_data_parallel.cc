@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "worker/ddp/state_dict.h"
+#include "worker/ddp/tensor_broadcast.h"
 #include "worker/ddp/tensor_buffer.h"
 #include "worker/ddp/uneven_inputs.h"
 
@@ -124,19 +125,6 @@ absl::Status CheckDevices(const DdpOptions& options,
 }
 
 }  // namespace
-
-absl::Status BroadcastTensors(Backend* backend,
-                              const std::vector<torch::Tensor>& tensors,
-                              absl::Duration timeout, int root) {
-  torch::NoGradGuard no_grad;
-  for (const torch::Tensor& tensor : tensors) {
-    torch::Tensor contiguous = tensor.contiguous();
-    GS_ASSIGN_OR_RETURN(Buffer buffer, ToBuffer(contiguous));
-    GS_RETURN_IF_ERROR(backend->Broadcast(buffer, root)->Wait(timeout));
-    if (!contiguous.is_same(tensor)) tensor.copy_(contiguous);
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<std::unique_ptr<DistributedDataParallel>>
 DistributedDataParallel::CreateImpl(

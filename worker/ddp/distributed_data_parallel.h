@@ -223,11 +223,6 @@ class DistributedDataParallel {
   absl::Status broadcast_error_;
 };
 
-// Copies rank `root`'s `tensors` to every rank (collective), in order.
-absl::Status BroadcastTensors(Backend* backend,
-                              const std::vector<torch::Tensor>& tensors,
-                              absl::Duration timeout, int root = 0);
-
 }  // namespace gradsync
 
 #endif  // GRADSYNC_WORKER_DDP_DISTRIBUTED_DATA_PARALLEL_H_

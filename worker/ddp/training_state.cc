@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/failpoint.h"
 #include "common/status_macros.h"
-#include "worker/ddp/distributed_data_parallel.h"
+#include "worker/ddp/tensor_broadcast.h"
 #include "worker/ddp/tensor_buffer.h"
 
 namespace gradsync {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/ddp/tensor_broadcast.h"
 #include "worker/ddp/tensor_buffer.h"
 
 namespace gradsync {

@@ -1,0 +1,98 @@
+#include "worker/ddp/tensor_broadcast.h"
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <utility>
+
+#include "common/status_macros.h"
+#include "worker/backend/work.h"
+#include "worker/ddp/tensor_buffer.h"
+
+namespace gradsync {
+namespace {
+
+// Tensors (indices into the caller's list) that travel in one broadcast.
+struct Bucket {
+  c10::Device device = c10::Device(c10::kCPU);
+  at::ScalarType dtype = at::kFloat;
+  std::vector<size_t> members;
+  int64_t bytes = 0;
+};
+
+// The buckets, in the order of each one's first tensor: the same on every
+// rank, since every rank passes the same dtypes, devices and sizes.
+std::vector<Bucket> PlanBuckets(const std::vector<at::Tensor>& tensors,
+                                int64_t bucket_bytes) {
+  std::vector<Bucket> buckets;
+  std::vector<size_t> open;  // per (device, dtype) seen: its last bucket
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& tensor = tensors[i];
+    if (tensor.numel() == 0) continue;
+    const int64_t bytes = tensor.numel() * tensor.element_size();
+    Bucket* bucket = nullptr;
+    for (size_t& b : open) {
+      if (buckets[b].device != tensor.device() ||
+          buckets[b].dtype != tensor.scalar_type()) {
+        continue;
+      }
+      if (buckets[b].bytes + bytes > bucket_bytes) {
+        buckets.push_back({tensor.device(), tensor.scalar_type(), {}, 0});
+        b = buckets.size() - 1;
+      }
+      bucket = &buckets[b];
+      break;
+    }
+    if (bucket == nullptr) {
+      buckets.push_back({tensor.device(), tensor.scalar_type(), {}, 0});
+      open.push_back(buckets.size() - 1);
+      bucket = &buckets.back();
+    }
+    bucket->members.push_back(i);
+    bucket->bytes += bytes;
+  }
+  return buckets;
+}
+
+// One bucket: its tensors flattened into one (a lone contiguous tensor
+// itself), broadcast, and copied back out on the ranks that received.
+absl::Status BroadcastBucket(Backend* backend, const Bucket& bucket,
+                             const std::vector<at::Tensor>& tensors,
+                             absl::Duration timeout, int root) {
+  const at::Tensor& first = tensors[bucket.members.front()];
+  const bool in_place = bucket.members.size() == 1 && first.is_contiguous();
+  at::Tensor flat;
+  if (in_place) {
+    flat = first;
+  } else {
+    std::vector<at::Tensor> parts;
+    parts.reserve(bucket.members.size());
+    for (size_t i : bucket.members) parts.push_back(tensors[i].reshape({-1}));
+    flat = at::cat(parts);
+  }
+  GS_ASSIGN_OR_RETURN(Buffer buffer, ToBuffer(flat));
+  GS_RETURN_IF_ERROR(backend->Broadcast(buffer, root)->Wait(timeout));
+  if (in_place || backend->rank() == root) return absl::OkStatus();
+  int64_t offset = 0;
+  for (size_t i : bucket.members) {
+    const at::Tensor& tensor = tensors[i];
+    tensor.copy_(flat.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
+    offset += tensor.numel();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status BroadcastTensors(Backend* backend,
+                              const std::vector<at::Tensor>& tensors,
+                              absl::Duration timeout, int root,
+                              int64_t bucket_bytes) {
+  at::NoGradGuard no_grad;
+  for (const Bucket& bucket : PlanBuckets(tensors, bucket_bytes)) {
+    GS_RETURN_IF_ERROR(BroadcastBucket(backend, bucket, tensors, timeout, root));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace gradsync
