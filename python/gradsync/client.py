@@ -170,10 +170,14 @@ class Client:
     `tls_ca` (PEM file) the channel uses TLS, with `tls_cert`/`tls_key` it
     presents a client certificate (for --tls_client_ca coordinators). For a
     coordinator with --auth=token every call carries `token` (default:
-    $GRADSYNC_TOKEN)."""
+    $GRADSYNC_TOKEN). While the coordinator is UNAVAILABLE (restarting,
+    failing over to a standby) list_jobs and get_job are made again, and a
+    watch is opened again (its first answer is the whole status once more),
+    for up to `retry_budget` seconds; the key-value store's calls have their
+    own budget (KeyValue)."""
 
     def __init__(self, target, timeout=10.0, tls_ca=None, tls_cert=None,
-                 tls_key=None, token=None):
+                 tls_key=None, token=None, retry_budget=10.0):
         token = token if token is not None else os.environ.get("GRADSYNC_TOKEN")
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         if tls_ca:
@@ -188,6 +192,7 @@ class Client:
             self.channel = grpc.insecure_channel(target)
         self.target = target
         self.timeout = timeout
+        self.retry_budget = retry_budget
         # For gradsync's C++ client, which opens its own connections (the
         # membership of gradsync://, gradsync/member.py).
         self.token = token
@@ -205,30 +210,43 @@ class Client:
         self.close()
 
     def list_jobs(self):
-        return list(_call("list_jobs", self._jobs.ListJobs,
-                          jobs_pb2.ListJobsRequest(),
-                          timeout=self.timeout, metadata=self.metadata).jobs)
+        return list(_retrying("list_jobs", self.retry_budget,
+                              self._jobs.ListJobs, jobs_pb2.ListJobsRequest(),
+                              timeout=self.timeout,
+                              metadata=self.metadata).jobs)
 
     def get_job(self, job_id):
-        return _call("get_job", self._jobs.GetJob,
-                     jobs_pb2.GetJobRequest(job_id=job_id),
-                     timeout=self.timeout, metadata=self.metadata).job
+        return _retrying("get_job", self.retry_budget, self._jobs.GetJob,
+                         jobs_pb2.GetJobRequest(job_id=job_id),
+                         timeout=self.timeout, metadata=self.metadata).job
 
     def watch(self, job_id):
         """Yields the job's whole status on every change until the job ends.
 
         The coordinator sends deltas after its first message (see
-        WatchJobResponse); they are applied here.
+        WatchJobResponse); they are applied here. A watch the coordinator
+        ends as UNAVAILABLE (a restart, a fail-over) is opened again, for up
+        to `retry_budget` seconds since its last answer.
         """
-        stream = self._jobs.WatchJob(jobs_pb2.WatchJobRequest(job_id=job_id),
-                                     metadata=self.metadata)
-        job = None
-        try:
-            for update in stream:
-                job = apply_watch_response(update, job)
-                yield job
-        except grpc.RpcError as e:
-            raise Error(e.code().name, f"watch: {e.details()}") from None
+        backoff, deadline = 0.1, time.monotonic() + self.retry_budget
+        while True:
+            stream = self._jobs.WatchJob(
+                jobs_pb2.WatchJobRequest(job_id=job_id), metadata=self.metadata)
+            job = None
+            try:
+                for update in stream:
+                    job = apply_watch_response(update, job)
+                    backoff = 0.1
+                    deadline = time.monotonic() + self.retry_budget
+                    yield job
+                return
+            except grpc.RpcError as e:
+                error = Error(e.code().name, f"watch: {e.details()}")
+            pause = backoff * random.uniform(0.8, 1.2)
+            if not _transient(error) or time.monotonic() + pause > deadline:
+                raise error
+            time.sleep(pause)
+            backoff = min(1.0, backoff * 2)
 
     def kv(self, job_id, round):
         return KeyValue(self._kv, job_id, round, self.timeout, self.metadata)

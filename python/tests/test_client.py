@@ -187,3 +187,80 @@ def test_calls_the_transport_shed_are_retried_and_limits_are_not():
     assert raised.value.code == "RESOURCE_EXHAUSTED"
     assert "--transport_memory_limit" in raised.value.message
     assert len(always_shed.requests) > 1
+
+
+class _FlakyJobs:
+    """A Jobs stub that answers each call with `error()` `failures` times
+    before it answers, and counts the calls. Its watch sends one whole
+    status, then fails once with `error()` (the coordinator restarting);
+    reopened, it sends the status of round 2, a delta, and ends."""
+
+    def __init__(self, failures, error=_unavailable):
+        from gradsync._proto import job_pb2, jobs_pb2
+        self.job_pb2, self.jobs_pb2 = job_pb2, jobs_pb2
+        self.failures = failures
+        self.error = error
+        self.calls = 0
+        self.watches = 0
+
+    def _answer(self, response):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error()
+        return response
+
+    def ListJobs(self, request, timeout, metadata):
+        return self._answer(self.jobs_pb2.ListJobsResponse(
+            jobs=[self.job_pb2.JobStatus(round=3)]))
+
+    def GetJob(self, request, timeout, metadata):
+        return self._answer(self.jobs_pb2.GetJobResponse(
+            job=self.job_pb2.JobStatus(round=4)))
+
+    def WatchJob(self, request, metadata):
+        self.watches += 1
+        status = self.job_pb2.JobStatus
+        response = self.jobs_pb2.WatchJobResponse
+        if self.watches == 1:
+            yield response(job=status(round=1))
+            raise self.error()
+        yield response(job=status(round=2))
+        yield response(delta=True, job=status(round=2, reason="healed"))
+
+
+def _client_with(stub, retry_budget=5.0):
+    client = gradsync.Client("127.0.0.1:1", retry_budget=retry_budget)
+    client._jobs = stub
+    return client
+
+
+def test_status_reads_retry_while_the_coordinator_is_unavailable():
+    stub = _FlakyJobs(failures=2)
+    client = _client_with(stub)
+    assert [j.round for j in client.list_jobs()] == [3]
+    assert stub.calls == 3
+    stub.calls = 0
+    assert client.get_job("j").round == 4
+    assert stub.calls == 3
+    # Past the budget: the error; an error no retry can cure: at once.
+    with pytest.raises(gradsync.Error) as raised:
+        _client_with(_FlakyJobs(failures=1000), retry_budget=0.5).list_jobs()
+    assert raised.value.code == "UNAVAILABLE"
+    missing = _FlakyJobs(failures=1, error=lambda: _Failed(
+        grpc.StatusCode.NOT_FOUND, "no job j"))
+    with pytest.raises(gradsync.Error) as raised:
+        _client_with(missing).get_job("j")
+    assert raised.value.code == "NOT_FOUND" and missing.calls == 1
+
+
+def test_a_watch_the_coordinator_ended_is_opened_again():
+    stub = _FlakyJobs(failures=0)
+    seen = [(j.round, j.reason) for j in _client_with(stub).watch("j")]
+    assert seen == [(1, ""), (2, ""), (2, "healed")]
+    assert stub.watches == 2
+    # An error no retry can cure ends the watch.
+    refused = _FlakyJobs(failures=0, error=lambda: _Failed(
+        grpc.StatusCode.PERMISSION_DENIED, "not yours"))
+    with pytest.raises(gradsync.Error) as raised:
+        list(_client_with(refused).watch("j"))
+    assert raised.value.code == "PERMISSION_DENIED" and refused.watches == 1
