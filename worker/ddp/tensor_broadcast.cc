@@ -1,6 +1,7 @@
 #include "worker/ddp/tensor_broadcast.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <memory>
 #include <utility>
@@ -54,8 +55,9 @@ std::vector<Bucket> PlanBuckets(const std::vector<at::Tensor>& tensors,
   return buckets;
 }
 
-// One bucket: its tensors flattened into one (a lone contiguous tensor
-// itself), broadcast, and copied back out on the ranks that received.
+// One bucket: its tensors flattened into one on the root (a lone
+// contiguous tensor is itself), broadcast into a flat tensor of that size on
+// the other ranks, and copied out of it there.
 absl::Status BroadcastBucket(Backend* backend, const Bucket& bucket,
                              const std::vector<at::Tensor>& tensors,
                              absl::Duration timeout, int root) {
@@ -64,11 +66,13 @@ absl::Status BroadcastBucket(Backend* backend, const Bucket& bucket,
   at::Tensor flat;
   if (in_place) {
     flat = first;
-  } else {
+  } else if (backend->rank() == root) {
     std::vector<at::Tensor> parts;
     parts.reserve(bucket.members.size());
     for (size_t i : bucket.members) parts.push_back(tensors[i].reshape({-1}));
     flat = at::cat(parts);
+  } else {
+    flat = at::empty({bucket.bytes / first.element_size()}, first.options());
   }
   GS_ASSIGN_OR_RETURN(Buffer buffer, ToBuffer(flat));
   GS_RETURN_IF_ERROR(backend->Broadcast(buffer, root)->Wait(timeout));
@@ -88,7 +92,7 @@ absl::Status BroadcastTensors(Backend* backend,
                               const std::vector<at::Tensor>& tensors,
                               absl::Duration timeout, int root,
                               int64_t bucket_bytes) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   for (const Bucket& bucket : PlanBuckets(tensors, bucket_bytes)) {
     GS_RETURN_IF_ERROR(BroadcastBucket(backend, bucket, tensors, timeout, root));
   }
