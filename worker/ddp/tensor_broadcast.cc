@@ -3,8 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
-#include <memory>
-#include <utility>
+#include <vector>
 
 #include "common/status_macros.h"
 #include "worker/backend/work.h"

@@ -23,9 +23,9 @@ inline constexpr int64_t kBroadcastBucketBytes = int64_t{256} << 20;
 // Copies rank `root`'s `tensors` to every rank. A collective: every rank
 // passes tensors of the same dtypes, devices and sizes in the same order.
 // Tensors of one dtype and device travel together, in one broadcast of a
-// flat copy per `bucket_bytes` (a lone contiguous tensor as it is),
-// so a model's buffers cost one collective per dtype, not one each; empty
-// tensors cost none. Returns once the values are in place on this rank (on a
+// flat copy per `bucket_bytes` (a tensor larger than that travels alone; a
+// lone contiguous tensor as it is), so a model's buffers cost one
+// collective per dtype, not one each; empty tensors cost none. Returns once the values are in place on this rank (on a
 // GPU: the broadcasts have completed and the copies out of them are queued
 // on the current stream). On error, the first one (no later broadcast is
 // issued); the tensors then hold unspecified values. Thread-safe as far as

@@ -45,7 +45,8 @@ absl::StatusOr<Buffer> ToBuffer(const at::Tensor& tensor) {
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "tensors of dtype ", c10::toString(tensor.scalar_type()),
-          " cannot be communicated"));
+          " cannot be communicated: cast them to float32, float64, float16, "
+          "bfloat16, int32, int64, uint8 or bool first"));
   }
   if (tensor.is_cuda()) {
     buffer.device = DeviceKind::kCuda;
