@@ -71,6 +71,14 @@ class Backend {
   // "gloo", "nccl".
   virtual std::string name() const = 0;
 
+  // Whether Work::SynchronizeStream only orders a device stream after the
+  // collective, the host going on (NCCL): the stream's later work may then
+  // read a collective's result before the host knows that it failed, so a
+  // caller that reads it there keeps it free of uninitialized memory and
+  // checks the Work (Wait) before committing. False for host backends,
+  // whose SynchronizeStream waits and returns the collective's status.
+  virtual bool stream_ordered() const { return false; }
+
   int rank() const { return options_.rank; }
   int world_size() const { return options_.world_size; }
   const BackendOptions& options() const { return options_; }

@@ -85,6 +85,7 @@ class NcclBackend final : public Backend {
   absl::Status Connect(Store* store);
 
   std::string name() const override { return "nccl"; }
+  bool stream_ordered() const override { return true; }
   std::shared_ptr<Work> AllReduce(Buffer buffer, ReduceOp op) override;
   std::shared_ptr<Work> Broadcast(Buffer buffer, int root) override;
   std::shared_ptr<Work> AllGather(Buffer input, Buffer output) override;

@@ -41,6 +41,7 @@ class ObservedBackend final : public Backend {
   explicit ObservedBackend(Backend* inner, Clock* clock = RealClock::Get());
 
   std::string name() const override { return inner_->name(); }
+  bool stream_ordered() const override { return inner_->stream_ordered(); }
   std::shared_ptr<Work> AllReduce(Buffer buffer, ReduceOp op) override;
   std::shared_ptr<Work> Broadcast(Buffer buffer, int root) override;
   std::shared_ptr<Work> AllGather(Buffer input, Buffer output) override;

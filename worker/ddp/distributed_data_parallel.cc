@@ -220,17 +220,48 @@ absl::Status DistributedDataParallel::load_state_dict(const StateDict& state) {
   return LoadStateDict(*module_, state);
 }
 
+absl::Status DistributedDataParallel::CheckStep() {
+  const absl::Status buffers = CheckBufferBroadcasts();
+  // Always: it also clears the step's record of collectives.
+  const absl::Status gradients = reducer_->CheckStepCollectives();
+  return buffers.ok() ? gradients : buffers;
+}
+
 void DistributedDataParallel::BroadcastBuffers(int root) {
-  absl::Status status =
-      BroadcastTensors(backend_, buffers_, options_.reducer.timeout, root);
-  broadcast_error_ = status;
-  TORCH_CHECK(status.ok(), "DistributedDataParallel: broadcasting buffers "
-                           "failed: ", status.ToString());
+  absl::StatusOr<std::vector<std::shared_ptr<Work>>> works =
+      BroadcastTensorsOrdered(backend_, buffers_, options_.reducer.timeout,
+                              root);
+  if (!works.ok()) {
+    broadcast_error_ = works.status();
+    TORCH_CHECK(false, "DistributedDataParallel: broadcasting buffers "
+                       "failed: ", works.status().ToString());
+  }
+  buffer_works_ = std::move(*works);
+}
+
+absl::Status DistributedDataParallel::CheckBufferBroadcasts() {
+  std::vector<std::shared_ptr<Work>> works = std::move(buffer_works_);
+  buffer_works_.clear();
+  for (const std::shared_ptr<Work>& work : works) {
+    const absl::Status status = work->Wait(options_.reducer.timeout);
+    if (status.ok()) continue;
+    broadcast_error_ = absl::Status(
+        status.code(),
+        absl::StrCat("the buffer broadcast before the forward (#",
+                     work->sequence(), ") failed: ", status.message()));
+    return broadcast_error_;
+  }
+  return absl::OkStatus();
 }
 
 absl::Time DistributedDataParallel::BeginForward() {
   const absl::Time start = clock_->Now();
   broadcast_error_ = absl::OkStatus();
+  // The last forward's broadcasts, when no CheckStep came after it (an
+  // evaluation pass): these buffers build on what they brought.
+  const absl::Status unchecked = CheckBufferBroadcasts();
+  TORCH_CHECK(unchecked.ok(), "DistributedDataParallel: ",
+              unchecked.ToString());
   divisor_ = backend_->world_size();
   int root = 0;
   bool sync = sync_;

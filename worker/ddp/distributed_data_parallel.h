@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/work.h"
 #include "worker/ddp/comm_hook.h"
 #include "worker/ddp/reducer.h"
 #include "worker/ddp/state_dict.h"
@@ -43,7 +44,10 @@ struct DdpOptions {
   ReducerOptions reducer;
   // Broadcast the buffers (e.g. batch-norm statistics) of rank 0 (under
   // uneven inputs, of the highest rank still training) before every
-  // synchronized forward.
+  // synchronized forward, in one collective per dtype. On a stream-ordered
+  // backend (NCCL) the host does not wait for it: the forward's kernels are
+  // queued after it, and CheckStep (or, when none came, the next forward)
+  // says whether it succeeded.
   bool broadcast_buffers = true;
   // Create copies rank 0's parameters and buffers to every rank (PyTorch's
   // behaviour). Off when the caller copies the state itself, e.g. with
@@ -162,13 +166,14 @@ class DistributedDataParallel {
 
   const Reducer& reducer() const { return *reducer_; }
 
-  // Before applying a step (optimizer.step()): whether every gradient
-  // collective of its synchronized backward completed without error
-  // (Reducer::CheckStepCollectives). On a device backend the backward only
-  // ordered the streams after the all-reduces; this is where the host
-  // learns their outcome. The backend's status when one failed: the step
-  // must be dropped.
-  absl::Status CheckStep() { return reducer_->CheckStepCollectives(); }
+  // Before applying a step (optimizer.step()): whether the buffer broadcast
+  // of its forward and every gradient collective of its synchronized
+  // backward completed without error (Reducer::CheckStepCollectives). On a
+  // device backend the forward and the backward only ordered the streams
+  // after them; this is where the host learns their outcome, and waits for
+  // the device. The backend's status when one failed: the step must be
+  // dropped.
+  absl::Status CheckStep();
 
   // The collective error behind the last failed step (a buffer broadcast
   // before forward, a gradient all-reduce, a SyncBatchNorm's statistics),
@@ -199,9 +204,13 @@ class DistributedDataParallel {
 
   absl::Time BeginForward();
   void EndForward(absl::Time start);
-  // Broadcasts the buffers from `root` (BeginForward's, and a joined rank's
-  // match of it); throws (c10::Error) on failure, after recording it.
+  // Broadcasts the buffers from `root`, ordered before the forward's work
+  // (BroadcastTensorsOrdered), keeping its Works for CheckStep; throws
+  // (c10::Error) on a failure known at once, after recording it.
   void BroadcastBuffers(int root);
+  // Waits for the buffer broadcasts not yet checked and forgets them; the
+  // first failure, recorded as broadcast_error_.
+  absl::Status CheckBufferBroadcasts();
 
   std::shared_ptr<torch::nn::Module> module_;
   const std::function<torch::Tensor(const torch::Tensor&)> module_forward_;
@@ -221,6 +230,8 @@ class DistributedDataParallel {
   // ranks that ran out of data what to shadow.
   UnevenInputs* uneven_ = nullptr;
   absl::Status broadcast_error_;
+  // The buffer broadcasts of the last synchronized forward, until checked.
+  std::vector<std::shared_ptr<Work>> buffer_works_;
 };
 
 }  // namespace gradsync

@@ -54,46 +54,75 @@ std::vector<Bucket> PlanBuckets(const std::vector<at::Tensor>& tensors,
   return buckets;
 }
 
+// `bucket`'s tensors as one flat tensor, in order.
+at::Tensor Flatten(const Bucket& bucket, const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> parts;
+  parts.reserve(bucket.members.size());
+  for (size_t i : bucket.members) parts.push_back(tensors[i].reshape({-1}));
+  return at::cat(parts);
+}
+
 // One bucket: its tensors flattened into one on the root (a lone
 // contiguous tensor is itself), broadcast into a flat tensor of that size on
-// the other ranks, and copied out of it there.
-absl::Status BroadcastBucket(Backend* backend, const Bucket& bucket,
-                             const std::vector<at::Tensor>& tensors,
-                             absl::Duration timeout, int root) {
+// the other ranks, and copied out of it there once `work`'s stream
+// order (SynchronizeStream) allows. The flat tensor receives into
+// uninitialized memory only where the copies wait for the outcome on the
+// host (a host backend); else it starts as this rank's own values.
+absl::StatusOr<std::shared_ptr<Work>> BroadcastBucket(
+    Backend* backend, const Bucket& bucket,
+    const std::vector<at::Tensor>& tensors, absl::Duration timeout,
+    int root) {
   const at::Tensor& first = tensors[bucket.members.front()];
   const bool in_place = bucket.members.size() == 1 && first.is_contiguous();
+  const bool receives = !in_place && backend->rank() != root;
   at::Tensor flat;
   if (in_place) {
     flat = first;
-  } else if (backend->rank() == root) {
-    std::vector<at::Tensor> parts;
-    parts.reserve(bucket.members.size());
-    for (size_t i : bucket.members) parts.push_back(tensors[i].reshape({-1}));
-    flat = at::cat(parts);
-  } else {
+  } else if (receives && !backend->stream_ordered()) {
     flat = at::empty({bucket.bytes / first.element_size()}, first.options());
+  } else {
+    flat = Flatten(bucket, tensors);
   }
   GS_ASSIGN_OR_RETURN(Buffer buffer, ToBuffer(flat));
-  GS_RETURN_IF_ERROR(backend->Broadcast(buffer, root)->Wait(timeout));
-  if (in_place || backend->rank() == root) return absl::OkStatus();
+  std::shared_ptr<Work> work = backend->Broadcast(buffer, root);
+  // The copies below may be queued before the broadcast ran: the caching
+  // allocator keeps `flat` until the communication stream is past it.
+  RecordStream(flat, *work);
+  GS_RETURN_IF_ERROR(work->SynchronizeStream(buffer.stream, timeout));
+  if (!receives) return work;
   int64_t offset = 0;
   for (size_t i : bucket.members) {
     const at::Tensor& tensor = tensors[i];
     tensor.copy_(flat.narrow(0, offset, tensor.numel()).view(tensor.sizes()));
     offset += tensor.numel();
   }
-  return absl::OkStatus();
+  return work;
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<std::shared_ptr<Work>>> BroadcastTensorsOrdered(
+    Backend* backend, const std::vector<at::Tensor>& tensors,
+    absl::Duration timeout, int root, int64_t bucket_bytes) {
+  c10::NoGradGuard no_grad;
+  std::vector<std::shared_ptr<Work>> works;
+  for (const Bucket& bucket : PlanBuckets(tensors, bucket_bytes)) {
+    GS_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                        BroadcastBucket(backend, bucket, tensors, timeout, root));
+    works.push_back(std::move(work));
+  }
+  return works;
+}
 
 absl::Status BroadcastTensors(Backend* backend,
                               const std::vector<at::Tensor>& tensors,
                               absl::Duration timeout, int root,
                               int64_t bucket_bytes) {
-  c10::NoGradGuard no_grad;
-  for (const Bucket& bucket : PlanBuckets(tensors, bucket_bytes)) {
-    GS_RETURN_IF_ERROR(BroadcastBucket(backend, bucket, tensors, timeout, root));
+  GS_ASSIGN_OR_RETURN(
+      std::vector<std::shared_ptr<Work>> works,
+      BroadcastTensorsOrdered(backend, tensors, timeout, root, bucket_bytes));
+  for (const std::shared_ptr<Work>& work : works) {
+    GS_RETURN_IF_ERROR(work->Wait(timeout));
   }
   return absl::OkStatus();
 }

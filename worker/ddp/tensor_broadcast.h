@@ -5,13 +5,16 @@
 #define GRADSYNC_WORKER_DDP_TENSOR_BROADCAST_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/work.h"
 
 namespace gradsync {
 
@@ -25,15 +28,35 @@ inline constexpr int64_t kBroadcastBucketBytes = int64_t{256} << 20;
 // Tensors of one dtype and device travel together, in one broadcast of a
 // flat copy per `bucket_bytes` (a tensor larger than that travels alone; a
 // lone contiguous tensor as it is), so a model's buffers cost one
-// collective per dtype, not one each; empty tensors cost none. Returns once the values are in place on this rank (on a
-// GPU: the broadcasts have completed and the copies out of them are queued
-// on the current stream). On error, the first one (no later broadcast is
-// issued); the tensors then hold unspecified values. Thread-safe as far as
-// the backend is; the tensors must not be used meanwhile.
+// collective per dtype, not one each; empty tensors cost none. Returns once
+// every broadcast has completed and the values are in place on this rank (on
+// a GPU: the copies out of them are queued on the current stream). On error,
+// the first one (no later broadcast is issued); each element then holds this
+// rank's value or the root's. Thread-safe as far as the backend is; the
+// tensors must not be used meanwhile.
 absl::Status BroadcastTensors(Backend* backend,
                               const std::vector<at::Tensor>& tensors,
                               absl::Duration timeout, int root = 0,
                               int64_t bucket_bytes = kBroadcastBucketBytes);
+
+// BroadcastTensors without the host's wait where the backend is stream
+// ordered (Backend::stream_ordered: NCCL), as PyTorch's DDP syncs its
+// buffers before each forward: each broadcast runs after the work queued on
+// its tensors' current stream, and the copies out of it are queued there
+// after it (Work::SynchronizeStream), so work queued later on that stream
+// sees the root's values. On a host backend it waits as BroadcastTensors.
+// Returns the broadcasts' Works: whether each succeeded is known only from
+// them (Wait), and a caller must check them before committing anything
+// computed from the tensors. An error the host knows already (a refused
+// tensor, a host backend's failure, a broadcast that failed before its
+// copies were queued) is returned instead, and no later broadcast is
+// issued. Either way each element holds this rank's value or the root's:
+// where the copies may run before the outcome is known, a receiving rank
+// broadcasts into a flat copy of its own values, not uninitialized memory.
+absl::StatusOr<std::vector<std::shared_ptr<Work>>> BroadcastTensorsOrdered(
+    Backend* backend, const std::vector<at::Tensor>& tensors,
+    absl::Duration timeout, int root = 0,
+    int64_t bucket_bytes = kBroadcastBucketBytes);
 
 }  // namespace gradsync
 

@@ -1,7 +1,7 @@
 // A failed step is neither applied nor counted, in process: DDP over the
 // NCCL backend on simulated devices, ranks as threads, with an asynchronous
-// error injected into one rank's gradient all-reduce after its host moved
-// on. The backward returns (its stream wait for the bucket said nothing
+// error injected into one rank's gradient all-reduce (or its buffer
+// broadcast) after its host moved on. The backward returns (its stream wait for the bucket said nothing
 // about the error, as on a GPU), and DistributedDataParallel::CheckStep
 // reports the failure on that rank for that step, so a loop that steps the
 // optimizer only after CheckStep is OK (the trainer's commit rule,
@@ -149,6 +149,35 @@ class AsyncErrorOnNext {
   std::atomic<uint64_t> fired_at_{0};
 };
 
+constexpr int kWorld = 2;
+constexpr int kFailingRank = 1;
+
+// Two ranks' NCCL backends on simulated devices, rank kFailingRank's behind
+// a HostFirstDevice with an AsyncErrorOnNext plan. Members in destruction
+// order: the backends go before the devices and the plan they use.
+struct FaultyPair {
+  FaultyPair() {
+    std::vector<std::unique_ptr<NcclDevice>> made = testing::SimDevices(kWorld);
+    if (made[kFailingRank] == nullptr) return;
+    host_first = new HostFirstDevice(std::move(made[kFailingRank]));
+    made[kFailingRank].reset(host_first);
+    devices = std::move(made);
+    group = testing::StartNcclGroup(devices, &store, testing::kHealthyTimeout,
+                                    [&](int rank) {
+                                      return rank == kFailingRank
+                                                 ? fault.Plan()
+                                                 : nullptr;
+                                    });
+  }
+  bool ok() const { return group.size() == static_cast<size_t>(kWorld); }
+
+  std::vector<std::unique_ptr<NcclDevice>> devices;
+  HostFirstDevice* host_first = nullptr;  // devices[kFailingRank]
+  AsyncErrorOnNext fault;
+  InMemoryStore store;
+  std::vector<std::unique_ptr<NcclBackend>> group;
+};
+
 torch::nn::Sequential Model() {
   namespace nn = torch::nn;
   return nn::Sequential(nn::Linear(6, 5), nn::ReLU(), nn::Linear(5, 2));
@@ -190,20 +219,12 @@ struct RankLog {
 // it, its peer having aborted), and their parameters stay those of step 2.
 TEST(DdpFailedStepTest,
      AnAsyncErrorAfterTheHostMovedOnIsNeitherAppliedNorCounted) {
-  constexpr int kWorld = 2;
-  constexpr int kFailingRank = 1;
   constexpr int kFailingStep = 3;
-  std::vector<std::unique_ptr<NcclDevice>> devices =
-      testing::SimDevices(kWorld);
-  ASSERT_NE(devices[kFailingRank], nullptr);
-  auto* host_first = new HostFirstDevice(std::move(devices[kFailingRank]));
-  devices[kFailingRank].reset(host_first);
-  AsyncErrorOnNext fault;
-  InMemoryStore store;
-  auto group = testing::StartNcclGroup(
-      devices, &store, testing::kHealthyTimeout,
-      [&](int rank) { return rank == kFailingRank ? fault.Plan() : nullptr; });
-  ASSERT_EQ(group.size(), static_cast<size_t>(kWorld));
+  FaultyPair world;
+  ASSERT_TRUE(world.ok());
+  HostFirstDevice* host_first = world.host_first;
+  AsyncErrorOnNext& fault = world.fault;
+  auto& group = world.group;
   std::vector<torch::nn::Sequential> models;
   torch::manual_seed(11);  // on this thread: the generator is process-wide
   for (int rank = 0; rank < kWorld; ++rank) models.push_back(Model());
@@ -279,6 +300,94 @@ TEST(DdpFailedStepTest,
   }
   EXPECT_TRUE(Equal(logs[0].after, logs[1].after))
       << "the ranks left the failed step with different parameters";
+}
+
+// A linear layer whose output is scaled and shifted by two buffers: what a
+// buffer broadcast carries, in one float32 bucket of two tensors, and what
+// the forward reads but does not change.
+struct ScaledLinearImpl : torch::nn::Module {
+  ScaledLinearImpl()
+      : linear(register_module("linear", torch::nn::Linear(6, 2))),
+        scale(register_buffer("scale", torch::ones({2}))),
+        shift(register_buffer("shift", torch::zeros({2}))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return linear(x) * scale + shift;
+  }
+  torch::nn::Linear linear;
+  torch::Tensor scale;
+  torch::Tensor shift;
+};
+
+// Rank 1's buffer broadcast before the forward of step 2 fails
+// asynchronously after its host moved on (as on a GPU, where the forward's
+// kernels are only queued after it): the forward returns, CheckStep names
+// the broadcast, and rank 1 keeps its own buffer values (it received into a
+// copy of them, so the copy back cannot bring uninitialized memory).
+TEST(DdpFailedStepTest,
+     AFailedBufferBroadcastIsReportedByCheckStepAndLeavesTheOwnBuffers) {
+  FaultyPair world;
+  ASSERT_TRUE(world.ok());
+  HostFirstDevice* host_first = world.host_first;
+  AsyncErrorOnNext& fault = world.fault;
+  auto& group = world.group;
+  std::vector<std::shared_ptr<ScaledLinearImpl>> models;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    models.push_back(std::make_shared<ScaledLinearImpl>());
+  }
+
+  bool forward_returned = false;
+  absl::Status check;
+  absl::Status recorded;
+  std::vector<torch::Tensor> own;
+  std::vector<torch::Tensor> after;
+  testing::OnEveryRank(kWorld, [&](int rank) {
+    auto ddp = DistributedDataParallel::Create(models[rank], group[rank].get());
+    ASSERT_TRUE(ddp.ok()) << ddp.status();
+    // Step 1: a healthy step.
+    (*ddp)->forward(Input(rank, 1)).pow(2).mean().backward();
+    ASSERT_TRUE((*ddp)->CheckStep().ok());
+    if (rank != kFailingRank) {
+      try {  // its broadcast may fail too, its peer having aborted
+        (*ddp)->forward(Input(rank, 2));
+      } catch (const c10::Error&) {
+      }
+      (*ddp)->CheckStep().IgnoreError();
+      return;
+    }
+    {
+      torch::NoGradGuard no_grad;
+      models[rank]->scale.fill_(7.0);
+      models[rank]->shift.copy_(torch::tensor({-3.0, 0.25}));
+    }
+    own = Copy(models[rank]->buffers());
+    host_first->HoldNextHostFunction();
+    fault.Arm();
+    try {
+      (*ddp)->forward(Input(rank, 2));
+      forward_returned = true;
+    } catch (const c10::Error& e) {
+      check = absl::UnknownError(e.what_without_backtrace());
+      return;
+    }
+    check = (*ddp)->CheckStep();
+    recorded = (*ddp)->communication_error();
+    after = Copy(models[rank]->buffers());
+  });
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+
+  ASSERT_NE(fault.fired_at(), 0u) << "the error was never injected";
+  ASSERT_TRUE(forward_returned)
+      << "the host did not move on: the forward already saw " << check;
+  EXPECT_EQ(check.code(), absl::StatusCode::kUnavailable) << check;
+  EXPECT_THAT(check.message(),
+              HasSubstr("the buffer broadcast before the forward (#"));
+  EXPECT_THAT(
+      check.message(),
+      HasSubstr(absl::StrCat("injected asynchronous error in collective #",
+                             fault.fired_at())));
+  EXPECT_EQ(recorded, check);
+  EXPECT_TRUE(Equal(after, own))
+      << "the failed broadcast left other values than rank 1's own";
 }
 
 }  // namespace

@@ -34,6 +34,7 @@ class TimedBackend final : public Backend {
   }
 
   std::string name() const override { return inner_->name(); }
+  bool stream_ordered() const override { return inner_->stream_ordered(); }
   std::shared_ptr<Work> AllReduce(Buffer buffer, ReduceOp op) override {
     std::shared_ptr<Work> work = inner_->AllReduce(buffer, op);
     watchers_.emplace_back([this, work] {

@@ -1,4 +1,5 @@
-// BroadcastTensors: rank `root`'s values reach every rank, whatever the mix
+// BroadcastTensors (and its stream-ordered form, BroadcastTensorsOrdered):
+// rank `root`'s values reach every rank, whatever the mix
 // of dtypes, shapes, strides and empty tensors, in one broadcast per dtype
 // (per bucket), on Gloo and on the NCCL backend over simulated devices
 // (whose collectives complete on their own threads), ranks as threads,
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "tests/worker/backend/backend_test_util.h"
 #include "tests/worker/backend/nccl_sim_group.h"
@@ -20,6 +22,7 @@
 #include "worker/backend/nccl_device.h"
 #include "worker/backend/observed_backend.h"
 #include "worker/backend/store.h"
+#include "worker/backend/work.h"
 
 namespace gradsync {
 namespace {
@@ -157,6 +160,40 @@ TEST_P(TensorBroadcastTest, ABucketHoldsAtMostItsBytesAndALoneTensorGoesInPlace)
     EXPECT_EQ(records[rank][0].count, 8);
     EXPECT_EQ(records[rank][1].count, 2);
     EXPECT_EQ(records[rank][2].count, 10);
+  }
+}
+
+// The ordered form hands back one Work per broadcast: on NCCL the host may
+// not yet know whether they succeeded (a failed one: failed_step_test), on
+// Gloo they have completed. Once they are waited for, the values are the
+// root's, as with BroadcastTensors.
+TEST_P(TensorBroadcastTest, OrderedReturnsEachBroadcastsWorkToCheck) {
+  const int world = GetParam().world_size;
+  World group(GetParam());
+  ASSERT_TRUE(group.ok());
+  std::vector<std::vector<torch::Tensor>> got(world);
+  std::vector<absl::Status> status(world);
+  std::vector<size_t> works(world);
+  testing::OnEveryRank(world, [&](int rank) {
+    got[rank] = TensorsOf(rank);
+    absl::StatusOr<std::vector<std::shared_ptr<Work>>> issued =
+        BroadcastTensorsOrdered(group.backend(rank), got[rank],
+                                kHealthyTimeout);
+    status[rank] = issued.status();
+    if (!issued.ok()) return;
+    works[rank] = issued->size();
+    for (const std::shared_ptr<Work>& work : *issued) {
+      if (status[rank].ok()) status[rank] = work->Wait(kHealthyTimeout);
+    }
+  });
+  const std::vector<torch::Tensor> want = TensorsOf(0);
+  for (int rank = 0; rank < world; ++rank) {
+    SCOPED_TRACE(rank);
+    ASSERT_TRUE(status[rank].ok()) << status[rank];
+    EXPECT_EQ(works[rank], 3u);  // float32, int64, float64
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_TRUE(torch::equal(got[rank][i], want[i])) << "tensor " << i;
+    }
   }
 }
 
