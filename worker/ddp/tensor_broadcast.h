@@ -31,9 +31,9 @@ inline constexpr int64_t kBroadcastBucketBytes = int64_t{256} << 20;
 // collective per dtype, not one each; empty tensors cost none. Returns once
 // every broadcast has completed and the values are in place on this rank (on
 // a GPU: the copies out of them are queued on the current stream). On error,
-// the first one (no later broadcast is issued); each element then holds this
-// rank's value or the root's. Thread-safe as far as the backend is; the
-// tensors must not be used meanwhile.
+// the first one; the tensors then hold a mix of this rank's data and the
+// root's. Thread-safe as far as the backend is; the tensors must not be used
+// meanwhile.
 absl::Status BroadcastTensors(Backend* backend,
                               const std::vector<at::Tensor>& tensors,
                               absl::Duration timeout, int root = 0,
@@ -50,9 +50,10 @@ absl::Status BroadcastTensors(Backend* backend,
 // computed from the tensors. An error the host knows already (a refused
 // tensor, a host backend's failure, a broadcast that failed before its
 // copies were queued) is returned instead, and no later broadcast is
-// issued. Either way each element holds this rank's value or the root's:
-// where the copies may run before the outcome is known, a receiving rank
-// broadcasts into a flat copy of its own values, not uninitialized memory.
+// issued. Either way the tensors hold a mix of this rank's data and the
+// root's, never uninitialized memory: where the copies may run before the
+// outcome is known, a receiving rank broadcasts into a flat copy of its own
+// values.
 absl::StatusOr<std::vector<std::shared_ptr<Work>>> BroadcastTensorsOrdered(
     Backend* backend, const std::vector<at::Tensor>& tensors,
     absl::Duration timeout, int root = 0,
