@@ -320,28 +320,31 @@ struct ScaledLinearImpl : torch::nn::Module {
 
 // Rank 1's buffer broadcast before the forward of step 2 fails
 // asynchronously after its host moved on (as on a GPU, where the forward's
-// kernels are only queued after it): the forward returns, CheckStep names
-// the broadcast, and rank 1 keeps its own buffer values (it received into a
-// copy of them, so the copy back cannot bring uninitialized memory).
-TEST(DdpFailedStepTest,
-     AFailedBufferBroadcastIsReportedByCheckStepAndLeavesTheOwnBuffers) {
+// kernels are only queued after it): the forward returns, and the failure is
+// learned, naming the broadcast, from CheckStep or (when no CheckStep came:
+// an evaluation pass) from the next forward, before it issues anything.
+// Rank 1 keeps its own buffer values (it received into a copy of them, so
+// the copy back cannot bring uninitialized memory).
+class FailedBufferBroadcastTest : public ::testing::TestWithParam<bool> {
+ protected:
+  bool learned_from_next_forward() const { return GetParam(); }
+};
+
+TEST_P(FailedBufferBroadcastTest, IsReportedAndLeavesTheRanksOwnBuffers) {
   FaultyPair world;
   ASSERT_TRUE(world.ok());
-  HostFirstDevice* host_first = world.host_first;
-  AsyncErrorOnNext& fault = world.fault;
-  auto& group = world.group;
   std::vector<std::shared_ptr<ScaledLinearImpl>> models;
   for (int rank = 0; rank < kWorld; ++rank) {
     models.push_back(std::make_shared<ScaledLinearImpl>());
   }
 
   bool forward_returned = false;
-  absl::Status check;
+  std::string learned;  // the failure as the call that reported it said it
   absl::Status recorded;
   std::vector<torch::Tensor> own;
   std::vector<torch::Tensor> after;
   testing::OnEveryRank(kWorld, [&](int rank) {
-    auto ddp = DistributedDataParallel::Create(models[rank], group[rank].get());
+    auto ddp = DistributedDataParallel::Create(models[rank], world.group[rank].get());
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     // Step 1: a healthy step.
     (*ddp)->forward(Input(rank, 1)).pow(2).mean().backward();
@@ -360,35 +363,49 @@ TEST(DdpFailedStepTest,
       models[rank]->shift.copy_(torch::tensor({-3.0, 0.25}));
     }
     own = Copy(models[rank]->buffers());
-    host_first->HoldNextHostFunction();
-    fault.Arm();
+    world.host_first->HoldNextHostFunction();
+    world.fault.Arm();
     try {
       (*ddp)->forward(Input(rank, 2));
       forward_returned = true;
     } catch (const c10::Error& e) {
-      check = absl::UnknownError(e.what_without_backtrace());
+      learned = e.what_without_backtrace();
       return;
     }
-    check = (*ddp)->CheckStep();
+    if (learned_from_next_forward()) {
+      try {
+        (*ddp)->forward(Input(rank, 3));
+      } catch (const c10::Error& e) {
+        learned = e.what_without_backtrace();
+      }
+    } else {
+      const absl::Status check = (*ddp)->CheckStep();
+      learned = check.ToString();
+      EXPECT_EQ(check, (*ddp)->communication_error());
+    }
     recorded = (*ddp)->communication_error();
     after = Copy(models[rank]->buffers());
   });
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
 
-  ASSERT_NE(fault.fired_at(), 0u) << "the error was never injected";
+  ASSERT_NE(world.fault.fired_at(), 0u) << "the error was never injected";
   ASSERT_TRUE(forward_returned)
-      << "the host did not move on: the forward already saw " << check;
-  EXPECT_EQ(check.code(), absl::StatusCode::kUnavailable) << check;
-  EXPECT_THAT(check.message(),
-              HasSubstr("the buffer broadcast before the forward (#"));
-  EXPECT_THAT(
-      check.message(),
-      HasSubstr(absl::StrCat("injected asynchronous error in collective #",
-                             fault.fired_at())));
-  EXPECT_EQ(recorded, check);
+      << "the host did not move on: the forward already saw " << learned;
+  const std::string injected = absl::StrCat(
+      "injected asynchronous error in collective #", world.fault.fired_at());
+  EXPECT_THAT(learned, HasSubstr("the buffer broadcast before the forward (#"));
+  EXPECT_THAT(learned, HasSubstr(injected));
+  EXPECT_EQ(recorded.code(), absl::StatusCode::kUnavailable) << recorded;
+  EXPECT_THAT(recorded.message(), HasSubstr(injected));
   EXPECT_TRUE(Equal(after, own))
       << "the failed broadcast left other values than rank 1's own";
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    LearnedBy, FailedBufferBroadcastTest, ::testing::Bool(),
+    [](const ::testing::TestParamInfo<bool>& info) {
+      return info.param ? std::string("NextForward") : std::string("CheckStep");
+    });
 
 }  // namespace
 }  // namespace gradsync
