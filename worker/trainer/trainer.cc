@@ -129,6 +129,9 @@ absl::StatusOr<TrainSummary> TrainingRun::Impl::TrainRound(
   } catch (const std::exception& e) {
     result = absl::InternalError(e.what());
   }
+  // A step that failed leaves the buffers as it found them: the next round
+  // may copy this rank's state to the others, and trains the step again.
+  if (!result.ok()) step_start_buffers_.Restore();
   uneven_.reset();  // it refers to the round's DDP model, which goes now
   return result;
 }
@@ -323,8 +326,9 @@ absl::Status TrainingRun::Impl::MaybeHang(const TrainContext& context,
 // gradient collective of the step is known to have completed without error
 // on this rank (DistributedDataParallel::CheckStep: on a GPU the backward
 // only ordered the streams after them); an error before leaves the state as
-// it was. The host waits for the device once per step, there; the loss is
-// summed on the device meanwhile.
+// it was (TrainRound puts back the buffers the forwards moved). The host
+// waits for the device once per step, there; the loss is summed on the
+// device meanwhile.
 absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
                                         DistributedDataParallel* ddp,
                                         Division* division,
@@ -347,6 +351,7 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
   for (auto& p : model_->parameters()) {
     if (p.grad().defined()) p.mutable_grad().zero_();
   }
+  step_start_buffers_.Take(*model_);
   const MicroBatchesRun run = RunMicroBatches(context, ddp, micro);
   const absl::Time computed = context.clock->Now();
   if (ddp != nullptr) GS_RETURN_IF_ERROR(ddp->CheckStep());
@@ -357,6 +362,7 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
   report.update = context.clock->Now() - checked;
   cursor.step = report.step;
   position_ = cursor;  // committed
+  step_start_buffers_.Clear();
   GS_RETURN_IF_ERROR(AfterCommit(context, &report));
   if (!config_.step_log.empty()) {
     LogStep(config_.step_log, context.round, report.step, report.loss,

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "worker/data/datasets.h"
 #include "worker/data/global_batch.h"
+#include "worker/ddp/buffer_snapshot.h"
 #include "worker/ddp/checkpoint.h"
 #include "worker/ddp/distributed_data_parallel.h"
 #include "worker/ddp/replica_digest.h"
@@ -243,6 +244,9 @@ class TrainingRun::Impl {
   std::unique_ptr<torch::optim::SGD> optimizer_;
   int64_t parameters_ = 0;
   Position position_;
+  // The buffers at the start of the step in progress, put back if it fails
+  // (a forward already moved BatchNorm's statistics); empty between steps.
+  BufferSnapshot step_start_buffers_;
   std::optional<CheckpointDir> checkpoints_;
   // Under uneven inputs: this epoch's scope and the step it began at.
   std::unique_ptr<UnevenInputs> uneven_;

@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "tests/worker/backend/backend_test_util.h"
 #include "tests/worker/backend/nccl_sim_group.h"
+#include "tests/worker/ddp/tensor_lists.h"
 #include "worker/backend/nccl_backend.h"
 #include "worker/backend/nccl_device.h"
 #include "worker/backend/nccl_faults.h"
@@ -34,6 +35,8 @@
 namespace gradsync {
 namespace {
 
+using ::gradsync::testing::Copy;
+using ::gradsync::testing::Equal;
 using ::gradsync::testing::kBound;
 using ::testing::HasSubstr;
 
@@ -186,21 +189,6 @@ torch::nn::Sequential Model() {
 torch::Tensor Input(int rank, int step) {
   return torch::arange(24, torch::kFloat32).reshape({4, 6}) * 0.05 *
          (rank + step);
-}
-
-std::vector<torch::Tensor> Copy(const std::vector<torch::Tensor>& tensors) {
-  std::vector<torch::Tensor> copies;
-  for (const torch::Tensor& t : tensors) copies.push_back(t.detach().clone());
-  return copies;
-}
-
-bool Equal(const std::vector<torch::Tensor>& a,
-           const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!torch::equal(a[i], b[i])) return false;
-  }
-  return true;
 }
 
 // What one rank saw of its steps.

@@ -126,10 +126,13 @@ class RecoveryProcessTest : public ::testing::TestWithParam<Transport> {
     return "--device=sim";
   }
 
-  // Model, data and optimizer flags shared by the workers and the reference.
-  static std::vector<std::string> ModelFlags() {
-    return {"--model=mlp", "--hidden=24", "--dataset=synthetic", "--lr=0.1",
-            "--momentum=0.5", "--seed=7", "--threads=1"};
+  // Model, data and optimizer flags shared by the workers and the reference:
+  // `model` (an MLP unless given), then the rest.
+  static std::vector<std::string> ModelFlags(
+      std::vector<std::string> model = {"--model=mlp", "--hidden=24"}) {
+    model.insert(model.end(), {"--dataset=synthetic", "--lr=0.1",
+                               "--momentum=0.5", "--seed=7", "--threads=1"});
+    return model;
   }
 
   // Starts worker `index` of `job` as its own node ("n<index>"), or on
@@ -235,16 +238,17 @@ class RecoveryProcessTest : public ::testing::TestWithParam<Transport> {
   };
 
   // Starts the reference of job `job` (as job "<job>-reference"), with
-  // `config` (data and steps) after the model flags.
+  // `config` (data and steps) after the model flags (ModelFlags(model)).
   ComparedRun StartReference(
       const std::string& job,
       const std::vector<std::string>& config = {
           "--synthetic_size=96", "--steps=300", "--batch_size=4",
-          "--max_recoveries=2"}) {
+          "--max_recoveries=2"},
+      const std::vector<std::string>& model = {"--model=mlp", "--hidden=24"}) {
     ComparedRun run;
     run.params = TempPath(job + "-ddp.pt");
     run.reference_params = TempPath(job + "-reference.pt");
-    std::vector<std::string> flags = ModelFlags();
+    std::vector<std::string> flags = ModelFlags(model);
     flags.insert(flags.end(), config.begin(), config.end());
     run.flags = flags;
     run.flags.push_back(absl::StrCat("--save_params=", run.params));
@@ -967,11 +971,17 @@ class SimulatedGpuRecoveryTest : public RecoveryProcessTest {
  protected:
   // A 3-rank job whose rank `victim` gets `failpoint`, beside its
   // uninterrupted reference: it heals in place (the three processes
-  // re-form the round) and ends with the reference's parameters.
+  // re-form the round) and ends with the reference's parameters and
+  // buffers. The model: cnn_bn, whose BatchNorm statistics and counters a
+  // dropped step's forward has moved before the step fails.
   void ExpectHealedWithTheUninterruptedResult(const std::string& job,
                                               const std::string& failpoint,
                                               int victim) {
-    ComparedRun run = StartReference(job);
+    ComparedRun run = StartReference(
+        job,
+        {"--synthetic_size=96", "--steps=300", "--batch_size=4",
+         "--max_recoveries=2"},
+        {"--model=cnn_bn", "--hidden=8"});
     std::vector<std::string> flags = run.flags;
     flags.insert(flags.end(), {"--timeout=3s", "--log_every=0"});
     for (int i = 0; i < 3; ++i) {
@@ -1012,10 +1022,11 @@ TEST_P(SimulatedGpuRecoveryTest, ACorruptedReplicaIsFoundAndHealed) {
   ExpectACorruptedReplicaIsHealed();
 }
 
-// The 40th NCCL collective of one rank (a gradient bucket's all-reduce, well
-// into training) fails asynchronously after the host moved on: that rank
-// and its peers drop the step instead of applying half-reduced gradients,
-// re-form the round and end where an uninterrupted run ends.
+// The 40th NCCL collective of one rank (a buffer broadcast or a gradient
+// bucket's all-reduce, well into training) fails asynchronously after the
+// host moved on: that rank and its peers drop the step instead of applying
+// half-reduced gradients, put back the BatchNorm statistics its forward
+// moved, re-form the round and end where an uninterrupted run ends.
 TEST_P(SimulatedGpuRecoveryTest, AnAsyncNcclErrorIsHealedWithoutApplyingTheStep) {
   ExpectHealedWithTheUninterruptedResult(
       Job("async"), "nccl_async_error:40",
