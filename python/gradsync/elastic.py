@@ -33,8 +33,9 @@ one host, Gloo across hosts, NCCL with device="cuda" (its tensors on
 tensor_device(round); a failed all-reduce raises from wait() or backward(),
 before the optimizer step). A loop must keep the state of its last
 committed step when a step fails (an optimizer step that did not run left
-it so), and make a step's data depend on the step and the round's rank and
-world size only, so that a redone step is the same step.
+it so; the buffers a failed forward moved, copy_state puts back), and make
+a step's data depend on the step and the round's rank and world size only,
+so that a redone step is the same step.
 """
 import io
 
@@ -149,12 +150,90 @@ def should_reform(round):
     return bool(flag.item())
 
 
+class _CommittedBuffers:
+    """The buffers of the model copy_state was last given, as they were at
+    the last committed step (round.report_step). A forward moves a model's
+    buffers (BatchNorm's running statistics and batch counter) before its
+    step is known to be good; a step that fails is trained again in the
+    next round from the source rank's state, so the next copy_state puts
+    them back first. One flat copy per dtype and device, by name (a model
+    moved to its device in between is still the same model). Used by the
+    training loop's thread."""
+
+    def __init__(self):
+        self._model = None
+        self._groups = []  # (names, values): one dtype and device each
+
+    def take(self, model=None):
+        """Copies the buffers of `model` (kept from now on) or of the model
+        kept before, as they are now."""
+        if model is not None:
+            self._model = model
+        if self._model is None:
+            return
+        groups = {}
+        for name, buffer in self._model.named_buffers():
+            if buffer is not None and buffer.numel() > 0:
+                key = (buffer.device, buffer.dtype)
+                groups.setdefault(key, []).append((name, buffer))
+        with torch.no_grad():
+            self._groups = [
+                ([name for name, _ in members],
+                 torch.cat([b.reshape(-1) for _, b in members]))
+                for members in groups.values()]
+
+    def restore(self, model):
+        """Writes the copies back into `model`'s buffers when it is the
+        model they were taken of."""
+        if model is not self._model:
+            return
+        buffers = dict(model.named_buffers())
+        with torch.no_grad():
+            for names, values in self._groups:
+                offset = 0
+                for name in names:
+                    buffer = buffers[name]
+                    part = values[offset:offset + buffer.numel()]
+                    buffer.copy_(part.view_as(buffer))
+                    offset += buffer.numel()
+
+
+_committed_buffers = _CommittedBuffers()
+_native_report_step = Round.report_step
+
+
+def _report_step(self, step, samples=0, loss=0.0, step_seconds=0.0):
+    _committed_buffers.take()
+    return _native_report_step(self, step, samples=samples, loss=loss,
+                               step_seconds=step_seconds)
+
+
+_report_step.__doc__ = (
+    (_native_report_step.__doc__ or "") +
+    "\nAlso keeps the buffers of copy_state's model as this committed "
+    "step left them, for the next copy_state.")
+Round.report_step = _report_step
+
+
 def copy_state(round, model, optimizer=None, trainer=None):
     """Makes every rank's training state the round's source rank's: the
     model's state_dict, the optimizer's, and trainer.step when a trainer is
     given (the committed step). Collective: every rank of the round calls it
     first in train(). The state travels as one serialized buffer over the
-    round's process group, on tensor_device(round)."""
+    round's process group, on tensor_device(round).
+
+    A step that failed has already moved the model's buffers in its forward
+    (BatchNorm's running statistics and batch counter); copy_state first
+    puts back those of the last committed step (round.report_step keeps
+    them for the model copy_state was last given), so that the step trains
+    again from the committed state, as an uninterrupted run does."""
+    _committed_buffers.restore(model)
+    _share_state(round, model, optimizer, trainer)
+    _committed_buffers.take(model)
+
+
+def _share_state(round, model, optimizer, trainer):
+    """copy_state's transfer from the source rank."""
     group = round.process_group
     if round.world_size == 1:
         return

@@ -1,6 +1,9 @@
 """The training state the gradsync.elastic test scripts share: an MLP
-(8 -> 32 -> 1), SGD with momentum, and the committed step; each script's
+(8 -> 32 -> 1; with ELASTIC_BATCH_NORM=1 a BatchNorm1d after the first
+layer), SGD with momentum, and the committed step; each script's
 train(round) runs its loop over it."""
+import os
+
 import torch
 
 import gradsync.elastic
@@ -10,8 +13,11 @@ class MlpTrainer(gradsync.elastic.Trainer):
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
+        norm = ([torch.nn.BatchNorm1d(32)]
+                if os.environ.get("ELASTIC_BATCH_NORM") == "1" else [])
         self.model = torch.nn.Sequential(
-            torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+            torch.nn.Linear(8, 32), *norm, torch.nn.ReLU(),
+            torch.nn.Linear(32, 1))
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.02,
                                          momentum=0.9)
         self.step = 0
@@ -20,5 +26,7 @@ class MlpTrainer(gradsync.elastic.Trainer):
         return self.step
 
     def parameters_list(self):
-        """The final parameters, as lists, for the tests to compare."""
-        return [p.detach().flatten().tolist() for p in self.model.parameters()]
+        """The final parameters, then the buffers (if any), as lists, for
+        the tests to compare."""
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        return [t.detach().flatten().tolist() for t in tensors]

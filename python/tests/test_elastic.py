@@ -119,16 +119,31 @@ def test_on_simulated_gpus_under_launch_the_communicator_is_recreated(
     assert_healed_as_uninterrupted(reference, output, healed)
 
 
+def assert_close(got, want):
+    for a, b in zip(got, want, strict=True):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (a, b)
+
+
+# The BatchNorm MLP's parameter tensors (two linear layers and the norm's
+# weight and bias); its buffers follow them in the lists the script writes.
+BATCH_NORM_PARAMETERS = 6
+
+
 def test_an_async_nccl_error_leaves_its_step_unapplied_and_the_round_heals(
-        coordinator, uninterrupted):
-    """Failpoint nccl_async_error on rank 1's 20th collective (a gradient
-    all-reduce mid-training) on simulated GPUs: the error reaches rank 1
+        coordinator):
+    """Failpoint nccl_async_error on rank 1's 20th collective (mid-training)
+    on simulated GPUs, the model with a BatchNorm: the error reaches rank 1
     after its host moved on, from backward(), before the optimizer step;
-    every process stays, the round re-forms, rank 1 is healed from a rank
-    that committed cleanly, and every rank ends as the uninterrupted run."""
+    every process stays, the round re-forms, the buffers the failed step's
+    forward moved are put back (copy_state), rank 1 is healed from a rank
+    that committed cleanly, and every rank ends with the uninterrupted
+    run's parameters, rank 0 also with its buffers (running statistics and
+    batch counter; each rank's last forward leaves its own)."""
+    with running_coordinator() as address:
+        reference = run(address, "elastic-bn-ref", ELASTIC_BATCH_NORM="1")[1]
     output, healed = run(coordinator, "elastic-sim-async", nproc="gpu",
                          flags=["--device=sim"], ELASTIC_DEVICE="sim",
-                         GRADSYNC_SIM_DEVICES="3",
+                         GRADSYNC_SIM_DEVICES="3", ELASTIC_BATCH_NORM="1",
                          ELASTIC_FAILPOINT="nccl_async_error:20")
     job = gradsync.Client(coordinator).get_job("elastic-sim-async")
     assert gradsync.Client.state_name(job.state) == "succeeded", output
@@ -136,10 +151,13 @@ def test_an_async_nccl_error_leaves_its_step_unapplied_and_the_round_heals(
     assert job.round == 2, output
     seen = rounds_of(output)
     assert sorted(len(rounds) for rounds in seen.values()) == [2, 2, 2], output
-    for rank_params in healed:
-        for got, want in zip(rank_params, uninterrupted[0]):
-            for a, b in zip(got, want):
-                assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (a, b)
+    assert len(reference[0]) == BATCH_NORM_PARAMETERS + 3, "no buffers"
+    for rank_state in healed:
+        for got, want in zip(rank_state[:BATCH_NORM_PARAMETERS],
+                             reference[0][:BATCH_NORM_PARAMETERS]):
+            assert_close(got, want)
+    for got, want in zip(healed[0], reference[0], strict=True):
+        assert_close(got, want)
 
 
 def test_an_nccl_failpoint_needs_a_gpu_and_others_are_refused(tmp_path):
