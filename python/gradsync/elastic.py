@@ -33,7 +33,8 @@ one host, Gloo across hosts, NCCL with device="cuda" (its tensors on
 tensor_device(round); a failed all-reduce raises from wait() or backward(),
 before the optimizer step). A loop must keep the state of its last
 committed step when a step fails (an optimizer step that did not run left
-it so; the buffers a failed forward moved, copy_state puts back), and make
+it so; the buffers and random draws of a failed forward, copy_state puts
+back), and make
 a step's data depend on the step and the round's rank and world size only,
 so that a redone step is the same step.
 """
@@ -150,25 +151,29 @@ def should_reform(round):
     return bool(flag.item())
 
 
-class _CommittedBuffers:
-    """The buffers of the model copy_state was last given, as they were at
-    the last committed step (round.report_step). A forward moves a model's
-    buffers (BatchNorm's running statistics and batch counter) before its
-    step is known to be good; a step that fails is trained again in the
-    next round from the source rank's state, so the next copy_state puts
-    them back first. One flat copy per dtype and device, by name (a model
-    moved to its device in between is still the same model). Used by the
-    training loop's thread."""
+class _Committed:
+    """What a step changes before it is known to be good, as the last
+    committed step (round.report_step) left it: the buffers of the model
+    copy_state was last given (a forward moves BatchNorm's running
+    statistics and batch counter) and the default random generators, on the
+    CPU and on the round's GPU (dropout draws from them). A step that fails
+    is trained again in the next round, so the next copy_state puts them
+    back first. The buffers as one flat copy per dtype and device, by name
+    (a model moved to its device in between is still the same model). Used
+    by the training loop's thread."""
 
     def __init__(self):
         self._model = None
+        self._device = None
         self._groups = []  # (names, values): one dtype and device each
+        self._rng = None   # (CPU generator state, GPU's or None)
 
-    def take(self, model=None):
-        """Copies the buffers of `model` (kept from now on) or of the model
-        kept before, as they are now."""
+    def take(self, model=None, device=None):
+        """Copies the buffers of `model` (kept from now on, with the GPU
+        `device`) or of the model kept before, and the generators' states,
+        as they are now."""
         if model is not None:
-            self._model = model
+            self._model, self._device = model, device
         if self._model is None:
             return
         groups = {}
@@ -181,11 +186,15 @@ class _CommittedBuffers:
                 ([name for name, _ in members],
                  torch.cat([b.reshape(-1) for _, b in members]))
                 for members in groups.values()]
+        gpu = (torch.cuda.get_rng_state(self._device)
+               if self._device is not None and self._device.type == "cuda"
+               else None)
+        self._rng = (torch.get_rng_state(), gpu)
 
     def restore(self, model):
-        """Writes the copies back into `model`'s buffers when it is the
-        model they were taken of."""
-        if model is not self._model:
+        """Puts the copies back when `model` is the model they were taken
+        of."""
+        if model is not self._model or self._rng is None:
             return
         buffers = dict(model.named_buffers())
         with torch.no_grad():
@@ -196,22 +205,27 @@ class _CommittedBuffers:
                     part = values[offset:offset + buffer.numel()]
                     buffer.copy_(part.view_as(buffer))
                     offset += buffer.numel()
+        cpu, gpu = self._rng
+        torch.set_rng_state(cpu)
+        if gpu is not None:
+            torch.cuda.set_rng_state(gpu, self._device)
 
 
-_committed_buffers = _CommittedBuffers()
+_committed = _Committed()
 _native_report_step = Round.report_step
 
 
 def _report_step(self, step, samples=0, loss=0.0, step_seconds=0.0):
-    _committed_buffers.take()
+    _committed.take()
     return _native_report_step(self, step, samples=samples, loss=loss,
                                step_seconds=step_seconds)
 
 
 _report_step.__doc__ = (
     (_native_report_step.__doc__ or "") +
-    "\nAlso keeps the buffers of copy_state's model as this committed "
-    "step left them, for the next copy_state.")
+    "\nAlso keeps the buffers of copy_state's model and the random "
+    "generators' states as this committed step left them, for the next "
+    "copy_state.")
 Round.report_step = _report_step
 
 
@@ -223,13 +237,16 @@ def copy_state(round, model, optimizer=None, trainer=None):
     round's process group, on tensor_device(round).
 
     A step that failed has already moved the model's buffers in its forward
-    (BatchNorm's running statistics and batch counter); copy_state first
-    puts back those of the last committed step (round.report_step keeps
-    them for the model copy_state was last given), so that the step trains
-    again from the committed state, as an uninterrupted run does."""
-    _committed_buffers.restore(model)
+    (BatchNorm's running statistics and batch counter) and drawn from the
+    default random generators (dropout); copy_state first puts back, on
+    this rank, the buffers and generator states of the last committed step
+    (round.report_step keeps them for the model copy_state was last given),
+    so that the step trains again from the committed state, as an
+    uninterrupted run does. The generators are not copied between ranks: a
+    new process's are its own."""
+    _committed.restore(model)
     _share_state(round, model, optimizer, trainer)
-    _committed_buffers.take(model)
+    _committed.take(model, tensor_device(round))
 
 
 def _share_state(round, model, optimizer, trainer):

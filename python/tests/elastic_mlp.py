@@ -1,7 +1,7 @@
 """The training state the gradsync.elastic test scripts share: an MLP
-(8 -> 32 -> 1; with ELASTIC_BATCH_NORM=1 a BatchNorm1d after the first
-layer), SGD with momentum, and the committed step; each script's
-train(round) runs its loop over it."""
+(8 -> 32 -> 1; with ELASTIC_NORM_DROPOUT=1 a BatchNorm1d after the first
+layer and a Dropout before the last), SGD with momentum, and the committed
+step; each script's train(round) runs its loop over it."""
 import os
 
 import torch
@@ -13,10 +13,11 @@ class MlpTrainer(gradsync.elastic.Trainer):
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
-        norm = ([torch.nn.BatchNorm1d(32)]
-                if os.environ.get("ELASTIC_BATCH_NORM") == "1" else [])
+        stateful = os.environ.get("ELASTIC_NORM_DROPOUT") == "1"
+        norm = [torch.nn.BatchNorm1d(32)] if stateful else []
+        dropout = [torch.nn.Dropout(0.25)] if stateful else []
         self.model = torch.nn.Sequential(
-            torch.nn.Linear(8, 32), *norm, torch.nn.ReLU(),
+            torch.nn.Linear(8, 32), *norm, torch.nn.ReLU(), *dropout,
             torch.nn.Linear(32, 1))
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.02,
                                          momentum=0.9)

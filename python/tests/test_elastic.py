@@ -124,26 +124,28 @@ def assert_close(got, want):
         assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (a, b)
 
 
-# The BatchNorm MLP's parameter tensors (two linear layers and the norm's
-# weight and bias); its buffers follow them in the lists the script writes.
+# The parameter tensors of the MLP with a BatchNorm and a Dropout (two
+# linear layers and the norm's weight and bias); its buffers follow them in
+# the lists the script writes.
 BATCH_NORM_PARAMETERS = 6
 
 
 def test_an_async_nccl_error_leaves_its_step_unapplied_and_the_round_heals(
         coordinator):
     """Failpoint nccl_async_error on rank 1's 20th collective (mid-training)
-    on simulated GPUs, the model with a BatchNorm: the error reaches rank 1
-    after its host moved on, from backward(), before the optimizer step;
-    every process stays, the round re-forms, the buffers the failed step's
-    forward moved are put back (copy_state), rank 1 is healed from a rank
-    that committed cleanly, and every rank ends with the uninterrupted
-    run's parameters, rank 0 also with its buffers (running statistics and
-    batch counter; each rank's last forward leaves its own)."""
+    on simulated GPUs, the model with a BatchNorm and a Dropout: the error
+    reaches rank 1 after its host moved on, from backward(), before the
+    optimizer step; every process stays, the round re-forms, the buffers
+    and random draws of the failed step's forward are put back
+    (copy_state), rank 1 is healed from a rank that committed cleanly, and
+    every rank ends with the uninterrupted run's parameters, rank 0 also
+    with its buffers (running statistics and batch counter; each rank's
+    last forward leaves its own)."""
     with running_coordinator() as address:
-        reference = run(address, "elastic-bn-ref", ELASTIC_BATCH_NORM="1")[1]
+        reference = run(address, "elastic-bn-ref", ELASTIC_NORM_DROPOUT="1")[1]
     output, healed = run(coordinator, "elastic-sim-async", nproc="gpu",
                          flags=["--device=sim"], ELASTIC_DEVICE="sim",
-                         GRADSYNC_SIM_DEVICES="3", ELASTIC_BATCH_NORM="1",
+                         GRADSYNC_SIM_DEVICES="3", ELASTIC_NORM_DROPOUT="1",
                          ELASTIC_FAILPOINT="nccl_async_error:20")
     job = gradsync.Client(coordinator).get_job("elastic-sim-async")
     assert gradsync.Client.state_name(job.state) == "succeeded", output
