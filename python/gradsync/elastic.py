@@ -215,10 +215,9 @@ _committed = _Committed()
 _native_report_step = Round.report_step
 
 
-def _report_step(self, step, samples=0, loss=0.0, step_seconds=0.0):
+def _report_step(self, *args, **kwargs):
     _committed.take()
-    return _native_report_step(self, step, samples=samples, loss=loss,
-                               step_seconds=step_seconds)
+    return _native_report_step(self, *args, **kwargs)
 
 
 _report_step.__doc__ = (
