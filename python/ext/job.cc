@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "common/failpoint.h"
 #include "worker/backend/nccl_faults.h"
+#include "worker/ddp/tensor_digest.h"
 #include "worker/data/global_batch.h"
 #include "worker/runtime/reform.h"
 #include "worker/runtime/run_job.h"
@@ -54,6 +55,27 @@ class PyRound {
     if (!reported.ok()) {
       throw std::runtime_error(absl::StrCat("gradsync: ", reported.ToString()));
     }
+  }
+  // The fingerprint of the replica whose tensors are `tensors` (named
+  // `names`) as committed step `step` left them (gradsync.elastic takes the
+  // model's parameters and the optimizer's state).
+  void ReportFingerprint(int64_t step, std::vector<std::string> names,
+                         const std::vector<at::Tensor>& tensors) const {
+    if (step < 1) {
+      throw std::invalid_argument(absl::StrCat(
+          "gradsync: a fingerprint's step is a committed step (1 or more), "
+          "not ", step));
+    }
+    absl::StatusOr<ReplicaDigest> digest =
+        DigestTensors(std::move(names), tensors);
+    if (absl::IsInvalidArgument(digest.status())) {
+      throw std::invalid_argument(
+          absl::StrCat("gradsync: ", digest.status().message()));
+    }
+    if (!digest.ok()) {
+      throw std::runtime_error(absl::StrCat("gradsync: ", digest.status().ToString()));
+    }
+    round().report_fingerprint(step, *digest);
   }
   bool ReformRequested() const {
     return round().reform_requested ? round().reform_requested() : false;
@@ -104,6 +126,10 @@ class PyTrainer : public Trainer {
               "gradsync.elastic.Trainer subclasses must define train(round)");
         } else {
           train(py_round);
+          // gradsync.elastic.Trainer's: what follows the last step (its
+          // replica's fingerprint).
+          py::function returned = py::get_override(this, "_train_returned");
+          if (returned) returned(py_round);
         }
       } catch (py::error_already_set& e) {
         const absl::Status collective = group->first_failure();
@@ -175,7 +201,8 @@ void RunJobFromPython(Trainer* trainer, const std::string& coordinator,
                       const std::string& failure_policy, bool shared_memory,
                       double timeout_seconds, int max_recoveries,
                       double last_call_seconds, const std::string& token_file,
-                      const std::string& device, const std::string& failpoint) {
+                      const std::string& device, const std::string& failpoint,
+                      const std::string& divergence_policy) {
   JobOptions options;
   options.coordinator = coordinator;
   options.job = job;
@@ -199,6 +226,7 @@ void RunJobFromPython(Trainer* trainer, const std::string& coordinator,
   }
   options.nccl_faults = ArmNcclFailpoints(failpoint, options.device);
   options.failure_policy = failure_policy;
+  options.divergence_policy = divergence_policy;
   options.shared_memory = shared_memory;
   options.timeout = absl::Seconds(timeout_seconds);
   options.max_recoveries = max_recoveries;
@@ -240,6 +268,9 @@ void RegisterJob(py::module_& m) {
            py::arg("samples") = 0, py::arg("loss") = 0.0,
            py::arg("step_seconds") = 0.0,
            py::call_guard<py::gil_scoped_release>())
+      .def("report_fingerprint", &PyRound::ReportFingerprint, py::arg("step"),
+           py::arg("names"), py::arg("tensors"),
+           py::call_guard<py::gil_scoped_release>())
       .def("reform_requested", &PyRound::ReformRequested,
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("may_reform", &PyRound::MayReform);
@@ -255,7 +286,8 @@ void RegisterJob(py::module_& m) {
         py::arg("failure_policy") = "", py::arg("shared_memory") = true,
         py::arg("timeout_seconds") = 300.0, py::arg("max_recoveries") = 3,
         py::arg("last_call_seconds") = 30.0, py::arg("token_file") = "",
-        py::arg("device") = "cpu", py::arg("failpoint") = "");
+        py::arg("device") = "cpu", py::arg("failpoint") = "",
+        py::arg("divergence_policy") = "");
   // The C++ trainer's rules for an exact global batch (global_batch.h), for
   // a Python loop whose rounds change size: every step uses the same
   // samples whatever the world size.

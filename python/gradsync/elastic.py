@@ -36,7 +36,10 @@ committed step when a step fails (an optimizer step that did not run left
 it so; the buffers and random draws of a failed forward, copy_state puts
 back), and make
 a step's data depend on the step and the round's rank and world size only,
-so that a redone step is the same step.
+so that a redone step is the same step. Every run(fingerprint_every=...)
+steps and after the last, each rank sends a fingerprint of copy_state's
+model and optimizer; a replica that differs from the majority's is healed
+in place from a majority rank (see run()).
 """
 import io
 
@@ -60,6 +63,11 @@ class Trainer(_C.Trainer):
     def has_state(self):
         return self.committed_step() > 0
 
+    def _train_returned(self, round):
+        """Called by the runtime when train(round) returned: the replica's
+        fingerprint after the last committed step."""
+        _replica.after_training(round, self.committed_step())
+
     def committed_step(self):
         raise NotImplementedError
 
@@ -70,7 +78,7 @@ class Trainer(_C.Trainer):
 def run(trainer, coordinator="", job="", nnodes="1", nproc_per_node=1,
         node_id="", failure_policy="", shared_memory=True, timeout=300.0,
         max_recoveries=3, last_call=30.0, token_file="", device="cpu",
-        failpoint=""):
+        failpoint="", fingerprint_every=100, divergence_policy=""):
     """Joins the job (or takes the assignment `gradsync launch` made) and
     calls trainer.train(round) round after round until it returns, then
     reports success. Raises RuntimeError with the error that ended the job
@@ -84,13 +92,30 @@ def run(trainer, coordinator="", job="", nnodes="1", nproc_per_node=1,
     GRADSYNC_SIM_DEVICES devices per host), for tests. `failpoint`, for
     tests: "nccl_async_error:N" (this process's N-th NCCL collective ends
     with an asynchronous error after it was enqueued) and/or "nccl_hang:N"
-    (it never ends), comma-separated; device "cuda" or "sim" only."""
+    (it never ends), comma-separated; device "cuda" or "sim" only.
+
+    Divergent replicas: after every `fingerprint_every`-th committed step
+    (round.report_step) and after the last (when train() returns), each
+    rank fingerprints the parameters of the model copy_state was given and
+    that optimizer's state (per tensor, a checksum computed where the tensor
+    is; one synchronization on a GPU) and sends it with its heartbeats; the
+    coordinator compares the ranks' fingerprints of a step. On a mismatch
+    `divergence_policy` "heal" (the default, as the job's first join sets
+    it) re-forms the round with the state copied from a rank of the
+    majority (copy_state), "fail" fails the job. 0 turns fingerprints off;
+    a loop that never calls copy_state sends none."""
+    if (not isinstance(fingerprint_every, int) or
+            isinstance(fingerprint_every, bool) or fingerprint_every < 0):
+        raise ValueError("fingerprint_every must be a whole number of steps, "
+                         f"0 or more (0: off), not {fingerprint_every!r}")
+    _replica.every = fingerprint_every
     _C.run_job(trainer, coordinator=coordinator, job=job, nnodes=str(nnodes),
                nproc_per_node=nproc_per_node, node_id=node_id,
                failure_policy=failure_policy, shared_memory=shared_memory,
                timeout_seconds=float(timeout), max_recoveries=max_recoveries,
                last_call_seconds=float(last_call), token_file=token_file,
-               device=device, failpoint=failpoint)
+               device=device, failpoint=failpoint,
+               divergence_policy=divergence_policy)
 
 
 GlobalBatchPlan = _C.GlobalBatchPlan
@@ -211,20 +236,68 @@ class _Committed:
             torch.cuda.set_rng_state(gpu, self._device)
 
 
+class _Replica:
+    """What the coordinator compares across ranks to catch a replica that
+    silently stopped being one: the parameters of the model copy_state was
+    last given, in named_parameters() order, then that optimizer's state
+    tensors of each ("fc1.weight:momentum_buffer", ...), digested by the
+    runtime (worker/ddp/tensor_digest.h, gradsync-worker's rule). Used by the
+    training loop's thread."""
+
+    def __init__(self):
+        self.every = 0       # run()'s fingerprint_every
+        self._model = None
+        self._optimizer = None
+        self._sent = None    # (round number, step) of the last one sent
+
+    def watch(self, model, optimizer):
+        self._model, self._optimizer = model, optimizer
+
+    def after_step(self, round, step):
+        """After committed step `step`: a fingerprint when one is due."""
+        if self.every > 0 and step % self.every == 0:
+            self._send(round, step)
+
+    def after_training(self, round, step):
+        """After the last step: a fingerprint unless that step had one."""
+        if self.every > 0 and step > 0 and self._sent != (round.number, step):
+            self._send(round, step)
+
+    def _send(self, round, step):
+        if self._model is None:
+            return
+        names, tensors, state_names, state_tensors = [], [], [], []
+        state = self._optimizer.state if self._optimizer is not None else {}
+        for name, parameter in self._model.named_parameters():
+            names.append(name)
+            tensors.append(parameter.detach())
+            for key, value in sorted(state.get(parameter, {}).items()):
+                if torch.is_tensor(value):
+                    state_names.append(f"{name}:{key}")
+                    state_tensors.append(value.detach())
+        round.report_fingerprint(step, names + state_names,
+                                 tensors + state_tensors)
+        self._sent = (round.number, step)
+
+
 _committed = _Committed()
+_replica = _Replica()
 _native_report_step = Round.report_step
 
 
-def _report_step(self, *args, **kwargs):
+def _report_step(self, step, *args, **kwargs):
     _committed.take()
-    return _native_report_step(self, *args, **kwargs)
+    reported = _native_report_step(self, step, *args, **kwargs)
+    _replica.after_step(self, step)
+    return reported
 
 
 _report_step.__doc__ = (
     (_native_report_step.__doc__ or "") +
     "\nAlso keeps the buffers of copy_state's model and the random "
     "generators' states as this committed step left them, for the next "
-    "copy_state.")
+    "copy_state, and sends the replica's fingerprint when one is due "
+    "(run()'s fingerprint_every).")
 Round.report_step = _report_step
 
 
@@ -246,6 +319,7 @@ def copy_state(round, model, optimizer=None, trainer=None):
     _committed.restore(model)
     _share_state(round, model, optimizer, trainer)
     _committed.take(model, tensor_device(round))
+    _replica.watch(model, optimizer)
 
 
 def _share_state(round, model, optimizer, trainer):

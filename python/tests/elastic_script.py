@@ -5,7 +5,10 @@ number alone, split across the round's ranks. With ELASTIC_DIE_AT=K the
 process of local rank 1 SIGKILLs itself right after committing step K, in
 its first life only (a restarted process has no LOCAL_RANK);
 ELASTIC_STEP_SLEEP=S sleeps S seconds after each step; with
-ELASTIC_RAISE_AT=K rank 0 raises ValueError after step K;
+ELASTIC_RAISE_AT=K rank 0 raises ValueError after step K; with
+ELASTIC_CORRUPT_AT=K the process of local rank 1 flips one bit of its
+first parameter right after committing step K, in its first life (silent
+data corruption); ELASTIC_FINGERPRINT_EVERY=N is run()'s fingerprint_every;
 ELASTIC_DEVICE=sim trains on a simulated GPU (NCCL's code paths),
 ELASTIC_DEVICE=cuda on a GPU; ELASTIC_FAILPOINT=SPEC arms the NCCL
 failpoints SPEC in the process of local rank ELASTIC_FAILPOINT_RANK
@@ -27,6 +30,7 @@ STEPS = int(os.environ.get("ELASTIC_STEPS", "30"))
 DIE_AT = int(os.environ.get("ELASTIC_DIE_AT", "0"))
 STEP_SLEEP = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
 RAISE_AT = int(os.environ.get("ELASTIC_RAISE_AT", "0"))
+CORRUPT_AT = int(os.environ.get("ELASTIC_CORRUPT_AT", "0"))
 GLOBAL_BATCH = 24
 
 
@@ -58,6 +62,9 @@ class StepTrainer(MlpTrainer):
             time.sleep(STEP_SLEEP)
             if RAISE_AT and self.step == RAISE_AT and round.rank == 0:
                 raise ValueError(f"bad batch at step {self.step}")
+            if (CORRUPT_AT and self.step == CORRUPT_AT and
+                    os.environ.get("LOCAL_RANK") == "1"):
+                flip_one_bit(self.model)
             if (DIE_AT and self.step == DIE_AT and
                     os.environ.get("LOCAL_RANK") == "1"):
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -66,9 +73,21 @@ class StepTrainer(MlpTrainer):
                 json.dump(self.parameters_list(), f)
 
 
+def flip_one_bit(model):
+    """Bit 20 of the first element of the first parameter, in place (what
+    gradsync-worker's failpoint corrupt_parameters does)."""
+    with torch.no_grad():
+        first = next(model.parameters())
+        first.view(torch.int32).view(-1)[0] ^= 1 << 20
+    print(f"pid {os.getpid()}: flipped a bit of the first parameter",
+          flush=True)
+
+
 failpoint = (os.environ.get("ELASTIC_FAILPOINT", "")
              if os.environ.get("LOCAL_RANK") ==
              os.environ.get("ELASTIC_FAILPOINT_RANK", "1") else "")
 gradsync.elastic.run(StepTrainer(),
                      device=os.environ.get("ELASTIC_DEVICE", "cpu"),
-                     failpoint=failpoint)
+                     failpoint=failpoint,
+                     fingerprint_every=int(
+                         os.environ.get("ELASTIC_FINGERPRINT_EVERY", "100")))

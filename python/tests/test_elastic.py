@@ -162,6 +162,44 @@ def test_an_async_nccl_error_leaves_its_step_unapplied_and_the_round_heals(
         assert_close(got, want)
 
 
+def test_a_corrupted_replica_is_found_and_healed_in_place(coordinator):
+    """One process flips a bit of a parameter after step 7 (silent data
+    corruption); fingerprints every 5 steps: the coordinator finds the rank
+    that differs from the majority at step 10, in that parameter, the round re-forms with the
+    same three processes, the corrupted one takes the state of a majority
+    rank (copy_state), and every rank ends bit-identical to the others; the
+    fingerprint taken after the last step (163, not a multiple of 5) is
+    verified too."""
+    steps = 163
+    output, params = run(coordinator, "elastic-corrupt", ELASTIC_CORRUPT_AT="7",
+                         ELASTIC_FINGERPRINT_EVERY="5", ELASTIC_STEPS=str(steps),
+                         ELASTIC_STEP_SLEEP="0.05")
+    job = gradsync.Client(coordinator).get_job("elastic-corrupt")
+    assert gradsync.Client.state_name(job.state) == "succeeded", output
+    assert job.round == 2, output
+    seen = rounds_of(output)
+    assert sorted(len(rounds) for rounds in seen.values()) == [2, 2, 2], output
+    corrupter = re.search(r"pid (\d+): flipped a bit", output)
+    assert corrupter, output
+    rank = dict(seen[int(corrupter.group(1))])[1]
+    divergence = job.diagnosis.divergence
+    assert divergence.step == 10, divergence
+    assert divergence.round == 1, divergence
+    assert list(divergence.ranks) == [rank], divergence
+    assert list(divergence.tensors) == ["0.weight"], divergence
+    assert "healing" in divergence.verdict, divergence
+    assert len(job.recoveries) == 1, job.recoveries
+    assert "replicas diverged at step 10" in job.recoveries[0].cause
+    assert job.diagnosis.replicas_verified_step == steps, job.diagnosis
+    assert params[1] == params[0] and params[2] == params[0]
+
+
+def test_fingerprint_every_must_be_a_count_of_steps():
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="fingerprint_every"):
+            gradsync.elastic.run(None, fingerprint_every=bad)
+
+
 def test_an_nccl_failpoint_needs_a_gpu_and_others_are_refused(tmp_path):
     """The failpoints a Python loop takes: the NCCL ones, on a GPU or a
     simulated one; anything else is refused before joining, naming why."""

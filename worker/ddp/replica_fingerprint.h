@@ -18,12 +18,13 @@ class Optimizer;
 
 namespace gradsync {
 
-// The digest of `model`'s parameters (named_parameters order) and of
-// `optimizer`'s state of each (SGD: momentum_buffer; Adam, AdamW: exp_avg,
-// exp_avg_sq, max_exp_avg_sq), computed on the tensors' device (one
-// reduction per tensor, one copy of the results to the host: on a GPU, a
-// single synchronization). Call between steps, on the training thread.
-// INTERNAL for an error inside LibTorch.
+// The digest (DigestTensors, tensor_digest.h: one reduction per tensor on
+// its device, one copy of the results to the host; on a GPU, a single
+// synchronization) of `model`'s parameters (named_parameters order), then
+// of `optimizer`'s state of each (SGD: momentum_buffer; Adam, AdamW:
+// exp_avg, exp_avg_sq, max_exp_avg_sq), named "NAME:momentum_buffer", ...
+// Call between steps, on the training thread. INTERNAL for an error inside
+// LibTorch.
 absl::StatusOr<ReplicaDigest> FingerprintReplica(
     const torch::nn::Module& model, const torch::optim::Optimizer& optimizer);
 

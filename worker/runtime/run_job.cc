@@ -75,6 +75,10 @@ class RoundAdapter final : public RoundTrainer {
       watchdog.AddStep(report.step_time, report.checkpoint);
       return telemetry.OnStep(report, samples);
     };
+    round.report_fingerprint = [&telemetry](int64_t step,
+                                            const ReplicaDigest& digest) {
+      telemetry.OnFingerprint(step, digest);
+    };
     round.await_round_over = [reporter = reporter_] {
       reporter->AwaitRoundOver();
     };

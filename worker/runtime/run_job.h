@@ -24,6 +24,7 @@
 #include "proto/gradsync/v1/job.pb.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/nccl_faults.h"
+#include "worker/ddp/replica_digest.h"
 #include "worker/runtime/step_report.h"
 
 namespace gradsync {
@@ -124,6 +125,12 @@ struct Round {
   // error (the coordinator failed the job) means: stop training with it.
   std::function<absl::Status(const StepReport& report, int64_t samples)>
       report_step;
+  // Sends the fingerprint of this rank's replica as committed step `step`
+  // left it, apart from that step's report (which can carry one:
+  // StepReport::fingerprint), e.g. after the last step. The coordinator
+  // compares the ranks' fingerprints of a step (divergence detection).
+  std::function<void(int64_t step, const ReplicaDigest& digest)>
+      report_fingerprint;
   // Call once, after the round's first step: how long copying the state and
   // that step took (shown in the job's status).
   std::function<void(absl::Duration state_transfer, absl::Duration first_step)>

@@ -55,16 +55,19 @@ void Telemetry::PublishLocked() {
   metrics_.clear_replica_fingerprints();
 }
 
-void Telemetry::AddFingerprintLocked(const StepReport& report) {
+void Telemetry::AddFingerprintLocked(int64_t step, const ReplicaDigest& digest) {
   v1::ReplicaFingerprint* f = metrics_.add_replica_fingerprints();
-  f->set_step(report.step);
-  f->mutable_tensors()->Add(report.fingerprint->values.begin(),
-                            report.fingerprint->values.end());
+  f->set_step(step);
+  f->mutable_tensors()->Add(digest.values.begin(), digest.values.end());
   if (fingerprint_names_sent_) return;
   fingerprint_names_sent_ = true;  // the round's first carries the names
-  for (const std::string& name : report.fingerprint->names) {
-    f->add_tensor_names(name);
-  }
+  for (const std::string& name : digest.names) f->add_tensor_names(name);
+}
+
+void Telemetry::OnFingerprint(int64_t step, const ReplicaDigest& digest) {
+  absl::MutexLock lock(&mu_);
+  AddFingerprintLocked(step, digest);
+  PublishLocked();
 }
 
 void Telemetry::SetRoundStart(absl::Duration process_group,
@@ -85,7 +88,9 @@ absl::Status Telemetry::OnStep(const StepReport& report, int64_t samples) {
     SetStepTimingsLocked(report, samples);
     SetMicroBatchesLocked(report);
     SetCollectivesLocked(report);
-    if (report.fingerprint != nullptr) AddFingerprintLocked(report);
+    if (report.fingerprint != nullptr) {
+      AddFingerprintLocked(report.step, *report.fingerprint);
+    }
     if (report.ddp.first_bucket_ready != absl::Time() &&
         report.ddp.first_bucket_ready != absl::InfiniteFuture()) {
       v1::StepReady* ready = metrics_.add_first_bucket_ready();

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "proto/gradsync/v1/job.pb.h"
 #include "worker/backend/observed_backend.h"
+#include "worker/ddp/replica_digest.h"
 #include "worker/runtime/health_reporter.h"
 #include "worker/runtime/step_report.h"
 
@@ -45,6 +46,12 @@ class Telemetry {
   // backend's timeout, not by this.
   absl::Status OnStep(const StepReport& report, int64_t samples);
 
+  // Queues the fingerprint of the replica as committed step `step` left it
+  // for the next heartbeat (or the completion report), apart from a step's
+  // report (StepReport::fingerprint carries one with it): a Python loop's,
+  // and the one it takes after its last step.
+  void OnFingerprint(int64_t step, const ReplicaDigest& digest);
+
   // Sets the worker state (STARTING, TRAINING, STOPPING, ...) and sends it.
   void SetState(v1::WorkerState state);
 
@@ -69,9 +76,8 @@ class Telemetry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetCollectivesLocked(const StepReport& report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Queues the report's replica fingerprint, with the tensors' names the
-  // first time.
-  void AddFingerprintLocked(const StepReport& report)
+  // Queues a replica fingerprint, with the tensors' names the first time.
+  void AddFingerprintLocked(int64_t step, const ReplicaDigest& digest)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefreshLoop(absl::Duration interval);
 
