@@ -22,29 +22,16 @@ done
 if [ "$build" = 1 ]; then
   bazel build //server:gradsync-coordinator //python:gradsync/_C.so //python:stubs >&2
 fi
-tmp=$(mktemp -d)
-coordinator_pid=
-cleanup() {
-  [ -n "$coordinator_pid" ] && kill "$coordinator_pid" 2>/dev/null && wait "$coordinator_pid" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-# The package as the tests see it: its sources, stubs and extension.
-mkdir -p "$tmp/pkg"
-cp -r python/gradsync "$tmp/pkg/"
-cp -r bazel-bin/python/gradsync/_gen bazel-bin/python/gradsync/_C.so "$tmp/pkg/gradsync/"
-bazel-bin/server/gradsync-coordinator --listen=127.0.0.1:0 \
-  --port_file="$tmp/port" >"$tmp/coordinator.log" 2>&1 &
-coordinator_pid=$!
-for _ in $(seq 100); do [ -s "$tmp/port" ] && break; sleep 0.1; done
-[ -s "$tmp/port" ] || { echo "elastic_fingerprint_bench: no coordinator" >&2; exit 1; }
-address=127.0.0.1:$(cat "$tmp/port")
+bin=bazel-bin
+source bench/lib.sh
+python_package "$work/pkg"
+start_coordinator fingerprint
 
 for ((i = 1; i <= rounds; i++)); do
   for every in 1 0; do
-    PYTHONPATH="$tmp/pkg" timeout 600 /usr/bin/python3 \
+    PYTHONPATH="$work/pkg" timeout 600 /usr/bin/python3 \
       bench/elastic_fingerprint_bench.py "$address" "fp-bench-$i-$every" \
-      "$every" "$steps" 2>"$tmp/err" | grep '^{' ||
-      { cat "$tmp/err" >&2; exit 1; }
+      "$every" "$steps" 2>"$work/err" | grep '^{' ||
+      { cat "$work/err" >&2; exit 1; }
   done
 done | /usr/bin/python3 bench/elastic_fingerprint_bench.py --summarize

@@ -56,3 +56,12 @@ start_etcd() {
 
 # A free loopback port (the kernel's pick for port 0).
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# python_package DIR: the gradsync package as the Python tests see it (its
+# sources, the stubs and the extension from $bin: bazel build
+# //python:gradsync/_C.so //python:stubs) in DIR/gradsync, for PYTHONPATH=DIR.
+python_package() {
+  mkdir -p "$1"
+  cp -r python/gradsync "$1/"
+  cp -r "$bin/python/gradsync/_gen" "$bin/python/gradsync/_C.so" "$1/gradsync/"
+}

@@ -23,12 +23,10 @@ done
 if [ "$build" = 1 ]; then
   bazel build //python:gradsync/_C.so //python:stubs >&2
 fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-# The package as the tests see it: its sources, stubs and extension.
-mkdir -p "$tmp/pkg"
-cp -r python/gradsync "$tmp/pkg/"
-cp -r bazel-bin/python/gradsync/_gen bazel-bin/python/gradsync/_C.so "$tmp/pkg/gradsync/"
+bin=bazel-bin
+source bench/lib.sh
+tmp=$work
+python_package "$tmp/pkg"
 
 run() {  # BACKEND ROUND: the JSON lines of rank 0
   local pids=() r
