@@ -42,6 +42,7 @@ model and optimizer; a replica that differs from the majority's is healed
 in place from a majority rank (see run()).
 """
 import io
+import time
 
 import torch
 
@@ -280,24 +281,55 @@ class _Replica:
         self._sent = (round.number, step)
 
 
+class _StepClock:
+    """The time from one committed step of a round to the next, for a
+    report_step that does not give step_seconds (the step time `gradsync
+    status` shows, samples/s, and what the self-set collective and hang
+    timeouts follow); a round's first step counts from the end of
+    copy_state. Used by the training loop's thread."""
+
+    def __init__(self):
+        self._round = None
+        self._last = 0.0
+
+    def start(self, round):
+        self._round, self._last = round.number, time.monotonic()
+
+    def lap(self, round):
+        """Seconds since the round's previous step (or copy_state); 0 when
+        not known."""
+        now = time.monotonic()
+        seconds = now - self._last if self._round == round.number else 0.0
+        self._round, self._last = round.number, now
+        return seconds
+
+
 _committed = _Committed()
 _replica = _Replica()
+_clock = _StepClock()
 _native_report_step = Round.report_step
 
 
-def _report_step(self, step, *args, **kwargs):
+def _report_step(self, step, samples=0, loss=0.0, step_seconds=None):
+    """Reports committed step `step` (call after every optimizer step):
+    `samples` this rank trained on, its `loss`, and the step's duration
+    (default: the time since the round's previous report_step, or since
+    copy_state for the first). Heartbeats carry it: `gradsync status`'s
+    step time and samples/s, and the step times that the collective and
+    hang timeouts set themselves from. Also keeps the buffers of copy_state's model and the random
+    generators' states as this step left them, for the next copy_state, and
+    sends the replica's fingerprint when one is due (run()'s
+    fingerprint_every). Raises RuntimeError once the coordinator failed the
+    job."""
+    seconds = _clock.lap(self)
     _committed.take()
-    reported = _native_report_step(self, step, *args, **kwargs)
+    reported = _native_report_step(
+        self, step, samples=samples, loss=loss,
+        step_seconds=seconds if step_seconds is None else step_seconds)
     _replica.after_step(self, step)
     return reported
 
 
-_report_step.__doc__ = (
-    (_native_report_step.__doc__ or "") +
-    "\nAlso keeps the buffers of copy_state's model and the random "
-    "generators' states as this committed step left them, for the next "
-    "copy_state, and sends the replica's fingerprint when one is due "
-    "(run()'s fingerprint_every).")
 Round.report_step = _report_step
 
 
@@ -320,6 +352,7 @@ def copy_state(round, model, optimizer=None, trainer=None):
     _share_state(round, model, optimizer, trainer)
     _committed.take(model, tensor_device(round))
     _replica.watch(model, optimizer)
+    _clock.start(round)
 
 
 def _share_state(round, model, optimizer, trainer):

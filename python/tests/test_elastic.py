@@ -194,6 +194,25 @@ def test_a_corrupted_replica_is_found_and_healed_in_place(coordinator):
     assert params[1] == params[0] and params[2] == params[0]
 
 
+def test_steps_are_timed_for_the_status_and_the_self_set_timeouts(coordinator):
+    """report_step without step_seconds: the time between a round's steps
+    goes to the status (step time, samples/s) and to the timeouts that set
+    themselves from the step times, the collective timeout in each process
+    and the coordinator's hang timeout (a sample per rank and heartbeat,
+    8 needed: 40 steps of 0.1 s)."""
+    output, _ = run(coordinator, "elastic-timed", ELASTIC_STEPS="40",
+                    ELASTIC_STEP_SLEEP="0.1")
+    job = gradsync.Client(coordinator).get_job("elastic-timed")
+    assert gradsync.Client.state_name(job.state) == "succeeded", output
+    assert output.count("collective timeout self-set to") == 3, output
+    assert job.diagnosis.hang_timeout_self_set, job.diagnosis
+    assert len(job.members) == 3, job
+    for member in job.members:
+        # The sleep comes after report_step: the next step's time has it.
+        assert member.metrics.step_timings.step_seconds >= 0.1, member
+        assert member.metrics.samples_per_second > 0, member
+
+
 def test_fingerprint_every_must_be_a_count_of_steps():
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="fingerprint_every"):
