@@ -1,5 +1,7 @@
 #include "python/ext/job.h"
 
+#include <unistd.h>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -16,6 +18,7 @@
 #include "common/failpoint.h"
 #include "worker/backend/nccl_faults.h"
 #include "worker/ddp/tensor_digest.h"
+#include "worker/launch/process_stacks.h"
 #include "worker/data/global_batch.h"
 #include "worker/runtime/reform.h"
 #include "worker/runtime/run_job.h"
@@ -202,7 +205,8 @@ void RunJobFromPython(Trainer* trainer, const std::string& coordinator,
                       double timeout_seconds, int max_recoveries,
                       double last_call_seconds, const std::string& token_file,
                       const std::string& device, const std::string& failpoint,
-                      const std::string& divergence_policy) {
+                      const std::string& divergence_policy,
+                      const std::string& stacks_file) {
   JobOptions options;
   options.coordinator = coordinator;
   options.job = job;
@@ -227,6 +231,14 @@ void RunJobFromPython(Trainer* trainer, const std::string& coordinator,
   options.nccl_faults = ArmNcclFailpoints(failpoint, options.device);
   options.failure_policy = failure_policy;
   options.divergence_policy = divergence_policy;
+  if (!stacks_file.empty()) {
+    // The loop's Python threads, which faulthandler dumps into the file
+    // (gradsync.elastic registers it on PythonStacksSignal()).
+    options.capture_stacks = [stacks_file](int64_t request) {
+      return CaptureProcessStacks(request, getpid(), stacks_file,
+                                  absl::Seconds(2), PythonStacksSignal());
+    };
+  }
   options.shared_memory = shared_memory;
   options.timeout = absl::Seconds(timeout_seconds);
   options.max_recoveries = max_recoveries;
@@ -287,7 +299,10 @@ void RegisterJob(py::module_& m) {
         py::arg("timeout_seconds") = 300.0, py::arg("max_recoveries") = 3,
         py::arg("last_call_seconds") = 30.0, py::arg("token_file") = "",
         py::arg("device") = "cpu", py::arg("failpoint") = "",
-        py::arg("divergence_policy") = "");
+        py::arg("divergence_policy") = "", py::arg("stacks_file") = "");
+  m.def("python_stacks_signal", &PythonStacksSignal,
+        "The signal gradsync.elastic registers faulthandler on, for the "
+        "Python stacks of a hang diagnosis.");
   // The C++ trainer's rules for an exact global batch (global_batch.h), for
   // a Python loop whose rounds change size: every step uses the same
   // samples whatever the world size.

@@ -41,12 +41,16 @@ steps and after the last, each rank sends a fingerprint of copy_state's
 model and optimizer; a replica that differs from the majority's is healed
 in place from a majority rank (see run()).
 """
+import atexit
 import io
+import os
+import tempfile
 import time
 
 import torch
 
 from gradsync import _C
+from gradsync import _stacks
 
 Round = _C.Round
 ReformAtStepBoundary = _C.ReformAtStepBoundary
@@ -104,19 +108,41 @@ def run(trainer, coordinator="", job="", nnodes="1", nproc_per_node=1,
     `divergence_policy` "heal" (the default, as the job's first join sets
     it) re-forms the round with the state copied from a rank of the
     majority (copy_state), "fail" fails the job. 0 turns fingerprints off;
-    a loop that never calls copy_state sends none."""
+    a loop that never calls copy_state sends none.
+
+    When the coordinator diagnoses a hang and asks this rank for its stacks,
+    the runtime answers with every thread's Python stack (faulthandler, on
+    a real-time signal of its own), shown by `gradsync status`."""
     if (not isinstance(fingerprint_every, int) or
             isinstance(fingerprint_every, bool) or fingerprint_every < 0):
         raise ValueError("fingerprint_every must be a whole number of steps, "
                          f"0 or more (0: off), not {fingerprint_every!r}")
     _replica.every = fingerprint_every
+    stacks_file = _register_for_stacks()
     _C.run_job(trainer, coordinator=coordinator, job=job, nnodes=str(nnodes),
                nproc_per_node=nproc_per_node, node_id=node_id,
                failure_policy=failure_policy, shared_memory=shared_memory,
                timeout_seconds=float(timeout), max_recoveries=max_recoveries,
                last_call_seconds=float(last_call), token_file=token_file,
                device=device, failpoint=failpoint,
-               divergence_policy=divergence_policy)
+               divergence_policy=divergence_policy, stacks_file=stacks_file)
+
+
+_stacks_file = None  # faulthandler's file while this process is registered
+
+
+def _register_for_stacks():
+    """The path of a file of this process's own, removed at exit, into
+    which faulthandler dumps every thread's Python stack when the runtime
+    answers a hang verdict (on _C.python_stacks_signal(): the runtime's
+    own stack capture has the launcher's signal); registered once."""
+    global _stacks_file
+    if _stacks_file is None:
+        descriptor, path = tempfile.mkstemp(prefix="gradsync-stacks-")
+        os.close(descriptor)
+        atexit.register(os.remove, path)
+        _stacks_file = _stacks.register(path, _C.python_stacks_signal())
+    return _stacks_file.name
 
 
 GlobalBatchPlan = _C.GlobalBatchPlan

@@ -21,7 +21,6 @@ all-reduce times, and a rank that stops issuing collectives is named in the
 hang diagnosis. Training never waits for either: while a state is on its
 way, newer state accumulates and goes in the next one.
 """
-import faulthandler
 import os
 import socket
 import threading
@@ -30,6 +29,7 @@ import time
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from gradsync import _stacks
 from gradsync import member as _member
 from gradsync._proto import health_pb2, job_pb2
 
@@ -183,12 +183,7 @@ def _register_for_stacks():
     signum = os.environ.get("GRADSYNC_STACKS_SIGNAL")
     if not path or not signum:
         return None
-    stacks = open(path, "a", encoding="utf-8")
-    faulthandler.register(int(signum), file=stacks, all_threads=True,
-                          chain=False)
-    stacks.write(f"gradsync-stacks pid={os.getpid()}\n")
-    stacks.flush()
-    return stacks
+    return _stacks.register(path, int(signum))
 
 
 def monitor(ddp, batch_size=None, process_group=None):

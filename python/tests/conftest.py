@@ -16,6 +16,8 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # the gradsync package
 
+import gradsync  # noqa: E402
+
 
 def _torch_lacks_libuv():
     """Whether this torch's TCPStore lacks the libuv server that env://
@@ -85,3 +87,19 @@ def launch(coordinator, job, nproc, program, extra=()):
          "--", *program],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
+
+
+def poll(client, job, predicate, seconds=120):
+    """The first status of `job` (client.get_job) that `predicate` accepts,
+    asked every 0.1 s for at most `seconds`."""
+    status = None
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            status = client.get_job(job)
+            if predicate(status):
+                return status
+        except gradsync.Error:
+            pass  # not created yet
+        time.sleep(0.1)
+    raise AssertionError(f"timed out; last status: {status}")

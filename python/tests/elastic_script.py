@@ -8,7 +8,9 @@ ELASTIC_STEP_SLEEP=S sleeps S seconds after each step; with
 ELASTIC_RAISE_AT=K rank 0 raises ValueError after step K; with
 ELASTIC_CORRUPT_AT=K the process of local rank 1 flips one bit of its
 first parameter right after committing step K, in its first life (silent
-data corruption); ELASTIC_FINGERPRINT_EVERY=N is run()'s fingerprint_every;
+data corruption); with ELASTIC_HANG_AT=K the process of local rank 1
+stops issuing collectives after committing step K (it sleeps 60 s, in its
+first life); ELASTIC_FINGERPRINT_EVERY=N is run()'s fingerprint_every;
 ELASTIC_DEVICE=sim trains on a simulated GPU (NCCL's code paths),
 ELASTIC_DEVICE=cuda on a GPU; ELASTIC_FAILPOINT=SPEC arms the NCCL
 failpoints SPEC in the process of local rank ELASTIC_FAILPOINT_RANK
@@ -31,6 +33,7 @@ DIE_AT = int(os.environ.get("ELASTIC_DIE_AT", "0"))
 STEP_SLEEP = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
 RAISE_AT = int(os.environ.get("ELASTIC_RAISE_AT", "0"))
 CORRUPT_AT = int(os.environ.get("ELASTIC_CORRUPT_AT", "0"))
+HANG_AT = int(os.environ.get("ELASTIC_HANG_AT", "0"))
 GLOBAL_BATCH = 24
 
 
@@ -62,6 +65,9 @@ class StepTrainer(MlpTrainer):
             time.sleep(STEP_SLEEP)
             if RAISE_AT and self.step == RAISE_AT and round.rank == 0:
                 raise ValueError(f"bad batch at step {self.step}")
+            if (HANG_AT and self.step == HANG_AT and
+                    os.environ.get("LOCAL_RANK") == "1"):
+                time.sleep(60)  # a rank stuck outside its collectives
             if (CORRUPT_AT and self.step == CORRUPT_AT and
                     os.environ.get("LOCAL_RANK") == "1"):
                 flip_one_bit(self.model)

@@ -21,7 +21,7 @@ import pytest
 
 import gradsync
 import gradsync.elastic
-from conftest import HERE, binary, launch, running_coordinator
+from conftest import HERE, binary, launch, poll, running_coordinator
 
 
 def launch_elastic(coordinator, job, nproc, flags=(), **env):
@@ -211,6 +211,37 @@ def test_steps_are_timed_for_the_status_and_the_self_set_timeouts(coordinator):
         # The sleep comes after report_step: the next step's time has it.
         assert member.metrics.step_timings.step_seconds >= 0.1, member
         assert member.metrics.samples_per_second > 0, member
+
+
+def test_a_hung_rank_is_named_with_its_python_stack():
+    """Rank 1 stops issuing collectives after step 5 (it sleeps): the hang
+    verdict asks it and a healthy rank for their stacks, and each
+    gradsync.elastic runtime answers with its loop's Python threads
+    (faulthandler): rank 1's main thread in the script's sleep, the healthy
+    rank's in the backward whose all-reduce waits for rank 1."""
+    with running_coordinator("--hang_timeout=2s") as address:
+        agent = launch_elastic(address, "elastic-hung", 3,
+                               ELASTIC_HANG_AT="5", ELASTIC_STEPS="1000")
+        try:
+            client = gradsync.Client(address)
+            status = poll(client, "elastic-hung", lambda s: len(
+                s.diagnosis.hang_stacks.answered) == 2)
+        finally:
+            agent.terminate()
+            agent.communicate(timeout=120)
+    stacks = status.diagnosis.hang_stacks
+    hung = list(stacks.hung_ranks)
+    assert len(hung) == 1, stacks
+    assert not stacks.errors, stacks
+    only = {tuple(g.ranks): list(g.frames) for g in stacks.groups
+            if len(g.ranks) == 1}
+    sleep_line = next(i for i, line in enumerate(
+        open(os.path.join(HERE, "elastic_script.py")), 1)
+        if "time.sleep(60)" in line)
+    assert only[tuple(hung)][0] == f"train (elastic_script.py:{sleep_line})", \
+        stacks
+    assert any(f.startswith("backward (") for f in
+               only[(stacks.healthy_rank,)]), stacks
 
 
 def test_fingerprint_every_must_be_a_count_of_steps():

@@ -10,26 +10,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import gradsync
 from gradsync._proto import job_pb2
-from conftest import HERE, binary, launch, running_coordinator
+from conftest import HERE, binary, launch, poll, running_coordinator
 
 SCRIPT = os.path.join(HERE, "monitor_script.py")
-
-
-def poll(client, job, predicate, seconds=120):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            status = client.get_job(job)
-            if predicate(status):
-                return status
-        except gradsync.Error:
-            pass  # not created yet
-        time.sleep(0.1)
-    raise AssertionError(f"timed out; last status: {status}")
 
 
 def both_training(client, job):

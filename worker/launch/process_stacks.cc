@@ -130,9 +130,11 @@ std::vector<v1::ThreadStack> ParseFaulthandlerDump(absl::string_view dump) {
   return threads;
 }
 
+int PythonStacksSignal() { return SIGRTMIN + 6; }
+
 v1::ThreadStacks CaptureProcessStacks(int64_t request, pid_t pid,
                                       const std::string& stacks_file,
-                                      absl::Duration timeout) {
+                                      absl::Duration timeout, int signal) {
   v1::ThreadStacks out;
   out.set_request(request);
   const pid_t registered = stacks_file.empty() ? 0 : Registered(stacks_file);
@@ -145,7 +147,7 @@ v1::ThreadStacks CaptureProcessStacks(int64_t request, pid_t pid,
     return out;
   }
   const int64_t before = FileSize(stacks_file);
-  if (kill(registered, ThreadStackSignal()) != 0) {
+  if (kill(registered, signal) != 0) {
     out.set_error(absl::StrCat("cannot signal pid ", registered, ": ",
                                strerror(errno)));
     return out;

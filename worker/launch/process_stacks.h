@@ -1,5 +1,7 @@
-// The stacks of a process `gradsync launch` started, for a hang verdict
-// (HeartbeatResponse.stacks_request answered on the process's behalf).
+// The Python stacks of a process, for a hang verdict
+// (HeartbeatResponse.stacks_request): of one `gradsync launch` started,
+// answered on its behalf by the agent, or of this process (a
+// gradsync.elastic loop, whose runtime answers for itself).
 //
 // A Python program that runs gradsync.torch.monitor() registers Python's
 // faulthandler, when GRADSYNC_STACKS_FILE is set, to write every thread's
@@ -10,7 +12,9 @@
 // the signal), signals PID, and reads what the dump appended once it stops
 // growing. Without a registration it lists the process's threads with their
 // kernel wait channels (/proc/PID/task/TID/wchan) and says why there are no
-// Python frames.
+// Python frames. A gradsync.elastic loop registers the same way in a file
+// of its own, on PythonStacksSignal(), since its process also runs the
+// runtime's own stack capture on ThreadStackSignal().
 //
 // Stateless; thread-safe.
 #ifndef GRADSYNC_WORKER_LAUNCH_PROCESS_STACKS_H_
@@ -24,15 +28,21 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "proto/gradsync/v1/job.pb.h"
+#include "worker/runtime/thread_stacks.h"
 
 namespace gradsync {
 
 // The stacks of process `pid` (its Python threads when it registered in
 // `stacks_file`, else its threads' kernel wait channels), as
-// ThreadStacks.request `request`. Waits at most `timeout` for the dump.
+// ThreadStacks.request `request`, the dump asked for with `signal`. Waits
+// at most `timeout` for the dump.
 v1::ThreadStacks CaptureProcessStacks(
     int64_t request, pid_t pid, const std::string& stacks_file,
-    absl::Duration timeout = absl::Seconds(2));
+    absl::Duration timeout = absl::Seconds(2), int signal = ThreadStackSignal());
+
+// The signal a Python process that runs gradsync's runtime itself (a
+// gradsync.elastic loop) registers faulthandler on: SIGRTMIN+6.
+int PythonStacksSignal();
 
 // The threads of a faulthandler dump (all_threads=True), innermost frame
 // first: frames as "function (file.py:12)" (the file's base name), at most

@@ -278,7 +278,9 @@ absl::Status RunJob(const JobOptions& options, Trainer* trainer) {
     return absl::OkStatus();
   };
 
-  HealthReporter reporter(client.get());
+  HealthReporterOptions reporting;
+  reporting.capture_stacks = options.capture_stacks;
+  HealthReporter reporter(client.get(), reporting);
   CollectiveWatchdogOptions watchdog;
   watchdog.factor = options.collective_timeout_factor;
   watchdog.min = options.min_collective_timeout;

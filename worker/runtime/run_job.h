@@ -89,6 +89,11 @@ struct JobOptions {
   // A file holding the job's token (--auth=token coordinators); empty: the
   // GRADSYNC_TOKEN variable, if set.
   std::string token_file;
+  // Answers the coordinator's requests for this process's stacks (a hang
+  // verdict); unset: the stacks of its native threads
+  // (HealthReporterOptions::capture_stacks). A Python loop's are its
+  // Python threads' (python/ext/job.cc).
+  std::function<v1::ThreadStacks(int64_t request)> capture_stacks;
   // TLS toward the coordinator: its CA, and a client certificate and key
   // when it asks for one.
   std::string tls_ca;

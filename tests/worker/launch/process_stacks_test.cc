@@ -57,18 +57,24 @@ def parked_here():
 parked_here()
 )py";
 
+// Starts kRegisteredPython in `child`, registered on `signal` into `file`,
+// and waits until it is parked.
+void StartRegistered(const std::string& file, int signal, Child* child) {
+  ASSERT_TRUE(child->Start(
+      {"/usr/bin/env", absl::StrCat("GRADSYNC_STACKS_FILE=", file),
+       absl::StrCat("GRADSYNC_STACKS_SIGNAL=", signal), "/usr/bin/python3",
+       "-c", kRegisteredPython},
+      /*capture=*/true));
+  ASSERT_TRUE(PumpUntil({child}, kBound, [&] {
+    return absl::StrContains(child->out(), "ready") || !child->running();
+  }));
+}
+
 TEST(CaptureProcessStacksTest, ARegisteredPythonProcessGivesItsFrames) {
   const std::string file = TempPath("stacks-0");
   std::ofstream(file).close();
   Child child;
-  ASSERT_TRUE(child.Start(
-      {"/usr/bin/env", absl::StrCat("GRADSYNC_STACKS_FILE=", file),
-       absl::StrCat("GRADSYNC_STACKS_SIGNAL=", ThreadStackSignal()),
-       "/usr/bin/python3", "-c", kRegisteredPython},
-      /*capture=*/true));
-  ASSERT_TRUE(PumpUntil({&child}, kBound, [&] {
-    return absl::StrContains(child.out(), "ready") || !child.running();
-  }));
+  ASSERT_NO_FATAL_FAILURE(StartRegistered(file, ThreadStackSignal(), &child));
   const v1::ThreadStacks stacks = CaptureProcessStacks(5, child.pid(), file);
   EXPECT_EQ(stacks.request(), 5);
   EXPECT_EQ(stacks.error(), "");
@@ -81,6 +87,23 @@ TEST(CaptureProcessStacksTest, ARegisteredPythonProcessGivesItsFrames) {
   EXPECT_TRUE(child.running()) << "the signal only dumps";
   // A second request reads only the new dump.
   EXPECT_EQ(CaptureProcessStacks(6, child.pid(), file).threads_size(), 1);
+}
+
+// A gradsync.elastic process registers on PythonStacksSignal() (its runtime
+// captures native stacks on ThreadStackSignal()): the dump is asked for with
+// the signal given, which a process not registered for would die of.
+TEST(CaptureProcessStacksTest, TheDumpIsAskedForWithTheSignalGiven) {
+  const std::string file = TempPath("stacks-python-signal");
+  std::ofstream(file).close();
+  Child child;
+  ASSERT_NO_FATAL_FAILURE(StartRegistered(file, PythonStacksSignal(), &child));
+  EXPECT_NE(PythonStacksSignal(), ThreadStackSignal());
+  const v1::ThreadStacks stacks = CaptureProcessStacks(
+      8, child.pid(), file, absl::Seconds(2), PythonStacksSignal());
+  EXPECT_EQ(stacks.error(), "");
+  ASSERT_EQ(stacks.threads_size(), 1) << stacks.DebugString();
+  EXPECT_EQ(stacks.threads(0).frames(1), "<module> (<string>:10)");
+  EXPECT_TRUE(child.running()) << "the signal only dumps";
 }
 
 TEST(CaptureProcessStacksTest, AnUnregisteredProcessIsNotSignalled) {
