@@ -342,11 +342,11 @@ def _report_step(self, step, samples=0, loss=0.0, step_seconds=None):
     (default: the time since the round's previous report_step, or since
     copy_state for the first). Heartbeats carry it: `gradsync status`'s
     step time and samples/s, and the step times that the collective and
-    hang timeouts set themselves from. Also keeps the buffers of copy_state's model and the random
-    generators' states as this step left them, for the next copy_state, and
-    sends the replica's fingerprint when one is due (run()'s
-    fingerprint_every). Raises RuntimeError once the coordinator failed the
-    job."""
+    hang timeouts set themselves from. Also keeps the buffers of
+    copy_state's model and the random generators' states as this step left
+    them, for the next copy_state, and sends the replica's fingerprint when
+    one is due (run()'s fingerprint_every). Raises RuntimeError once the
+    coordinator failed the job."""
     seconds = _clock.lap(self)
     _committed.take()
     reported = _native_report_step(
