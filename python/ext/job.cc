@@ -17,9 +17,9 @@
 #include "absl/time/time.h"
 #include "common/failpoint.h"
 #include "worker/backend/nccl_faults.h"
+#include "worker/data/global_batch.h"
 #include "worker/ddp/tensor_digest.h"
 #include "worker/launch/process_stacks.h"
-#include "worker/data/global_batch.h"
 #include "worker/runtime/reform.h"
 #include "worker/runtime/run_job.h"
 #include "worker/torch/process_group.h"
@@ -276,9 +276,9 @@ void RegisterJob(py::module_& m) {
           "micro_batch_shares",
           [](const PyRound& r) { return r.round().micro_batch_shares; })
       .def_property_readonly("process_group", &PyRound::process_group)
+      // gradsync.elastic wraps it (Round.report_step), with the defaults.
       .def("report_step", &PyRound::Report, py::arg("step"),
-           py::arg("samples") = 0, py::arg("loss") = 0.0,
-           py::arg("step_seconds") = 0.0,
+           py::arg("samples"), py::arg("loss"), py::arg("step_seconds"),
            py::call_guard<py::gil_scoped_release>())
       .def("report_fingerprint", &PyRound::ReportFingerprint, py::arg("step"),
            py::arg("names"), py::arg("tensors"),

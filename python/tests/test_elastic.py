@@ -165,11 +165,11 @@ def test_an_async_nccl_error_leaves_its_step_unapplied_and_the_round_heals(
 def test_a_corrupted_replica_is_found_and_healed_in_place(coordinator):
     """One process flips a bit of a parameter after step 7 (silent data
     corruption); fingerprints every 5 steps: the coordinator finds the rank
-    that differs from the majority at step 10, in that parameter, the round re-forms with the
-    same three processes, the corrupted one takes the state of a majority
-    rank (copy_state), and every rank ends bit-identical to the others; the
-    fingerprint taken after the last step (163, not a multiple of 5) is
-    verified too."""
+    that differs from the majority at step 10, in that parameter, the round
+    re-forms with the same three processes, the corrupted one takes the
+    state of a majority rank (copy_state), and every rank ends bit-identical
+    to the others; the fingerprint taken after the last step (163, not a
+    multiple of 5) is verified too."""
     steps = 163
     output, params = run(coordinator, "elastic-corrupt", ELASTIC_CORRUPT_AT="7",
                          ELASTIC_FINGERPRINT_EVERY="5", ELASTIC_STEPS=str(steps),
