@@ -1,7 +1,7 @@
 """One side of the Python-loop fingerprint benchmark
-(bench/elastic_fingerprint_bench.sh): a gradsync.elastic loop of one rank
-training torchvision's ResNet-18 (batch 16 of 3x32x32, SGD with momentum,
-one intra-op thread) for STEPS steps after 2 warm-ups, with
+(bench/elastic_loop_bench.sh --what=fingerprint): a gradsync.elastic loop of
+one rank training bench/elastic_resnet.py's ResNet-18 (batch 16 of
+3x32x32, one intra-op thread) for STEPS steps after 2 warm-ups, with
 fingerprint_every=EVERY (1: a fingerprint after every step; 0: none).
 
     elastic_fingerprint_bench.py COORDINATOR JOB EVERY STEPS
@@ -17,8 +17,6 @@ import json
 import statistics
 import sys
 import time
-
-WARMUP = 2
 
 
 def summarize(lines):
@@ -47,26 +45,18 @@ if sys.argv[1:] == ["--summarize"]:
     sys.exit(0)
 
 import torch  # noqa: E402  (not needed to summarize)
-import torchvision  # noqa: E402
 
 import gradsync.elastic  # noqa: E402
+from elastic_resnet import WARMUP, ResNetTrainer  # noqa: E402
 
 coordinator, job, every, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), \
     int(sys.argv[4])
 
 
-class Bench(gradsync.elastic.Trainer):
+class Bench(ResNetTrainer):
     def __init__(self):
         super().__init__()
-        torch.manual_seed(0)
-        self.model = torchvision.models.resnet18(num_classes=10)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01,
-                                         momentum=0.9)
-        self.step = 0
         self.times, self.reports = [], []
-
-    def committed_step(self):
-        return self.step
 
     def train(self, round):
         gradsync.elastic.copy_state(round, self.model, self.optimizer, self)

@@ -48,12 +48,34 @@ class PyRound {
     round();
     return group_;
   }
-  void Report(int64_t step, int64_t samples, double loss,
-              double step_seconds) const {
+  // One committed step's report: with an exact global batch, the
+  // micro-batches this rank ran of the step's `micro_batches_per_step` and
+  // what one took (zeros otherwise); when its first gradient bucket was
+  // ready (Unix seconds; 0: not observed) and its exposed communication
+  // (gradsync.elastic.observe's DDP hook).
+  void Report(int64_t step, int64_t samples, double loss, double step_seconds,
+              int micro_batches, int micro_batches_per_step,
+              double micro_batch_seconds, double first_bucket_ready,
+              double communication_seconds) const {
+    if (micro_batches < 0 || micro_batches > micro_batches_per_step ||
+        micro_batch_seconds < 0 || communication_seconds < 0) {
+      throw std::invalid_argument(absl::StrCat(
+          "gradsync: report_step needs 0 <= micro_batches (", micro_batches,
+          ") <= micro_batches_per_step (", micro_batches_per_step,
+          ") and times of 0 or more"));
+    }
     StepReport report;
     report.step = step;
     report.loss = loss;
     report.step_time = absl::Seconds(step_seconds);
+    report.micro_batches = micro_batches;
+    report.micro_batches_per_step = micro_batches_per_step;
+    report.micro_batch_time = absl::Seconds(micro_batch_seconds);
+    if (first_bucket_ready > 0) {
+      report.ddp.first_bucket_ready = absl::FromUnixNanos(
+          static_cast<int64_t>(first_bucket_ready * 1e9));
+    }
+    report.ddp.exposed_communication = absl::Seconds(communication_seconds);
     absl::Status reported = round().report_step(report, samples);
     if (!reported.ok()) {
       throw std::runtime_error(absl::StrCat("gradsync: ", reported.ToString()));
@@ -206,7 +228,15 @@ void RunJobFromPython(Trainer* trainer, const std::string& coordinator,
                       double last_call_seconds, const std::string& token_file,
                       const std::string& device, const std::string& failpoint,
                       const std::string& divergence_policy,
+                      bool exact_global_batch,
+                      const std::string& straggler_policy,
+                      double straggler_threshold_seconds,
                       const std::string& stacks_file) {
+  if (straggler_threshold_seconds < 0) {
+    throw std::invalid_argument(absl::StrCat(
+        "straggler_threshold must be 0 (the coordinator's) or more seconds, "
+        "not ", straggler_threshold_seconds));
+  }
   JobOptions options;
   options.coordinator = coordinator;
   options.job = job;
@@ -231,6 +261,9 @@ void RunJobFromPython(Trainer* trainer, const std::string& coordinator,
   options.nccl_faults = ArmNcclFailpoints(failpoint, options.device);
   options.failure_policy = failure_policy;
   options.divergence_policy = divergence_policy;
+  options.exact_global_batch = exact_global_batch;
+  options.straggler_policy = straggler_policy;
+  options.straggler_threshold = absl::Seconds(straggler_threshold_seconds);
   if (!stacks_file.empty()) {
     // The loop's Python threads, which faulthandler dumps into the file
     // (gradsync.elastic registers it on PythonStacksSignal()).
@@ -279,6 +312,9 @@ void RegisterJob(py::module_& m) {
       // gradsync.elastic wraps it (Round.report_step), with the defaults.
       .def("report_step", &PyRound::Report, py::arg("step"),
            py::arg("samples"), py::arg("loss"), py::arg("step_seconds"),
+           py::arg("micro_batches"), py::arg("micro_batches_per_step"),
+           py::arg("micro_batch_seconds"), py::arg("first_bucket_ready"),
+           py::arg("communication_seconds"),
            py::call_guard<py::gil_scoped_release>())
       .def("report_fingerprint", &PyRound::ReportFingerprint, py::arg("step"),
            py::arg("names"), py::arg("tensors"),
@@ -299,7 +335,11 @@ void RegisterJob(py::module_& m) {
         py::arg("timeout_seconds") = 300.0, py::arg("max_recoveries") = 3,
         py::arg("last_call_seconds") = 30.0, py::arg("token_file") = "",
         py::arg("device") = "cpu", py::arg("failpoint") = "",
-        py::arg("divergence_policy") = "", py::arg("stacks_file") = "");
+        py::arg("divergence_policy") = "",
+        py::arg("exact_global_batch") = false,
+        py::arg("straggler_policy") = "",
+        py::arg("straggler_threshold_seconds") = 0.0,
+        py::arg("stacks_file") = "");
   m.def("python_stacks_signal", &PythonStacksSignal,
         "The signal gradsync.elastic registers faulthandler on, for the "
         "Python stacks of a hang diagnosis.");

@@ -39,12 +39,16 @@ a step's data depend on the step and the round's rank and world size only,
 so that a redone step is the same step. Every run(fingerprint_every=...)
 steps and after the last, each rank sends a fingerprint of copy_state's
 model and optimizer; a replica that differs from the majority's is healed
-in place from a majority rank (see run()).
+in place from a majority rank (see run()). A loop with an exact global
+batch runs each step's share through micro_batches(); with observe(ddp,
+round) the coordinator also finds stragglers and moves micro-batches away
+from them (run(exact_global_batch=True)).
 """
 import atexit
 import io
 import os
 import tempfile
+import threading
 import time
 
 import torch
@@ -83,7 +87,9 @@ class Trainer(_C.Trainer):
 def run(trainer, coordinator="", job="", nnodes="1", nproc_per_node=1,
         node_id="", failure_policy="", shared_memory=True, timeout=300.0,
         max_recoveries=3, last_call=30.0, token_file="", device="cpu",
-        failpoint="", fingerprint_every=100, divergence_policy=""):
+        failpoint="", fingerprint_every=100, divergence_policy="",
+        exact_global_batch=False, straggler_policy="",
+        straggler_threshold=0.0):
     """Joins the job (or takes the assignment `gradsync launch` made) and
     calls trainer.train(round) round after round until it returns, then
     reports success. Raises RuntimeError with the error that ended the job
@@ -110,6 +116,17 @@ def run(trainer, coordinator="", job="", nnodes="1", nproc_per_node=1,
     majority (copy_state), "fail" fails the job. 0 turns fingerprints off;
     a loop that never calls copy_state sends none.
 
+    Stragglers: a rank whose first gradient bucket is ready later than the
+    earliest rank's by more than `straggler_threshold` seconds (0: the
+    coordinator's, 100 ms), consistently, is named in the job's diagnosis;
+    ranks report those times when the loop calls observe(ddp, round). With
+    `exact_global_batch=True` (the loop runs a GlobalBatchPlan through
+    micro_batches()) and `straggler_policy` "rebalance" (the default, as
+    the job's first join sets it), the coordinator then moves micro-batches
+    from the straggler to the others: should_reform() says so after a step,
+    and the next round's round.micro_batch_shares carry the new division.
+    "report" only names stragglers.
+
     When the coordinator diagnoses a hang and asks this rank for its stacks,
     the runtime answers with every thread's Python stack (faulthandler, on
     a real-time signal of its own), shown by `gradsync status`."""
@@ -125,7 +142,11 @@ def run(trainer, coordinator="", job="", nnodes="1", nproc_per_node=1,
                timeout_seconds=float(timeout), max_recoveries=max_recoveries,
                last_call_seconds=float(last_call), token_file=token_file,
                device=device, failpoint=failpoint,
-               divergence_policy=divergence_policy, stacks_file=stacks_file)
+               divergence_policy=divergence_policy,
+               exact_global_batch=bool(exact_global_batch),
+               straggler_policy=straggler_policy,
+               straggler_threshold_seconds=float(straggler_threshold),
+               stacks_file=stacks_file)
 
 
 _stacks_file = None  # faulthandler's file while this process is registered
@@ -164,6 +185,69 @@ def step_positions(plan, round, step_in_epoch):
                               round.micro_batch_shares)
     start = step_in_epoch * plan.global_batch
     return [plan.micro_batch_span(start, j) for j in range(first, first + count)]
+
+
+def micro_batches(plan, round, step_in_epoch, ddp):
+    """Yields this rank's micro-batches of step `step_in_epoch` (0-based) of
+    the epoch, as (begin, end) epoch-order positions (step_positions), all
+    but the last inside ddp.no_sync(), so that gradients accumulate and the
+    last one's backward all-reduces them; a rank whose share is empty (more
+    ranks than micro-batches) gets one empty span (begin == end): a forward
+    of no samples gives zero gradients and still joins the all-reduce.
+
+        for begin, end in gradsync.elastic.micro_batches(plan, round, k, ddp):
+            idx = order[begin:end]
+            loss = loss_fn(ddp(x[idx]), y[idx], reduction="sum")
+            (loss / plan.loss_divisor(round.world_size)).backward()
+
+    It times the micro-batches, and the next round.report_step sends how
+    many this rank ran and what one took (the mean of those before the
+    last, which do not synchronize, measured on a GPU from and to an idle
+    device: two waits a step; a lone one until its last gradient bucket
+    was ready, on a GPU queued, when observe() watches `ddp`), which is
+    what the coordinator divides a step by when it moves micro-batches
+    away from a straggler (run()'s exact_global_batch)."""
+    spans = step_positions(plan, round, step_in_epoch)
+    per_step = plan.micro_batches_per_step
+    if not spans:
+        start = step_in_epoch * plan.global_batch
+        _load.set(round, 0, per_step, 0.0)
+        yield (start, start)
+        return
+    device = tensor_device(round)
+    start = _idle_time(device)
+    for span in spans[:-1]:
+        with ddp.no_sync():
+            yield span
+    before_last = len(spans) - 1
+    if before_last:
+        seconds = (_idle_time(device) - start) / before_last
+        yield spans[-1]
+    else:  # a lone micro-batch: without the wait for its all-reduce
+        yield spans[-1]
+        seconds = (_observer.last_ready(round, start) or
+                   time.perf_counter()) - start
+    _load.set(round, len(spans), per_step, seconds)
+
+
+def _idle_time(device):
+    """time.perf_counter(), on a GPU once `device` finished its work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def observe(ddp, round):
+    """Registers a DDP communication hook on `ddp` (the round's
+    DistributedDataParallel over round.process_group) that all-reduces each
+    bucket to its average, as DDP does, and notes when each step's first
+    gradient bucket was ready (the coordinator compares the ranks' times to
+    find stragglers: run()'s straggler_threshold) and how long the step
+    waited for communication after its last bucket was ready (COMM TIME in
+    `gradsync status`), which the next round.report_step sends. Call it
+    once per DDP, before its first step, instead of ddp.register_comm_hook
+    (a loop with a hook of its own reports neither)."""
+    _observer.watch(round, ddp)
 
 
 def tensor_device(round):
@@ -330,9 +414,91 @@ class _StepClock:
         return seconds
 
 
+class _MicroBatchLoad:
+    """This rank's part of the step in progress (micro_batches()), for the
+    next report_step. Used by the training loop's thread."""
+
+    def __init__(self):
+        self._pending = None  # (round number, count, per step, seconds)
+
+    def set(self, round, count, per_step, seconds):
+        self._pending = (round.number, count, per_step, seconds)
+
+    def take(self, round):
+        """(count, per step, seconds) of the round's step, zeros when
+        micro_batches() did not run it."""
+        pending, self._pending = self._pending, None
+        if pending is None or pending[0] != round.number:
+            return 0, 0, 0.0
+        return pending[1:]
+
+
+class _Observer:
+    """observe()'s DDP hook and what it saw of the step in progress.
+    Thread-safe: the hook runs on the autograd thread, the all-reduces'
+    completions on the backend's."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._round = None
+        self._group = None
+        self._first_ready = 0.0  # time.time() of the first bucket; 0: none
+        self._last_ready = 0.0   # time.perf_counter() of the last one's
+        self._done = 0.0         # and of the end of the last all-reduce
+
+    def watch(self, round, ddp):
+        with self._lock:
+            self._round, self._group = round.number, round.process_group
+            self._first_ready = self._last_ready = self._done = 0.0
+        ddp.register_comm_hook(state=None, hook=self._hook)
+
+    def _hook(self, state, bucket):
+        now = time.perf_counter()
+        with self._lock:
+            if self._first_ready == 0.0:
+                self._first_ready = time.time()
+            if bucket.is_last():
+                self._last_ready = now
+            group = self._group
+
+        def done(future):
+            with self._lock:
+                self._done = max(self._done, time.perf_counter())
+            return future.value()[0]
+
+        # The average in the all-reduce itself (gradsync's backends divide
+        # as they reduce; one rank: nothing), not a pass over the bucket
+        # first, as default_hooks.allreduce_hook makes.
+        options = torch.distributed.AllreduceOptions()
+        options.reduceOp = torch.distributed.ReduceOp.AVG
+        return group.allreduce([bucket.buffer()], options).get_future().then(
+            done)
+
+    def last_ready(self, round, since):
+        """When the step's last bucket was ready, if it was after `since`
+        (perf_counter) in the round's DDP; None otherwise."""
+        with self._lock:
+            if self._round == round.number and self._last_ready >= since:
+                return self._last_ready
+        return None
+
+    def take(self, round):
+        """(first bucket ready as Unix seconds, exposed communication
+        seconds) of the round's step, zeros when not observed; starts the
+        next step."""
+        with self._lock:
+            first, last, done = self._first_ready, self._last_ready, self._done
+            self._first_ready = self._last_ready = self._done = 0.0
+            if self._round != round.number:
+                return 0.0, 0.0
+        return first, max(0.0, done - last) if last > 0 else 0.0
+
+
 _committed = _Committed()
 _replica = _Replica()
 _clock = _StepClock()
+_load = _MicroBatchLoad()
+_observer = _Observer()
 _native_report_step = Round.report_step
 
 
@@ -345,13 +511,21 @@ def _report_step(self, step, samples=0, loss=0.0, step_seconds=None):
     hang timeouts set themselves from. Also keeps the buffers of
     copy_state's model and the random generators' states as this step left
     them, for the next copy_state, and sends the replica's fingerprint when
-    one is due (run()'s fingerprint_every). Raises RuntimeError once the
-    coordinator failed the job."""
+    one is due (run()'s fingerprint_every). With the step run through
+    micro_batches() and `ddp` watched by observe(), it also sends this
+    rank's micro-batches and what one took, when the step's first gradient
+    bucket was ready and its wait for communication. Raises RuntimeError
+    once the coordinator failed the job."""
     seconds = _clock.lap(self)
     _committed.take()
+    count, per_step, micro_batch_seconds = _load.take(self)
+    first_ready, communication = _observer.take(self)
     reported = _native_report_step(
         self, step, samples=samples, loss=loss,
-        step_seconds=seconds if step_seconds is None else step_seconds)
+        step_seconds=seconds if step_seconds is None else step_seconds,
+        micro_batches=count, micro_batches_per_step=per_step,
+        micro_batch_seconds=micro_batch_seconds,
+        first_bucket_ready=first_ready, communication_seconds=communication)
     _replica.after_step(self, step)
     return reported
 

@@ -7,13 +7,20 @@ themselves (no launcher), nodes of MIN:MAX = 2:3.
 
 Appends a JSON line to LOG for every committed step ({"epoch", "step",
 "round", "world", "positions"}: the epoch-order positions this rank
-trained on) and writes its final parameters to LOG.params. With DIE_AT=K
-(> 0) it SIGKILLs itself right after committing step K. Re-forms at a step
-boundary when the coordinator asks (a node waits to join); with WAIT_AT=K
-a round of 2 waits after step K until it is asked (up to 120 s), so that a
-node started late surely joins mid-training. ELASTIC_DEVICE=sim trains on
-a simulated GPU, over the NCCL backend's code paths."""
-import contextlib
+trained on, and "seconds": the time since the previous step's line) and
+writes its final parameters to LOG.params. With DIE_AT=K (> 0) it SIGKILLs
+itself right after committing step K. Re-forms at a step boundary when the
+coordinator asks (a node waits to join, or micro-batches move); with
+WAIT_AT=K a round of 2 waits after step K until it is asked (up to 120 s),
+so that a node started late surely joins mid-training. ELASTIC_DEVICE=sim
+trains on a simulated GPU, over the NCCL backend's code paths.
+
+For the straggler test: PLAN_MICRO_BATCH (default 4) and PLAN_EPOCHS
+(default 2) size the run, PLAN_NNODES (default "2:3") the round;
+PLAN_SLOW=S sleeps S seconds in every micro-batch of this process;
+PLAN_STRAGGLER ("report", the default, or "rebalance") and
+PLAN_STRAGGLER_THRESHOLD (seconds) are run()'s; with PLAN_STOP_AFTER=K
+training ends K steps into the first round after round 1."""
 import json
 import os
 import signal
@@ -24,46 +31,58 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import gradsync.elastic
-from elastic_mlp import MlpTrainer
+from elastic_mlp import MlpTrainer, plan_data
 
 coordinator, job, node, log = sys.argv[1:5]
 die_at = int(sys.argv[5]) if len(sys.argv) > 5 else 0
 wait_at = int(sys.argv[6]) if len(sys.argv) > 6 else 0
-N, EPOCHS = 240, 2
-plan = gradsync.elastic.GlobalBatchPlan(global_batch=24, micro_batch=4,
-                                        epoch_size=N)
-data = torch.Generator().manual_seed(7)
-X = torch.randn(N, 8, generator=data)
-Y = torch.sin(X.sum(dim=1, keepdim=True))
+N = 240
+EPOCHS = int(os.environ.get("PLAN_EPOCHS", "2"))
+SLOW = float(os.environ.get("PLAN_SLOW", "0"))
+STOP_AFTER = int(os.environ.get("PLAN_STOP_AFTER", "0"))
+plan = gradsync.elastic.GlobalBatchPlan(
+    global_batch=24, micro_batch=int(os.environ.get("PLAN_MICRO_BATCH", "4")),
+    epoch_size=N)
+X, Y, epoch_order = plan_data(N)
 
 
 class PlanTrainer(MlpTrainer):
+    def __init__(self):
+        super().__init__()
+        self.total = EPOCHS * plan.steps_per_epoch
+
     def train(self, round):
         gradsync.elastic.copy_state(round, self.model, self.optimizer, self)
+        if STOP_AFTER and round.number >= 2:
+            self.total = min(self.total, self.step + STOP_AFTER)
         ddp = DistributedDataParallel(self.model,
                                       process_group=round.process_group)
-        total = EPOCHS * plan.steps_per_epoch
-        while self.step < total:
+        gradsync.elastic.observe(ddp, round)
+        last = time.monotonic()
+        while self.step < self.total:
             epoch, k = divmod(self.step, plan.steps_per_epoch)
-            order = torch.randperm(
-                N, generator=torch.Generator().manual_seed(100 + epoch))
-            spans = gradsync.elastic.step_positions(plan, round, k)
+            order = epoch_order(epoch)
             self.optimizer.zero_grad()
-            for i, (begin, end) in enumerate(spans):
+            positions = []
+            for begin, end in gradsync.elastic.micro_batches(plan, round, k,
+                                                             ddp):
                 idx = order[begin:end]
-                last = i == len(spans) - 1
-                with contextlib.nullcontext() if last else ddp.no_sync():
-                    loss = torch.nn.functional.mse_loss(
-                        ddp(X[idx]), Y[idx], reduction="sum")
-                    (loss / plan.loss_divisor(round.world_size)).backward()
+                positions += range(begin, end)
+                time.sleep(SLOW)
+                loss = torch.nn.functional.mse_loss(
+                    ddp(X[idx]), Y[idx], reduction="sum")
+                (loss / plan.loss_divisor(round.world_size)).backward()
             self.optimizer.step()
             self.step += 1
+            now = time.monotonic()
             with open(log, "a") as f:
                 f.write(json.dumps({
                     "epoch": epoch, "step": k, "round": round.number,
                     "world": round.world_size, "backend": round.backend,
-                    "positions": [p for b, e in spans for p in range(b, e)],
+                    "rank": round.rank, "positions": positions,
+                    "seconds": now - last,
                 }) + "\n")
+            last = now
             round.report_step(self.step)
             if die_at and self.step == die_at:
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -79,6 +98,9 @@ class PlanTrainer(MlpTrainer):
             json.dump(self.parameters_list(), f)
 
 
-gradsync.elastic.run(PlanTrainer(), coordinator=coordinator, job=job,
-                     nnodes="2:3", node_id=node, last_call=2.0,
-                     device=os.environ.get("ELASTIC_DEVICE", "cpu"))
+gradsync.elastic.run(
+    PlanTrainer(), coordinator=coordinator, job=job,
+    nnodes=os.environ.get("PLAN_NNODES", "2:3"), node_id=node, last_call=2.0,
+    device=os.environ.get("ELASTIC_DEVICE", "cpu"), exact_global_batch=True,
+    straggler_policy=os.environ.get("PLAN_STRAGGLER", "report"),
+    straggler_threshold=float(os.environ.get("PLAN_STRAGGLER_THRESHOLD", "0")))

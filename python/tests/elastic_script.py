@@ -16,7 +16,8 @@ ELASTIC_DEVICE=cuda on a GPU; ELASTIC_FAILPOINT=SPEC arms the NCCL
 failpoints SPEC in the process of local rank ELASTIC_FAILPOINT_RANK
 (default 1), in its first life. Prints
 "pid P: round N rank R of W from step S on BACKEND" at each round's start; each rank
-writes its final parameters to ELASTIC_OUT.RANK."""
+writes its final parameters to ELASTIC_OUT.RANK. Its DDP all-reduces through
+gradsync.elastic.observe's hook (first-bucket times, COMM TIME)."""
 import json
 import os
 import signal
@@ -49,6 +50,7 @@ class StepTrainer(MlpTrainer):
               flush=True)
         ddp = DistributedDataParallel(self.model,
                                       process_group=round.process_group)
+        gradsync.elastic.observe(ddp, round)
         share = GLOBAL_BATCH // round.world_size
         while self.step < STEPS:
             data = torch.Generator().manual_seed(1000 + self.step)

@@ -7,7 +7,8 @@ parameters equal an uninterrupted run's; the same on simulated GPUs
 (elastic_plan_script.py, processes that join by themselves, 2:3 nodes): a
 round that loses a rank shrinks to 2 and one that a third node waits for
 grows at a step boundary, every sample of every epoch used exactly once,
-ending where an uninterrupted run of 3 ends."""
+ending where an uninterrupted run of 3 ends; a straggler's micro-batches
+move to the others."""
 import json
 import os
 import re
@@ -18,10 +19,12 @@ import tempfile
 import time
 
 import pytest
+import torch
 
 import gradsync
 import gradsync.elastic
 from conftest import HERE, binary, launch, poll, running_coordinator
+from elastic_mlp import MlpTrainer, plan_data
 
 
 def launch_elastic(coordinator, job, nproc, flags=(), **env):
@@ -211,6 +214,8 @@ def test_steps_are_timed_for_the_status_and_the_self_set_timeouts(coordinator):
         # The sleep comes after report_step: the next step's time has it.
         assert member.metrics.step_timings.step_seconds >= 0.1, member
         assert member.metrics.samples_per_second > 0, member
+        # The script's DDP runs through observe()'s hook: COMM TIME.
+        assert member.metrics.step_timings.communication_seconds > 0, member
 
 
 def test_a_hung_rank_is_named_with_its_python_stack():
@@ -248,6 +253,18 @@ def test_fingerprint_every_must_be_a_count_of_steps():
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="fingerprint_every"):
             gradsync.elastic.run(None, fingerprint_every=bad)
+
+
+def test_straggler_settings_are_checked_before_joining():
+    """A negative threshold or an unknown policy is refused before any join
+    (the coordinator's address reaches nothing)."""
+    never = dict(coordinator="127.0.0.1:1", job="never")
+    with pytest.raises(ValueError, match="straggler_threshold must be 0"):
+        gradsync.elastic.run(gradsync.elastic.Trainer(), **never,
+                             straggler_threshold=-0.5)
+    with pytest.raises(RuntimeError, match="'bogus'"):
+        gradsync.elastic.run(gradsync.elastic.Trainer(), **never,
+                             straggler_policy="bogus", timeout=5.0)
 
 
 def test_an_nccl_failpoint_needs_a_gpu_and_others_are_refused(tmp_path):
@@ -399,13 +416,14 @@ def committed_steps(logs):
     return steps
 
 
-def assert_each_sample_once(steps, output):
+def assert_each_sample_once(steps, output, count=20):
     """Every committed step's ranks together used its 24 positions exactly
-    once, and every epoch's 240 positions were used exactly once."""
+    once, and each of the first `count` steps (10 an epoch; 20: every
+    epoch's 240 positions) was committed."""
     by_step = {}
     for s in steps:
         by_step.setdefault((s["epoch"], s["step"]), []).extend(s["positions"])
-    assert sorted(by_step) == [(e, k) for e in range(2) for k in range(10)], output
+    assert sorted(by_step) == [divmod(i, 10) for i in range(count)], output
     for (epoch, k), positions in by_step.items():
         assert sorted(positions) == list(range(24 * k, 24 * (k + 1))), (
             epoch, k, positions, output)
@@ -471,6 +489,106 @@ def test_exact_global_batch_through_a_shrink_and_a_grow(coordinator):
         assert job.recoveries[0].resume_step == 3, job.recoveries
         assert job.recoveries[0].resumed_in_place, job.recoveries
         assert "join" in job.recoveries[0].cause, job.recoveries
+
+
+def test_a_stragglers_micro_batches_move_to_the_others():
+    """Stragglers rebalanced, as gradsync-worker's are: 3 processes run 24
+    micro-batches of 1 a step (8 each), one sleeping 10 ms in each of its
+    own, with straggler_policy "rebalance" and a 20 ms threshold. The
+    coordinator flags it from when each step's first gradient bucket was
+    ready (observe()), weighs what a micro-batch took each rank
+    (micro_batches()), and re-forms the round at a step boundary with
+    micro-batches moved away from it; no step is lost, every step still
+    uses its 24 samples exactly once, and steps get faster."""
+    env = {"PLAN_MICRO_BATCH": "1", "PLAN_EPOCHS": "10", "PLAN_NNODES": "3",
+           "PLAN_STRAGGLER": "rebalance", "PLAN_STRAGGLER_THRESHOLD": "0.02",
+           "PLAN_STOP_AFTER": "6"}
+    with running_coordinator("--heartbeat_interval=250ms") as address, \
+            tempfile.TemporaryDirectory() as tmp:
+        logs = [os.path.join(tmp, f"n{i}") for i in range(3)]
+        out = finish([plan_process(address, "straggler", f"n{i}", logs[i],
+                                   env_extra=dict(env, PLAN_SLOW="0.01")
+                                   if i == 1 else env)
+                      for i in range(3)], [(0,)] * 3)
+        job = gradsync.Client(address).get_job("straggler")
+        assert gradsync.Client.state_name(job.state) == "succeeded", out
+        steps = committed_steps(logs)
+        last_round = max(s["round"] for s in steps)
+        assert last_round >= 2, (job, out)
+        assert_each_sample_once(steps, out, count=max(
+            s["epoch"] * 10 + s["step"] + 1 for s in steps))
+        # Round 2 re-formed by plan after a committed step: none redone.
+        assert len(steps) == 3 * len({(s["epoch"], s["step"]) for s in steps})
+        slow = {s["rank"] for s in committed_steps(logs[1:2])
+                if s["round"] == 1}.pop()
+        cause = job.recoveries[0].cause
+        assert f"rank {slow} takes" in cause, cause
+        assert job.recoveries[0].resumed_in_place, job.recoveries
+        # Each rank's latest step: its share of 24 and the wait for its
+        # all-reduce after the last bucket (COMM TIME), from observe().
+        assert len(job.members) == 3, job
+        for member in job.members:
+            assert member.metrics.micro_batches.per_step == 24, member
+            assert member.metrics.micro_batches.seconds > 0, member
+            assert member.metrics.step_timings.communication_seconds > 0, member
+        # The slow process's share of a step: 8 in round 1, fewer after.
+        shares = {(s["round"], len(s["positions"]))
+                  for s in committed_steps(logs[1:2])}
+        assert (1, 8) in shares, shares
+        assert all(n < 8 for r, n in shares if r == 2), shares
+        # Rank 0's median step time, before and after (round 1's first
+        # steps ran before the straggler was flagged).
+        def median(values):
+            return sorted(values)[len(values) // 2]
+        rank0 = [s for s in steps if s["rank"] == 0]
+        before = median([s["seconds"] for s in rank0 if s["round"] == 1][2:])
+        after = median([s["seconds"] for s in rank0 if s["round"] >= 2][1:])
+        print(f"rebalanced: {cause}\nmedian step {before * 1e3:.1f} ms "
+              f"before, {after * 1e3:.1f} ms after")
+        assert after < before, (before, after, cause)
+
+
+def test_a_rank_without_micro_batches_still_takes_part(coordinator):
+    """Micro-batches of 12: 2 a step for 3 ranks. Two ranks run one each,
+    the third gets an empty span, whose forward of no samples gives zero
+    gradients to DDP's all-reduce. Every step uses its 24 samples once,
+    and the parameters are those of one process training on the whole
+    batch of 24 (within 1e-5). One process sleeps 0.25 s in its
+    micro-batch: a lone micro-batch is timed until its last gradient
+    bucket was ready, so a rank that waits for that one in the all-reduce
+    does not count the wait."""
+    env = {"PLAN_MICRO_BATCH": "12", "PLAN_EPOCHS": "1", "PLAN_NNODES": "3"}
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = [os.path.join(tmp, f"n{i}") for i in range(3)]
+        out = finish([plan_process(coordinator, "plan-12", f"n{i}", logs[i],
+                                   env_extra=dict(env, PLAN_SLOW="0.25")
+                                   if i == 0 else env) for i in range(3)],
+                     [(0,)] * 3)
+        steps = committed_steps(logs)
+        assert_each_sample_once(steps, out, count=10)
+        assert sorted({(s["rank"], len(s["positions"])) for s in steps}) == \
+            [(0, 12), (1, 12), (2, 0)], out
+        job = gradsync.Client(coordinator).get_job("plan-12")
+        loads = sorted((m.metrics.micro_batches.share,
+                        m.metrics.micro_batches.seconds) for m in job.members)
+        # An empty share reports no load (the coordinator balances only
+        # ranks that ran micro-batches).
+        assert [share for share, _ in loads] == [0, 1, 1], job.members
+        assert loads[0][1] == 0 and loads[1][1] > 0, job.members
+        assert loads[1][1] < 0.125, job.members  # not the sleeper's wait
+        reference = MlpTrainer()
+        x, y, epoch_order = plan_data(240)
+        for k in range(10):
+            idx = epoch_order(0)[24 * k:24 * (k + 1)]
+            reference.optimizer.zero_grad()
+            (torch.nn.functional.mse_loss(reference.model(x[idx]), y[idx],
+                                          reduction="sum") / 24).backward()
+            reference.optimizer.step()
+        want = reference.parameters_list()
+        for params in params_of(logs):
+            for got, expected in zip(params, want):
+                for a, b in zip(got, expected):
+                    assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (a, b)
 
 
 def test_a_shrink_on_the_nccl_backend_aborts_and_recreates_its_communicator(
