@@ -211,7 +211,7 @@ def micro_batches(plan, round, step_in_epoch, ddp):
     per_step = plan.micro_batches_per_step
     if not spans:
         start = step_in_epoch * plan.global_batch
-        _load.set(round, 0, per_step, 0.0)
+        _load.set(round, 0, per_step, 0.0, 0)
         yield (start, start)
         return
     device = tensor_device(round)
@@ -227,7 +227,8 @@ def micro_batches(plan, round, step_in_epoch, ddp):
         yield spans[-1]
         seconds = (_observer.last_ready(round, start) or
                    time.perf_counter()) - start
-    _load.set(round, len(spans), per_step, seconds)
+    _load.set(round, len(spans), per_step, seconds,
+              sum(end - begin for begin, end in spans))
 
 
 def _idle_time(device):
@@ -419,17 +420,18 @@ class _MicroBatchLoad:
     next report_step. Used by the training loop's thread."""
 
     def __init__(self):
-        self._pending = None  # (round number, count, per step, seconds)
+        # (round number, count, per step, seconds, samples)
+        self._pending = None
 
-    def set(self, round, count, per_step, seconds):
-        self._pending = (round.number, count, per_step, seconds)
+    def set(self, round, count, per_step, seconds, samples):
+        self._pending = (round.number, count, per_step, seconds, samples)
 
     def take(self, round):
-        """(count, per step, seconds) of the round's step, zeros when
-        micro_batches() did not run it."""
+        """(count, per step, seconds, samples) of the round's step, zeros
+        when micro_batches() did not run it."""
         pending, self._pending = self._pending, None
         if pending is None or pending[0] != round.number:
-            return 0, 0, 0.0
+            return 0, 0, 0.0, 0
         return pending[1:]
 
 
@@ -502,9 +504,11 @@ _observer = _Observer()
 _native_report_step = Round.report_step
 
 
-def _report_step(self, step, samples=0, loss=0.0, step_seconds=None):
+def _report_step(self, step, samples=None, loss=0.0, step_seconds=None):
     """Reports committed step `step` (call after every optimizer step):
-    `samples` this rank trained on, its `loss`, and the step's duration
+    `samples` this rank trained on (default: its micro-batches' samples
+    when the step ran through micro_batches(), else 0), its `loss`, and the
+    step's duration
     (default: the time since the round's previous report_step, or since
     copy_state for the first). Heartbeats carry it: `gradsync status`'s
     step time and samples/s, and the step times that the collective and
@@ -518,10 +522,11 @@ def _report_step(self, step, samples=0, loss=0.0, step_seconds=None):
     once the coordinator failed the job."""
     seconds = _clock.lap(self)
     _committed.take()
-    count, per_step, micro_batch_seconds = _load.take(self)
+    count, per_step, micro_batch_seconds, trained = _load.take(self)
     first_ready, communication = _observer.take(self)
     reported = _native_report_step(
-        self, step, samples=samples, loss=loss,
+        self, step, samples=trained if samples is None else samples,
+        loss=loss,
         step_seconds=seconds if step_seconds is None else step_seconds,
         micro_batches=count, micro_batches_per_step=per_step,
         micro_batch_seconds=micro_batch_seconds,

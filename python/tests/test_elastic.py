@@ -530,6 +530,8 @@ def test_a_stragglers_micro_batches_move_to_the_others():
         for member in job.members:
             assert member.metrics.micro_batches.per_step == 24, member
             assert member.metrics.micro_batches.seconds > 0, member
+            # Samples counted from its micro-batches (report_step's default).
+            assert member.metrics.samples_per_second > 0, member
             assert member.metrics.step_timings.communication_seconds > 0, member
         # The slow process's share of a step: 8 in round 1, fewer after.
         shares = {(s["round"], len(s["positions"]))
