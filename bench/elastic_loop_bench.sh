@@ -38,10 +38,16 @@ source bench/lib.sh
 python_package "$work/pkg"
 start_coordinator "$what"
 
+# Each side's JSON line; a side that fails stops the run with its stderr.
 for ((i = 1; i <= rounds; i++)); do
   for side in "${sides[@]}"; do
-    PYTHONPATH="$work/pkg" timeout 600 /usr/bin/python3 "$script" \
-      "$address" "$what-bench-$i-$side" "$side" "$steps" 2>"$work/err" |
-      grep '^{' || { cat "$work/err" >&2; exit 1; }
+    if ! PYTHONPATH="$work/pkg" timeout 600 /usr/bin/python3 "$script" \
+        "$address" "$what-bench-$i-$side" "$side" "$steps" \
+        >"$work/out" 2>"$work/err" || ! grep '^{' "$work/out" >>"$work/lines"; then
+      echo "elastic_loop_bench: side $side of round $i failed:" >&2
+      cat "$work/err" >&2
+      exit 1
+    fi
   done
-done | /usr/bin/python3 "$script" --summarize
+done
+/usr/bin/python3 "$script" --summarize <"$work/lines"
