@@ -52,18 +52,13 @@ class PyRound {
   // micro-batches this rank ran of the step's `micro_batches_per_step` and
   // what one took (zeros otherwise); when its first gradient bucket was
   // ready (Unix seconds; 0: not observed) and its exposed communication
-  // (gradsync.elastic.observe's DDP hook).
+  // (gradsync.elastic.observe's DDP hook). std::invalid_argument
+  // (ValueError) for what CheckStepReport refuses, which changes nothing;
+  // std::runtime_error once the coordinator failed the job.
   void Report(int64_t step, int64_t samples, double loss, double step_seconds,
               int micro_batches, int micro_batches_per_step,
               double micro_batch_seconds, double first_bucket_ready,
               double communication_seconds) const {
-    if (micro_batches < 0 || micro_batches > micro_batches_per_step ||
-        micro_batch_seconds < 0 || communication_seconds < 0) {
-      throw std::invalid_argument(absl::StrCat(
-          "gradsync: report_step needs 0 <= micro_batches (", micro_batches,
-          ") <= micro_batches_per_step (", micro_batches_per_step,
-          ") and times of 0 or more"));
-    }
     StepReport report;
     report.step = step;
     report.loss = loss;
@@ -77,6 +72,10 @@ class PyRound {
     }
     report.ddp.exposed_communication = absl::Seconds(communication_seconds);
     absl::Status reported = round().report_step(report, samples);
+    if (absl::IsInvalidArgument(reported)) {  // refused, nothing changed
+      throw std::invalid_argument(
+          absl::StrCat("gradsync: ", reported.message()));
+    }
     if (!reported.ok()) {
       throw std::runtime_error(absl::StrCat("gradsync: ", reported.ToString()));
     }

@@ -247,7 +247,9 @@ def observe(ddp, round):
     waited for communication after its last bucket was ready (COMM TIME in
     `gradsync status`), which the next round.report_step sends. Call it
     once per DDP, before its first step, instead of ddp.register_comm_hook
-    (a loop with a hook of its own reports neither)."""
+    (a loop with a hook of its own reports neither). A step that trains
+    several observed DDPs reports the earliest first bucket of any and the
+    sum of their waits."""
     _observer.watch(round, ddp)
 
 
@@ -406,13 +408,12 @@ class _StepClock:
     def start(self, round):
         self._round, self._last = round.number, time.monotonic()
 
-    def lap(self, round):
+    def elapsed(self, round):
         """Seconds since the round's previous step (or copy_state); 0 when
         not known."""
-        now = time.monotonic()
-        seconds = now - self._last if self._round == round.number else 0.0
-        self._round, self._last = round.number, now
-        return seconds
+        if self._round != round.number:
+            return 0.0
+        return time.monotonic() - self._last
 
 
 class _MicroBatchLoad:
@@ -426,42 +427,36 @@ class _MicroBatchLoad:
     def set(self, round, count, per_step, seconds, samples):
         self._pending = (round.number, count, per_step, seconds, samples)
 
-    def take(self, round):
+    def get(self, round):
         """(count, per step, seconds, samples) of the round's step, zeros
         when micro_batches() did not run it."""
-        pending, self._pending = self._pending, None
-        if pending is None or pending[0] != round.number:
+        if self._pending is None or self._pending[0] != round.number:
             return 0, 0, 0.0, 0
-        return pending[1:]
+        return self._pending[1:]
+
+    def clear(self):
+        self._pending = None
 
 
-class _Observer:
-    """observe()'s DDP hook and what it saw of the step in progress.
+class _Observed:
+    """One DDP's hook (observe()) and what it saw of the step in progress.
     Thread-safe: the hook runs on the autograd thread, the all-reduces'
     completions on the backend's."""
 
-    def __init__(self):
+    def __init__(self, group):
         self._lock = threading.Lock()
-        self._round = None
-        self._group = None
+        self._group = group
         self._first_ready = 0.0  # time.time() of the first bucket; 0: none
         self._last_ready = 0.0   # time.perf_counter() of the last one's
         self._done = 0.0         # and of the end of the last all-reduce
 
-    def watch(self, round, ddp):
-        with self._lock:
-            self._round, self._group = round.number, round.process_group
-            self._first_ready = self._last_ready = self._done = 0.0
-        ddp.register_comm_hook(state=None, hook=self._hook)
-
-    def _hook(self, state, bucket):
+    def hook(self, state, bucket):
         now = time.perf_counter()
         with self._lock:
             if self._first_ready == 0.0:
                 self._first_ready = time.time()
             if bucket.is_last():
                 self._last_ready = now
-            group = self._group
 
         def done(future):
             with self._lock:
@@ -473,27 +468,61 @@ class _Observer:
         # first, as default_hooks.allreduce_hook makes.
         options = torch.distributed.AllreduceOptions()
         options.reduceOp = torch.distributed.ReduceOp.AVG
-        return group.allreduce([bucket.buffer()], options).get_future().then(
-            done)
+        return self._group.allreduce([bucket.buffer()],
+                                     options).get_future().then(done)
+
+    def step(self):
+        """(first bucket ready as Unix seconds or 0, last bucket ready as
+        perf_counter or 0, exposed communication seconds) of the step."""
+        with self._lock:
+            first, last, done = self._first_ready, self._last_ready, self._done
+        return first, last, max(0.0, done - last) if last > 0 else 0.0
+
+    def clear(self):
+        with self._lock:
+            self._first_ready = self._last_ready = self._done = 0.0
+
+
+class _Observer:
+    """The DDPs observe() watches in the current round, and what they saw
+    of its step in progress: the first bucket ready of any of them (a step
+    that trains two models starts communicating with the first), the last
+    one's last bucket, and the sum of their exposed communication (each
+    DDP's backward waits for its own). Watch, take and clear on the
+    training loop's thread; the hooks run on autograd's."""
+
+    def __init__(self):
+        self._round = None
+        self._watched = []
+
+    def watch(self, round, ddp):
+        observed = _Observed(round.process_group)
+        if self._round != round.number:  # the last round's DDPs are gone
+            self._round, self._watched = round.number, []
+        ddp.register_comm_hook(state=None, hook=observed.hook)
+        self._watched.append(observed)
+
+    def _steps(self, round):
+        return ([o.step() for o in self._watched]
+                if self._round == round.number else [])
 
     def last_ready(self, round, since):
         """When the step's last bucket was ready, if it was after `since`
-        (perf_counter) in the round's DDP; None otherwise."""
-        with self._lock:
-            if self._round == round.number and self._last_ready >= since:
-                return self._last_ready
-        return None
+        (perf_counter) in the round's DDPs; None otherwise."""
+        last = max((s[1] for s in self._steps(round)), default=0.0)
+        return last if last > 0 and last >= since else None
 
-    def take(self, round):
+    def get(self, round):
         """(first bucket ready as Unix seconds, exposed communication
-        seconds) of the round's step, zeros when not observed; starts the
-        next step."""
-        with self._lock:
-            first, last, done = self._first_ready, self._last_ready, self._done
-            self._first_ready = self._last_ready = self._done = 0.0
-            if self._round != round.number:
-                return 0.0, 0.0
-        return first, max(0.0, done - last) if last > 0 else 0.0
+        seconds) of the round's step, zeros when not observed."""
+        steps = self._steps(round)
+        first = min((s[0] for s in steps if s[0] > 0), default=0.0)
+        return first, sum(s[2] for s in steps)
+
+    def clear(self):
+        """Starts the next step."""
+        for observed in self._watched:
+            observed.clear()
 
 
 _committed = _Committed()
@@ -518,19 +547,25 @@ def _report_step(self, step, samples=None, loss=0.0, step_seconds=None):
     one is due (run()'s fingerprint_every). With the step run through
     micro_batches() and `ddp` watched by observe(), it also sends this
     rank's micro-batches and what one took, when the step's first gradient
-    bucket was ready and its wait for communication. Raises RuntimeError
-    once the coordinator failed the job."""
-    seconds = _clock.lap(self)
-    _committed.take()
-    count, per_step, micro_batch_seconds, trained = _load.take(self)
-    first_ready, communication = _observer.take(self)
+    bucket was ready and its wait for communication. Raises ValueError for
+    a report that cannot be (a step below 1, a negative count or time),
+    which changes nothing; RuntimeError once the coordinator failed the
+    job."""
+    count, per_step, micro_batch_seconds, trained = _load.get(self)
+    first_ready, communication = _observer.get(self)
     reported = _native_report_step(
         self, step, samples=trained if samples is None else samples,
         loss=loss,
-        step_seconds=seconds if step_seconds is None else step_seconds,
+        step_seconds=_clock.elapsed(self) if step_seconds is None
+        else step_seconds,
         micro_batches=count, micro_batches_per_step=per_step,
         micro_batch_seconds=micro_batch_seconds,
         first_bucket_ready=first_ready, communication_seconds=communication)
+    # Reported: what the step measured is spent, its state committed.
+    _clock.start(self)
+    _load.clear()
+    _observer.clear()
+    _committed.take()
     _replica.after_step(self, step)
     return reported
 

@@ -14,7 +14,9 @@ first life); ELASTIC_FINGERPRINT_EVERY=N is run()'s fingerprint_every;
 ELASTIC_DEVICE=sim trains on a simulated GPU (NCCL's code paths),
 ELASTIC_DEVICE=cuda on a GPU; ELASTIC_FAILPOINT=SPEC arms the NCCL
 failpoints SPEC in the process of local rank ELASTIC_FAILPOINT_RANK
-(default 1), in its first life. Prints
+(default 1), in its first life; with ELASTIC_BAD_REPORTS=1 every
+report_step is preceded by one of samples=-1, which must raise
+ValueError (printed once: "refused: MESSAGE"). Prints
 "pid P: round N rank R of W from step S on BACKEND" at each round's start; each rank
 writes its final parameters to ELASTIC_OUT.RANK. Its DDP all-reduces through
 gradsync.elastic.observe's hook (first-bucket times, COMM TIME)."""
@@ -35,6 +37,7 @@ STEP_SLEEP = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
 RAISE_AT = int(os.environ.get("ELASTIC_RAISE_AT", "0"))
 CORRUPT_AT = int(os.environ.get("ELASTIC_CORRUPT_AT", "0"))
 HANG_AT = int(os.environ.get("ELASTIC_HANG_AT", "0"))
+BAD_REPORTS = os.environ.get("ELASTIC_BAD_REPORTS") == "1"
 GLOBAL_BATCH = 24
 
 
@@ -63,6 +66,8 @@ class StepTrainer(MlpTrainer):
             loss.backward()
             self.optimizer.step()
             self.step += 1
+            if BAD_REPORTS:
+                report_badly(round, self.step)
             round.report_step(self.step, samples=share, loss=loss.item())
             time.sleep(STEP_SLEEP)
             if RAISE_AT and self.step == RAISE_AT and round.rank == 0:
@@ -79,6 +84,16 @@ class StepTrainer(MlpTrainer):
         if os.environ.get("ELASTIC_OUT"):
             with open(f"{os.environ['ELASTIC_OUT']}.{round.rank}", "w") as f:
                 json.dump(self.parameters_list(), f)
+
+
+def report_badly(round, step):
+    try:
+        round.report_step(step, samples=-1)
+    except ValueError as refused:
+        if step == 1:
+            print(f"refused: {refused}", flush=True)
+    else:
+        raise AssertionError("a report of -1 samples was taken")
 
 
 def flip_one_bit(model):

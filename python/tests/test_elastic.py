@@ -202,13 +202,17 @@ def test_steps_are_timed_for_the_status_and_the_self_set_timeouts(coordinator):
     goes to the status (step time, samples/s) and to the timeouts that set
     themselves from the step times, the collective timeout in each process
     and the coordinator's hang timeout (a sample per rank and heartbeat,
-    8 needed: 40 steps of 0.1 s)."""
+    8 needed: 40 steps of 0.1 s). Each step is first reported with -1
+    samples: ValueError, and nothing of the step's timings spent (the good
+    report after it still has the step's time and COMM TIME)."""
     output, _ = run(coordinator, "elastic-timed", ELASTIC_STEPS="40",
-                    ELASTIC_STEP_SLEEP="0.1")
+                    ELASTIC_STEP_SLEEP="0.1", ELASTIC_BAD_REPORTS="1")
     job = gradsync.Client(coordinator).get_job("elastic-timed")
     assert gradsync.Client.state_name(job.state) == "succeeded", output
     assert output.count("collective timeout self-set to") == 3, output
     assert job.diagnosis.hang_timeout_self_set, job.diagnosis
+    assert output.count("refused: gradsync: a step report's sample count "
+                        "must be 0 or more, not -1") == 3, output
     assert len(job.members) == 3, job
     for member in job.members:
         # The sleep comes after report_step: the next step's time has it.
@@ -247,6 +251,84 @@ def test_a_hung_rank_is_named_with_its_python_stack():
         stacks
     assert any(f.startswith("backward (") for f in
                only[(stacks.healthy_rank,)]), stacks
+
+
+class _FakeGroup:
+    """A process group whose all-reduces end when the test ends them."""
+
+    def __init__(self):
+        self.pending = []
+
+    def allreduce(self, tensors, options):
+        assert options.reduceOp == torch.distributed.ReduceOp.AVG
+        future = torch.futures.Future()
+        self.pending.append((future, tensors))
+
+        class Work:
+            def get_future(self):
+                return future
+        return Work()
+
+    def end_all(self):
+        for future, tensors in self.pending:
+            future.set_result(tensors)
+        self.pending = []
+
+
+class _FakeDdp:
+    def register_comm_hook(self, state, hook):
+        self.hook = hook
+
+    def backward(self, buckets):
+        """Hands `buckets` buckets to the hook, the last one marked last."""
+        return [self.hook(None, _FakeBucket(i == buckets - 1))
+                for i in range(buckets)]
+
+
+class _FakeBucket:
+    def __init__(self, last):
+        self._last = last
+
+    def is_last(self):
+        return self._last
+
+    def buffer(self):
+        return torch.zeros(2)
+
+
+def test_a_step_of_two_observed_ddps_reports_the_first_bucket_and_both_waits():
+    """observe() on two DDPs in one round (a step that trains two models):
+    the step's first bucket is the earlier DDP's, its exposed communication
+    each DDP's wait after its last bucket, summed; report_step starts the
+    next step, and a new round forgets the last one's DDPs."""
+    observer = gradsync.elastic._Observer()
+    group = _FakeGroup()
+    round1 = type("Round", (), {"number": 1, "process_group": group})()
+    first, second = _FakeDdp(), _FakeDdp()
+    observer.watch(round1, first)
+    observer.watch(round1, second)
+    assert observer.get(round1) == (0.0, 0.0)
+    before = time.time()
+    first.backward(2)
+    between = time.time()
+    time.sleep(0.05)   # the first DDP's all-reduces end 50 ms after its last
+    group.end_all()
+    second.backward(3)
+    time.sleep(0.05)
+    group.end_all()
+    ready, exposed = observer.get(round1)
+    assert before <= ready <= between, (before, ready, between)
+    assert exposed >= 0.1, exposed
+    assert observer.last_ready(round1, since=0.0) is not None
+    observer.clear()
+    assert observer.get(round1) == (0.0, 0.0)
+    round2 = type("Round", (), {"number": 2, "process_group": group})()
+    third = _FakeDdp()
+    observer.watch(round2, third)
+    first.backward(1)  # round 1's DDP, no longer watched
+    group.end_all()
+    assert observer.get(round2) == (0.0, 0.0)
+    assert observer.get(round1) == (0.0, 0.0)
 
 
 def test_fingerprint_every_must_be_a_count_of_steps():

@@ -72,6 +72,7 @@ class RoundAdapter final : public RoundTrainer {
     }
     round.report_step = [&telemetry, &watchdog](const StepReport& report,
                                                 int64_t samples) {
+      GS_RETURN_IF_ERROR(CheckStepReport(report, samples));
       watchdog.AddStep(report.step_time, report.checkpoint);
       return telemetry.OnStep(report, samples);
     };

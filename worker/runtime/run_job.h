@@ -126,8 +126,10 @@ struct Round {
   int device_index = 0;
   std::string device_name;
   // Call after every committed step (cheap): heartbeats carry it, and the
-  // coordinator's diagnosis of stragglers, hangs and desyncs uses it. An
-  // error (the coordinator failed the job) means: stop training with it.
+  // coordinator's diagnosis of stragglers, hangs and desyncs uses it.
+  // InvalidArgument: a report CheckStepReport refuses, which changes
+  // nothing; FailedPrecondition: the coordinator failed the job, stop
+  // training with it.
   std::function<absl::Status(const StepReport& report, int64_t samples)>
       report_step;
   // Sends the fingerprint of this rank's replica as committed step `step`

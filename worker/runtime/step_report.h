@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "worker/ddp/replica_digest.h"
 #include "worker/ddp/step_timings.h"
@@ -44,6 +45,15 @@ struct StepReport {
   int micro_batches_per_step = 0;
   absl::Duration micro_batch_time;
 };
+
+// OK when `report` of a step that trained `samples` samples can be
+// reported: a step of 1 or more, no negative count or duration, finite
+// durations, micro_batches within micro_batches_per_step. Otherwise
+// InvalidArgument naming the first bad field: a report that would put
+// nonsense into the status or into the step times the timeouts set
+// themselves from. The loss is not checked (a diverged loop's NaN is worth
+// showing).
+absl::Status CheckStepReport(const StepReport& report, int64_t samples);
 
 }  // namespace gradsync
 

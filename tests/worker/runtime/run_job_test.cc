@@ -2,7 +2,8 @@
 // way no rejoin can fix: the job's failure is reported before the trainer
 // is told that its round ended (Trainer::RoundEnded, where a Python
 // trainer aborts its collectives still pending: aborted before the report,
-// they let the peers re-form the round first), and after a success too.
+// they let the peers re-form the round first), and after a success too;
+// a step report the runtime refuses.
 #include "worker/runtime/run_job.h"
 
 #include <memory>
@@ -93,6 +94,33 @@ TEST_F(RunJobTest, RoundEndedFollowsASuccessToo) {
   EXPECT_EQ(trainer.rounds(), 1);
   ASSERT_TRUE(trainer.state_at_round_end().has_value());
   EXPECT_NE(trainer.state_at_round_end(), v1::JOB_STATE_FAILED);
+}
+
+// Reports a step the runtime must refuse, then the same step made right.
+class BadReportTrainer : public Trainer {
+ public:
+  absl::Status Train(const Round& round) override {
+    StepReport report;
+    report.step = 1;
+    report.step_time = absl::Seconds(-1);
+    refused_ = round.report_step(report, /*samples=*/4);
+    report.step_time = absl::Milliseconds(5);
+    return round.report_step(report, /*samples=*/4);
+  }
+  int64_t committed_step() const override { return 1; }
+
+  const absl::Status& refused() const { return refused_; }
+
+ private:
+  absl::Status refused_;
+};
+
+TEST_F(RunJobTest, ABadStepReportIsRefusedAndTheNextOneTaken) {
+  BadReportTrainer trainer;
+  ASSERT_TRUE(RunJob(Options(), &trainer).ok());
+  EXPECT_EQ(trainer.refused().code(), absl::StatusCode::kInvalidArgument)
+      << trainer.refused();
+  EXPECT_THAT(trainer.refused().message(), HasSubstr("step time"));
 }
 
 }  // namespace
