@@ -15,8 +15,9 @@ ELASTIC_DEVICE=sim trains on a simulated GPU (NCCL's code paths),
 ELASTIC_DEVICE=cuda on a GPU; ELASTIC_FAILPOINT=SPEC arms the NCCL
 failpoints SPEC in the process of local rank ELASTIC_FAILPOINT_RANK
 (default 1), in its first life; with ELASTIC_BAD_REPORTS=1 every
-report_step is preceded by one of samples=-1, which must raise
-ValueError (printed once: "refused: MESSAGE"). Prints
+report_step is preceded by one of samples=-1 and by fingerprints of step 0
+and of one name for no tensor, each of which must raise ValueError
+(printed at step 1: "refused: MESSAGE"). Prints
 "pid P: round N rank R of W from step S on BACKEND" at each round's start; each rank
 writes its final parameters to ELASTIC_OUT.RANK. Its DDP all-reduces through
 gradsync.elastic.observe's hook (first-bucket times, COMM TIME)."""
@@ -87,13 +88,20 @@ class StepTrainer(MlpTrainer):
 
 
 def report_badly(round, step):
-    try:
-        round.report_step(step, samples=-1)
-    except ValueError as refused:
-        if step == 1:
-            print(f"refused: {refused}", flush=True)
-    else:
-        raise AssertionError("a report of -1 samples was taken")
+    for what, call in [
+            ("a report of -1 samples",
+             lambda: round.report_step(step, samples=-1)),
+            ("a fingerprint of step 0",
+             lambda: round.report_fingerprint(0, [], [])),
+            ("a fingerprint of one name for no tensor",
+             lambda: round.report_fingerprint(step, ["w"], []))]:
+        try:
+            call()
+        except ValueError as refused:
+            if step == 1:
+                print(f"refused: {refused}", flush=True)
+        else:
+            raise AssertionError(f"{what} was taken")
 
 
 def flip_one_bit(model):

@@ -204,15 +204,20 @@ def test_steps_are_timed_for_the_status_and_the_self_set_timeouts(coordinator):
     and the coordinator's hang timeout (a sample per rank and heartbeat,
     8 needed: 40 steps of 0.1 s). Each step is first reported with -1
     samples: ValueError, and nothing of the step's timings spent (the good
-    report after it still has the step's time and COMM TIME)."""
+    report after it still has the step's time and COMM TIME); fingerprints
+    of step 0 and of a name without its tensor: ValueError too."""
     output, _ = run(coordinator, "elastic-timed", ELASTIC_STEPS="40",
                     ELASTIC_STEP_SLEEP="0.1", ELASTIC_BAD_REPORTS="1")
     job = gradsync.Client(coordinator).get_job("elastic-timed")
     assert gradsync.Client.state_name(job.state) == "succeeded", output
     assert output.count("collective timeout self-set to") == 3, output
     assert job.diagnosis.hang_timeout_self_set, job.diagnosis
-    assert output.count("refused: gradsync: a step report's sample count "
-                        "must be 0 or more, not -1") == 3, output
+    for refused in ["a step report's sample count must be 0 or more, not -1",
+                    "a fingerprint's step is a committed step (1 or more), "
+                    "not 0",
+                    "a replica digest takes one name per tensor: 1 names for "
+                    "0 tensors"]:
+        assert output.count(f"refused: gradsync: {refused}") == 3, output
     assert len(job.members) == 3, job
     for member in job.members:
         # The sleep comes after report_step: the next step's time has it.
