@@ -488,7 +488,7 @@ class _Observer:
     of its step in progress: the first bucket ready of any of them (a step
     that trains two models starts communicating with the first), the last
     one's last bucket, and the sum of their exposed communication (each
-    DDP's backward waits for its own). Watch, take and clear on the
+    DDP's backward waits for its own). Watch, get and clear on the
     training loop's thread; the hooks run on autograd's."""
 
     def __init__(self):
