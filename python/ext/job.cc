@@ -17,7 +17,6 @@
 #include "absl/time/time.h"
 #include "common/failpoint.h"
 #include "worker/backend/nccl_faults.h"
-#include "worker/data/global_batch.h"
 #include "worker/ddp/tensor_digest.h"
 #include "worker/launch/process_stacks.h"
 #include "worker/runtime/reform.h"
@@ -120,6 +119,16 @@ std::string ExceptionText(const py::error_already_set& e) {
       py::str(e.value()).cast<std::string>());
 }
 
+// ExceptionText, or pybind11's text of `e` when that cannot be made (its
+// __str__ raised).
+std::string TextOf(const py::error_already_set& e) {
+  try {
+    return ExceptionText(e);
+  } catch (const std::exception&) {
+    return e.what();
+  }
+}
+
 // The Python exception a loop raises to end its round at a step boundary,
 // every rank after the same committed step, because the coordinator asked
 // (gradsync.elastic.ReformAtStepBoundary).
@@ -156,22 +165,35 @@ class PyTrainer : public Trainer {
           if (returned) returned(py_round);
         }
       } catch (py::error_already_set& e) {
-        const absl::Status collective = group->first_failure();
-        if (e.matches(reform_exception)) {
-          trained = ReformAtStepBoundary(committed_step());
-        } else {
-          py::module_::import("traceback")
-              .attr("print_exception")(e.type(), e.value(), e.trace());
-          trained = collective.ok()
-                        ? absl::InternalError(
-                              absl::StrCat("the training loop raised ",
-                                           ExceptionText(e)))
-                        : collective;
-        }
+        trained = Raised(e, *group);
       }
       py_round->End();
     }
     return trained;
+  }
+
+  // What train() raising `e` means (see Train). Never throws: a Python
+  // error while taking it in (committed_step() raising, an exception whose
+  // text cannot be made) is INTERNAL, naming both.
+  absl::Status Raised(py::error_already_set& e,
+                      const TorchProcessGroup& group) {
+    const absl::Status collective = group.first_failure();
+    try {
+      if (e.matches(reform_exception)) {
+        return ReformAtStepBoundary(committed_step());
+      }
+      py::module_::import("traceback")
+          .attr("print_exception")(e.type(), e.value(), e.trace());
+      if (!collective.ok()) return collective;
+      return absl::InternalError(
+          absl::StrCat("the training loop raised ", TextOf(e)));
+    } catch (py::error_already_set& then) {
+      return absl::InternalError(absl::StrCat(
+          "the training loop raised ", TextOf(e), "; then ", TextOf(then)));
+    } catch (const std::exception& then) {
+      return absl::InternalError(absl::StrCat(
+          "the training loop raised ", TextOf(e), "; then ", then.what()));
+    }
   }
 
   // Ends the round's group (aborting its collectives still pending) once
@@ -286,9 +308,7 @@ void RunJobFromPython(Trainer* trainer, const std::string& coordinator,
   }
 }
 
-}  // namespace
-
-void RegisterJob(py::module_& m) {
+void RegisterRound(py::module_& m) {
   py::class_<PyRound, std::shared_ptr<PyRound>>(m, "Round")
       .def_property_readonly("number",
                              [](const PyRound& r) { return r.round().number; })
@@ -323,6 +343,12 @@ void RegisterJob(py::module_& m) {
       .def_property_readonly("may_reform", &PyRound::MayReform);
   static py::exception<std::runtime_error> reform(m, "ReformAtStepBoundary");
   reform_exception = reform.ptr();
+}
+
+}  // namespace
+
+void RegisterJob(py::module_& m) {
+  RegisterRound(m);
   py::class_<Trainer, PyTrainer>(m, "Trainer")
       .def(py::init<>())
       .def("committed_step", &Trainer::committed_step)
@@ -342,51 +368,6 @@ void RegisterJob(py::module_& m) {
   m.def("python_stacks_signal", &PythonStacksSignal,
         "The signal gradsync.elastic registers faulthandler on, for the "
         "Python stacks of a hang diagnosis.");
-  // The C++ trainer's rules for an exact global batch (global_batch.h), for
-  // a Python loop whose rounds change size: every step uses the same
-  // samples whatever the world size.
-  py::class_<GlobalBatchPlan>(m, "GlobalBatchPlan")
-      .def(py::init([](int64_t global_batch, int64_t micro_batch,
-                       int64_t epoch_size) {
-             absl::StatusOr<GlobalBatchPlan> plan =
-                 GlobalBatchPlan::Create(global_batch, micro_batch, epoch_size);
-             if (!plan.ok()) throw std::invalid_argument(plan.status().ToString());
-             return *plan;
-           }),
-           py::arg("global_batch"), py::arg("micro_batch"),
-           py::arg("epoch_size"))
-      .def_property_readonly("global_batch", &GlobalBatchPlan::global_batch)
-      .def_property_readonly("micro_batch", &GlobalBatchPlan::micro_batch)
-      .def_property_readonly("micro_batches_per_step",
-                             &GlobalBatchPlan::micro_batches_per_step)
-      .def_property_readonly("steps_per_epoch",
-                             &GlobalBatchPlan::steps_per_epoch)
-      .def(
-          "share",
-          [](const GlobalBatchPlan& plan, int rank, int world,
-             const std::vector<int>& shares) {
-            if (rank < 0 || rank >= world) {
-              throw std::invalid_argument(absl::StrCat(
-                  "rank ", rank, " is not in [0, ", world, ")"));
-            }
-            absl::StatusOr<MicroBatchShare> share =
-                plan.Share(rank, world, shares);
-            if (!share.ok()) throw std::invalid_argument(share.status().ToString());
-            return py::make_tuple(share->first, share->count);
-          },
-          py::arg("rank"), py::arg("world_size"),
-          py::arg("shares") = std::vector<int>(),
-          "(first, count): the step's micro-batches rank `rank` runs.")
-      .def(
-          "micro_batch_span",
-          [](const GlobalBatchPlan& plan, int64_t step_start, int64_t j) {
-            const SampleSpan span = plan.MicroBatchSpan(step_start, j);
-            return py::make_tuple(span.begin, span.end);
-          },
-          py::arg("step_start"), py::arg("j"),
-          "(begin, end): the epoch-order positions of micro-batch j of the "
-          "step beginning at position step_start.")
-      .def("loss_divisor", &GlobalBatchPlan::LossDivisor, py::arg("world_size"));
 }
 
 }  // namespace gradsync

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/mutex_checks.h"
+#include "python/ext/global_batch.h"
 #include "python/ext/job.h"
 #include "python/ext/key_value.h"
 #include "python/ext/membership.h"
@@ -77,6 +78,7 @@ PYBIND11_MODULE(_C, m) {
       "gradsync's native part: its process groups for torch.distributed, and "
       "its job runtime for training loops in Python (gradsync.elastic)";
   gradsync::RegisterJob(m);
+  gradsync::RegisterGlobalBatchPlan(m);
   gradsync::RegisterMembership(m);
   gradsync::RegisterKeyValue(m);
   m.def("create_process_group", &gradsync::CreateProcessGroup,

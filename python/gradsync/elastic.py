@@ -180,7 +180,11 @@ world size, also when the round shrinks or grows mid-epoch."""
 def step_positions(plan, round, step_in_epoch):
     """The epoch-order positions this rank trains on in step
     `step_in_epoch` (0-based) of the round: a list of (begin, end), one
-    per micro-batch, in order."""
+    per micro-batch, in order. ValueError for a step the epoch does not
+    have (0 to plan.steps_per_epoch - 1)."""
+    if not 0 <= step_in_epoch < plan.steps_per_epoch:
+        raise ValueError(f"step_in_epoch {step_in_epoch} is not in [0, "
+                         f"{plan.steps_per_epoch}): the epoch's steps")
     first, count = plan.share(round.rank, round.world_size,
                               round.micro_batch_shares)
     start = step_in_epoch * plan.global_batch

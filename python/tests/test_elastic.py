@@ -336,6 +336,45 @@ def test_a_step_of_two_observed_ddps_reports_the_first_bucket_and_both_waits():
     assert observer.get(round1) == (0.0, 0.0)
 
 
+def test_a_global_batch_plan_places_each_rank_and_refuses_what_is_not_in_it():
+    """GlobalBatchPlan(12, 2, 40): 6 micro-batches a step, 3 steps an epoch
+    (a tail of 4 dropped). Shares, spans and divisors as the C++ trainer's;
+    a rank, world, micro-batch or step outside the plan is a ValueError,
+    not positions of another step's samples or of none."""
+    elastic = gradsync.elastic
+    plan = elastic.GlobalBatchPlan(12, 2, 40)
+    assert (plan.micro_batches_per_step, plan.steps_per_epoch) == (6, 3)
+    assert [plan.share(r, 4) for r in range(4)] == \
+        [(0, 2), (2, 2), (4, 1), (5, 1)]
+    assert plan.share(1, 2, [5, 1]) == (5, 1)
+    assert plan.micro_batch_span(24, 5) == (34, 36)
+    assert plan.loss_divisor(4) == 3.0
+    round = type("Round", (), {"rank": 1, "world_size": 3,
+                               "micro_batch_shares": [1, 3, 2]})()
+    assert elastic.step_positions(plan, round, 2) == \
+        [(26, 28), (28, 30), (30, 32)]
+    for args, match in [((0, 2, 40), "at least 1"),
+                        ((12, 5, 40), "multiple"),
+                        ((12, 2, 11), "no whole global batch")]:
+        with pytest.raises(ValueError, match=match):
+            elastic.GlobalBatchPlan(*args)
+    refused = [
+        (lambda: plan.share(4, 4), "rank 4 is not in"),
+        (lambda: plan.share(0, 0), "at least 1"),
+        (lambda: plan.share(0, 2, [3, 2]), "do not divide"),
+        (lambda: plan.micro_batch_span(36, 0), "position 36"),
+        (lambda: plan.micro_batch_span(13, 0), "position 13"),
+        (lambda: plan.micro_batch_span(12, 6), "micro-batch 6"),
+        (lambda: plan.micro_batch_span(12, -1), "micro-batch -1"),
+        (lambda: plan.loss_divisor(0), "at least 1"),
+        (lambda: elastic.step_positions(plan, round, 3), "step_in_epoch 3"),
+        (lambda: elastic.step_positions(plan, round, -1), "step_in_epoch -1"),
+    ]
+    for call, match in refused:
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
 def test_fingerprint_every_must_be_a_count_of_steps():
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="fingerprint_every"):
@@ -367,11 +406,19 @@ def test_an_nccl_failpoint_needs_a_gpu_and_others_are_refused(tmp_path):
                                  device=device, failpoint=spec)
 
 
+def _run_python(code):
+    """Runs `code` in a Python of its own with this tree's package; the
+    CompletedProcess, its output as text."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True,
+        timeout=120, env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
+
+
 def test_elastic_needs_neither_grpc_nor_protobuf():
     """A GPU machine's Python may have torch and no protobuf (neither torch
     nor grpcio needs it): gradsync.elastic takes only torch and gradsync._C,
     the client's modules load on first use."""
-    code = "\n".join([
+    lines = [
         "import sys",
         "class Block:",
         "    def find_spec(self, name, path=None, target=None):",
@@ -382,10 +429,8 @@ def test_elastic_needs_neither_grpc_nor_protobuf():
         "assert {'Client', 'Error', 'KeyValue', 'elastic'} <= set(dir(gradsync)), dir(gradsync)",
         "assert 'gradsync.client' not in sys.modules, sys.modules",
         "assert callable(gradsync.elastic.run)",
-        "print('imported')"])
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                          text=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
+        "print('imported')"]
+    done = _run_python("\n".join(lines))
     assert done.returncode == 0 and "imported" in done.stdout, done.stderr
 
 
@@ -399,6 +444,47 @@ def test_an_error_of_the_loop_itself_fails_the_job_with_it(coordinator):
     assert gradsync.Client.state_name(job.state) == "failed", job
     assert "ValueError: bad batch at step 3" in job.reason, job.reason
     assert job.round == 1, job
+
+
+def test_a_loop_that_fails_again_while_its_failure_is_taken_fails_the_job(
+        coordinator):
+    """train() raises ReformAtStepBoundary, and committed_step() raises
+    when the runtime asks for the step to re-form after: run() raises
+    RuntimeError naming both, the job fails with them, and the round that
+    train() was given is over (its calls raise, not read freed memory)."""
+    lines = [
+        "import gradsync.elastic as elastic",
+        "kept = []",
+        "class Loop(elastic.Trainer):",
+        "    trained = False",
+        "    def has_state(self):",
+        "        return False",
+        "    def committed_step(self):",
+        "        if self.trained:",
+        "            raise KeyError('no step kept')",
+        "        return 0",
+        "    def train(self, round):",
+        "        kept.append(round)",
+        "        self.trained = True",
+        "        raise elastic.ReformAtStepBoundary('at a boundary')",
+        "try:",
+        f"    elastic.run(Loop(), coordinator='{coordinator}', "
+        "job='elastic-twice', max_recoveries=0)",
+        "except RuntimeError as error:",
+        "    print('run:', error)",
+        "try:",
+        "    print('rank', kept[0].rank)",
+        "except RuntimeError as error:",
+        "    print('round:', error)"]
+    done = _run_python("\n".join(lines))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"^run: .*ReformAtStepBoundary: at a boundary; then "
+                     r"KeyError: 'no step kept'", done.stdout, re.M), \
+        done.stdout + done.stderr
+    assert "round: gradsync: this round is over" in done.stdout, done.stdout
+    job = gradsync.Client(coordinator).get_job("elastic-twice")
+    assert gradsync.Client.state_name(job.state) == "failed", job
+    assert "KeyError: 'no step kept'" in job.reason, job.reason
 
 
 def test_a_spare_agent_takes_a_killed_ranks_place(coordinator):

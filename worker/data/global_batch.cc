@@ -74,8 +74,7 @@ absl::Status GlobalBatchPlan::CheckStepStart(int64_t epoch_position) const {
   return absl::FailedPreconditionError(absl::StrCat(
       "no step of a global batch of ", global_batch_,
       " begins at epoch position ", epoch_position, " (an epoch of ",
-      epoch_size_, " samples): was the state written with another "
-      "--global_batch_size, or without one?"));
+      epoch_size_, " samples)"));
 }
 
 }  // namespace gradsync

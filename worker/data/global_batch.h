@@ -77,7 +77,8 @@ class GlobalBatchPlan {
 
   // OK when a step may begin at `epoch_position` (a multiple of B with a
   // whole global batch after it); FAILED_PRECONDITION otherwise, e.g. for a
-  // checkpoint written by a run without --global_batch_size or with another B.
+  // checkpoint written by a run without --global_batch_size or with another
+  // B, or a Python loop's step beyond the epoch.
   absl::Status CheckStepStart(int64_t epoch_position) const;
 
   // Whether the step that ends at `epoch_position` ends its epoch (no whole

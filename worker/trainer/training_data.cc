@@ -54,7 +54,12 @@ absl::StatusOr<int64_t> TrainingRun::Impl::StartRoundData(
     const TrainContext& context, DistributedDataParallel* ddp,
     Division* division) {
   if (plan_.has_value()) {
-    GS_RETURN_IF_ERROR(plan_->CheckStepStart(position_.epoch_position));
+    const absl::Status start = plan_->CheckStepStart(position_.epoch_position);
+    if (!start.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          start.message(), ": was the state written with another "
+                           "--global_batch_size, or without one?"));
+    }
     return config_.steps > 0 ? config_.steps
                              : config_.epochs * plan_->steps_per_epoch();
   }
