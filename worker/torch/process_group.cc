@@ -151,11 +151,13 @@ TorchProcessGroup::TorchProcessGroup(std::unique_ptr<Backend> backend)
     : c10d::ProcessGroup(backend->rank(), backend->world_size()),
       owned_(std::move(backend)),
       backend_(owned_.get()),
+      transport_(backend_->name()),
       completer_([this] { CompleteLoop(); }) {}
 
 TorchProcessGroup::TorchProcessGroup(Backend* backend)
     : c10d::ProcessGroup(backend->rank(), backend->world_size()),
       backend_(backend),
+      transport_(backend_->name()),
       completer_([this] { CompleteLoop(); }) {}
 
 TorchProcessGroup::~TorchProcessGroup() { End(); }
@@ -168,6 +170,11 @@ void TorchProcessGroup::End() {
     if (!pending_.empty()) backend_->Abort();
   }
   completer_.join();
+}
+
+void TorchProcessGroup::Abort() {
+  absl::MutexLock lock(&mu_);  // End() cannot pass while the backend aborts
+  if (!stopping_) backend_->Abort();
 }
 
 absl::Status TorchProcessGroup::first_failure() const {
@@ -227,7 +234,7 @@ void TorchProcessGroup::CompleteLoop() {
       }
       next->future->setError(std::make_exception_ptr(std::runtime_error(
           absl::StrCat("gradsync process group: ", next->collective, " #",
-                       next->work->sequence(), " (", backend_->name(),
+                       next->work->sequence(), " (", transport_,
                        ", rank ", getRank(), " of ", getSize(),
                        "): ", status.ToString()))));
       continue;

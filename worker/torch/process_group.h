@@ -52,8 +52,9 @@ class TorchProcessGroup final : public c10d::ProcessGroup {
   ~TorchProcessGroup() override;
 
   const std::string getBackendName() const override { return "gradsync"; }
-  // The backend underneath: "shm" or "gloo".
-  std::string transport() const { return backend_->name(); }
+  // The backend underneath: "shm", "gloo" or "nccl"; also once the group
+  // ended.
+  const std::string& transport() const { return transport_; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(
       std::vector<at::Tensor>& tensors,
@@ -74,7 +75,9 @@ class TorchProcessGroup final : public c10d::ProcessGroup {
   // Fails the collective in flight and every later one promptly, here and
   // at the peers in a collective with this rank (Backend::Abort): for a
   // thread that learns the round is over while training is blocked in one.
-  void Abort() { backend_->Abort(); }
+  // Nothing once the group ended (End): its collectives have ended, and a
+  // backend it does not own may be gone.
+  void Abort();
 
   // Ends the group's use of its backend: aborts it when collectives are
   // still pending (so that they end), waits for them, and stops the
@@ -106,6 +109,7 @@ class TorchProcessGroup final : public c10d::ProcessGroup {
 
   const std::unique_ptr<Backend> owned_;
   Backend* const backend_;
+  const std::string transport_;  // backend_->name()
   mutable absl::Mutex mu_;
   std::deque<std::unique_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

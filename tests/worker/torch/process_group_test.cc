@@ -3,7 +3,8 @@
 // over the shared-memory backend and over Gloo, for 1-3 ranks. Each
 // collective's result is what torch's own would give; the futures DDP
 // chains on complete with the outputs; bad tensors and reductions are
-// refused with a message; an abort fails a collective a peer never joins.
+// refused with a message; an abort fails a collective a peer never joins,
+// and once the group ended it no longer reaches the backend.
 #include "worker/torch/process_group.h"
 
 #include <string>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/scripted_backend.h"
 #include "tests/worker/backend/backend_test_util.h"
 #include "worker/backend/store.h"
 
@@ -201,6 +203,29 @@ TEST(TorchProcessGroupAbortTest, AnAbortFailsACollectiveAPeerNeverJoins) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
   EXPECT_TRUE(work->isCompleted());
   EXPECT_FALSE(work->isSuccess());
+}
+
+// A round's group over the runtime's backend (python/ext/job.cc): a thread
+// that still holds the group after its round (gradsync.torch.abort) must
+// not reach the backend, which the runtime destroys once the group ended.
+TEST(TorchProcessGroupAbortTest, AnEndedGroupNoLongerReachesItsBackend) {
+  auto backend = std::make_unique<testing::ScriptedBackend>();
+  testing::ScriptedBackend* scripted = backend.get();
+  auto group = c10::make_intrusive<TorchProcessGroup>(scripted);
+  group->Abort();
+  EXPECT_EQ(scripted->aborts, 1);
+  group->End();
+  group->Abort();
+  EXPECT_EQ(scripted->aborts, 1);
+  backend.reset();
+  group->Abort();
+  EXPECT_EQ(group->transport(), "scripted");
+  EXPECT_THROW(
+      {
+        std::vector<at::Tensor> tensors = {torch::ones({4})};
+        group->allreduce(tensors);
+      },
+      std::exception);
 }
 
 }  // namespace
