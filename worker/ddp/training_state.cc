@@ -39,41 +39,40 @@ absl::Status BroadcastBytes(Backend* backend, int root, std::string* bytes,
   return absl::OkStatus();
 }
 
-absl::Status BroadcastOptimizer(Backend* backend, int root,
-                                torch::optim::Optimizer& optimizer,
-                                const torch::Device& device,
-                                absl::Duration timeout) {
-  std::string bytes;
+// Root's optimizer state as bytes (torch::save: any LibTorch optimizer).
+absl::StatusOr<std::string> SerializeOptimizer(
+    torch::optim::Optimizer& optimizer) {
   try {
-    if (backend->rank() == root) {
-      std::ostringstream out;
-      torch::save(optimizer, out);
-      bytes = out.str();
-    }
+    std::ostringstream out;
+    torch::save(optimizer, out);
+    return out.str();
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat(
         "cannot serialize the optimizer state: ", e.what_without_backtrace()));
   }
-  GS_RETURN_IF_ERROR(BroadcastBytes(backend, root, &bytes, device, timeout));
-  if (backend->rank() == root) return absl::OkStatus();
+}
+
+// Replaces `optimizer`'s state with root's `bytes`, onto `device`.
+absl::Status LoadOptimizer(const std::string& bytes, int root,
+                           torch::optim::Optimizer& optimizer,
+                           const torch::Device& device) {
   try {
     optimizer.state().clear();
     std::istringstream in(bytes);
     torch::load(optimizer, in, device);
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(
-        "cannot load rank ", root,
-        "'s optimizer state: ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat("cannot load rank ", root,
+                     "'s optimizer state: ", e.what_without_backtrace()));
   }
   return absl::OkStatus();
 }
 
-// Copies root's state of `generator` to every rank, through a tensor on
-// `device` (the state itself is a CPU byte tensor).
-absl::Status BroadcastGenerator(Backend* backend, int root,
-                                at::Generator generator,
-                                const torch::Device& device,
-                                absl::Duration timeout) {
+// Root's state of `generator` (a CPU byte tensor), through a tensor on
+// `device`; on root its own.
+absl::StatusOr<torch::Tensor> BroadcastGeneratorState(
+    Backend* backend, int root, at::Generator generator,
+    const torch::Device& device, absl::Duration timeout) {
   torch::Tensor state;
   {
     std::lock_guard<std::mutex> lock(generator.mutex());
@@ -81,11 +80,29 @@ absl::Status BroadcastGenerator(Backend* backend, int root,
   }
   torch::Tensor on_device = state.to(device);
   GS_RETURN_IF_ERROR(BroadcastTensors(backend, {on_device}, timeout, root));
-  if (backend->rank() != root) {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(on_device.cpu());
+  return on_device.cpu();
+}
+
+// The default generators a training step draws from: the CPU's, and on a
+// GPU that device's (a simulated GPU's tensors are on the CPU).
+std::vector<at::Generator> DefaultGenerators(const torch::Device& device) {
+  std::vector<at::Generator> generators = {
+      at::detail::getDefaultCPUGenerator()};
+  if (device.is_cuda()) {
+    generators.push_back(at::globalContext().defaultGenerator(device));
   }
-  return absl::OkStatus();
+  return generators;
+}
+
+// Where a receiving rank takes root's tensors in: new tensors like them.
+std::vector<torch::Tensor> EmptyLike(
+    const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> empty;
+  empty.reserve(tensors.size());
+  for (const torch::Tensor& t : tensors) {
+    empty.push_back(torch::empty_like(t, at::MemoryFormat::Contiguous));
+  }
+  return empty;
 }
 
 }  // namespace
@@ -96,29 +113,58 @@ absl::Status BroadcastTrainingState(Backend* backend, int root,
                                     std::vector<int64_t>* counters,
                                     absl::Duration timeout) {
   GS_RETURN_IF_ERROR(CheckRoot(root, backend->world_size()));
+  const bool receiving = backend->rank() != root;
   std::vector<torch::Tensor> tensors = module.parameters(/*recurse=*/true);
   for (const torch::Tensor& buffer : module.buffers(/*recurse=*/true)) {
     tensors.push_back(buffer);
   }
   const torch::Device device =
       tensors.empty() ? torch::Device(torch::kCPU) : tensors.front().device();
+  torch::Tensor root_counters;
   if (!counters->empty()) {
-    torch::Tensor values = torch::tensor(*counters, torch::kInt64).to(device);
-    GS_RETURN_IF_ERROR(BroadcastTensors(backend, {values}, timeout, root));
-    torch::Tensor host = values.cpu();
+    root_counters = torch::tensor(*counters, torch::kInt64).to(device);
+    GS_RETURN_IF_ERROR(
+        BroadcastTensors(backend, {root_counters}, timeout, root));
+  }
+  Failpoint(kFailpointStateTransfer);
+  const std::vector<torch::Tensor> root_tensors =
+      receiving ? EmptyLike(tensors) : tensors;
+  GS_RETURN_IF_ERROR(BroadcastTensors(backend, root_tensors, timeout, root));
+  std::string optimizer_bytes;
+  if (!receiving) {
+    GS_ASSIGN_OR_RETURN(optimizer_bytes, SerializeOptimizer(optimizer));
+  }
+  GS_RETURN_IF_ERROR(
+      BroadcastBytes(backend, root, &optimizer_bytes, device, timeout));
+  const std::vector<at::Generator> generators = DefaultGenerators(device);
+  std::vector<torch::Tensor> generator_states;
+  for (const at::Generator& generator : generators) {
+    GS_ASSIGN_OR_RETURN(
+        torch::Tensor state,
+        BroadcastGeneratorState(backend, root, generator, device, timeout));
+    generator_states.push_back(std::move(state));
+  }
+  if (!receiving) return absl::OkStatus();
+  // All of root's state arrived: only now does it replace this rank's, so
+  // that a transfer cut short leaves this rank its own whole state.
+  GS_RETURN_IF_ERROR(LoadOptimizer(optimizer_bytes, root, optimizer, device));
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      tensors[i].copy_(root_tensors[i]);
+    }
+  }
+  for (size_t i = 0; i < generators.size(); ++i) {
+    at::Generator generator = generators[i];
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(generator_states[i]);
+  }
+  if (!counters->empty()) {
+    torch::Tensor host = root_counters.cpu();
     const int64_t* p = host.data_ptr<int64_t>();
     counters->assign(p, p + counters->size());
   }
-  Failpoint(kFailpointStateTransfer);
-  GS_RETURN_IF_ERROR(BroadcastTensors(backend, tensors, timeout, root));
-  GS_RETURN_IF_ERROR(BroadcastOptimizer(backend, root, optimizer, device, timeout));
-  GS_RETURN_IF_ERROR(BroadcastGenerator(
-      backend, root, at::detail::getDefaultCPUGenerator(), device, timeout));
-  if (!device.is_cuda()) return absl::OkStatus();
-  // The GPU's own generator (dropout and random ops on it).
-  return BroadcastGenerator(backend, root,
-                            at::globalContext().defaultGenerator(device),
-                            device, timeout);
+  return absl::OkStatus();
 }
 
 }  // namespace gradsync

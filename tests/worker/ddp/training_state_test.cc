@@ -1,5 +1,6 @@
 // BroadcastTrainingState: after it, every rank holds the root's parameters
-// (bit for bit), buffers, optimizer state and counters. Ranks are threads
+// (bit for bit), buffers, optimizer state and counters; a transfer cut
+// short leaves a receiver's own state whole. Ranks are threads
 // joined by the Gloo backend over an in-memory store, parameterized over
 // world size and root.
 #include "worker/ddp/training_state.h"
@@ -7,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/worker/ddp/gloo_ranks.h"
+#include "worker/ddp/tensor_broadcast.h"
 #include "worker/runtime/elastic.h"
 
 namespace gradsync {
@@ -143,6 +146,53 @@ TEST(TrainingStateErrorsTest, APeerLostDuringTheTransferIsARecoverableError) {
     EXPECT_TRUE(RecoverableByRejoining(statuses[rank]))
         << "rank " << rank << ": " << statuses[rank];
   }
+}
+
+TEST(TrainingStateErrorsTest, ATransferCutShortLeavesTheReceiversOwnState) {
+  // The root (rank 0) sends its counters and its parameters and buffers,
+  // then dies before its optimizer state (its process group aborts): the
+  // receiver fails, and keeps every tensor, its momentum and its counters
+  // as they were (a mix of root's and its own would look like a committed
+  // step, and the next round might copy it to every rank).
+  constexpr absl::Duration kTimeout = absl::Seconds(10);
+  std::vector<torch::Tensor> before, after;
+  std::string momentum_before, momentum_after;
+  std::vector<int64_t> counters = {5, 1};
+  absl::Status received;
+  RunGlooRanks(2, [&](int rank, Backend* backend) {
+    Net net;
+    torch::optim::SGD optimizer(net->parameters(),
+                                torch::optim::SGDOptions(0.1).momentum(0.9));
+    Train(net, optimizer, rank == 0 ? 3 : 1, 10 + rank);
+    if (rank == 0) {  // BroadcastTrainingState's first two collectives
+      torch::Tensor root_counters = torch::tensor({9, 2}, torch::kInt64);
+      ASSERT_TRUE(BroadcastTensors(backend, {root_counters}, kTimeout).ok());
+      std::vector<torch::Tensor> tensors = net->parameters();
+      for (const auto& b : net->buffers()) tensors.push_back(b);
+      ASSERT_TRUE(BroadcastTensors(backend, tensors, kTimeout).ok());
+      backend->Abort();
+      return;
+    }
+    const auto momentum = [&] {  // SGD's state, as torch::save writes it
+      std::ostringstream out;
+      torch::save(optimizer, out);
+      return out.str();
+    };
+    before = State(net);
+    momentum_before = momentum();
+    received = BroadcastTrainingState(backend, /*root=*/0, *net, optimizer,
+                                      &counters, kTimeout);
+    after = State(net);
+    momentum_after = momentum();
+  });
+  EXPECT_TRUE(RecoverableByRejoining(received)) << received;
+  EXPECT_EQ(counters, (std::vector<int64_t>{5, 1}));
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_TRUE(torch::equal(after[i], before[i])) << "tensor " << i;
+  }
+  EXPECT_FALSE(momentum_before.empty());
+  EXPECT_TRUE(momentum_after == momentum_before) << "the momentum changed";
 }
 
 TEST(TrainingStateErrorsTest, RootOutsideTheWorldIsInvalidArgument) {
