@@ -52,6 +52,25 @@ absl::StatusOr<double> MeanOverRanks(Backend* backend, double value,
 
 double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
+// The step's times are read off the wall clock (Clock::Now), which may be
+// stepped back while a step runs (NTP): a time that came out negative
+// counts as 0, not as a report the runtime refuses after the step
+// committed.
+absl::Duration NotNegative(absl::Duration d) {
+  return std::max(d, absl::ZeroDuration());
+}
+
+void ClampClockSteps(StepReport* report) {
+  for (absl::Duration* d :
+       {&report->step_time, &report->commit_wait, &report->update,
+        &report->micro_batch_time, &report->ddp.forward,
+        &report->ddp.backward_compute, &report->ddp.communication,
+        &report->ddp.exposed_communication,
+        &report->ddp.hidden_communication}) {
+    *d = NotNegative(*d);
+  }
+}
+
 // Appends "round step loss sum" to `path` (TrainerConfig::step_log).
 void LogStep(const std::string& path, int64_t round, int64_t step, double loss,
              torch::nn::Module& model) {
@@ -383,6 +402,7 @@ absl::Status TrainingRun::Impl::RunStep(const TrainContext& context,
             : std::max(run.total - report.ddp.exposed_communication,
                        absl::ZeroDuration());
   }
+  ClampClockSteps(&report);
   if (report.step > config_.warmup_steps) stats_.Add(report);
   ReportRoundStart(context);
   if (context.on_step) GS_RETURN_IF_ERROR(context.on_step(report, run.samples));
@@ -490,8 +510,8 @@ void TrainingRun::Impl::ReportRoundStart(const TrainContext& context) {
   if (round_start_reported_) return;
   round_start_reported_ = true;
   if (context.on_round_started) {
-    context.on_round_started(state_copied_ - round_begin_,
-                             context.clock->Now() - state_copied_);
+    context.on_round_started(NotNegative(state_copied_ - round_begin_),
+                             NotNegative(context.clock->Now() - state_copied_));
   }
 }
 
