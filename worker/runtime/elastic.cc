@@ -1,5 +1,6 @@
 #include "worker/runtime/elastic.h"
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -37,11 +38,16 @@ class RoundInTraining {
     if (backend_ != nullptr && abort_requested_) AbortLocked();
   }
 
+  // Set once an abort was asked for: a shared-memory bootstrap, which has
+  // no backend to abort yet, stops waiting (ProcessGroupOptions::cancel).
+  const std::atomic<bool>* cancelled() const { return &cancelled_; }
+
   // Asks for the abort and returns at once.
   void Abort(const absl::Status& why) {
     absl::MutexLock lock(&mu_);
     if (closed_ || abort_requested_) return;
     abort_requested_ = true;
+    cancelled_.store(true);
     why_ = why;
     aborter_ = std::thread([this] {
       absl::MutexLock lock(&mu_);
@@ -74,6 +80,7 @@ class RoundInTraining {
   bool abort_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status why_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> cancelled_{false};
   // Started once, under mu_, by Abort; joined by Close.
   std::thread aborter_;
 };
@@ -107,6 +114,7 @@ absl::Status TrainInRound(CoordinatorClient* client,
   const absl::Time start = absl::Now();
   ProcessGroupOptions group = options.process_group;
   group.on_backend = [round](Backend* backend) { round->Set(backend); };
+  group.cancel = round->cancelled();
   GS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                       CreateProcessGroup(client, assignment, group));
   const absl::Duration took = absl::Now() - start;

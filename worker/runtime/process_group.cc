@@ -73,6 +73,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateProcessGroup(
     shm.slot_bytes = std::clamp<size_t>(
         (size_t{48} << 20) / (assignment.world_size() + 1), size_t{1} << 20,
         size_t{16} << 20);
+    shm.cancel = options.cancel;
     auto backend = ShmBackend::Create(backend_options, &store, shm);
     if (!backend.ok()) {
       return absl::Status(

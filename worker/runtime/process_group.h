@@ -3,6 +3,7 @@
 #ifndef GRADSYNC_WORKER_RUNTIME_PROCESS_GROUP_H_
 #define GRADSYNC_WORKER_RUNTIME_PROCESS_GROUP_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -42,6 +43,12 @@ struct ProcessGroupOptions {
   // never comes (NCCL's communicator creation); and with nullptr before the
   // backend is destroyed because it failed to connect.
   std::function<void(Backend*)> on_backend;
+  // When given, a shared-memory round's bootstrap stops waiting for the
+  // other ranks to attach once it is set (CANCELLED), for a peer that died
+  // before it attached: the shared-memory backend exists only once every
+  // rank attached, so on_backend cannot abort that wait. Must outlive
+  // CreateProcessGroup.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // Creates the backend `assignment` names (Gloo or NCCL) for its rank and
