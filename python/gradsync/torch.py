@@ -134,9 +134,13 @@ class Store(dist.Store):
         """As TCPStore: sets `desired` when the key holds `expected` (or is
         absent and `expected` is empty); returns the value now stored, or
         `expected` when the key is absent and stays so."""
-        expected = _bytes(expected)
-        _, value = self._do(self._kv.compare_and_set, _PREFIX + key,
-                            expected or None, _bytes(desired))
+        expected, desired = _bytes(expected), _bytes(desired)
+        swapped, value = self._do(self._kv.compare_and_set, _PREFIX + key,
+                                  expected or None, desired)
+        if not swapped and not expected and value == b"":
+            # Present with the empty value, which is `expected` too.
+            _, value = self._do(self._kv.compare_and_set, _PREFIX + key,
+                                expected, desired)
         return value if value is not None else expected
 
     def wait(self, keys, timeout=None):
@@ -290,7 +294,8 @@ def _rendezvous(url, timeout=datetime.timedelta(minutes=5), **kwargs):
                              "nnodes= in the URL or world_size=")
         member = Member(client, job, nnodes=nnodes,
                         nproc_per_node=int(first("nproc_per_node", 1)),
-                        node_id=first("node_id"))
+                        node_id=first("node_id"),
+                        join_timeout=timeout.total_seconds())
         a = member.assignment
         yield _keep(Store(client, job, a.round, timeout)), a.rank, a.world_size
         raise RuntimeError("gradsync:// rendezvous runs once per process group")
@@ -348,7 +353,8 @@ def abort(group=None):
     default group when None) and every later one, here and at the peers in
     one with this rank, promptly: for a thread that learns that a peer is
     gone while training is blocked in a collective. The group is unusable
-    afterwards (destroy it)."""
+    afterwards (destroy it). The group of a gradsync.elastic round that has
+    ended is left as it is (its collectives ended with the round)."""
     _need_native()
     _native.abort(group or dist.distributed_c10d._get_default_group())
 

@@ -129,6 +129,10 @@ def test_compare_set(store):
     assert store.get("cs_key0") == b"new_value0"
     assert store.compare_set("cs_key1", "", "new_value1") == b"new_value1"
     assert store.get("cs_key1") == b"new_value1"
+    # An empty expected value also matches a key that holds the empty value.
+    store.set("cs_key2", "")
+    assert store.compare_set("cs_key2", "", "new_value2") == b"new_value2"
+    assert store.get("cs_key2") == b"new_value2"
 
 
 def test_compare_set_takes_bytes_as_torch_2_does(store):

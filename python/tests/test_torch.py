@@ -87,3 +87,31 @@ def test_sys_exit_zero_is_a_success(coordinator):
     assert [code for code, _ in results] == [0, 0], results
     job = gradsync.Client(coordinator).get_job("exiting0")
     assert gradsync.Client.state_name(job.state) == "succeeded", job
+
+
+def test_without_the_launcher_the_join_waits_as_long_as_the_init_timeout(
+        coordinator):
+    """init_process_group's timeout bounds a gradsync:// member's join, as
+    it bounds TCPStore's wait for the other ranks: one node of a job of
+    two gives up after it, naming the job, not after the default 10 min."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+           and not k.startswith("GRADSYNC_")}
+    env["PYTHONPATH"] = os.path.dirname(HERE)
+    code = "\n".join([
+        "import datetime, time",
+        "import torch.distributed as dist",
+        "import gradsync.torch",
+        "start = time.monotonic()",
+        "try:",
+        "    dist.init_process_group(",
+        f"        'gloo', init_method='gradsync://{coordinator}/alone?nnodes=2',",
+        "        timeout=datetime.timedelta(seconds=2))",
+        "except RuntimeError as error:",
+        "    print(f'gave up after {time.monotonic() - start:.0f} s: {error}')"])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert "gave up after" in done.stdout, done.stdout + done.stderr
+    seconds = int(done.stdout.split("gave up after ")[1].split(" s")[0])
+    assert seconds < 60, done.stdout
+    assert "alone" in done.stdout and "2s" in done.stdout, done.stdout
