@@ -156,10 +156,12 @@ std::function<void(const absl::Status&)> HealthReporter::TakeRoundOverLocked() {
   return callback;
 }
 
-void HealthReporter::OnAnswer(const v1::HeartbeatResponse& response) {
+void HealthReporter::OnAnswer(int64_t generation,
+                              const v1::HeartbeatResponse& response) {
   std::function<void(const absl::Status&)> round_over;
   {
     absl::MutexLock lock(&mu_);
+    if (generation != member_generation_) return;
     ++stats_.answers;
     verdict_.state = response.job_state();
     verdict_.reason = response.reason();
@@ -303,7 +305,10 @@ void HealthReporter::OpenStreamLocked(Loop* loop) {
   loop->stream_generation = member_generation_;
   loop->answers_at_open = stats_.answers;
   mu_.Unlock();
-  auto on_answer = [this](const v1::HeartbeatResponse& r) { OnAnswer(r); };
+  auto on_answer = [this, generation = loop->stream_generation](
+                       const v1::HeartbeatResponse& r) {
+    OnAnswer(generation, r);
+  };
   std::unique_ptr<HeartbeatStream> stream =
       options_.open_stream ? options_.open_stream(std::move(on_answer))
                            : client_->OpenHeartbeatStream(std::move(on_answer));

@@ -216,7 +216,10 @@ class HealthReporter {
   // Moves the queued replica fingerprints into `metrics`.
   void TakeFingerprintsLocked(v1::WorkerMetrics* metrics)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnAnswer(const v1::HeartbeatResponse& response);
+  // An answer on the stream opened for member generation `generation`:
+  // ignored once Start() began another member (an answer to the last
+  // round's member is not the new one's verdict).
+  void OnAnswer(int64_t generation, const v1::HeartbeatResponse& response);
 
   CoordinatorClient* const client_;
   const HealthReporterOptions options_;

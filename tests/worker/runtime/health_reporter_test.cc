@@ -272,9 +272,31 @@ class ScriptedStreams {
   Opener() {
     return [this](std::function<void(const v1::HeartbeatResponse&)> answer) {
       absl::MutexLock lock(&mu_);
-      answer_ = std::move(answer);
+      answers_.push_back(std::move(answer));
       return std::make_unique<Stream>(this);
     };
+  }
+
+  // Hands `response` to the answer callback of the `k`-th stream opened
+  // (0: the first), as a late answer on a stream may arrive.
+  void AnswerOn(size_t k, const v1::HeartbeatResponse& response) {
+    std::function<void(const v1::HeartbeatResponse&)> answer;
+    {
+      absl::MutexLock lock(&mu_);
+      ASSERT_LT(k, answers_.size()) << "stream " << k << " never opened";
+      answer = answers_[k];
+    }
+    answer(response);
+  }
+
+  // Waits (bounded) until `n` streams were opened in all.
+  bool WaitForOpened(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [&]() {
+      mu_.AssertReaderHeld();
+      return answers_.size() >= n;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), kPromptly);
   }
 
   // Answers on the stream opened last: the job runs, at `interval`; a
@@ -284,9 +306,9 @@ class ScriptedStreams {
     std::function<void(const v1::HeartbeatResponse&)> answer;
     {
       absl::MutexLock lock(&mu_);
-      answer = answer_;
+      ASSERT_FALSE(answers_.empty()) << "no stream opened";
+      answer = answers_.back();
     }
-    ASSERT_TRUE(answer != nullptr) << "no stream opened";
     v1::HeartbeatResponse response;
     response.set_job_state(v1::JOB_STATE_RUNNING);
     *response.mutable_heartbeat_interval() = ToProtoDuration(interval);
@@ -345,7 +367,8 @@ class ScriptedStreams {
   int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_started_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<int64_t> stacks_sent_ ABSL_GUARDED_BY(mu_);
-  std::function<void(const v1::HeartbeatResponse&)> answer_
+  // Each opened stream's answer callback, in the order opened.
+  std::vector<std::function<void(const v1::HeartbeatResponse&)>> answers_
       ABSL_GUARDED_BY(mu_);
 };
 
@@ -390,6 +413,44 @@ TEST(HealthReporterIntervalTest, SendsAtTheIntervalTheCoordinatorAsksFor) {
   ASSERT_TRUE(slowed.WaitForSent(slowed.sent() + 3));
   reporter.Stop();
   peer.Stop();
+}
+
+// An answer for the last round's member that arrives on its stream after
+// Start() began the next round's member is not the new member's verdict:
+// no re-form asked, no failure, no round over.
+TEST(HealthReporterGenerationTest, ALateAnswerToTheLastRoundIsIgnored) {
+  ClientOptions client_options;
+  client_options.target = "127.0.0.1:1";
+  auto client = *GrpcCoordinatorClient::Create(client_options);
+  ScriptedStreams streams;
+  HealthReporterOptions options = FastOptions();
+  options.interval = absl::Milliseconds(20);
+  options.open_stream = streams.Opener();
+  HealthReporter reporter(client.get(), options);
+  std::atomic<int> rounds_over{0};
+  const auto count = [&rounds_over](const absl::Status&) { ++rounds_over; };
+  reporter.Start(Member(0), "inc-0", count);
+  ASSERT_TRUE(streams.WaitForSent(1));
+  v1::Assignment next = Member(0);
+  next.set_round(2);
+  reporter.Start(next, "inc-0", count);
+  ASSERT_TRUE(streams.WaitForOpened(2)) << "no stream for round 2";
+
+  v1::HeartbeatResponse late;
+  late.set_job_state(v1::JOB_STATE_FAILED);
+  late.set_reason("round 1 was superseded");
+  late.set_reform_at_step_boundary(true);
+  streams.AnswerOn(0, late);
+  EXPECT_FALSE(reporter.verdict().reform_at_step_boundary);
+  EXPECT_NE(reporter.verdict().state, v1::JOB_STATE_FAILED);
+  EXPECT_EQ(rounds_over, 0);
+
+  v1::HeartbeatResponse current;
+  current.set_job_state(v1::JOB_STATE_RUNNING);
+  current.set_reform_at_step_boundary(true);
+  streams.AnswerOn(1, current);
+  EXPECT_TRUE(reporter.verdict().reform_at_step_boundary);
+  reporter.Stop();
 }
 
 // A request for stacks is answered at once, not at the next interval, and
