@@ -1,6 +1,8 @@
 #include "worker/backend/backend.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/logging.h"
 
 namespace gradsync {
 
@@ -51,6 +53,26 @@ std::shared_ptr<Work> Backend::AllGather(Buffer, Buffer) {
   return Unsupported("allgather");
 }
 std::shared_ptr<Work> Backend::Barrier() { return Unsupported("barrier"); }
+
+absl::Status Backend::Await(const Work& work, absl::Duration timeout) {
+  const absl::Status status = work.Wait(timeout);
+  Settle(work, timeout);
+  return status;
+}
+
+void Backend::Settle(const Work& work, absl::Duration timeout) {
+  if (work.IsCompleted()) return;
+  GS_LOG(WARNING) << name() << " collective #" << work.sequence()
+                  << " did not end in " << absl::FormatDuration(timeout)
+                  << ": aborting the process group before its buffers go";
+  Abort();
+  work.Wait(timeout).IgnoreError();
+  if (!work.IsCompleted()) {
+    GS_LOG(ERROR) << name() << " collective #" << work.sequence()
+                  << " still runs " << absl::FormatDuration(timeout)
+                  << " after the abort";
+  }
+}
 
 std::shared_ptr<Work> Backend::Unsupported(const char* collective) const {
   return Work::Done(0, absl::UnimplementedError(absl::StrCat(

@@ -102,6 +102,19 @@ class Backend {
   // Thread-safe and idempotent.
   virtual void Abort() = 0;
 
+  // Waits at most `timeout` for `work`, one of this backend's collectives,
+  // and returns its status (DEADLINE_EXCEEDED when the wait timed out).
+  // A collective still running then is ended first (Settle), so that the
+  // caller may free the buffers it uses: the Work of a wait that timed out
+  // goes on, and a late peer's data, or the device, would write into freed
+  // memory.
+  absl::Status Await(const Work& work, absl::Duration timeout);
+
+  // Ends `work` when it is still running: aborts this backend (a collective
+  // out of step ends the round anyway) and waits at most `timeout` for it
+  // to end. Nothing when it has ended.
+  void Settle(const Work& work, absl::Duration timeout);
+
  protected:
   // A finished Work with UNIMPLEMENTED for `collective`.
   std::shared_ptr<Work> Unsupported(const char* collective) const;

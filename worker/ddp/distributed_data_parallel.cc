@@ -47,7 +47,7 @@ absl::StatusOr<torch::Tensor> AllGather(Backend* backend,
                                       input.options());
   GS_ASSIGN_OR_RETURN(Buffer in, ToBuffer(input));
   GS_ASSIGN_OR_RETURN(Buffer out, ToBuffer(output));
-  GS_RETURN_IF_ERROR(backend->AllGather(in, out)->Wait(timeout));
+  GS_RETURN_IF_ERROR(backend->Await(*backend->AllGather(in, out), timeout));
   return output.cpu().view({backend->world_size(), input.numel()});
 }
 

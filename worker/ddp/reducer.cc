@@ -380,8 +380,12 @@ absl::Status Reducer::ShadowBackward(int64_t divisor) {
   absl::Status status = AwaitBuckets(zeros, nullptr);
   std::vector<IssuedWork> works = std::move(step_works_);
   step_works_.clear();
-  for (const IssuedWork& issued : works) {
-    if (status.ok()) status = issued.work->Wait(options_.timeout);
+  for (const IssuedWork& issued : works) {  // `zeros` go when this returns
+    if (status.ok()) {
+      status = backend_->Await(*issued.work, options_.timeout);
+    } else {
+      backend_->Settle(*issued.work, options_.timeout);
+    }
   }
   if (status.ok() && !rebuilt_) status = RebuildBuckets();
   communication_error_ = status;
@@ -450,7 +454,8 @@ absl::Status Reducer::RebuildBuckets() {
       torch::tensor(as_ints, torch::kInt64).to(params_.front().device());
   absl::StatusOr<Buffer> buffer = ToBuffer(shared);
   if (!buffer.ok()) return buffer.status();
-  absl::Status status = backend_->Broadcast(*buffer, 0)->Wait(options_.timeout);
+  absl::Status status =
+      backend_->Await(*backend_->Broadcast(*buffer, 0), options_.timeout);
   if (!status.ok()) return status;
   torch::Tensor agreed = shared.cpu();
   std::vector<size_t> rank0_order(params_.size());

@@ -94,7 +94,8 @@ class SyncBatchNormFunction
     absl::StatusOr<Buffer> out = ToBuffer(gathered);
     absl::Status status = in.ok() ? out.status() : in.status();
     if (status.ok()) {
-      status = comm->backend->AllGather(*in, *out)->Wait(comm->timeout);
+      status = comm->backend->Await(*comm->backend->AllGather(*in, *out),
+                                    comm->timeout);
     }
     if (!status.ok()) FailWith(*comm, status, "gathering batch statistics");
     gathered = gathered.view({world, 2 * channels + 1});
@@ -155,8 +156,8 @@ class SyncBatchNormFunction
       absl::StatusOr<Buffer> buffer = ToBuffer(sums);
       absl::Status status = buffer.status();
       if (status.ok()) {
-        status = comm->backend->AllReduce(*buffer, ReduceOp::kSum)
-                     ->Wait(comm->timeout);
+        status = comm->backend->Await(
+            *comm->backend->AllReduce(*buffer, ReduceOp::kSum), comm->timeout);
       }
       if (!status.ok()) FailWith(*comm, status, "reducing gradients");
       torch::Tensor mean_dy = sums.narrow(0, 0, channels) / total;

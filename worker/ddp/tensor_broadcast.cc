@@ -88,7 +88,12 @@ absl::StatusOr<std::shared_ptr<Work>> BroadcastBucket(
   // The copies below may be queued before the broadcast ran: the caching
   // allocator keeps `flat` until the communication stream is past it.
   RecordStream(flat, *work);
-  GS_RETURN_IF_ERROR(work->SynchronizeStream(buffer.stream, timeout));
+  const absl::Status synchronized =
+      work->SynchronizeStream(buffer.stream, timeout);
+  if (!synchronized.ok()) {
+    backend->Settle(*work, timeout);  // before `flat` goes
+    return synchronized;
+  }
   if (!receives) return work;
   int64_t offset = 0;
   for (size_t i : bucket.members) {
@@ -121,10 +126,17 @@ absl::Status BroadcastTensors(Backend* backend,
   GS_ASSIGN_OR_RETURN(
       std::vector<std::shared_ptr<Work>> works,
       BroadcastTensorsOrdered(backend, tensors, timeout, root, bucket_bytes));
+  absl::Status status;
   for (const std::shared_ptr<Work>& work : works) {
-    GS_RETURN_IF_ERROR(work->Wait(timeout));
+    // After a failure, the broadcasts still running end before their
+    // buffers go.
+    if (status.ok()) {
+      status = backend->Await(*work, timeout);
+    } else {
+      backend->Settle(*work, timeout);
+    }
   }
-  return absl::OkStatus();
+  return status;
 }
 
 }  // namespace gradsync

@@ -53,8 +53,8 @@ absl::StatusOr<UnevenInputs::Tally> UnevenInputs::Exchange(const Vote& vote) {
   }
   GS_ASSIGN_OR_RETURN(Buffer in, ToBuffer(mine));
   GS_ASSIGN_OR_RETURN(Buffer out, ToBuffer(all));
-  GS_RETURN_IF_ERROR(
-      backend->AllGather(in, out)->Wait(ddp_->options_.reducer.timeout));
+  GS_RETURN_IF_ERROR(backend->Await(*backend->AllGather(in, out),
+                                    ddp_->options_.reducer.timeout));
   torch::Tensor votes = all.cpu().view({world, 3});
   auto v = votes.accessor<int64_t, 2>();
   Tally tally;

@@ -46,7 +46,7 @@ absl::StatusOr<double> MeanOverRanks(Backend* backend, double value,
                                 torch::TensorOptions(torch::kFloat64).device(device));
   GS_ASSIGN_OR_RETURN(Buffer buffer, ToBuffer(t));
   std::shared_ptr<Work> work = backend->AllReduce(buffer, ReduceOp::kAverage);
-  GS_RETURN_IF_ERROR(work->Wait(timeout));
+  GS_RETURN_IF_ERROR(backend->Await(*work, timeout));
   return t.item<double>();
 }
 

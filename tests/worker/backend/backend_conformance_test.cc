@@ -214,6 +214,11 @@ TEST_P(GroupConformanceTest, AbortEndsTheCollectiveInFlight) {
   ::gradsync::testing::ExpectAbortEndsTheCollectiveInFlight(group_.pointers());
 }
 
+TEST_P(GroupConformanceTest, AwaitEndsACollectiveThatTimedOut) {
+  ::gradsync::testing::ExpectAwaitEndsACollectiveThatTimedOut(
+      group_.pointers());
+}
+
 // Sizes up to 1,530 elements: up to 3 shared-memory slots of int64.
 TEST_P(GroupConformanceTest, ManyCollectivesIssuedBackToBackCompleteInOrder) {
   ::gradsync::testing::ExpectManyCollectivesCompleteInOrder(

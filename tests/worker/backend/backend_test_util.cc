@@ -100,6 +100,19 @@ void ExpectAbortEndsTheCollectiveInFlight(
   }
 }
 
+void ExpectAwaitEndsACollectiveThatTimedOut(
+    const std::vector<Backend*>& backends) {
+  if (backends.size() < 2) return;  // an all-reduce of one never waits
+  std::vector<int64_t> values(64, 1);
+  std::shared_ptr<Work> work =
+      backends[0]->AllReduce(BufferOf(values), ReduceOp::kSum);
+  const absl::Status status = backends[0]->Await(*work, kBriefly);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_TRUE(work->IsCompleted())
+      << "Await returned with the all-reduce still running";
+  EXPECT_FALSE(work->status().ok());
+}
+
 void ExpectManyCollectivesCompleteInOrder(const std::vector<Backend*>& backends,
                                           int collectives, size_t max_size) {
   const int n = static_cast<int>(backends.size());

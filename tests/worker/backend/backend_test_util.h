@@ -193,6 +193,12 @@ void ExpectBarrierWaitsForEveryRank(const std::vector<Backend*>& backends);
 // fail, and with 2 ranks the peer's collective with it fails too.
 void ExpectAbortEndsTheCollectiveInFlight(const std::vector<Backend*>& backends);
 
+// Rank 0's all-reduce, which the others never join: Backend::Await gives
+// up after its (brief) timeout and returns only once the collective ended,
+// the backend aborted, so that its buffer may go.
+void ExpectAwaitEndsACollectiveThatTimedOut(
+    const std::vector<Backend*>& backends);
+
 // Each rank issues `collectives` collectives of every kind and of sizes from
 // 0 to `max_size` elements from its own thread without waiting in between,
 // then waits for all: every one completes, in issue order, with the right
