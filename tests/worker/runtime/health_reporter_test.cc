@@ -372,6 +372,14 @@ class ScriptedStreams {
       ABSL_GUARDED_BY(mu_);
 };
 
+// A client of no coordinator (it never connects): for reporters whose
+// streams are scripted.
+std::unique_ptr<CoordinatorClient> UnreachableClient() {
+  ClientOptions options;
+  options.target = "127.0.0.1:1";
+  return *GrpcCoordinatorClient::Create(options);
+}
+
 v1::Assignment Member(int rank) {
   v1::Assignment a;
   a.set_job_id("train");
@@ -381,10 +389,7 @@ v1::Assignment Member(int rank) {
 }
 
 TEST(HealthReporterIntervalTest, SendsAtTheIntervalTheCoordinatorAsksFor) {
-  // No coordinator: the streams are scripted (the client never connects).
-  ClientOptions client_options;
-  client_options.target = "127.0.0.1:1";
-  auto client = *GrpcCoordinatorClient::Create(client_options);
+  std::unique_ptr<CoordinatorClient> client = UnreachableClient();
   ScriptedStreams slowed, peer_streams;
   HealthReporterOptions options = FastOptions();
   options.interval = absl::Milliseconds(20);
@@ -419,9 +424,7 @@ TEST(HealthReporterIntervalTest, SendsAtTheIntervalTheCoordinatorAsksFor) {
 // Start() began the next round's member is not the new member's verdict:
 // no re-form asked, no failure, no round over.
 TEST(HealthReporterGenerationTest, ALateAnswerToTheLastRoundIsIgnored) {
-  ClientOptions client_options;
-  client_options.target = "127.0.0.1:1";
-  auto client = *GrpcCoordinatorClient::Create(client_options);
+  std::unique_ptr<CoordinatorClient> client = UnreachableClient();
   ScriptedStreams streams;
   HealthReporterOptions options = FastOptions();
   options.interval = absl::Milliseconds(20);
@@ -456,9 +459,7 @@ TEST(HealthReporterGenerationTest, ALateAnswerToTheLastRoundIsIgnored) {
 // A request for stacks is answered at once, not at the next interval, and
 // once per request id.
 TEST(HealthReporterStacksTest, AnswersAStacksRequestAtOnceAndOnce) {
-  ClientOptions client_options;
-  client_options.target = "127.0.0.1:1";
-  auto client = *GrpcCoordinatorClient::Create(client_options);
+  std::unique_ptr<CoordinatorClient> client = UnreachableClient();
   ScriptedStreams streams;
   HealthReporterOptions options = FastOptions();
   options.interval = absl::Hours(1);  // nothing but the first and the asked
@@ -495,9 +496,7 @@ TEST(HealthReporterStacksTest, AnswersAStacksRequestAtOnceAndOnce) {
 // (a rank stuck in a collective reports it without a step ending); once
 // cleared, the snapshot's own value goes again.
 TEST(HealthReporterLiveFieldsTest, EachHeartbeatReadsThemAsItIsSent) {
-  ClientOptions client_options;
-  client_options.target = "127.0.0.1:1";
-  auto client = *GrpcCoordinatorClient::Create(client_options);
+  std::unique_ptr<CoordinatorClient> client = UnreachableClient();
   ScriptedStreams streams;
   HealthReporterOptions options = FastOptions();
   options.interval = absl::Milliseconds(20);
