@@ -380,6 +380,15 @@ std::unique_ptr<CoordinatorClient> UnreachableClient() {
   return *GrpcCoordinatorClient::Create(options);
 }
 
+// FastOptions() heartbeating every `interval` on `streams`.
+HealthReporterOptions ScriptedOptions(ScriptedStreams* streams,
+                                      absl::Duration interval) {
+  HealthReporterOptions options = FastOptions();
+  options.interval = interval;
+  options.open_stream = streams->Opener();
+  return options;
+}
+
 v1::Assignment Member(int rank) {
   v1::Assignment a;
   a.set_job_id("train");
@@ -426,9 +435,8 @@ TEST(HealthReporterIntervalTest, SendsAtTheIntervalTheCoordinatorAsksFor) {
 TEST(HealthReporterGenerationTest, ALateAnswerToTheLastRoundIsIgnored) {
   std::unique_ptr<CoordinatorClient> client = UnreachableClient();
   ScriptedStreams streams;
-  HealthReporterOptions options = FastOptions();
-  options.interval = absl::Milliseconds(20);
-  options.open_stream = streams.Opener();
+  HealthReporterOptions options =
+      ScriptedOptions(&streams, absl::Milliseconds(20));
   HealthReporter reporter(client.get(), options);
   std::atomic<int> rounds_over{0};
   const auto count = [&rounds_over](const absl::Status&) { ++rounds_over; };
@@ -461,9 +469,8 @@ TEST(HealthReporterGenerationTest, ALateAnswerToTheLastRoundIsIgnored) {
 TEST(HealthReporterStacksTest, AnswersAStacksRequestAtOnceAndOnce) {
   std::unique_ptr<CoordinatorClient> client = UnreachableClient();
   ScriptedStreams streams;
-  HealthReporterOptions options = FastOptions();
-  options.interval = absl::Hours(1);  // nothing but the first and the asked
-  options.open_stream = streams.Opener();
+  HealthReporterOptions options =
+      ScriptedOptions(&streams, absl::Hours(1));  // nothing but the first and the asked
   std::vector<int64_t> captured;
   absl::Mutex mu;
   options.capture_stacks = [&](int64_t request) {
@@ -498,9 +505,8 @@ TEST(HealthReporterStacksTest, AnswersAStacksRequestAtOnceAndOnce) {
 TEST(HealthReporterLiveFieldsTest, EachHeartbeatReadsThemAsItIsSent) {
   std::unique_ptr<CoordinatorClient> client = UnreachableClient();
   ScriptedStreams streams;
-  HealthReporterOptions options = FastOptions();
-  options.interval = absl::Milliseconds(20);
-  options.open_stream = streams.Opener();
+  HealthReporterOptions options =
+      ScriptedOptions(&streams, absl::Milliseconds(20));
   HealthReporter reporter(client.get(), options);
   std::atomic<int64_t> started{5};
   reporter.SetLiveFields([&started](v1::WorkerMetrics* m) {
