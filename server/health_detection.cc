@@ -23,7 +23,12 @@ void HealthManager::StreamBroken(Session* session) {
     MemberHealth& m = job->members[session->rank];
     // A member that never heartbeated on this stream, or did so on a newer
     // one since, lost nothing.
-    if (m.state != v1::MEMBER_STATE_ACTIVE || m.stream != session->id) return;
+    if (m.stream != session->id) return;
+    if (m.presumed_stopped) {
+      LostAfterTheEnd(job, session->rank);
+      return;
+    }
+    if (m.state != v1::MEMBER_STATE_ACTIVE) return;
     const std::string who =
         absl::StrCat("rank ", session->rank, " (", m.host, ")");
     if (!job->detecting()) {
@@ -76,8 +81,10 @@ void HealthManager::AddBrokenStreams(JobHealth* job, HealthUpdate* update) {
   }
 }
 
-void HealthManager::AddStoppedMembers(JobHealth* job, HealthUpdate* update) {
-  if (update->job_state != v1::JOB_STATE_FAILED) return;
+std::vector<int> HealthManager::AddStoppedMembers(JobHealth* job,
+                                                  HealthUpdate* update) {
+  std::vector<int> stopped;
+  if (update->job_state != v1::JOB_STATE_FAILED) return stopped;
   std::vector<bool> changed(job->members.size());
   for (const HealthUpdate::MemberChange& c : update->members) {
     if (c.rank >= 0 && c.rank < static_cast<int>(changed.size())) {
@@ -90,7 +97,31 @@ void HealthManager::AddStoppedMembers(JobHealth* job, HealthUpdate* update) {
     }
     update->members.push_back({static_cast<int>(r), v1::MEMBER_STATE_EXITED,
                                "stopped: the job failed"});
+    stopped.push_back(static_cast<int>(r));
   }
+  return stopped;
+}
+
+void HealthManager::LostAfterTheEnd(JobHealth* job, int rank) {
+  MemberHealth& m = job->members[rank];
+  m.presumed_stopped = false;
+  HealthUpdate update;
+  update.members.push_back(
+      {rank, v1::MEMBER_STATE_LOST,
+       absl::StrCat(kStreamBroke, " (seen after the job failed)")});
+  const absl::Status recorded =
+      jobs_->RecordAfterEnd(job->job_id, job->round, update);
+  if (!recorded.ok()) {  // forgotten meanwhile, or storage failed
+    GS_LOG(WARNING) << "job '" << job->job_id << "' round " << job->round
+                    << ": rank " << rank
+                    << " lost after the end, not recorded: "
+                    << recorded.message();
+    return;
+  }
+  m.state = v1::MEMBER_STATE_LOST;
+  GS_LOG(WARNING) << "job '" << job->job_id << "' round " << job->round
+                  << ": rank " << rank << " (" << m.host
+                  << ") LOST: " << update.members[0].reason;
 }
 
 void HealthManager::ReportBrokenStreams(JobHealth* job,

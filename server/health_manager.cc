@@ -512,6 +512,8 @@ void HealthManager::RecordCompletions(
   std::set<int> seen;
   for (size_t i = 0; i < ranks.size(); ++i) {
     MemberHealth& m = job->members[ranks[i]];
+    // A member taken for stopped says so itself: it was not lost.
+    m.presumed_stopped = false;
     if (m.state == v1::MEMBER_STATE_EXITED || !seen.insert(ranks[i]).second) {
       continue;
     }

@@ -186,7 +186,9 @@ class HealthManager : public RoundListener {
 
   // The stream of `session` broke (cancelled, connection reset): its member
   // starts its reconnect grace (LOST at once without one), unless it already
-  // exited, heartbeats on a newer stream, or detection is stopped.
+  // exited, heartbeats on a newer stream, or detection is stopped. A member
+  // only taken for stopped by the job's failure is LOST then (its record is
+  // corrected after the job's end).
   void StreamBroken(Session* session);
 
   // Records a member's completion; returns the job's state after it.
@@ -315,6 +317,9 @@ class HealthManager : public RoundListener {
     uint64_t stream = 0;
     // When that stream broke (InfiniteFuture: it is fine; see reconnect_grace).
     absl::Time stream_broke = absl::InfiniteFuture();
+    // EXITED by the job's failure without a word of its own (see
+    // AddStoppedMembers) and not heard of since.
+    bool presumed_stopped = false;
   };
   // The monitoring of one round of one job.
   struct JobHealth {
@@ -527,10 +532,17 @@ class HealthManager : public RoundListener {
   void AddBrokenStreams(JobHealth* job, HealthUpdate* update)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // When the job fails: its members still ACTIVE (not changed by `update`)
-  // are EXITED, "stopped: the job failed", so that every member's state is
-  // final (their processes are being stopped; a report that comes later
-  // changes nothing).
-  void AddStoppedMembers(JobHealth* job, HealthUpdate* update)
+  // are EXITED, "stopped: the job failed", so that no member stays active
+  // in a failed job (their processes are being stopped; a report that
+  // comes later changes nothing). Returns their ranks. The one exception
+  // is a broken stream: see LostAfterTheEnd.
+  std::vector<int> AddStoppedMembers(JobHealth* job, HealthUpdate* update)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // A member taken for stopped by the job's failure whose heartbeat stream
+  // then broke (no half-close): it was lost, most often the very cause of
+  // the failure, killed before the coordinator saw its stream break. Its
+  // record says LOST.
+  void LostAfterTheEnd(JobHealth* job, int rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // A superseded round's members whose stream broke, as losses (the round
   // replacing it need not wait for them).

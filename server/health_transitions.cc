@@ -81,9 +81,10 @@ void HealthManager::ReportQueued() {
 }
 
 absl::Status HealthManager::Transition(JobHealth* job, HealthUpdate update) {
+  std::vector<int> stopped;
   if (IsTerminal(update.job_state)) {
     AddBrokenStreams(job, &update);
-    AddStoppedMembers(job, &update);
+    stopped = AddStoppedMembers(job, &update);
   }
   absl::Status recorded = jobs_->RecordHealth(job->job_id, job->round, update);
   if (!recorded.ok()) {
@@ -93,6 +94,7 @@ absl::Status HealthManager::Transition(JobHealth* job, HealthUpdate update) {
                  << ": not recorded: " << recorded.message();
     return recorded;
   }
+  for (int rank : stopped) job->members[rank].presumed_stopped = true;
   constexpr size_t kLoggedChanges = 10;  // a mass loss logs a summary
   for (size_t i = 0; i < update.members.size(); ++i) {
     const HealthUpdate::MemberChange& change = update.members[i];

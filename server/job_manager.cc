@@ -340,8 +340,30 @@ absl::Status JobManager::RecordHealth(absl::string_view job_id, int64_t round,
         "round ", round, " of job '", job_id, "' is not running (job is ",
         JobStateName(record->state()), " in round ", record->round(), ")"));
   }
-  // The members' changes go into a change record of their own; the record
-  // is rewritten (without its members) only when the job's state changes.
+  return RecordLocked(job.get(), job_id, round, update);
+}
+
+absl::Status JobManager::RecordAfterEnd(absl::string_view job_id, int64_t round,
+                                        const HealthUpdate& update) {
+  if (update.job_state != v1::JOB_STATE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        "a change after the job ended changes no job state");
+  }
+  GS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, Find(job_id));
+  absl::MutexLock lock(&job->mu);
+  const v1::JobStatus& record = job->record;
+  if (record.round() != round || !IsTerminal(record.state())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job_id, "' did not end in round ", round, " (it is ",
+        JobStateName(record.state()), " in round ", record.round(), ")"));
+  }
+  return RecordLocked(job.get(), job_id, round, update);
+}
+
+absl::Status JobManager::RecordLocked(Job* job, absl::string_view job_id,
+                                      int64_t round,
+                                      const HealthUpdate& update) {
+  v1::JobStatus* record = &job->record;
   const absl::Time now = clock_->Now();
   v1::StoredMemberChanges changes;
   *changes.mutable_update_time() = ToProtoTime(now);

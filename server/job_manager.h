@@ -203,6 +203,15 @@ class JobManager {
   absl::Status RecordHealth(absl::string_view job_id, int64_t round,
                             const HealthUpdate& update);
 
+  // Applies `update`'s member changes to round `round` of a job that ended
+  // in it: what was learnt of a member after the end (one taken for stopped
+  // by the job's failure whose heartbeat stream then broke had been lost).
+  // The job's state, reason and end time stay; `update.job_state` must be
+  // UNSPECIFIED. FAILED_PRECONDITION (and no change) unless `round` is the
+  // job's latest and the job ended.
+  absl::Status RecordAfterEnd(absl::string_view job_id, int64_t round,
+                              const HealthUpdate& update);
+
   // The ids of the jobs that ended (SUCCEEDED or FAILED) before `cutoff`.
   std::vector<std::string> EndedBefore(absl::Time cutoff) const;
 
@@ -228,6 +237,12 @@ class JobManager {
   // they are stored then too).
   absl::Status UpdateLocked(Job* job,
                             const std::function<void(v1::JobStatus*)>& change)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // Stores `update` (its member changes in a change record of their own;
+  // the record, without its members, only when the job's state changes),
+  // then applies it to the job's record.
+  absl::Status RecordLocked(Job* job, absl::string_view job_id, int64_t round,
+                            const HealthUpdate& update)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // The job `job_id`; NOT_FOUND for an unknown id.
   absl::StatusOr<std::shared_ptr<Job>> Find(absl::string_view job_id) const

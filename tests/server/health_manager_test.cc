@@ -389,6 +389,37 @@ TEST_F(HealthManagerTest, MembersStillActiveWhenTheJobFailsAreStopped) {
   EXPECT_EQ(status.members(2).state_reason(), "stopped: the job failed");
   (void)Complete(2, false, 1, "its peer died");
   EXPECT_EQ(Status().members(2).state_reason(), "stopped: the job failed");
+  // It said how it ended: its stream breaking then loses nothing.
+  health_.StreamBroken(sessions_[2].get());
+  EXPECT_EQ(Status().members(2).state(), v1::MEMBER_STATE_EXITED);
+}
+
+// Rank 1 was killed; rank 0 saw it exit and failed the job before the
+// coordinator saw rank 1's stream break. The member taken for stopped was
+// lost, and its record says so; the job's end stays as it was.
+TEST_F(HealthManagerTest, AMemberTakenForStoppedWhoseStreamBreaksIsLost) {
+  StartJob(3, v1::FAILURE_POLICY_FAIL);
+  BeatAll();
+  ASSERT_TRUE(
+      Complete(0, false, 1, "shm allreduce: rank 1 (pid 42) exited").ok());
+  const v1::JobStatus failed = Status();
+  ASSERT_EQ(failed.members(1).state_reason(), "stopped: the job failed");
+  clock_.Advance(absl::Seconds(1));
+  health_.StreamBroken(sessions_[1].get());
+  health_.StreamBroken(sessions_[1].get());  // once is enough
+  Advance(absl::Minutes(1));
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.members(1).state(), v1::MEMBER_STATE_LOST);
+  EXPECT_EQ(status.members(1).state_reason(),
+            "heartbeat stream broke (process killed or connection lost) (seen "
+            "after the job failed)");
+  EXPECT_EQ(status.members(2).state_reason(), "stopped: the job failed")
+      << "its stream did not break";
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(status.reason(), failed.reason());
+  EXPECT_EQ(FromProtoTime(status.end_time()), FromProtoTime(failed.end_time()));
+  EXPECT_THAT(ended_, ::testing::SizeIs(1));
+  EXPECT_THAT(losses_, IsEmpty()) << "no round is left to re-form";
 }
 
 // A node agent heartbeats for the process it started: status shows that

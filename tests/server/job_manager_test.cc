@@ -534,6 +534,50 @@ TEST_F(JobManagerTest, ARecordWithoutAllItsMembersIsDataLoss) {
   EXPECT_THAT(status.message(), HasSubstr("'jobs/train' has 0 of the 2 members"));
 }
 
+// What is learnt of a member after its job ended is kept, and stored;
+// nothing else of the ended job changes.
+TEST_F(JobManagerTest, AChangeAfterTheEndKeepsTheJobsEnd) {
+  ASSERT_TRUE(jobs_.Create(Config("train", 2)).ok());
+  ASSERT_TRUE(
+      jobs_.RecordRoundClosed("train", 1, v1::BACKEND_GLOO, ManyMembers(2))
+          .ok());
+  HealthUpdate lost;
+  lost.members.push_back({1, v1::MEMBER_STATE_LOST, "stream broke"});
+  EXPECT_EQ(jobs_.RecordAfterEnd("train", 1, lost).code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "the job is running";
+  HealthUpdate failed;
+  failed.members.push_back({0, v1::MEMBER_STATE_EXITED, "exit code 1"});
+  failed.members.push_back({1, v1::MEMBER_STATE_EXITED, "stopped"});
+  failed.job_state = v1::JOB_STATE_FAILED;
+  failed.reason = "rank 0 failed";
+  ASSERT_TRUE(jobs_.RecordHealth("train", 1, failed).ok());
+  const v1::JobStatus ended = jobs_.Get("train").value();
+  EXPECT_EQ(jobs_.RecordAfterEnd("train", 2, lost).code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "not the round it ended in";
+  HealthUpdate restart = lost;
+  restart.job_state = v1::JOB_STATE_RUNNING;
+  EXPECT_EQ(jobs_.RecordAfterEnd("train", 1, restart).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobs_.Get("train")->members(1).state(), v1::MEMBER_STATE_EXITED);
+
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(jobs_.RecordAfterEnd("train", 1, lost).ok());
+  const v1::JobStatus now = jobs_.Get("train").value();
+  EXPECT_EQ(now.members(1).state(), v1::MEMBER_STATE_LOST);
+  EXPECT_EQ(now.members(1).state_reason(), "stream broke");
+  EXPECT_EQ(now.members(0).state_reason(), "exit code 1");
+  EXPECT_EQ(now.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(now.reason(), "rank 0 failed");
+  EXPECT_EQ(FromProtoTime(now.end_time()), FromProtoTime(ended.end_time()));
+  JobManager reloaded(&storage_, &clock_);
+  ASSERT_TRUE(reloaded.LoadFromStorage().ok());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+      now, reloaded.Get("train").value()))
+      << reloaded.Get("train")->DebugString();
+}
+
 TEST_F(JobManagerTest, AForgottenJobLeavesNothingInStorage) {
   ASSERT_TRUE(jobs_.Create(Config("train", 2)).ok());
   ASSERT_TRUE(jobs_.RecordRoundClosed("train", 1, v1::BACKEND_GLOO,

@@ -278,8 +278,9 @@ TEST_P(KilledRankTest, FailsTheOthersWithinTheTimeout) {
   rank1->Signal(SIGKILL);
   const absl::Time killed = absl::Now();
   // The coordinator marks the killed rank LOST: when rank 0's collective
-  // with it fails and the job fails (the killed rank's stream broke before),
-  // at the latest when its reconnect grace (3 s) ends.
+  // with it fails and the job fails (the killed rank's stream broke before;
+  // or it breaks after, and the member taken for stopped by the failure is
+  // corrected), at the latest when its reconnect grace (3 s) ends.
   ClientOptions options;
   options.target = coordinator_->address();
   auto client = GrpcCoordinatorClient::Create(options);
