@@ -58,8 +58,8 @@ absl::StatusOr<torch::Tensor> BucketFuture::Wait(absl::Duration timeout,
   return value_;
 }
 
-void BucketFuture::Drain(absl::Duration timeout) {
-  if (work_ != nullptr) work_->Wait(timeout).IgnoreError();
+void BucketFuture::Drain(Backend* backend, absl::Duration timeout) {
+  if (work_ != nullptr) backend->Await(*work_, timeout).IgnoreError();
   work_ = nullptr;
   then_ = nullptr;
   value_ = absl::CancelledError("the bucket's reduction was abandoned");

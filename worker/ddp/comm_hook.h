@@ -75,9 +75,11 @@ class BucketFuture {
   const std::vector<std::shared_ptr<Work>>& works() const { return issued_; }
 
   // Waits (at most `timeout`) for the collective in flight without starting
-  // the chain's later stages: for dropping a future whose step failed, so
-  // that nothing writes into buffers about to be freed.
-  void Drain(absl::Duration timeout);
+  // the chain's later stages, and ends it if it still runs then
+  // (Backend::Await: `backend`, the one it runs on, is aborted): for
+  // dropping a future whose step failed, so that nothing writes into
+  // buffers about to be reused or freed.
+  void Drain(Backend* backend, absl::Duration timeout);
 
   // The backend's sequence number of the chain's first collective (0 when
   // it has none), so the heartbeats can tell which bucket a collective

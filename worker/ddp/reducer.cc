@@ -51,13 +51,20 @@ Reducer::Reducer(std::vector<std::string> names,
 
 // The hooks capture `this`; a Reducer outlives the backward passes over its
 // parameters (the DDP wrapper owns both), so nothing fires after this. A
-// step that failed can leave later buckets' collectives queued on the
-// backend (they fail at once after the first failure): wait for them so that
+// step that failed before its buckets were waited for (a parameter without
+// a gradient) leaves their collectives on the backend: end them so that
 // none writes into a freed bucket.
 Reducer::~Reducer() {
   absl::MutexLock lock(&mu_);
+  DrainBucketsLocked();
+}
+
+void Reducer::DrainBucketsLocked() {
   for (Bucket& bucket : buckets_) {
-    if (bucket.future.has_value()) bucket.future->Drain(options_.timeout);
+    if (bucket.future.has_value()) {
+      bucket.future->Drain(backend_, options_.timeout);
+      bucket.future.reset();
+    }
   }
 }
 
@@ -117,15 +124,18 @@ void Reducer::CompleteTimingsLocked() {
 
 absl::Status Reducer::CheckStepCollectives() {
   absl::MutexLock lock(&mu_);
+  // Every one waited for first (the timings need them all); one still
+  // running after the timeout is ended, as the buckets are reused.
+  std::vector<absl::Status> statuses;
   for (const IssuedWork& issued : step_works_) {
-    issued.work->Wait(options_.timeout).IgnoreError();
+    statuses.push_back(backend_->Await(*issued.work, options_.timeout));
   }
   CompleteTimingsLocked();
   std::vector<IssuedWork> works = std::move(step_works_);
   step_works_.clear();
-  for (const IssuedWork& issued : works) {
-    const std::shared_ptr<Work>& work = issued.work;
-    absl::Status status = work->Wait(options_.timeout);
+  for (size_t i = 0; i < works.size(); ++i) {
+    const std::shared_ptr<Work>& work = works[i].work;
+    absl::Status status = statuses[i];
     if (status.ok()) continue;
     status = absl::Status(
         status.code(), absl::StrCat("a gradient collective of this step (#",
@@ -151,10 +161,9 @@ void Reducer::PrepareForBackward(bool sync, absl::Duration forward,
   std::fill(ready_.begin(), ready_.end(), false);
   // A failed step's record of the order does not count.
   if (!rebuilt_) ready_order_.clear();
-  for (Bucket& bucket : buckets_) {
-    bucket.pending = bucket.variables.size();
-    bucket.future.reset();
-  }
+  // A failed step's buckets may still be reduced into: not any more.
+  DrainBucketsLocked();
+  for (Bucket& bucket : buckets_) bucket.pending = bucket.variables.size();
   next_bucket_ = 0;
   prepared_ = true;
   sync_ = sync;
@@ -265,7 +274,8 @@ absl::Status Reducer::AwaitBuckets(const std::vector<torch::Tensor>& contents,
     // On CUDA the caller's stream waits for the collective, not the host.
     absl::StatusOr<torch::Tensor> reduced =
         bucket.future->Wait(options_.timeout, CurrentStream(contents[b]));
-    for (const std::shared_ptr<Work>& work : bucket.future->works()) {
+    const std::vector<std::shared_ptr<Work>> works = bucket.future->works();
+    for (const std::shared_ptr<Work>& work : works) {
       step_works_.push_back({b, work});
     }
     bucket.future.reset();
@@ -281,6 +291,11 @@ absl::Status Reducer::AwaitBuckets(const std::vector<torch::Tensor>& contents,
       }
     }
     if (!status.ok()) {
+      // A wait that timed out left its collective running.
+      for (const std::shared_ptr<Work>& work : works) {
+        backend_->Settle(*work, options_.timeout);
+      }
+      DrainBucketsLocked();
       return absl::Status(status.code(),
                           absl::StrCat("all-reduce of gradient bucket ", b,
                                        " of ", buckets_.size(), " failed: ",
@@ -308,7 +323,7 @@ void Reducer::FinalizeBackward() {
   }
   if (!unready.empty()) {
     if (!options_.find_unused_parameters) {
-      // Launched buckets finish on their own; their futures are dropped.
+      // Launched buckets are ended at the next step or with the reducer.
       FailBackward(absl::StrCat(
           "parameter(s) ", absl::StrJoin(UnreadyNamesLocked(), ", "),
           " received no gradient in this backward pass: if the model does not "

@@ -125,11 +125,17 @@ class Reducer {
   void LaunchBucket(size_t b, const torch::Tensor& contents)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for every launched bucket's future, in order, copying each result
-  // into `contents` (one per bucket); the first error.
+  // into `contents` (one per bucket); the first error. After an error no
+  // collective of the step runs on: the failed bucket's are ended
+  // (Backend::Settle) and the later buckets' futures drained, so `contents`
+  // may go.
   absl::Status AwaitBuckets(const std::vector<torch::Tensor>& contents,
                             StepTimings* timings)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinalizeBackward();
+  // Drops every bucket's future, ending a collective still in flight (a
+  // failed step's later buckets; BucketFuture::Drain).
+  void DrainBucketsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills last_timings_'s communication figures from the step's Works once
   // every one has finished (else leaves them for CheckStepCollectives).
   void CompleteTimingsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
