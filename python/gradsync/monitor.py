@@ -19,7 +19,9 @@ to its own membership, whose next heartbeat carries it. gradsync status then
 shows the rank's step, samples/s, step and communication time, per-bucket
 all-reduce times, and a rank that stops issuing collectives is named in the
 hang diagnosis. Training never waits for either: while a state is on its
-way, newer state accumulates and goes in the next one.
+way, newer state accumulates and goes in the next one. One monitor reports
+for a process: a later monitor() (a model wrapped again) closes the one
+before, whose hook then only counts.
 """
 import os
 import socket
@@ -45,7 +47,7 @@ class Monitor:
 
     def __init__(self, ddp, batch_size=None, process_group=None,
                  agent_socket=None):
-        self._send = _sender(agent_socket)
+        self._send, self._close_sender = _sender(agent_socket)
         self._group = process_group
         self._batch_size = batch_size
         self._lock = threading.Lock()
@@ -61,10 +63,28 @@ class Monitor:
         self._events = []        # fingerprints not yet sent
         self._ready = []         # StepReady not yet sent
         self._buckets = {}       # index -> BucketStats of the latest step
-        self._stacks_file = _register_for_stacks()
-        ddp.register_comm_hook(state=None, hook=self._hook)
-        threading.Thread(target=self._send_forever, daemon=True,
-                         name="gradsync-monitor").start()
+        self._closed = False
+        _register_for_stacks()
+        try:
+            ddp.register_comm_hook(state=None, hook=self._hook)
+        except BaseException:
+            self._close_sender()
+            raise
+        self._sender_thread = threading.Thread(
+            target=self._send_until_closed, daemon=True,
+            name="gradsync-monitor")
+        self._sender_thread.start()
+
+    def close(self):
+        """Stops reporting: the sender thread ends (after the state on its
+        way) and its socket is closed. The hook stays registered with its
+        DDP model and goes on counting. Idempotent."""
+        with self._lock:
+            self._closed = True
+            self._changed.notify()
+        if threading.current_thread() is not self._sender_thread:
+            self._sender_thread.join(timeout=10.0)
+        self._close_sender()
 
     @property
     def step(self):
@@ -118,10 +138,12 @@ class Monitor:
         self._dirty = True
         self._changed.notify()
 
-    def _send_forever(self):
+    def _send_until_closed(self):
         while True:
             with self._lock:
-                self._changed.wait_for(lambda: self._dirty)
+                self._changed.wait_for(lambda: self._dirty or self._closed)
+                if self._closed:
+                    return
                 self._dirty = False
                 request = self._request_locked()
                 self._events, self._ready = [], []
@@ -144,8 +166,9 @@ class Monitor:
 
 def _sender(agent_socket):
     """Where the monitor's state goes: a function of a HeartbeatRequest
-    (its metrics). The `gradsync launch` agent's socket (`agent_socket`, or
-    GRADSYNC_AGENT_SOCKET), else this process's own membership."""
+    (its metrics), and one that closes what it holds. The `gradsync launch`
+    agent's socket (`agent_socket`, or GRADSYNC_AGENT_SOCKET), else this
+    process's own membership."""
     path = agent_socket or os.environ.get("GRADSYNC_AGENT_SOCKET")
     if path:
         ref = health_pb2.MemberRef(
@@ -161,7 +184,7 @@ def _sender(agent_socket):
                 sock.sendto(request.SerializeToString(), path)
             except OSError:
                 pass  # the agent is gone: training goes on
-        return to_agent
+        return to_agent, sock.close
     member = _member.current()
     if member is None:
         raise ValueError(
@@ -169,7 +192,12 @@ def _sender(agent_socket):
             "(GRADSYNC_AGENT_SOCKET) or through this process's own membership "
             "(dist.init_process_group(init_method=\"gradsync://HOST:PORT/JOB"
             "?nnodes=N\") first); this process has neither")
-    return lambda request: member.report(request.metrics)
+    return lambda request: member.report(request.metrics), lambda: None
+
+
+_lock = threading.Lock()
+_stacks_file = None  # the registration's open file, once registered
+_latest = None       # the Monitor monitor() made last
 
 
 def _register_for_stacks():
@@ -177,17 +205,26 @@ def _register_for_stacks():
     coordinator diagnoses a hang: on GRADSYNC_STACKS_SIGNAL, faulthandler
     appends every thread's stack to GRADSYNC_STACKS_FILE. The registration
     line is written last: the agent signals only a process that has it (the
-    signal would end one that has not). Returns the open file (faulthandler
-    writes to its descriptor), or None outside `gradsync launch`."""
+    signal would end one that has not). Once per process; the file stays
+    open (faulthandler writes to its descriptor). Nothing outside `gradsync
+    launch`."""
+    global _stacks_file
     path = os.environ.get("GRADSYNC_STACKS_FILE")
     signum = os.environ.get("GRADSYNC_STACKS_SIGNAL")
-    if not path or not signum:
-        return None
-    return _stacks.register(path, int(signum))
+    with _lock:
+        if path and signum and _stacks_file is None:
+            _stacks_file = _stacks.register(path, int(signum))
 
 
 def monitor(ddp, batch_size=None, process_group=None):
     """Reports `ddp`'s steps and collectives to the coordinator, through the
     local gradsync launch agent or this process's own membership (see the
-    module comment); returns the Monitor."""
-    return Monitor(ddp, batch_size=batch_size, process_group=process_group)
+    module comment); returns the Monitor. The monitor made by the call
+    before, if any, is closed once this one stands."""
+    global _latest
+    made = Monitor(ddp, batch_size=batch_size, process_group=process_group)
+    with _lock:
+        before, _latest = _latest, made
+    if before is not None:
+        before.close()
+    return made

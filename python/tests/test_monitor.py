@@ -10,8 +10,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import gradsync
+import gradsync.torch
 from gradsync._proto import job_pb2
 from conftest import HERE, binary, launch, poll, running_coordinator
 
@@ -194,3 +196,38 @@ def test_when_the_job_fails_every_member_is_final(coordinator):
     assert f"rank 0 (pid {pid}) exited with code 137 (SIGKILL)" in job.reason
     for m in job.members:
         assert m.state == job_pb2.MEMBER_STATE_EXITED, job
+
+
+class FakeDdp:
+    """What monitor() needs of a DDP model: a hook to register."""
+
+    def __init__(self):
+        self.hooks = []
+
+    def register_comm_hook(self, state, hook):
+        self.hooks.append(hook)
+
+
+def monitor_threads():
+    return [t for t in threading.enumerate() if t.name == "gradsync-monitor"]
+
+
+def test_a_later_monitor_replaces_the_one_before(tmp_path, monkeypatch):
+    # A model wrapped again (a loop that re-creates its DDP each round) is
+    # monitored again: one sender thread and one socket, not one per call.
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent.bind(str(tmp_path / "agent"))
+    monkeypatch.setenv("GRADSYNC_AGENT_SOCKET", str(tmp_path / "agent"))
+    before = len(monitor_threads())
+    first = gradsync.torch.monitor(FakeDdp())
+    second = gradsync.torch.monitor(FakeDdp())
+    try:
+        assert len(monitor_threads()) == before + 1
+        assert not first._sender_thread.is_alive()
+        assert first._close_sender.__self__.fileno() == -1, "socket left open"
+        assert second._sender_thread.is_alive()
+    finally:
+        second.close()
+        agent.close()
+    assert len(monitor_threads()) == before
+    second.close()  # idempotent
