@@ -98,15 +98,10 @@ class Membership {
     join.address = DefaultWorkerAddress(coordinator);
     absl::StatusOr<v1::JoinRequest> request = BuildJoinRequest(join);
     if (!request.ok()) Raise(request.status(), "join");
-    absl::StatusOr<v1::Assignment> assignment;
-    {
-      py::gil_scoped_release unlocked;
-      assignment = state_->client->Join(*request);
-    }
-    if (!assignment.ok()) Raise(assignment.status(), "join");
-    assignment_ = *std::move(assignment);
+    request_ = *std::move(request);
+    assignment_ = JoinNow();
     state_->reporter = std::make_unique<HealthReporter>(state_->client.get());
-    state_->reporter->Start(assignment_, request->node().incarnation_id());
+    state_->reporter->Start(assignment_, request_.node().incarnation_id());
     v1::WorkerMetrics training;
     training.set_state(v1::WORKER_STATE_TRAINING);
     state_->reporter->Update(training);
@@ -115,6 +110,23 @@ class Membership {
 
   // The serialized gradsync.v1.Assignment of the round it joined.
   py::bytes assignment() const { return assignment_.SerializeAsString(); }
+
+  // Joins the job's next round as a member of the one it is in (a process
+  // group made again): the round is superseded, as by a survivor's rejoin,
+  // and the heartbeats move to the new one. With the first join's settings
+  // (a job's config is fixed). Called from one thread.
+  void Rejoin() {
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (state_->finished) {
+        throw std::runtime_error(
+            "gradsync join: this process reported its completion already");
+      }
+    }
+    request_.set_last_round(assignment_.round());
+    assignment_ = JoinNow();
+    state_->reporter->Start(assignment_, request_.node().incarnation_id());
+  }
 
   // Makes a serialized gradsync.v1.WorkerMetrics this member's latest (its
   // events queued for the next heartbeat).
@@ -141,7 +153,19 @@ class Membership {
   }
 
  private:
+  // Sends request_ (the GIL released while it waits for the round).
+  v1::Assignment JoinNow() {
+    absl::StatusOr<v1::Assignment> assignment;
+    {
+      py::gil_scoped_release unlocked;
+      assignment = state_->client->Join(request_);
+    }
+    if (!assignment.ok()) Raise(assignment.status(), "join");
+    return *std::move(assignment);
+  }
+
   std::shared_ptr<MemberState> state_;
+  v1::JoinRequest request_;
   v1::Assignment assignment_;
 };
 
@@ -151,13 +175,15 @@ void RegisterMembership(py::module_& m) {
   py::class_<Membership>(m, "Membership")
       .def(py::init<const std::string&, const std::string&, const std::string&,
                     int, const std::string&, double, const std::string&,
-                    const std::string&, const std::string&, const std::string&>(),
+                    const std::string&, const std::string&,
+                    const std::string&>(),
            py::arg("coordinator"), py::arg("job"), py::arg("nnodes"),
            py::arg("nproc_per_node"), py::arg("node_id"),
            py::arg("join_timeout"), py::arg("token") = "",
            py::arg("tls_ca") = "", py::arg("tls_cert") = "",
            py::arg("tls_key") = "")
       .def_property_readonly("assignment", &Membership::assignment)
+      .def("rejoin", &Membership::Rejoin)
       .def("report", &Membership::Report, py::arg("metrics"))
       .def("set_failure_message", &Membership::SetFailureMessage,
            py::arg("message"))

@@ -58,6 +58,7 @@ class Member:
             node_id or f"{socket.gethostname()}-{os.getpid()}",
             float(join_timeout), token=client.token or "",
             tls_ca=tls_ca or "", tls_cert=tls_cert or "", tls_key=tls_key or "")
+        self.target, self.job = client.target, job
         self.assignment = job_pb2.Assignment.FromString(
             self._membership.assignment)
         previous_hook = sys.excepthook
@@ -84,6 +85,16 @@ class Member:
         for name in ("exit", "quit"):
             if callable(getattr(builtins, name, None)):
                 setattr(builtins, name, wrap(getattr(builtins, name)))
+
+    def rejoin(self):
+        """Joins the job's next round as a member of this one (a process
+        group made again after destroy_process_group): the round is
+        superseded, as by a survivor's rejoin, and self.assignment becomes
+        the new round's. RuntimeError when the join fails or this member
+        finished."""
+        self._membership.rejoin()
+        self.assignment = job_pb2.Assignment.FromString(
+            self._membership.assignment)
 
     def report(self, metrics):
         """Makes `metrics` (a gradsync.v1.WorkerMetrics, e.g. from

@@ -30,6 +30,7 @@ import urllib.parse
 import torch.distributed as dist
 
 from gradsync.client import Client, Error
+from gradsync import member as _member
 from gradsync.member import Member
 from gradsync.monitor import Monitor, monitor  # noqa: F401
 
@@ -292,10 +293,19 @@ def _rendezvous(url, timeout=datetime.timedelta(minutes=5), **kwargs):
         if nnodes is None:
             raise ValueError("gradsync:// outside `gradsync launch` needs "
                              "nnodes= in the URL or world_size=")
-        member = Member(client, job, nnodes=nnodes,
-                        nproc_per_node=int(first("nproc_per_node", 1)),
-                        node_id=first("node_id"),
-                        join_timeout=timeout.total_seconds())
+        member = _member.current()
+        if member is None:
+            member = Member(client, job, nnodes=nnodes,
+                            nproc_per_node=int(first("nproc_per_node", 1)),
+                            node_id=first("node_id"),
+                            join_timeout=timeout.total_seconds())
+        elif (member.target, member.job) == (client.target, job):
+            member.rejoin()  # a process group made again: a new round
+        else:
+            raise ValueError(
+                f"this process is a member of job '{member.job}' at "
+                f"{member.target} already; it cannot join '{job}' at "
+                f"{client.target} too (one job per process)")
         a = member.assignment
         yield _keep(Store(client, job, a.round, timeout)), a.rank, a.world_size
         raise RuntimeError("gradsync:// rendezvous runs once per process group")

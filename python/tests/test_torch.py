@@ -27,12 +27,19 @@ def test_init_method_gradsync_needs_no_master_addr(coordinator, backend,
     assert gradsync.Client.state_name(job.state) == "succeeded"
 
 
-def run_standalone(coordinator, *extra):
-    """Two plain processes of standalone_script.py: (returncode, output)s."""
+def standalone_env():
+    """This environment without the launcher's variables: a process that
+    joins by itself."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
            and not k.startswith("GRADSYNC_")}
     env["PYTHONPATH"] = os.path.dirname(HERE)
+    return env
+
+
+def run_standalone(coordinator, *extra):
+    """Two plain processes of standalone_script.py: (returncode, output)s."""
+    env = standalone_env()
     processes = [subprocess.Popen(
         [sys.executable, os.path.join(HERE, "standalone_script.py"),
          coordinator, *extra],
@@ -94,10 +101,7 @@ def test_without_the_launcher_the_join_waits_as_long_as_the_init_timeout(
     """init_process_group's timeout bounds a gradsync:// member's join, as
     it bounds TCPStore's wait for the other ranks: one node of a job of
     two gives up after it, naming the job, not after the default 10 min."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-           and not k.startswith("GRADSYNC_")}
-    env["PYTHONPATH"] = os.path.dirname(HERE)
+    env = standalone_env()
     code = "\n".join([
         "import datetime, time",
         "import torch.distributed as dist",
@@ -115,3 +119,39 @@ def test_without_the_launcher_the_join_waits_as_long_as_the_init_timeout(
     seconds = int(done.stdout.split("gave up after ")[1].split(" s")[0])
     assert seconds < 60, done.stdout
     assert "alone" in done.stdout and "2s" in done.stdout, done.stdout
+
+
+
+def test_a_process_group_made_again_joins_a_new_round(coordinator):
+    # init, destroy, init again in both processes: each membership rejoins
+    # (round 1 superseded), no second member per process, and nothing is
+    # reported for the round left behind.
+    results = run_standalone(coordinator, "--job", "twice", "--twice")
+    for code, out in results:
+        assert code == 0, out
+        assert "could not report" not in out, out
+    out = "".join(o for _, o in results)
+    for rank in range(2):
+        assert f"rank {rank} of 2: sum 3" in out, out
+        assert f"again: rank {rank} of 2: sum 3" in out, out
+    job = gradsync.Client(coordinator).get_job("twice")
+    assert gradsync.Client.state_name(job.state) == "succeeded", job
+    assert job.round == 2 and len(job.members) == 2, job
+
+
+def test_a_process_joins_one_job(coordinator):
+    env = standalone_env()
+    code = "\n".join([
+        "import torch.distributed as dist",
+        "import gradsync.torch",
+        f"dist.init_process_group('gloo', init_method='gradsync://{coordinator}/one?nnodes=1')",
+        "dist.destroy_process_group()",
+        "try:",
+        f"    dist.init_process_group('gloo', init_method='gradsync://{coordinator}/two?nnodes=1')",
+        "except ValueError as error:",
+        "    print(f'refused: {error}')"])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert "refused: this process is a member of job 'one'" in done.stdout, (
+        done.stdout + done.stderr)
+    assert "it cannot join 'two'" in done.stdout, done.stdout
