@@ -105,23 +105,29 @@ std::vector<int> HealthManager::AddStoppedMembers(JobHealth* job,
 void HealthManager::LostAfterTheEnd(JobHealth* job, int rank) {
   MemberHealth& m = job->members[rank];
   m.presumed_stopped = false;
+  m.lost_after_end = RecordAfterTheEnd(
+      job, rank, v1::MEMBER_STATE_LOST,
+      absl::StrCat(kStreamBroke, " (seen after the job failed)"));
+}
+
+bool HealthManager::RecordAfterTheEnd(JobHealth* job, int rank,
+                                      v1::MemberState state,
+                                      const std::string& reason) {
   HealthUpdate update;
-  update.members.push_back(
-      {rank, v1::MEMBER_STATE_LOST,
-       absl::StrCat(kStreamBroke, " (seen after the job failed)")});
+  update.members.push_back({rank, state, reason});
   const absl::Status recorded =
       jobs_->RecordAfterEnd(job->job_id, job->round, update);
+  const std::string line =
+      absl::StrCat("job '", job->job_id, "' round ", job->round, ": rank ",
+                   rank, " (", job->members[rank].host, ") ",
+                   MemberStateName(state), " after the job ended: ", reason);
   if (!recorded.ok()) {  // forgotten meanwhile, or storage failed
-    GS_LOG(WARNING) << "job '" << job->job_id << "' round " << job->round
-                    << ": rank " << rank
-                    << " lost after the end, not recorded: "
-                    << recorded.message();
-    return;
+    GS_LOG(WARNING) << line << ": not recorded: " << recorded.message();
+    return false;
   }
-  m.state = v1::MEMBER_STATE_LOST;
-  GS_LOG(WARNING) << "job '" << job->job_id << "' round " << job->round
-                  << ": rank " << rank << " (" << m.host
-                  << ") LOST: " << update.members[0].reason;
+  job->members[rank].state = state;
+  GS_LOG(WARNING) << line;
+  return true;
 }
 
 void HealthManager::ReportBrokenStreams(JobHealth* job,

@@ -22,6 +22,13 @@ std::string RoundOver(absl::string_view job_id, int64_t round) {
                       "' is over: rejoin to get the next round");
 }
 
+// A member's state reason from its completion report.
+std::string CompletionText(const v1::ReportCompletionRequest& request) {
+  if (request.success()) return "succeeded";
+  return absl::StrCat("failed with exit code ", request.exit_code(),
+                      request.message().empty() ? "" : ": ", request.message());
+}
+
 // `config` with the shedding settings left to the coordinator filled in.
 HealthConfig WithDefaults(HealthConfig config) {
   if (config.shedding.max_delay <= absl::ZeroDuration()) {
@@ -522,7 +529,15 @@ void HealthManager::RecordCompletions(
   }
   if (!job->detecting()) {
     // The job already ended (or a divergence just failed it).
-    for (size_t i : firsts) job->members[ranks[i]].state = v1::MEMBER_STATE_EXITED;
+    for (size_t i : firsts) {
+      MemberHealth& m = job->members[ranks[i]];
+      if (m.lost_after_end) {  // it was not lost after all
+        m.lost_after_end = false;
+        RecordAfterTheEnd(job, ranks[i], v1::MEMBER_STATE_EXITED,
+                          CompletionText(*requests[i]));
+      }
+      m.state = v1::MEMBER_STATE_EXITED;
+    }
   } else if (!firsts.empty()) {
     HealthUpdate update;
     std::vector<int> succeeded;
@@ -581,15 +596,13 @@ void HealthManager::AddCompletionLocked(
     JobHealth* job, int rank, const v1::ReportCompletionRequest& request,
     HealthUpdate* update) {
   MemberHealth& m = job->members[rank];
+  std::string how = CompletionText(request);
   if (request.success()) {
-    update->members.push_back({rank, v1::MEMBER_STATE_EXITED, "succeeded"});
+    update->members.push_back({rank, v1::MEMBER_STATE_EXITED, std::move(how)});
     m.succeeded = true;
     ++job->succeeded;
     return;
   }
-  std::string how =
-      absl::StrCat("failed with exit code ", request.exit_code(),
-                   request.message().empty() ? "" : ": ", request.message());
   if (update->job_state != v1::JOB_STATE_FAILED) {  // the first failure
     update->job_state = v1::JOB_STATE_FAILED;
     update->reason = absl::StrCat("rank ", rank, " (", m.host, ") ", how);

@@ -318,8 +318,10 @@ class HealthManager : public RoundListener {
     // When that stream broke (InfiniteFuture: it is fine; see reconnect_grace).
     absl::Time stream_broke = absl::InfiniteFuture();
     // EXITED by the job's failure without a word of its own (see
-    // AddStoppedMembers) and not heard of since.
+    // AddStoppedMembers) and not heard of since; recorded LOST after the
+    // job's end for its broken stream (LostAfterTheEnd).
     bool presumed_stopped = false;
+    bool lost_after_end = false;
   };
   // The monitoring of one round of one job.
   struct JobHealth {
@@ -541,8 +543,14 @@ class HealthManager : public RoundListener {
   // A member taken for stopped by the job's failure whose heartbeat stream
   // then broke (no half-close): it was lost, most often the very cause of
   // the failure, killed before the coordinator saw its stream break. Its
-  // record says LOST.
+  // record says LOST, until it reports its completion after all (a
+  // connection reset while its process stopped): then that.
   void LostAfterTheEnd(JobHealth* job, int rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
+  // Records `rank` `state` after the job ended (JobManager::RecordAfterEnd)
+  // and sets it here; false (logged) when the record failed.
+  bool RecordAfterTheEnd(JobHealth* job, int rank, v1::MemberState state,
+                         const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job->mu);
   // A superseded round's members whose stream broke, as losses (the round
   // replacing it need not wait for them).

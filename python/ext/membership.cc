@@ -101,10 +101,7 @@ class Membership {
     request_ = *std::move(request);
     assignment_ = JoinNow();
     state_->reporter = std::make_unique<HealthReporter>(state_->client.get());
-    state_->reporter->Start(assignment_, request_.node().incarnation_id());
-    v1::WorkerMetrics training;
-    training.set_state(v1::WORKER_STATE_TRAINING);
-    state_->reporter->Update(training);
+    StartReporting();
     on_exit(&ReportExit, new std::shared_ptr<MemberState>(state_));
   }
 
@@ -116,6 +113,10 @@ class Membership {
   // and the heartbeats move to the new one. With the first join's settings
   // (a job's config is fixed). Called from one thread.
   void Rejoin() {
+    if (getpid() != state_->pid) {
+      throw std::runtime_error(
+          "gradsync join: a process forked from a member is not that member");
+    }
     {
       absl::MutexLock lock(&state_->mu);
       if (state_->finished) {
@@ -125,7 +126,7 @@ class Membership {
     }
     request_.set_last_round(assignment_.round());
     assignment_ = JoinNow();
-    state_->reporter->Start(assignment_, request_.node().incarnation_id());
+    StartReporting();
   }
 
   // Makes a serialized gradsync.v1.WorkerMetrics this member's latest (its
@@ -153,6 +154,16 @@ class Membership {
   }
 
  private:
+  // Heartbeats for assignment_'s round, from a training state of its own
+  // (the counters of a round before are not this one's): set first, so
+  // that no heartbeat of the new round carries the old.
+  void StartReporting() {
+    v1::WorkerMetrics training;
+    training.set_state(v1::WORKER_STATE_TRAINING);
+    state_->reporter->Update(training);
+    state_->reporter->Start(assignment_, request_.node().incarnation_id());
+  }
+
   // Sends request_ (the GIL released while it waits for the round).
   v1::Assignment JoinNow() {
     absl::StatusOr<v1::Assignment> assignment;

@@ -422,6 +422,22 @@ TEST_F(HealthManagerTest, AMemberTakenForStoppedWhoseStreamBreaksIsLost) {
   EXPECT_THAT(losses_, IsEmpty()) << "no round is left to re-form";
 }
 
+// A connection reset while a member taken for stopped was stopping: it is
+// recorded LOST, then its own report says how it ended.
+TEST_F(HealthManagerTest, AMemberLostAfterTheEndThatReportsIsNotLost) {
+  StartJob(2, v1::FAILURE_POLICY_FAIL);
+  BeatAll();
+  ASSERT_TRUE(Complete(0, false, 1, "out of memory").ok());
+  health_.StreamBroken(sessions_[1].get());
+  ASSERT_EQ(Status().members(1).state(), v1::MEMBER_STATE_LOST);
+  ASSERT_TRUE(Complete(1, false, 1, "stopped: its peer failed").ok());
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.members(1).state(), v1::MEMBER_STATE_EXITED);
+  EXPECT_EQ(status.members(1).state_reason(),
+            "failed with exit code 1: stopped: its peer failed");
+  EXPECT_THAT(status.reason(), HasSubstr("out of memory"));
+}
+
 // A node agent heartbeats for the process it started: status shows that
 // process's pid, not the agent's that joined.
 TEST_F(HealthManagerTest, TheProcessesOwnPidIsShown) {

@@ -291,9 +291,15 @@ absl::Status Reducer::AwaitBuckets(const std::vector<torch::Tensor>& contents,
       }
     }
     if (!status.ok()) {
-      // A wait that timed out left its collective running.
+      // A wait that timed out left its collective running: it is ended. One
+      // that failed otherwise (a hook's stage, on a device) may still have
+      // one running normally: it is waited for first.
       for (const std::shared_ptr<Work>& work : works) {
-        backend_->Settle(*work, options_.timeout);
+        if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+          backend_->Settle(*work, options_.timeout);
+        } else {
+          backend_->Await(*work, options_.timeout).IgnoreError();
+        }
       }
       DrainBucketsLocked();
       return absl::Status(status.code(),
