@@ -30,6 +30,19 @@ namespace py = pybind11;
 namespace gradsync {
 namespace {
 
+// A BlockingWait that releases the GIL around `wait` when the calling
+// thread holds it: Python drops a group's last reference with the GIL
+// held, and the group's completing thread may be running a future's
+// Python callback.
+void ReleasingTheGil(const std::function<void()>& wait) {
+  if (PyGILState_Check() == 0) {
+    wait();
+    return;
+  }
+  py::gil_scoped_release unlocked;
+  wait();
+}
+
 // The group torch.distributed asks the backend "gradsync" for (its creator
 // function: store, rank, world size, timeout), bootstrapped through
 // `store` with the GIL released. The environment chooses the transport:
@@ -45,6 +58,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> CreateProcessGroup(
       shared_memory == nullptr || std::string(shared_memory) != "0";
   const char* address = std::getenv("GRADSYNC_GLOO_ADDRESS");
   if (address != nullptr) options.gloo_address = address;
+  options.blocking_wait = &ReleasingTheGil;
   C10dStore bootstrap(store);
   absl::StatusOr<c10::intrusive_ptr<TorchProcessGroup>> group;
   {

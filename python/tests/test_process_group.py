@@ -42,6 +42,38 @@ def run_ranks(backend, world, env=None):
         return results
 
 
+# The start of a script for run_rank0_of_two: both ranks make a gradsync
+# group, then rank 1 never issues a collective.
+RANK1_AWAY = """
+import datetime, sys, threading, time
+import torch, torch.distributed as dist
+import gradsync.torch
+rank = int(sys.argv[1])
+dist.init_process_group("gradsync", store=dist.FileStore(sys.argv[2], 2),
+                        rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=120))
+if rank == 1:
+    time.sleep(60)  # never joins; killed by the test
+"""
+
+
+def run_rank0_of_two(script):
+    """`script` (python -c) as ranks 0 and 1, argv RANK STORE_FILE: rank 0's
+    output within 60 s; both are killed then."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE))
+        ranks = [subprocess.Popen(
+            [sys.executable, "-c", script, str(r), os.path.join(tmp, "s")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=env) for r in range(2)]
+        try:
+            return ranks[0].communicate(timeout=60)[0]
+        finally:
+            for p in ranks:
+                p.kill()
+                p.wait()
+
+
 def assert_close(params, reference):
     for got, want in zip(params, reference):
         assert len(got) == len(want)
@@ -66,16 +98,7 @@ def test_ddp_on_gradsync_trains_as_on_gloo(world, transport, env):
 
 
 def test_an_abort_fails_a_collective_a_peer_never_joins():
-    script = """
-import datetime, sys, threading, time
-import torch, torch.distributed as dist
-import gradsync.torch
-rank = int(sys.argv[1])
-dist.init_process_group("gradsync", store=dist.FileStore(sys.argv[2], 2),
-                        rank=rank, world_size=2,
-                        timeout=datetime.timedelta(seconds=120))
-if rank == 1:
-    time.sleep(30)  # never joins; killed by the test
+    script = RANK1_AWAY + """
 threading.Timer(0.5, gradsync.torch.abort).start()
 start = time.monotonic()
 try:
@@ -84,20 +107,27 @@ try:
 except RuntimeError as e:
     print(f"failed after {time.monotonic() - start:.1f} s: {e}")
 """
-    with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE))
-        ranks = [subprocess.Popen(
-            [sys.executable, "-c", script, str(r), os.path.join(tmp, "s")],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=env) for r in range(2)]
-        try:
-            out, _ = ranks[0].communicate(timeout=60)
-        finally:
-            for p in ranks:
-                p.kill()
-                p.wait()
+    out = run_rank0_of_two(script)
     assert "failed after 0." in out, out
     assert "allreduce #" in out, out
+
+
+def test_a_group_dropped_with_a_python_callback_pending_does_not_hang():
+    # The last reference goes with the GIL held, while the collective's
+    # future has a Python callback, which the group's completing thread
+    # runs when the drop aborts the collective: it must get the GIL.
+    script = RANK1_AWAY + """
+work = dist.all_reduce(torch.ones(8), async_op=True)
+called = []
+future = work.get_future().then(lambda f: called.append(1))
+start = time.monotonic()
+dist.destroy_process_group()
+del work
+print(f"dropped after {time.monotonic() - start:.1f} s; callback ran: {called}")
+"""
+    out = run_rank0_of_two(script)
+    assert "dropped after 0." in out, out
+    assert "callback ran: [1]" in out, out
 
 
 def test_the_backend_is_registered_for_cpu_tensors_without_a_warning():

@@ -212,6 +212,11 @@ class CudaNcclDevice final : public NcclDevice {
   int index() const override { return index_; }
   DeviceKind buffer_kind() const override { return DeviceKind::kCuda; }
 
+  // Every call below that reaches the CUDA runtime makes this device
+  // current first: it may come from a thread that never set one (the
+  // telemetry and heartbeat threads, a Work released on them), where the
+  // runtime would otherwise use, and make a context on, device 0. That is
+  // another process's GPU for every local rank but 0.
   absl::Status MakeCurrent() override { return GS_CUDA(cudaSetDevice(index_)); }
 
   // Streams come from and go back to the process's StreamPool (above).
@@ -237,33 +242,40 @@ class CudaNcclDevice final : public NcclDevice {
     return static_cast<void*>(event);
   }
   absl::StatusOr<absl::Duration> ElapsedTime(void* start, void* end) override {
+    GS_RETURN_IF_ERROR(MakeCurrent());
     float ms = 0;
     GS_RETURN_IF_ERROR(GS_CUDA(cudaEventElapsedTime(
         &ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end))));
     return absl::Microseconds(static_cast<int64_t>(ms * 1000.0));
   }
   void DestroyEvent(void* event) override {
+    MakeCurrent().IgnoreError();
     cudaEventDestroy(static_cast<cudaEvent_t>(event));
   }
   absl::Status RecordEvent(void* event, void* stream) override {
+    GS_RETURN_IF_ERROR(MakeCurrent());
     return GS_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(event),
                                    static_cast<cudaStream_t>(stream)));
   }
   absl::StatusOr<bool> EventDone(void* event) override {
+    GS_RETURN_IF_ERROR(MakeCurrent());
     const cudaError_t query = cudaEventQuery(static_cast<cudaEvent_t>(event));
     if (query == cudaErrorNotReady) return false;
     GS_RETURN_IF_ERROR(CudaStatus(query, "cudaEventQuery"));
     return true;
   }
   absl::Status SynchronizeEvent(void* event) override {
+    GS_RETURN_IF_ERROR(MakeCurrent());
     return GS_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
   }
   absl::Status StreamWaitEvent(void* stream, void* event) override {
+    GS_RETURN_IF_ERROR(MakeCurrent());
     return GS_CUDA(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
                                        static_cast<cudaEvent_t>(event), 0));
   }
   absl::Status LaunchHostFunction(void* stream,
                                   std::function<void()> fn) override {
+    GS_RETURN_IF_ERROR(MakeCurrent());
     auto* owned = new std::function<void()>(std::move(fn));
     const cudaError_t launched = cudaLaunchHostFunc(
         static_cast<cudaStream_t>(stream),
@@ -283,18 +295,17 @@ class CudaNcclDevice final : public NcclDevice {
     GS_RETURN_IF_ERROR(GS_CUDA(cudaMalloc(&data, bytes)));
     return data;
   }
-  void Free(void* data) override { cudaFree(data); }
+  void Free(void* data) override {
+    MakeCurrent().IgnoreError();
+    cudaFree(data);
+  }
 
+  // Not restoring the thread's device before: that was device 0 on a
+  // thread that never set one, and setting it back made a context there.
   int64_t MemoryInUse() override {
-    int previous = 0;
-    if (cudaGetDevice(&previous) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
     size_t free_bytes = 0, total_bytes = 0;
-    const bool ok = cudaSetDevice(index_) == cudaSuccess &&
+    const bool ok = MakeCurrent().ok() &&
                     cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
-    cudaSetDevice(previous);
     if (!ok) {
       cudaGetLastError();
       return 0;

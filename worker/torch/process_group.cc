@@ -147,10 +147,12 @@ struct TorchProcessGroup::Pending {
   int cuda_device;  // of the tensors; -1: on the CPU
 };
 
-TorchProcessGroup::TorchProcessGroup(std::unique_ptr<Backend> backend)
+TorchProcessGroup::TorchProcessGroup(std::unique_ptr<Backend> backend,
+                                     BlockingWait blocking_wait)
     : c10d::ProcessGroup(backend->rank(), backend->world_size()),
       owned_(std::move(backend)),
       backend_(owned_.get()),
+      blocking_wait_(std::move(blocking_wait)),
       transport_(backend_->name()),
       completer_([this] { CompleteLoop(); }) {}
 
@@ -167,9 +169,16 @@ void TorchProcessGroup::End() {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
-    if (!pending_.empty()) backend_->Abort();
+    // A collective still to complete (queued, or the one the completing
+    // thread waits for) would keep End() waiting: it is aborted.
+    if (!pending_.empty() || completing_) backend_->Abort();
   }
-  completer_.join();
+  const auto join = [this] { completer_.join(); };
+  if (blocking_wait_) {
+    blocking_wait_(join);
+  } else {
+    join();
+  }
 }
 
 void TorchProcessGroup::Abort() {
@@ -225,13 +234,15 @@ void TorchProcessGroup::CompleteLoop() {
       if (pending_.empty()) return;  // stopping, every collective completed
       next = std::move(pending_.front());
       pending_.pop_front();
+      completing_ = true;
     }
     const absl::Status status = next->work->Wait();
+    {
+      absl::MutexLock lock(&mu_);
+      completing_ = false;
+      if (!status.ok() && first_failure_.ok()) first_failure_ = status;
+    }
     if (!status.ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        if (first_failure_.ok()) first_failure_ = status;
-      }
       next->future->setError(std::make_exception_ptr(std::runtime_error(
           absl::StrCat("gradsync process group: ", next->collective, " #",
                        next->work->sequence(), " (", transport_,
@@ -359,7 +370,8 @@ absl::StatusOr<c10::intrusive_ptr<TorchProcessGroup>> CreateTorchProcessGroup(
     if (!tcp.ok()) return tcp.status();
     backend = *std::move(tcp);
   }
-  return c10::make_intrusive<TorchProcessGroup>(std::move(backend));
+  return c10::make_intrusive<TorchProcessGroup>(std::move(backend),
+                                                options.blocking_wait);
 }
 
 }  // namespace gradsync

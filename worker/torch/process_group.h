@@ -35,6 +35,12 @@
 
 namespace gradsync {
 
+// Runs `wait`, the calling thread's wait for a group's completing thread,
+// which runs the futures' callbacks: a Python callback there needs the GIL,
+// which a thread dropping the group from Python holds (the Python
+// extension's releases it around `wait` then).
+using BlockingWait = std::function<void(const std::function<void()>& wait)>;
+
 // Collectives run in issue order on the backend; each returns a c10d::Work
 // whose future (getFuture, which DDP's communication hooks chain on) a
 // thread of this group completes once the collective ended. Errors are
@@ -44,8 +50,10 @@ namespace gradsync {
 // backend it owns.
 class TorchProcessGroup final : public c10d::ProcessGroup {
  public:
-  // Owns `backend`.
-  explicit TorchProcessGroup(std::unique_ptr<Backend> backend);
+  // Owns `backend`. `blocking_wait` (nullptr: none) runs End()'s wait for
+  // the completing thread.
+  explicit TorchProcessGroup(std::unique_ptr<Backend> backend,
+                             BlockingWait blocking_wait = nullptr);
   // Over `backend`, which must stay alive until End() returned: a round's
   // backend that the runtime owns (python/ext/job.cc).
   explicit TorchProcessGroup(Backend* backend);
@@ -109,9 +117,12 @@ class TorchProcessGroup final : public c10d::ProcessGroup {
 
   const std::unique_ptr<Backend> owned_;
   Backend* const backend_;
+  const BlockingWait blocking_wait_;
   const std::string transport_;  // backend_->name()
   mutable absl::Mutex mu_;
   std::deque<std::unique_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
+  // Whether the completing thread is waiting for one it took off pending_.
+  bool completing_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status first_failure_ ABSL_GUARDED_BY(mu_);
   std::thread completer_;
@@ -128,6 +139,8 @@ struct TorchGroupOptions {
   // The address Gloo binds and advertises; empty: the address this host's
   // name resolves to.
   std::string gloo_address;
+  // The group's BlockingWait (nullptr: none).
+  BlockingWait blocking_wait;
 };
 
 // Makes the group for `rank` of `world_size`, bootstrapped through `store`
