@@ -91,22 +91,11 @@
 #include "server/heartbeat_shedder.h"
 #include "server/share_balancer.h"
 #include "server/job_manager.h"
+#include "server/member_sample.h"
 #include "server/queue_delays.h"
 #include "server/round_lifecycle.h"
 
 namespace gradsync {
-
-// One member as the Prometheus exposition sees it (see ForEachMember).
-struct MemberSample {
-  const std::string* job_id;
-  int rank;
-  const std::string* host;
-  v1::MemberState state;
-  bool heard;                 // whether a heartbeat arrived yet
-  absl::Duration age;         // since the last heartbeat (or monitoring start)
-  absl::Duration lag;         // median first-bucket lag; 0 when unknown
-  const v1::WorkerMetrics* metrics;
-};
 
 class HealthManager : public RoundListener {
  public:
