@@ -7,14 +7,11 @@
 #include <cstddef>
 
 #include "absl/status/status.h"
+#include "common/error_text.h"
 #include "proto/gradsync/v1/health.pb.h"
 #include "proto/gradsync/v1/job.pb.h"
 
 namespace gradsync {
-
-// The most bytes of an error text a worker may report (metrics.last_error,
-// ReportCompletionRequest.message).
-inline constexpr size_t kMaxErrorBytes = 4096;
 
 // INVALID_ARGUMENT, naming the field, for a malformed job id, a round below
 // 1, a negative rank or an over-long incarnation id.

@@ -1,11 +1,11 @@
 #include "python/ext/job.h"
 
-#include <unistd.h>
-
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -145,6 +145,10 @@ class PyTrainer : public Trainer {
   // recovery counted); otherwise the status of the collective that failed
   // first (a recoverable one re-forms the round) or, when none did,
   // INTERNAL with the exception's text (the job fails).
+  //
+  // Once train() returned or raised, the loop's committed_step() and
+  // has_state() are read again (ReadProgress) for a rejoin; one of them
+  // raising fails the job, naming it (and train()'s exception).
   absl::Status Train(const Round& round) override {
     auto group = c10::make_intrusive<TorchProcessGroup>(round.backend);
     group_ = group;
@@ -163,6 +167,13 @@ class PyTrainer : public Trainer {
           // replica's fingerprint).
           py::function returned = py::get_override(this, "_train_returned");
           if (returned) returned(py_round);
+          // A round that ends after training can still be superseded (a
+          // peer lost before the completion): the rejoin sends this.
+          const absl::Status progress = ReadProgress();
+          if (!progress.ok()) {
+            trained = absl::InternalError(absl::StrCat(
+                "train(round) returned; then ", progress.message()));
+          }
         }
       } catch (py::error_already_set& e) {
         trained = Raised(e, *group);
@@ -172,18 +183,73 @@ class PyTrainer : public Trainer {
     return trained;
   }
 
+  // Reads the loop's committed_step() and has_state() (the latter's
+  // default: a step committed) into what RunJob's committed_step() and
+  // has_state() return until the next read: RunJob asks for them between
+  // rounds, where a Python exception could only unwind it. Throws what the
+  // methods raise (py::error_already_set), py::cast_error for a result of
+  // the wrong type, with `reading` naming the method; keeps the values read
+  // before then. Takes the GIL.
+  void ReadProgressOrThrow(const char** reading) {
+    py::gil_scoped_acquire gil;
+    *reading = "committed_step()";
+    py::function committed = py::get_override(this, "committed_step");
+    if (!committed) {
+      throw std::invalid_argument(
+          "gradsync.elastic.Trainer subclasses must define committed_step()");
+    }
+    const auto step = committed().cast<int64_t>();
+    *reading = "has_state()";
+    py::function has = py::get_override(this, "has_state");
+    const bool state = has ? has().cast<bool>() : step > 0;
+    committed_step_ = step;
+    has_state_ = state;
+  }
+
+  // Ends the round's group (aborting its collectives still pending) once
+  // RunJob reported what Train returned.
+  void RoundEnded() override {
+    if (group_) group_->End();
+    group_.reset();
+  }
+
+  // As the last ReadProgress read them.
+  int64_t committed_step() const override { return committed_step_; }
+  bool has_state() const override { return has_state_; }
+
+ private:
+  // ReadProgressOrThrow, with what it throws as INTERNAL naming the method.
+  absl::Status ReadProgress() {
+    const char* reading = "";
+    try {
+      ReadProgressOrThrow(&reading);
+      return absl::OkStatus();
+    } catch (py::error_already_set& e) {
+      return absl::InternalError(absl::StrCat(reading, " raised ", TextOf(e)));
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat(reading, ": ", e.what()));
+    }
+  }
+
   // What train() raising `e` means (see Train). Never throws: a Python
-  // error while taking it in (committed_step() raising, an exception whose
-  // text cannot be made) is INTERNAL, naming both.
+  // error while taking it in (committed_step() or has_state() raising, an
+  // exception whose text cannot be made) is INTERNAL, naming both.
   absl::Status Raised(py::error_already_set& e,
                       const TorchProcessGroup& group) {
     const absl::Status collective = group.first_failure();
     try {
-      if (e.matches(reform_exception)) {
-        return ReformAtStepBoundary(committed_step());
+      const bool reform = e.matches(reform_exception);
+      if (!reform) {
+        py::module_::import("traceback")
+            .attr("print_exception")(e.type(), e.value(), e.trace());
       }
-      py::module_::import("traceback")
-          .attr("print_exception")(e.type(), e.value(), e.trace());
+      const absl::Status progress = ReadProgress();
+      if (!progress.ok()) {
+        return absl::InternalError(absl::StrCat("the training loop raised ",
+                                                TextOf(e), "; then ",
+                                                progress.message()));
+      }
+      if (reform) return ReformAtStepBoundary(committed_step());
       if (!collective.ok()) return collective;
       return absl::InternalError(
           absl::StrCat("the training loop raised ", TextOf(e)));
@@ -196,23 +262,12 @@ class PyTrainer : public Trainer {
     }
   }
 
-  // Ends the round's group (aborting its collectives still pending) once
-  // RunJob reported what Train returned.
-  void RoundEnded() override {
-    if (group_) group_->End();
-    group_.reset();
-  }
-
-  int64_t committed_step() const override {
-    PYBIND11_OVERRIDE_PURE(int64_t, Trainer, committed_step, );
-  }
-  bool has_state() const override {
-    PYBIND11_OVERRIDE(bool, Trainer, has_state, );
-  }
-
- private:
   // The process group of the round Train ran last, until RoundEnded.
   c10::intrusive_ptr<TorchProcessGroup> group_;
+  // What ReadProgress read last. Atomic: read by RunJob's thread, written
+  // by the thread that runs Train (the same one today).
+  std::atomic<int64_t> committed_step_{0};
+  std::atomic<bool> has_state_{false};
 };
 
 // Arms `spec` (comma-separated NAME or NAME:N) for this process's NCCL
@@ -298,6 +353,14 @@ void RunJobFromPython(Trainer* trainer, const std::string& coordinator,
   options.max_recoveries = max_recoveries;
   options.last_call_timeout = absl::Seconds(last_call_seconds);
   options.token_file = token_file;
+  // The progress the first join sends; an exception here is the caller's.
+  auto* py_trainer = dynamic_cast<PyTrainer*>(trainer);
+  if (py_trainer == nullptr) {
+    throw std::invalid_argument(
+        "run_job takes a gradsync.elastic.Trainer subclass");
+  }
+  const char* reading = "";
+  py_trainer->ReadProgressOrThrow(&reading);
   absl::Status done;
   {
     py::gil_scoped_release unlocked;
@@ -349,10 +412,7 @@ void RegisterRound(py::module_& m) {
 
 void RegisterJob(py::module_& m) {
   RegisterRound(m);
-  py::class_<Trainer, PyTrainer>(m, "Trainer")
-      .def(py::init<>())
-      .def("committed_step", &Trainer::committed_step)
-      .def("has_state", &Trainer::has_state);
+  py::class_<Trainer, PyTrainer>(m, "Trainer").def(py::init<>());
   m.def("run_job", &RunJobFromPython, py::arg("trainer"),
         py::arg("coordinator"), py::arg("job"), py::arg("nnodes") = "1",
         py::arg("nproc_per_node") = 1, py::arg("node_id") = "",

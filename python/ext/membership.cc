@@ -155,13 +155,12 @@ class Membership {
 
  private:
   // Heartbeats for assignment_'s round, from a training state of its own
-  // (the counters of a round before are not this one's): set first, so
-  // that no heartbeat of the new round carries the old.
+  // (Start drops the counters of the round before).
   void StartReporting() {
+    state_->reporter->Start(assignment_, request_.node().incarnation_id());
     v1::WorkerMetrics training;
     training.set_state(v1::WORKER_STATE_TRAINING);
     state_->reporter->Update(training);
-    state_->reporter->Start(assignment_, request_.node().incarnation_id());
   }
 
   // Sends request_ (the GIL released while it waits for the round).

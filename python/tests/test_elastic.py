@@ -446,21 +446,27 @@ def test_an_error_of_the_loop_itself_fails_the_job_with_it(coordinator):
     assert job.round == 1, job
 
 
+@pytest.mark.parametrize("method", ["committed_step", "has_state"])
 def test_a_loop_that_fails_again_while_its_failure_is_taken_fails_the_job(
-        coordinator):
-    """train() raises ReformAtStepBoundary, and committed_step() raises
-    when the runtime asks for the step to re-form after: run() raises
-    RuntimeError naming both, the job fails with them, and the round that
-    train() was given is over (its calls raise, not read freed memory)."""
+        coordinator, method):
+    """train() raises ReformAtStepBoundary, and then `method` raises when
+    the runtime reads the loop's progress for the rejoin: run() raises
+    RuntimeError naming both, the job fails with them (rather than the
+    exception unwinding the runtime and the member going silent), and the
+    round that train() was given is over (its calls raise, not read freed
+    memory)."""
+    job = f"elastic-twice-{method.replace('_', '-')}"
     lines = [
         "import gradsync.elastic as elastic",
         "kept = []",
         "class Loop(elastic.Trainer):",
         "    trained = False",
         "    def has_state(self):",
+        f"        if self.trained and {method == 'has_state'}:",
+        "            raise KeyError('no state kept')",
         "        return False",
         "    def committed_step(self):",
-        "        if self.trained:",
+        f"        if self.trained and {method == 'committed_step'}:",
         "            raise KeyError('no step kept')",
         "        return 0",
         "    def train(self, round):",
@@ -469,7 +475,7 @@ def test_a_loop_that_fails_again_while_its_failure_is_taken_fails_the_job(
         "        raise elastic.ReformAtStepBoundary('at a boundary')",
         "try:",
         f"    elastic.run(Loop(), coordinator='{coordinator}', "
-        "job='elastic-twice', max_recoveries=0)",
+        f"job='{job}', max_recoveries=0)",
         "except RuntimeError as error:",
         "    print('run:', error)",
         "try:",
@@ -478,13 +484,36 @@ def test_a_loop_that_fails_again_while_its_failure_is_taken_fails_the_job(
         "    print('round:', error)"]
     done = _run_python("\n".join(lines))
     assert done.returncode == 0, done.stdout + done.stderr
+    raised = ("committed_step() raised KeyError: 'no step kept'"
+              if method == "committed_step" else
+              "has_state() raised KeyError: 'no state kept'")
     assert re.search(r"^run: .*ReformAtStepBoundary: at a boundary; then "
-                     r"KeyError: 'no step kept'", done.stdout, re.M), \
+                     + re.escape(raised), done.stdout, re.M), \
         done.stdout + done.stderr
     assert "round: gradsync: this round is over" in done.stdout, done.stdout
-    job = gradsync.Client(coordinator).get_job("elastic-twice")
-    assert gradsync.Client.state_name(job.state) == "failed", job
-    assert "KeyError: 'no step kept'" in job.reason, job.reason
+    state = gradsync.Client(coordinator).get_job(job)
+    assert gradsync.Client.state_name(state.state) == "failed", state
+    assert raised in state.reason, state.reason
+
+
+def test_a_loop_whose_progress_cannot_be_read_does_not_join(coordinator):
+    """committed_step() raising before the first join is the caller's
+    error: run() raises it as it is, and no job is made."""
+    lines = [
+        "import gradsync.elastic as elastic",
+        "class Loop(elastic.Trainer):",
+        "    def train(self, round):",
+        "        pass",
+        "try:",
+        f"    elastic.run(Loop(), coordinator='{coordinator}', "
+        "job='elastic-no-step')",
+        "except NotImplementedError:",
+        "    print('run: NotImplementedError')"]
+    done = _run_python("\n".join(lines))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "run: NotImplementedError" in done.stdout, done.stdout + done.stderr
+    with pytest.raises(gradsync.client.Error):
+        gradsync.Client(coordinator).get_job("elastic-no-step")
 
 
 def test_a_spare_agent_takes_a_killed_ranks_place(coordinator):

@@ -8,6 +8,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "common/error_text.h"
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "worker/runtime/thread_stacks.h"
@@ -74,6 +75,8 @@ void HealthReporter::Start(
   member.set_incarnation_id(incarnation_id);
   member_ = std::move(member);
   ++member_generation_;
+  snapshot_.Clear();
+  snapshot_.set_state(v1::WORKER_STATE_STARTING);
   collectives_.clear();
   ready_times_.clear();
   fingerprints_.clear();
@@ -390,7 +393,7 @@ absl::Status HealthReporter::Finish(bool success, int exit_code,
   Stop();
   request.set_success(success);
   request.set_exit_code(exit_code);
-  request.set_message(message);
+  request.set_message(CutErrorText(message));
   absl::StatusOr<v1::JobState> state = client_->ReportCompletion(request);
   if (!state.ok()) return state.status();
   absl::MutexLock lock(&mu_);

@@ -123,7 +123,10 @@ class HealthReporter {
   // `incarnation_id`); starts the sending thread on the first call, and
   // again after Finish() or Stop() ended it. Call it again after every
   // rejoin: the stream moves to the new round and queued events of the old
-  // round are dropped. Start, Finish and Stop are called from one thread.
+  // round are dropped. The new member's heartbeats start from a state of
+  // their own (STARTING: no step, error or round-start times of the round
+  // before) until the next Update. Start, Finish and Stop are called from
+  // one thread.
   //
   // `on_round_over`, when set, is called once (on one of the reporter's
   // threads) when the coordinator says this member should stop: its stream

@@ -1,10 +1,10 @@
 #include "worker/runtime/telemetry.h"
 
-
 #include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_text.h"
 #include "common/job_config.h"
 #include "common/process_usage.h"
 
@@ -176,7 +176,7 @@ void Telemetry::SetState(v1::WorkerState state) {
 
 void Telemetry::SetError(const std::string& error) {
   absl::MutexLock lock(&mu_);
-  metrics_.set_last_error(error);
+  metrics_.set_last_error(CutErrorText(error));
   PublishLocked();
 }
 

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/error_text.h"
 
 namespace gradsync {
 namespace {
@@ -166,7 +167,7 @@ v1::ThreadStacks CaptureThreadStacks(int64_t request,
   out.set_request(request);
   std::string error;
   if (!Install(&error)) {
-    out.set_error(absl::StrCat("cannot capture stacks: ", error));
+    out.set_error(CutErrorText(absl::StrCat("cannot capture stacks: ", error)));
     return out;
   }
   const pid_t self = Tid();
@@ -203,7 +204,7 @@ v1::ThreadStacks CaptureThreadStacks(int64_t request,
     errors.push_back(absl::StrCat(skipped, " more threads left out (at most ",
                                   options.max_threads, ")"));
   }
-  out.set_error(absl::StrJoin(errors, "; "));
+  out.set_error(CutErrorText(absl::StrJoin(errors, "; ")));
   return out;
 }
 

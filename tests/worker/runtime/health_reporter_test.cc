@@ -13,6 +13,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/error_text.h"
 #include "common/job_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -129,6 +130,34 @@ TEST_F(HealthReporterTest, StartAfterStopSendsHeartbeatsAgain) {
   EXPECT_EQ(Job().round(), 2);
 }
 
+TEST_F(HealthReporterTest, ANewRoundsHeartbeatsCarryNothingOfTheRoundBefore) {
+  StartCoordinator();
+  v1::Assignment a = JoinOne("inc-a");
+  auto client = Client(port_);
+  HealthReporter reporter(client.get(), FastOptions());
+  reporter.Start(a, "inc-a");
+  v1::WorkerMetrics failed = Step(7);
+  failed.set_last_error("round 1's collective failed");
+  failed.mutable_round_start()->mutable_state_transfer()->set_seconds(1);
+  reporter.Update(failed);
+  ASSERT_TRUE(
+      Eventually([&] { return Job().members(0).metrics().step() == 7; }));
+  // Rejoined in round 2 (a new process on the node forms it), with no
+  // Update yet: the process group of the new round is still being built.
+  v1::Assignment b = JoinOne("inc-b");
+  reporter.Start(b, "inc-b");
+  ASSERT_TRUE(Eventually([&] {
+    const v1::JobStatus job = Job();
+    return job.round() == 2 && job.members_size() == 1 &&
+           job.members(0).metrics().state() == v1::WORKER_STATE_STARTING;
+  }));
+  const v1::WorkerMetrics shown = Job().members(0).metrics();
+  EXPECT_EQ(shown.step(), 0);
+  EXPECT_EQ(shown.last_error(), "");
+  EXPECT_FALSE(shown.has_round_start());
+  reporter.Stop();
+}
+
 TEST_F(HealthReporterTest, UpdatesReachTheCoordinatorAndItsVerdictComesBack) {
   StartCoordinator();
   v1::Assignment a = JoinOne("inc-a");
@@ -174,6 +203,22 @@ TEST_F(HealthReporterTest, FinishReportsFailureWithExitCodeAndMessage) {
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job.reason(),
               HasSubstr("failed with exit code 3: loss is NaN at step 12"));
+}
+
+TEST_F(HealthReporterTest, AFailureMessageOverTheLimitIsCutNotRefused) {
+  StartCoordinator();
+  v1::Assignment a = JoinOne("inc-a");
+  auto client = Client(port_);
+  HealthReporter reporter(client.get(), FastOptions());
+  reporter.Start(a, "inc-a");
+  // A strict load_state_dict's list of missing keys can run to kilobytes.
+  const std::string message =
+      "missing keys: " + std::string(3 * kMaxErrorBytes, 'k');
+  ASSERT_TRUE(reporter.Finish(false, 1, message).ok());
+  v1::JobStatus job = Job();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(job.reason(), HasSubstr("missing keys: kkk"));
+  EXPECT_THAT(job.reason(), HasSubstr("bytes cut)"));
 }
 
 TEST_F(HealthReporterTest, FinishBeforeStartIsRefused) {
@@ -512,10 +557,10 @@ TEST(HealthReporterLiveFieldsTest, EachHeartbeatReadsThemAsItIsSent) {
   reporter.SetLiveFields([&started](v1::WorkerMetrics* m) {
     m->set_last_started_collective(started.load());
   });
+  reporter.Start(Member(0), "inc-0");
   v1::WorkerMetrics step = Step(1);
   step.set_last_started_collective(1);
   reporter.Update(step);
-  reporter.Start(Member(0), "inc-0");
   ASSERT_TRUE(streams.WaitForSent(1));
   EXPECT_EQ(streams.last_started_sent(), 5);
   started = 9;  // no Update()
