@@ -38,6 +38,11 @@ def _torch_lacks_libuv():
 if _torch_lacks_libuv():  # for the processes the tests launch
     os.environ["USE_LIBUV"] = "0"
 
+# The tests run several agents of one process each on this machine's cores,
+# where `gradsync launch` (as torchrun) sets OMP_NUM_THREADS=1 only for
+# several processes of one agent: one intra-op thread each, as there.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def binary(path):
     root = os.environ.get("GRADSYNC_BIN") or os.path.join(HERE, "..", "..",

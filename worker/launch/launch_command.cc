@@ -21,26 +21,33 @@ extern char** environ;
 namespace gradsync {
 namespace {
 
+// The signal that wakes RunStoppable's signal thread once the agent is done.
+constexpr int kWakeSignal = SIGUSR1;
+
 // Runs `agent` (NodeAgent or SelfManagedAgent) to its exit code while a
-// thread of its own takes `stop_signals` (blocked in every thread) and
-// stops it.
+// thread of its own takes `stop_signals` and stops it. `stop_signals` and
+// kWakeSignal must be blocked in every thread.
 template <typename Agent>
-int RunStoppable(Agent* agent, sigset_t stop_signals) {
-  // The signal thread ends on a stop signal, or on SIGUSR1 from here once
-  // the agent is done.
-  sigaddset(&stop_signals, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  std::thread signals([agent, stop_signals] {
-    int signal = 0;
-    while (sigwait(&stop_signals, &signal) == 0) {
-      if (signal == SIGUSR1) return;
+int RunStoppable(Agent* agent, const sigset_t& stop_signals) {
+  // The signal thread ends on kWakeSignal once the agent is done; one that
+  // comes before (from another process) is not the wake-up and is dropped.
+  sigset_t awaited = stop_signals;
+  sigaddset(&awaited, kWakeSignal);
+  absl::Notification done;
+  std::thread signals([agent, awaited, &done] {
+    for (int signal = 0; sigwait(&awaited, &signal) == 0;) {
+      if (signal == kWakeSignal) {
+        if (done.HasBeenNotified()) return;
+        continue;
+      }
       GS_LOG(WARNING) << "gradsync launch: received " << strsignal(signal)
                       << ": stopping the processes";
       agent->RequestStop(signal);
     }
   });
   const int code = agent->Run();
-  pthread_kill(signals.native_handle(), SIGUSR1);
+  done.Notify();
+  pthread_kill(signals.native_handle(), kWakeSignal);
   signals.join();
   return code;
 }
@@ -57,14 +64,26 @@ int RunLaunchCommand(const std::vector<std::string>& args) {
     std::fprintf(stderr, "%s\n", std::string(options.status().message()).c_str());
     return 2;
   }
-  // SIGINT and SIGTERM are blocked in every thread (those made from here
-  // on inherit the mask) and taken by one, which stops the agent. The
-  // processes it starts unblock them (LocalProcess::Start).
+  // The stop signals are torchrun's: SIGINT, SIGTERM, and SIGHUP and
+  // SIGQUIT (the terminal or the ssh session went away); SIGHUP only when
+  // it is not ignored (nohup), so that it stays ignored, by the processes
+  // too. They and kWakeSignal are blocked here, before any thread starts, so
+  // every thread inherits the mask, and taken by one (RunStoppable), which
+  // stops the agent. The processes it starts unblock them
+  // (LocalProcess::Start).
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  sigaddset(&stop_signals, SIGQUIT);
+  struct sigaction hangup;
+  if (sigaction(SIGHUP, nullptr, &hangup) == 0 &&
+      hangup.sa_handler != SIG_IGN) {
+    sigaddset(&stop_signals, SIGHUP);
+  }
+  sigset_t blocked = stop_signals;
+  sigaddset(&blocked, kWakeSignal);
+  pthread_sigmask(SIG_BLOCK, &blocked, nullptr);
 
   ClientOptions client_options;
   client_options.target = options->coordinator;

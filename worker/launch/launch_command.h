@@ -10,7 +10,9 @@ namespace gradsync {
 // Runs `gradsync launch` with `args` (the words after "launch"); returns
 // the process's exit code: the agent's (NodeAgent::Run), or 2 for bad
 // usage. Call it from main() before any other thread starts: it routes
-// SIGINT and SIGTERM to a thread of its own, which stops the agent.
+// SIGINT, SIGTERM, SIGHUP (unless ignored, as under nohup) and SIGQUIT to a
+// thread of its own, which stops the agent, and blocks SIGUSR1, which it
+// uses internally, in every thread.
 int RunLaunchCommand(const std::vector<std::string>& args);
 
 }  // namespace gradsync

@@ -29,6 +29,34 @@ void CloseIfOpen(int* fd) {
   *fd = -1;
 }
 
+// A close-on-exec pipe; the ends it still holds are closed when it goes out
+// of scope, so that no return of Start leaks one.
+class Pipe {
+ public:
+  Pipe() = default;
+  ~Pipe() {
+    CloseIfOpen(&fds_[0]);
+    CloseIfOpen(&fds_[1]);
+  }
+  Pipe(const Pipe&) = delete;
+  Pipe& operator=(const Pipe&) = delete;
+
+  // Opens the pipe; false (errno set) when it cannot.
+  bool Open() { return pipe2(fds_, O_CLOEXEC) == 0; }
+  int read_end() const { return fds_[0]; }
+  int write_end() const { return fds_[1]; }
+  void CloseWriteEnd() { CloseIfOpen(&fds_[1]); }
+  // The read end, which the caller now owns.
+  int TakeReadEnd() {
+    const int fd = fds_[0];
+    fds_[0] = -1;
+    return fd;
+  }
+
+ private:
+  int fds_[2] = {-1, -1};
+};
+
 }  // namespace
 
 int ExitCodeOf(int wait_status) {
@@ -48,9 +76,8 @@ std::string ExitText(int exit_code) {
 absl::StatusOr<std::unique_ptr<LocalProcess>> LocalProcess::Start(
     const std::vector<std::string>& argv, const std::vector<std::string>& env) {
   if (argv.empty()) return absl::InvalidArgumentError("no program to start");
-  int out[2], err[2], exec_error[2];
-  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 ||
-      pipe2(exec_error, O_CLOEXEC) != 0) {
+  Pipe out, err, exec_error;
+  if (!out.Open() || !err.Open() || !exec_error.Open()) {
     return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
   }
   // Everything the child needs is built before fork: after it, a child of
@@ -69,30 +96,32 @@ absl::StatusOr<std::unique_ptr<LocalProcess>> LocalProcess::Start(
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     if (getppid() != parent) _exit(kExecFailed);  // the agent already died
-    dup2(out[1], STDOUT_FILENO);
-    dup2(err[1], STDERR_FILENO);
+    dup2(out.write_end(), STDOUT_FILENO);
+    dup2(err.write_end(), STDERR_FILENO);
     // execvpe looks argv[0] up in the agent's PATH.
     execvpe(args[0], args.data(), envp.data());
     const int error = errno;
-    ssize_t ignored = write(exec_error[1], &error, sizeof(error));
+    ssize_t ignored = write(exec_error.write_end(), &error, sizeof(error));
     (void)ignored;
     _exit(kExecFailed);
   }
   setpgid(pid, pid);  // also here, so the group exists before any Signal()
-  close(out[1]);
-  close(err[1]);
-  close(exec_error[1]);
+  out.CloseWriteEnd();
+  err.CloseWriteEnd();
+  exec_error.CloseWriteEnd();
   int error = 0;
-  const ssize_t got = read(exec_error[0], &error, sizeof(error));
-  close(exec_error[0]);
+  ssize_t got;
+  while ((got = read(exec_error.read_end(), &error, sizeof(error))) < 0 &&
+         errno == EINTR) {
+  }
   if (got == sizeof(error)) {
-    waitpid(pid, nullptr, 0);
-    close(out[0]);
-    close(err[0]);
+    while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
     return absl::NotFoundError(
         absl::StrCat("cannot run '", argv[0], "': ", strerror(error)));
   }
-  return std::unique_ptr<LocalProcess>(new LocalProcess(pid, out[0], err[0]));
+  return std::unique_ptr<LocalProcess>(
+      new LocalProcess(pid, out.TakeReadEnd(), err.TakeReadEnd()));
 }
 
 LocalProcess::~LocalProcess() {

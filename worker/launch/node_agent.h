@@ -1,8 +1,9 @@
 // NodeAgent: the heart of `gradsync launch`. It joins the job's rendezvous
 // once per local process (all with this node's node_id, so they form one
 // node), starts the processes with torchrun's environment, heartbeats for
-// each of them (alive, RSS, CPU time, GPU memory, exit code) so the coordinator's status shows
-// every rank, and supervises them with torchrun's contract:
+// each of them (alive, RSS, CPU time, GPU memory, exit code) so the
+// coordinator's status shows every rank, and supervises them with torchrun's
+// contract:
 //   - every process exits 0: the members report success; the agent exits 0;
 //   - a process exits non-zero: the agent stops the others and rejoins,
 //     which supersedes the round; the other nodes' agents are told by their
@@ -10,8 +11,9 @@
 //     round and every process restarts with TORCHELASTIC_RESTART_COUNT + 1,
 //     at most --max_restarts times; then the failure is reported (the job
 //     FAILS with that exit code) and the agent exits with it;
-//   - SIGINT/SIGTERM (RequestStop): the processes get SIGTERM, then SIGKILL
-//     after --stop_timeout; the failure is reported; exit 128 + signal.
+//   - SIGINT, SIGTERM, SIGHUP or SIGQUIT (RequestStop): the processes get
+//     SIGTERM, then SIGKILL after --stop_timeout; the failure is reported;
+//     exit 128 + signal.
 // Processes that report their own metrics (gradsync.torch.monitor: steps,
 // bucket timings, collective fingerprints, for hang and desync diagnosis)
 // send them to the agent (GRADSYNC_AGENT_SOCKET, MetricsInbox), which folds

@@ -180,7 +180,8 @@ absl::Status NodeProcesses::Start(
     if (fd >= 0) close(fd);
   }
   absl::StatusOr<std::unique_ptr<LocalProcess>> process = LocalProcess::Start(
-      options_.command, MergeEnvironment(environment_, variables));
+      options_.command,
+      MergeEnvironment(environment_, variables, options_.nproc_per_node));
   if (!process.ok()) return process.status();
   slot.process = *std::move(process);
   const std::string incarnation = slot.request.node().incarnation_id();

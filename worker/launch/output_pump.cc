@@ -3,22 +3,29 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace gradsync {
 namespace {
 
-void WriteAll(int fd, const char* data, size_t size) {
+// Writes all of `size` bytes at `data` to `fd`; 0, or the errno of the
+// write that failed (EPIPE: nothing reads `fd` anymore).
+int WriteAll(int fd, const char* data, size_t size) {
   while (size > 0) {
     const ssize_t n = write(fd, data, size);
-    if (n <= 0) return;  // a closed console is not the job's failure
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n < 0 ? errno : EIO;
     data += n;
     size -= static_cast<size_t>(n);
   }
+  return 0;
 }
 
 }  // namespace
@@ -69,23 +76,45 @@ void OutputPump::Wake() {
 void OutputPump::Emit(Stream* stream, const char* data, size_t size) {
   if (stream->sink.file_fd >= 0) WriteAll(stream->sink.file_fd, data, size);
   if (stream->sink.console_fd < 0) return;
-  stream->partial.append(data, size);
+  // `partial` holds no line end: only the new bytes are scanned.
+  const absl::string_view text(data, size);
   size_t start = 0;
-  for (size_t nl; (nl = stream->partial.find('\n', start)) != std::string::npos;
-       start = nl + 1) {
-    const std::string line = absl::StrCat(
-        stream->sink.prefix,
-        absl::string_view(stream->partial).substr(start, nl + 1 - start));
-    WriteAll(stream->sink.console_fd, line.data(), line.size());
+  for (size_t end;
+       (end = text.find_first_of("\r\n", start)) != absl::string_view::npos;
+       start = end + 1) {
+    const absl::string_view rest = text.substr(start, end - start);
+    // "\r\n" ends one line: the '\n' after a '\r' is written alone.
+    if (stream->partial.empty() && rest.empty() && stream->after_cr) {
+      WriteConsole(stream, text.substr(end, 1));
+    } else {
+      WriteConsole(stream, absl::StrCat(stream->sink.prefix, stream->partial,
+                                        rest, text.substr(end, 1)));
+    }
+    stream->partial.clear();
+    stream->after_cr = text[end] == '\r';
   }
-  stream->partial.erase(0, start);
+  stream->partial.append(data + start, size - start);
+  if (start < size) stream->after_cr = false;
+  if (stream->partial.size() >= kMaxLine) {
+    WriteConsole(stream,
+                 absl::StrCat(stream->sink.prefix, stream->partial, "\n"));
+    stream->partial.clear();
+  }
+}
+
+void OutputPump::WriteConsole(Stream* stream, absl::string_view line) {
+  if (stream->sink.console_fd < 0) return;
+  if (WriteAll(stream->sink.console_fd, line.data(), line.size()) == EPIPE) {
+    // The console's reader is gone (`gradsync launch ... | tee` and tee
+    // exited): not the job's failure. The file, if any, still gets it all.
+    stream->sink.console_fd = -1;
+  }
 }
 
 void OutputPump::Close(Stream* stream) {
-  if (!stream->partial.empty() && stream->sink.console_fd >= 0) {
-    const std::string line =
-        absl::StrCat(stream->sink.prefix, stream->partial, "\n");
-    WriteAll(stream->sink.console_fd, line.data(), line.size());
+  if (!stream->partial.empty()) {
+    WriteConsole(stream,
+                 absl::StrCat(stream->sink.prefix, stream->partial, "\n"));
   }
   close(stream->fd);
   if (stream->sink.file_fd >= 0) close(stream->sink.file_fd);
@@ -102,6 +131,15 @@ bool OutputPump::Pump(Stream* stream) {
 }
 
 void OutputPump::Run() {
+  // A console nobody reads anymore makes write() fail with EPIPE here
+  // instead of raising SIGPIPE, whose default action would end the whole
+  // launcher. Only this thread blocks it: the processes the launcher starts
+  // must get SIGPIPE's default (SIG_IGN would be inherited through exec).
+  // The SIGPIPE such a write raises stays pending on this thread, harmless.
+  sigset_t pipe_signal;
+  sigemptyset(&pipe_signal);
+  sigaddset(&pipe_signal, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
   std::vector<Stream> streams;
   std::vector<pollfd> fds;
   while (true) {

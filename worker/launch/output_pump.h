@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -20,11 +21,18 @@ struct OutputSink {
   int file_fd = -1;      // owned (closed at end of file); -1: no file
 };
 
-// One thread polls every pipe added. A line goes to the console in one
-// write(), so lines of different processes never interleave mid-line.
+// One thread polls every pipe added. On the console a line ends at '\n' or
+// '\r' (a progress bar's redraw: it stays on one terminal line, prefixed), or
+// once it is kMaxLine long; it goes in one write(), so lines of different
+// processes never interleave mid-line. The file gets the bytes as they come.
+// A console that nobody reads anymore (EPIPE) is no longer written to.
 // Thread-safe. The destructor stops the thread and closes what is open.
 class OutputPump {
  public:
+  // A console line longer than this (bytes) is written once it reaches it,
+  // ended with a newline, and the rest follows on the next line.
+  static constexpr size_t kMaxLine = 64 * 1024;
+
   OutputPump();
   ~OutputPump();
   OutputPump(const OutputPump&) = delete;
@@ -43,13 +51,19 @@ class OutputPump {
   struct Stream {
     int fd;
     OutputSink sink;
-    std::string partial;  // a line not yet ended
+    std::string partial;  // a line not yet ended (no '\r' or '\n' in it)
+    // The stream's last byte was a '\r' that ended a console line.
+    bool after_cr = false;
   };
   void Run();
   void Wake();
   // Reads what `stream` has; false at end of file (then it is closed).
   bool Pump(Stream* stream);
+  // Copies `size` bytes at `data` from `stream` to its sink.
   static void Emit(Stream* stream, const char* data, size_t size);
+  // Writes `line` to the stream's console; stops writing to it on EPIPE.
+  static void WriteConsole(Stream* stream, absl::string_view line);
+  // Writes out what is left of `stream`'s line and closes its descriptors.
   static void Close(Stream* stream);
 
   int wake_[2] = {-1, -1};

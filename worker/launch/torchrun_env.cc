@@ -50,7 +50,7 @@ std::string StacksFile(const AgentContext& context, int local_rank) {
 
 std::vector<std::string> MergeEnvironment(
     const std::vector<std::string>& base,
-    const std::map<std::string, std::string>& variables) {
+    const std::map<std::string, std::string>& variables, int nproc_per_node) {
   std::map<std::string, std::string> merged;
   for (const std::string& entry : base) {
     const size_t eq = entry.find('=');
@@ -58,7 +58,8 @@ std::vector<std::string> MergeEnvironment(
     merged[entry.substr(0, eq)] = entry.substr(eq + 1);
   }
   // Unless set.
-  merged.emplace("OMP_NUM_THREADS", "1");
+  if (nproc_per_node > 1) merged.emplace("OMP_NUM_THREADS", "1");
+  merged.emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   merged.emplace("MALLOC_MMAP_THRESHOLD_", "33554432");
   merged.emplace("MALLOC_TRIM_THRESHOLD_", "1073741824");
   for (const auto& [name, value] : variables) merged[name] = value;

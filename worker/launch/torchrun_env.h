@@ -44,16 +44,18 @@ std::map<std::string, std::string> TorchrunVariables(
     const v1::Assignment& assignment, const AgentContext& context);
 
 // `base` ("NAME=VALUE" entries, e.g. the agent's environ) with `variables`
-// set over it, and, unless `base` sets them: OMP_NUM_THREADS=1 (as torchrun
-// does: several processes share the node's cores), and glibc's
-// MALLOC_MMAP_THRESHOLD_=33554432 and MALLOC_TRIM_THRESHOLD_=1073741824, so
-// that freed tensors stay with the process instead of being unmapped and
-// faulted in again every step (what gradsync-worker sets for itself; PyTorch
-// DDP's ResNet-18 step here: 360 ms without them, 141 ms with them,
-// BENCHMARKS.md).
+// set over it, and, unless `base` sets them, as torchrun does:
+// OMP_NUM_THREADS=1 when `nproc_per_node` > 1 (several processes share the
+// node's cores) and TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (ProcessGroupNCCL
+// tears a process down on an NCCL error or timeout instead of leaving it
+// hung); and glibc's MALLOC_MMAP_THRESHOLD_=33554432 and
+// MALLOC_TRIM_THRESHOLD_=1073741824, so that freed tensors stay with the
+// process instead of being unmapped and faulted in again every step (what
+// gradsync-worker sets for itself; PyTorch DDP's ResNet-18 step here: 360 ms
+// without them, 141 ms with them, BENCHMARKS.md).
 std::vector<std::string> MergeEnvironment(
     const std::vector<std::string>& base,
-    const std::map<std::string, std::string>& variables);
+    const std::map<std::string, std::string>& variables, int nproc_per_node);
 
 // Where the gradsync Python package is installed beside `executable` (the
 // gradsync command): PREFIX/lib/python3/dist-packages for PREFIX/bin/gradsync,

@@ -2,11 +2,13 @@
 // written for torchrun runs unchanged as 2 nodes x 2 processes and ends with
 // the parameters torchrun's run of it ends with; the coordinator shows every
 // rank while it runs; a failed process restarts the group within
-// --max_restarts and fails the job with its exit code after; SIGTERM stops
-// the processes.
+// --max_restarts and fails the job with its exit code after; a stop signal
+// (SIGINT, SIGTERM, SIGHUP, SIGQUIT) stops the processes.
 #include <signal.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include <csignal>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -304,30 +306,102 @@ TEST_F(LaunchProcessTest, LogDirKeepsEachRanksStreams) {
   EXPECT_EQ(ReadFile(logs + "/attempt_0/rank1/stderr.log"), "");
 }
 
-TEST_F(LaunchProcessTest, SigtermStopsTheProcessesAndFailsTheJob) {
-  const std::string pids = TempPath("pids");
-  // Each process records its pid, then waits (in its shell's group).
-  std::unique_ptr<Child> agent = Agent(
-      "stopped", 0, 1, 2, {"--stop_timeout=20"},
-      {"/bin/sh", "-c", absl::StrCat("echo $$ >> ", pids, "; sleep 60")});
-  auto both_running = [&] {
-    std::ifstream in(pids);
-    int lines = 0;
-    for (std::string line; std::getline(in, line);) ++lines;
-    return lines == 2;
-  };
-  ASSERT_TRUE(PumpUntil({agent.get()}, kBound, both_running))
-      << agent->describe();
-  agent->Signal(SIGTERM);
+// Sets `signal`'s disposition in this process to `handler` (children
+// started meanwhile inherit it) and restores it when it goes out of scope.
+class ScopedDisposition {
+ public:
+  ScopedDisposition(int signal, sighandler_t handler)
+      : signal_(signal), previous_(std::signal(signal, handler)) {}
+  ~ScopedDisposition() { std::signal(signal_, previous_); }
+  ScopedDisposition(const ScopedDisposition&) = delete;
+  ScopedDisposition& operator=(const ScopedDisposition&) = delete;
+
+ private:
+  const int signal_;
+  const sighandler_t previous_;
+};
+
+// Stopping an agent with a signal; parameterized over torchrun's stop
+// signals: SIGINT, SIGTERM, and SIGHUP and SIGQUIT (the terminal or the ssh
+// session went away).
+class LaunchStopTest : public LaunchProcessTest,
+                       public ::testing::WithParamInterface<int> {
+ protected:
+  // Starts an agent of `job` on 1 node whose 2 processes record their pids
+  // in `pids` and wait (in their shells' groups); returns once both run.
+  std::unique_ptr<Child> Sleepers(const std::string& job,
+                                  const std::string& pids) {
+    std::unique_ptr<Child> agent = Agent(
+        job, 0, 1, 2, {"--stop_timeout=20"},
+        {"/bin/sh", "-c", absl::StrCat("echo $$ >> ", pids, "; sleep 60")});
+    auto both_running = [&] {
+      std::ifstream in(pids);
+      int lines = 0;
+      for (std::string line; std::getline(in, line);) ++lines;
+      return lines == 2;
+    };
+    EXPECT_TRUE(PumpUntil({agent.get()}, kBound, both_running))
+        << agent->describe();
+    return agent;
+  }
+};
+
+TEST_P(LaunchStopTest, AStopSignalStopsTheProcessesAndFailsTheJob) {
+  const int signal = GetParam();
+  const std::string job = absl::StrCat("stopped-", signal);
+  const std::string pids = TempPath(absl::StrCat("pids-", signal));
+  std::unique_ptr<Child> agent;
+  {
+    // Not ignored when the agent starts (see AHangupUnderNohupIsIgnored).
+    ScopedDisposition by_default(signal, SIG_DFL);
+    agent = Sleepers(job, pids);
+  }
+  ASSERT_FALSE(HasFailure());
+  agent->Signal(signal);
   ASSERT_TRUE(WaitAll({agent.get()}, kBound));
-  EXPECT_EQ(agent->exit_code(), 128 + SIGTERM) << agent->describe();
+  EXPECT_EQ(agent->exit_code(), 128 + signal) << agent->describe();
   std::ifstream in(pids);
   for (int pid; in >> pid;) {
     EXPECT_NE(kill(pid, 0), 0) << "process " << pid << " still runs";
   }
-  const v1::JobStatus job = Job("stopped");
-  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED) << job.DebugString();
-  EXPECT_THAT(job.reason(), HasSubstr("stopped by signal 15"));
+  const v1::JobStatus status = Job(job);
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FAILED) << status.DebugString();
+  EXPECT_THAT(status.reason(),
+              HasSubstr(absl::StrCat("stopped by signal ", signal)));
+}
+
+INSTANTIATE_TEST_SUITE_P(TorchrunsStopSignals, LaunchStopTest,
+                         ::testing::Values(SIGINT, SIGTERM, SIGHUP, SIGQUIT),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return absl::StrCat("SIG", sigabbrev_np(info.param));
+                         });
+
+// Started under nohup (SIGHUP ignored), the agent keeps ignoring a hangup,
+// and so do its processes; the SIGTERM sent after it is what stops them.
+TEST_F(LaunchStopTest, AHangupUnderNohupIsIgnored) {
+  const std::string pids = TempPath("pids-nohup");
+  std::unique_ptr<Child> agent;
+  {
+    ScopedDisposition nohup(SIGHUP, SIG_IGN);
+    agent = Sleepers("nohup", pids);
+  }
+  ASSERT_FALSE(HasFailure());
+  agent->Signal(SIGHUP);
+  agent->Signal(SIGTERM);
+  ASSERT_TRUE(WaitAll({agent.get()}, kBound));
+  EXPECT_EQ(agent->exit_code(), 128 + SIGTERM) << agent->describe();
+}
+
+// The agent wakes a thread of its own with SIGUSR1; one sent from outside
+// neither kills it nor keeps it from hearing the stop sent after it.
+TEST_F(LaunchStopTest, ASigusr1FromOutsideChangesNothing) {
+  const std::string pids = TempPath("pids-usr1");
+  std::unique_ptr<Child> agent = Sleepers("usr1", pids);
+  ASSERT_FALSE(HasFailure());
+  agent->Signal(SIGUSR1);
+  agent->Signal(SIGTERM);
+  ASSERT_TRUE(WaitAll({agent.get()}, kBound)) << agent->describe();
+  EXPECT_EQ(agent->exit_code(), 128 + SIGTERM) << agent->describe();
 }
 
 }  // namespace

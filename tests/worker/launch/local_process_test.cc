@@ -1,9 +1,14 @@
 #include "worker/launch/local_process.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -62,6 +67,66 @@ TEST(LocalProcessTest, AProgramThatCannotRunIsNotFound) {
   EXPECT_THAT(std::string(process.status().message()),
               HasSubstr("cannot run '/nonexistent/train'"));
 }
+
+// Opens /dev/null until no descriptor is left; the descriptors opened.
+std::vector<int> OpenAllFree() {
+  std::vector<int> fds;
+  for (int fd; (fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) {
+    fds.push_back(fd);
+  }
+  return fds;
+}
+
+// Runs in a child of the test (EXPECT_EXIT): leaves 2 * `pipes` + 1
+// descriptors free, so that Start opens `pipes` of its three pipes and the
+// next fails, and exits 0 when Start failed with INTERNAL and every one of
+// them is free again; otherwise says what it found on stderr.
+void StartWithRoomForPipes(int pipes) {
+  alarm(60);  // bounds the child, should it ever block
+  rlimit limit;
+  getrlimit(RLIMIT_NOFILE, &limit);
+  limit.rlim_cur = std::min<rlim_t>(limit.rlim_max, 256);
+  if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    std::perror("setrlimit");
+    _exit(2);
+  }
+  std::vector<int> held = OpenAllFree();
+  const size_t room = 2 * pipes + 1;
+  if (held.size() < room) {
+    std::fprintf(stderr, "only %zu descriptors free\n", held.size());
+    _exit(2);
+  }
+  for (size_t i = 0; i < room; ++i) {
+    close(held.back());
+    held.pop_back();
+  }
+  absl::StatusOr<std::unique_ptr<LocalProcess>> process =
+      LocalProcess::Start({"/bin/true"}, {});
+  if (!absl::IsInternal(process.status())) {
+    std::fprintf(stderr, "Start: %s\n", process.status().ToString().c_str());
+    _exit(3);
+  }
+  const size_t free_after = OpenAllFree().size();
+  if (free_after != room) {
+    std::fprintf(stderr,
+                 "%zu descriptors free after the failed Start, %zu before\n",
+                 free_after, room);
+    _exit(4);
+  }
+  _exit(0);
+}
+
+// A pipe that cannot be opened (no descriptor left) fails Start and leaves
+// the pipes opened before it closed: a self-managed agent retries restarts.
+class LocalProcessPipeTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(LocalProcessPipeTest, AFailedPipeLeavesNoDescriptorOpen) {
+  EXPECT_EXIT(StartWithRoomForPipes(GetParam()), ::testing::ExitedWithCode(0),
+              "");
+}
+
+INSTANTIATE_TEST_SUITE_P(SecondAndThirdPipe, LocalProcessPipeTest,
+                         ::testing::Values(1, 2));
 
 }  // namespace
 }  // namespace gradsync

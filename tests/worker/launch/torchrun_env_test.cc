@@ -16,6 +16,7 @@ namespace {
 
 using ::testing::Contains;
 using ::testing::Not;
+using ::testing::StartsWith;
 
 TEST(TorchrunEnvTest, VariablesFollowTheAssignment) {
   v1::Assignment a;
@@ -77,7 +78,7 @@ TEST(TorchrunEnvTest, TheAgentsSocketAndStacksFileWhenItHasThem) {
 
 TEST(TorchrunEnvTest, MergeSetsOverTheBaseAndDefaultsThreadsAndMalloc) {
   const std::vector<std::string> merged = MergeEnvironment(
-      {"PATH=/bin", "RANK=99", "MALFORMED"}, {{"RANK", "0"}});
+      {"PATH=/bin", "RANK=99", "MALFORMED"}, {{"RANK", "0"}}, 2);
   EXPECT_THAT(merged, Contains("PATH=/bin"));
   EXPECT_THAT(merged, Contains("RANK=0"));
   EXPECT_THAT(merged, Not(Contains("RANK=99")));
@@ -86,9 +87,31 @@ TEST(TorchrunEnvTest, MergeSetsOverTheBaseAndDefaultsThreadsAndMalloc) {
   EXPECT_THAT(merged, Contains("MALLOC_TRIM_THRESHOLD_=1073741824"));
   // Values the user set are kept.
   const std::vector<std::string> mine = MergeEnvironment(
-      {"OMP_NUM_THREADS=8", "MALLOC_TRIM_THRESHOLD_=0"}, {});
+      {"OMP_NUM_THREADS=8", "MALLOC_TRIM_THRESHOLD_=0"}, {}, 2);
   EXPECT_THAT(mine, Contains("OMP_NUM_THREADS=8"));
   EXPECT_THAT(mine, Contains("MALLOC_TRIM_THRESHOLD_=0"));
+}
+
+// As torchrun (run.py): one OpenMP thread per process only when several
+// processes share the node; a node's only process keeps OpenMP's default.
+TEST(TorchrunEnvTest, OneOmpThreadOnlyWhenSeveralProcessesShareTheNode) {
+  EXPECT_THAT(MergeEnvironment({}, {}, 2), Contains("OMP_NUM_THREADS=1"));
+  EXPECT_THAT(MergeEnvironment({"PATH=/bin"}, {}, 1),
+              Not(Contains(StartsWith("OMP_NUM_THREADS="))));
+  EXPECT_THAT(MergeEnvironment({"OMP_NUM_THREADS=4"}, {}, 1),
+              Contains("OMP_NUM_THREADS=4"));
+}
+
+// As torchrun (torch 2.x's local_elastic_agent): ProcessGroupNCCL's watchdog
+// tears a process down on an NCCL error or timeout unless the user says
+// otherwise, so a hung collective ends in a restart instead of a hang.
+TEST(TorchrunEnvTest, NcclAsyncErrorHandlingIsOnUnlessSet) {
+  EXPECT_THAT(MergeEnvironment({}, {}, 1),
+              Contains("TORCH_NCCL_ASYNC_ERROR_HANDLING=1"));
+  const std::vector<std::string> mine =
+      MergeEnvironment({"TORCH_NCCL_ASYNC_ERROR_HANDLING=3"}, {}, 1);
+  EXPECT_THAT(mine, Contains("TORCH_NCCL_ASYNC_ERROR_HANDLING=3"));
+  EXPECT_THAT(mine, Not(Contains("TORCH_NCCL_ASYNC_ERROR_HANDLING=1")));
 }
 
 // The Python package unpacked beside the command (PREFIX/bin/gradsync,
