@@ -51,15 +51,19 @@ class PyRound {
   // micro-batches this rank ran of the step's `micro_batches_per_step` and
   // what one took (zeros otherwise); when its first gradient bucket was
   // ready (Unix seconds; 0: not observed) and its exposed communication
-  // (gradsync.elastic.observe's DDP hook). std::invalid_argument
-  // (ValueError) for what CheckStepReport refuses, which changes nothing;
-  // std::runtime_error once the coordinator failed the job.
+  // (gradsync.elastic.observe's DDP hook); `checkpoint`: rank 0 writes a
+  // checkpoint after this step, which the others wait for in their next
+  // collective (no self-set collective timeout until the next step).
+  // std::invalid_argument (ValueError) for what CheckStepReport refuses,
+  // which changes nothing; std::runtime_error once the coordinator failed
+  // the job.
   void Report(int64_t step, int64_t samples, double loss, double step_seconds,
               int micro_batches, int micro_batches_per_step,
               double micro_batch_seconds, double first_bucket_ready,
-              double communication_seconds) const {
+              double communication_seconds, bool checkpoint) const {
     StepReport report;
     report.step = step;
+    report.checkpoint = checkpoint;
     report.loss = loss;
     report.step_time = absl::Seconds(step_seconds);
     report.micro_batches = micro_batches;
@@ -296,18 +300,23 @@ CommFaultPlan ArmNcclFailpoints(const std::string& spec, v1::DeviceType device) 
 }
 
 // run_job(trainer, **options): RunJob with the GIL released.
-void RunJobFromPython(Trainer* trainer, const std::string& coordinator,
-                      const std::string& job, const std::string& nnodes,
-                      int nproc_per_node, const std::string& node_id,
-                      const std::string& failure_policy, bool shared_memory,
-                      double timeout_seconds, int max_recoveries,
-                      double last_call_seconds, const std::string& token_file,
-                      const std::string& device, const std::string& failpoint,
-                      const std::string& divergence_policy,
-                      bool exact_global_batch,
-                      const std::string& straggler_policy,
-                      double straggler_threshold_seconds,
-                      const std::string& stacks_file) {
+void RunJobFromPython(
+    Trainer* trainer, const std::string& coordinator, const std::string& job,
+    const std::string& nnodes, int nproc_per_node, const std::string& node_id,
+    const std::string& failure_policy, bool shared_memory,
+    double timeout_seconds, int max_recoveries, double last_call_seconds,
+    const std::string& token_file, const std::string& device,
+    const std::string& failpoint, const std::string& divergence_policy,
+    bool exact_global_batch, const std::string& straggler_policy,
+    double straggler_threshold_seconds, const std::string& stacks_file,
+    double collective_timeout_factor, double min_collective_timeout_seconds) {
+  if (!(collective_timeout_factor >= 0) ||
+      !(min_collective_timeout_seconds > 0)) {
+    throw std::invalid_argument(absl::StrCat(
+        "collective_timeout_factor must be 0 (off) or more and "
+        "min_collective_timeout a positive number of seconds, not ",
+        collective_timeout_factor, " and ", min_collective_timeout_seconds));
+  }
   if (straggler_threshold_seconds < 0) {
     throw std::invalid_argument(absl::StrCat(
         "straggler_threshold must be 0 (the coordinator's) or more seconds, "
@@ -350,6 +359,9 @@ void RunJobFromPython(Trainer* trainer, const std::string& coordinator,
   }
   options.shared_memory = shared_memory;
   options.timeout = absl::Seconds(timeout_seconds);
+  options.collective_timeout_factor = collective_timeout_factor;
+  options.min_collective_timeout =
+      absl::Seconds(min_collective_timeout_seconds);
   options.max_recoveries = max_recoveries;
   options.last_call_timeout = absl::Seconds(last_call_seconds);
   options.token_file = token_file;
@@ -392,12 +404,11 @@ void RegisterRound(py::module_& m) {
           [](const PyRound& r) { return r.round().micro_batch_shares; })
       .def_property_readonly("process_group", &PyRound::process_group)
       // gradsync.elastic wraps it (Round.report_step), with the defaults.
-      .def("report_step", &PyRound::Report, py::arg("step"),
-           py::arg("samples"), py::arg("loss"), py::arg("step_seconds"),
-           py::arg("micro_batches"), py::arg("micro_batches_per_step"),
-           py::arg("micro_batch_seconds"), py::arg("first_bucket_ready"),
-           py::arg("communication_seconds"),
-           py::call_guard<py::gil_scoped_release>())
+      .def("report_step", &PyRound::Report, py::arg("step"), py::arg("samples"),
+           py::arg("loss"), py::arg("step_seconds"), py::arg("micro_batches"),
+           py::arg("micro_batches_per_step"), py::arg("micro_batch_seconds"),
+           py::arg("first_bucket_ready"), py::arg("communication_seconds"),
+           py::arg("checkpoint"), py::call_guard<py::gil_scoped_release>())
       .def("report_fingerprint", &PyRound::ReportFingerprint, py::arg("step"),
            py::arg("names"), py::arg("tensors"),
            py::call_guard<py::gil_scoped_release>())
@@ -413,18 +424,18 @@ void RegisterRound(py::module_& m) {
 void RegisterJob(py::module_& m) {
   RegisterRound(m);
   py::class_<Trainer, PyTrainer>(m, "Trainer").def(py::init<>());
-  m.def("run_job", &RunJobFromPython, py::arg("trainer"),
-        py::arg("coordinator"), py::arg("job"), py::arg("nnodes") = "1",
-        py::arg("nproc_per_node") = 1, py::arg("node_id") = "",
-        py::arg("failure_policy") = "", py::arg("shared_memory") = true,
-        py::arg("timeout_seconds") = 300.0, py::arg("max_recoveries") = 3,
-        py::arg("last_call_seconds") = 30.0, py::arg("token_file") = "",
-        py::arg("device") = "cpu", py::arg("failpoint") = "",
-        py::arg("divergence_policy") = "",
-        py::arg("exact_global_batch") = false,
-        py::arg("straggler_policy") = "",
-        py::arg("straggler_threshold_seconds") = 0.0,
-        py::arg("stacks_file") = "");
+  m.def(
+      "run_job", &RunJobFromPython, py::arg("trainer"), py::arg("coordinator"),
+      py::arg("job"), py::arg("nnodes") = "1", py::arg("nproc_per_node") = 1,
+      py::arg("node_id") = "", py::arg("failure_policy") = "",
+      py::arg("shared_memory") = true, py::arg("timeout_seconds") = 300.0,
+      py::arg("max_recoveries") = 3, py::arg("last_call_seconds") = 30.0,
+      py::arg("token_file") = "", py::arg("device") = "cpu",
+      py::arg("failpoint") = "", py::arg("divergence_policy") = "",
+      py::arg("exact_global_batch") = false, py::arg("straggler_policy") = "",
+      py::arg("straggler_threshold_seconds") = 0.0, py::arg("stacks_file") = "",
+      py::arg("collective_timeout_factor") = 10.0,
+      py::arg("min_collective_timeout_seconds") = 10.0);
   m.def("python_stacks_signal", &PythonStacksSignal,
         "The signal gradsync.elastic registers faulthandler on, for the "
         "Python stacks of a hang diagnosis.");

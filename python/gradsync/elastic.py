@@ -89,7 +89,8 @@ def run(trainer, coordinator="", job="", nnodes="1", nproc_per_node=1,
         max_recoveries=3, last_call=30.0, token_file="", device="cpu",
         failpoint="", fingerprint_every=100, divergence_policy="",
         exact_global_batch=False, straggler_policy="",
-        straggler_threshold=0.0):
+        straggler_threshold=0.0, collective_timeout_factor=10.0,
+        min_collective_timeout=10.0):
     """Joins the job (or takes the assignment `gradsync launch` made) and
     calls trainer.train(round) round after round until it returns, then
     reports success. Raises RuntimeError with the error that ended the job
@@ -127,6 +128,14 @@ def run(trainer, coordinator="", job="", nnodes="1", nproc_per_node=1,
     and the next round's round.micro_batch_shares carry the new division.
     "report" only names stragglers.
 
+    Collective timeout: once a round has 8 steps, a collective that takes
+    longer than `collective_timeout_factor` times the round's 99th
+    percentile step time (at least `min_collective_timeout` seconds, at
+    most `timeout`) aborts the round's process group, and the round
+    re-forms (a recovery). 0 turns it off (`timeout` alone applies). A step
+    after which rank 0 writes a slow checkpoint is reported with
+    `round.report_step(..., checkpoint=True)` on every rank.
+
     When the coordinator diagnoses a hang and asks this rank for its stacks,
     the runtime answers with every thread's Python stack (faulthandler, on
     a real-time signal of its own), shown by `gradsync status`."""
@@ -146,7 +155,9 @@ def run(trainer, coordinator="", job="", nnodes="1", nproc_per_node=1,
                exact_global_batch=bool(exact_global_batch),
                straggler_policy=straggler_policy,
                straggler_threshold_seconds=float(straggler_threshold),
-               stacks_file=stacks_file)
+               stacks_file=stacks_file,
+               collective_timeout_factor=float(collective_timeout_factor),
+               min_collective_timeout_seconds=float(min_collective_timeout))
 
 
 _stacks_file = None  # faulthandler's file while this process is registered
@@ -537,7 +548,8 @@ _observer = _Observer()
 _native_report_step = Round.report_step
 
 
-def _report_step(self, step, samples=None, loss=0.0, step_seconds=None):
+def _report_step(self, step, samples=None, loss=0.0, step_seconds=None,
+                 checkpoint=False):
     """Reports committed step `step` (call after every optimizer step):
     `samples` this rank trained on (default: its micro-batches' samples
     when the step ran through micro_batches(), else 0), its `loss`, and the
@@ -551,7 +563,11 @@ def _report_step(self, step, samples=None, loss=0.0, step_seconds=None):
     one is due (run()'s fingerprint_every). With the step run through
     micro_batches() and `ddp` watched by observe(), it also sends this
     rank's micro-batches and what one took, when the step's first gradient
-    bucket was ready and its wait for communication. Raises ValueError for
+    bucket was ready and its wait for communication. `checkpoint=True`
+    (on every rank): rank 0 writes a checkpoint after this step, which the
+    others wait for in their next collective, so that wait is left to the
+    backend's timeout rather than the self-set collective timeout (see
+    run()'s min_collective_timeout). Raises ValueError for
     a report that cannot be (a step below 1, a negative count or time),
     which changes nothing; RuntimeError once the coordinator failed the
     job."""
@@ -564,7 +580,8 @@ def _report_step(self, step, samples=None, loss=0.0, step_seconds=None):
         else step_seconds,
         micro_batches=count, micro_batches_per_step=per_step,
         micro_batch_seconds=micro_batch_seconds,
-        first_bucket_ready=first_ready, communication_seconds=communication)
+        first_bucket_ready=first_ready, communication_seconds=communication,
+        checkpoint=bool(checkpoint))
     # Reported: what the step measured is spent, its state committed.
     _clock.start(self)
     _load.clear()

@@ -11,6 +11,11 @@ first parameter right after committing step K, in its first life (silent
 data corruption); with ELASTIC_HANG_AT=K the process of local rank 1
 stops issuing collectives after committing step K (it sleeps 60 s, in its
 first life); ELASTIC_FINGERPRINT_EVERY=N is run()'s fingerprint_every;
+with ELASTIC_CHECKPOINT_AT=K rank 0 stands still for
+ELASTIC_CHECKPOINT_SECONDS (default 5) after committing step K (a slow
+checkpoint write), which every rank reports with checkpoint=True unless
+ELASTIC_CHECKPOINT_UNMARKED=1; ELASTIC_MIN_COLLECTIVE_TIMEOUT=S is run()'s
+min_collective_timeout;
 ELASTIC_DEVICE=sim trains on a simulated GPU (NCCL's code paths),
 ELASTIC_DEVICE=cuda on a GPU; ELASTIC_FAILPOINT=SPEC arms the NCCL
 failpoints SPEC in the process of local rank ELASTIC_FAILPOINT_RANK
@@ -39,6 +44,9 @@ RAISE_AT = int(os.environ.get("ELASTIC_RAISE_AT", "0"))
 CORRUPT_AT = int(os.environ.get("ELASTIC_CORRUPT_AT", "0"))
 HANG_AT = int(os.environ.get("ELASTIC_HANG_AT", "0"))
 BAD_REPORTS = os.environ.get("ELASTIC_BAD_REPORTS") == "1"
+CHECKPOINT_AT = int(os.environ.get("ELASTIC_CHECKPOINT_AT", "0"))
+CHECKPOINT_SECONDS = float(os.environ.get("ELASTIC_CHECKPOINT_SECONDS", "5"))
+CHECKPOINT_MARKED = os.environ.get("ELASTIC_CHECKPOINT_UNMARKED") != "1"
 GLOBAL_BATCH = 24
 
 
@@ -69,8 +77,12 @@ class StepTrainer(MlpTrainer):
             self.step += 1
             if BAD_REPORTS:
                 report_badly(round, self.step)
-            round.report_step(self.step, samples=share, loss=loss.item())
+            checkpoint = bool(CHECKPOINT_AT) and self.step == CHECKPOINT_AT
+            round.report_step(self.step, samples=share, loss=loss.item(),
+                              checkpoint=checkpoint and CHECKPOINT_MARKED)
             time.sleep(STEP_SLEEP)
+            if checkpoint and round.rank == 0 and round.number == 1:
+                time.sleep(CHECKPOINT_SECONDS)  # writing it
             if RAISE_AT and self.step == RAISE_AT and round.rank == 0:
                 raise ValueError(f"bad batch at step {self.step}")
             if (HANG_AT and self.step == HANG_AT and
@@ -121,4 +133,7 @@ gradsync.elastic.run(StepTrainer(),
                      device=os.environ.get("ELASTIC_DEVICE", "cpu"),
                      failpoint=failpoint,
                      fingerprint_every=int(
-                         os.environ.get("ELASTIC_FINGERPRINT_EVERY", "100")))
+                         os.environ.get("ELASTIC_FINGERPRINT_EVERY", "100")),
+                     min_collective_timeout=float(
+                         os.environ.get("ELASTIC_MIN_COLLECTIVE_TIMEOUT",
+                                        "10")))

@@ -227,6 +227,30 @@ def test_steps_are_timed_for_the_status_and_the_self_set_timeouts(coordinator):
         assert member.metrics.step_timings.communication_seconds > 0, member
 
 
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_checkpoint_step_is_waited_for_past_the_self_set_timeout(
+        coordinator, marked):
+    """Rank 0 stands still for 6 s after step 20 of 30 (writing a
+    checkpoint), past the self-set collective timeout (2 s: the floor
+    min_collective_timeout, steps taking far less). Reported with
+    checkpoint=True on every rank, the others wait for it and the round
+    ends as it began; unmarked, their next collective is timed out and the
+    round re-forms."""
+    job = f"elastic-checkpoint-{'marked' if marked else 'unmarked'}"
+    output, _ = run(coordinator, job, ELASTIC_STEP_SLEEP="0.02",
+                    ELASTIC_CHECKPOINT_AT="20", ELASTIC_CHECKPOINT_SECONDS="6",
+                    ELASTIC_MIN_COLLECTIVE_TIMEOUT="2",
+                    ELASTIC_CHECKPOINT_UNMARKED="" if marked else "1")
+    state = gradsync.Client(coordinator).get_job(job)
+    assert gradsync.Client.state_name(state.state) == "succeeded", output
+    assert output.count("collective timeout self-set to") >= 3, output
+    if marked:
+        assert state.round == 1, output
+    else:
+        assert state.round == 2, output
+        assert "DEADLINE_EXCEEDED" in output, output
+
+
 def test_a_hung_rank_is_named_with_its_python_stack():
     """Rank 1 stops issuing collectives after step 5 (it sleeps): the hang
     verdict asks it and a healthy rank for their stacks, and each
