@@ -205,7 +205,8 @@ def test_steps_are_timed_for_the_status_and_the_self_set_timeouts(coordinator):
     8 needed: 40 steps of 0.1 s). Each step is first reported with -1
     samples: ValueError, and nothing of the step's timings spent (the good
     report after it still has the step's time and COMM TIME); fingerprints
-    of step 0 and of a name without its tensor: ValueError too."""
+    of step 0 and of a name without its tensor: ValueError too. Each
+    member shows its own pid."""
     output, _ = run(coordinator, "elastic-timed", ELASTIC_STEPS="40",
                     ELASTIC_STEP_SLEEP="0.1", ELASTIC_BAD_REPORTS="1")
     job = gradsync.Client(coordinator).get_job("elastic-timed")
@@ -219,7 +220,14 @@ def test_steps_are_timed_for_the_status_and_the_self_set_timeouts(coordinator):
                     "0 tensors"]:
         assert output.count(f"refused: gradsync: {refused}") == 3, output
     assert len(job.members) == 3, job
+    # Each rank shows its own process, although the launcher joined round 1
+    # for them (--self_managed).
+    pids = {rank: pid for pid, rounds in rounds_of(output).items()
+            for _, rank in rounds}
+    assert sorted(m.node.pid for m in job.members) == sorted(pids.values()), \
+        (job.members, output)
     for member in job.members:
+        assert member.node.pid == pids[member.rank], (member, output)
         # The sleep comes after report_step: the next step's time has it.
         assert member.metrics.step_timings.step_seconds >= 0.1, member
         assert member.metrics.samples_per_second > 0, member

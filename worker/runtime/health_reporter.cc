@@ -1,6 +1,7 @@
 #include "worker/runtime/health_reporter.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <memory>
@@ -77,6 +78,7 @@ void HealthReporter::Start(
   ++member_generation_;
   snapshot_.Clear();
   snapshot_.set_state(v1::WORKER_STATE_STARTING);
+  snapshot_.set_pid(getpid());
   collectives_.clear();
   ready_times_.clear();
   fingerprints_.clear();
@@ -96,6 +98,7 @@ void HealthReporter::Update(const v1::WorkerMetrics& metrics) {
   Append(metrics.first_bucket_ready(), &ready_times_);
   AppendFingerprints(metrics.replica_fingerprints(), &fingerprints_);
   snapshot_ = metrics;
+  if (snapshot_.pid() == 0) snapshot_.set_pid(getpid());
   snapshot_.clear_recent_collectives();
   snapshot_.clear_first_bucket_ready();
   snapshot_.clear_replica_fingerprints();

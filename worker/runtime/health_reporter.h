@@ -125,8 +125,10 @@ class HealthReporter {
   // rejoin: the stream moves to the new round and queued events of the old
   // round are dropped. The new member's heartbeats start from a state of
   // their own (STARTING: no step, error or round-start times of the round
-  // before) until the next Update. Start, Finish and Stop are called from
-  // one thread.
+  // before) until the next Update. Heartbeats carry this process's pid
+  // unless the metrics name another (a node agent's process): a process
+  // that took an assignment its launcher joined for shows as itself.
+  // Start, Finish and Stop are called from one thread.
   //
   // `on_round_over`, when set, is called once (on one of the reporter's
   // threads) when the coordinator says this member should stop: its stream

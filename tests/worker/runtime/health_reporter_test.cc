@@ -1,5 +1,7 @@
 #include "worker/runtime/health_reporter.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -155,6 +157,37 @@ TEST_F(HealthReporterTest, ANewRoundsHeartbeatsCarryNothingOfTheRoundBefore) {
   EXPECT_EQ(shown.step(), 0);
   EXPECT_EQ(shown.last_error(), "");
   EXPECT_FALSE(shown.has_round_start());
+  reporter.Stop();
+}
+
+TEST_F(HealthReporterTest, HeartbeatsNameTheReportingProcessUnlessToldAnother) {
+  StartCoordinator();
+  // The member was joined by another process (a launcher for its
+  // process), pid 1.
+  v1::JoinRequest request;
+  request.set_job_id("train");
+  request.mutable_config()->set_job_id("train");
+  request.mutable_config()->set_min_nodes(1);
+  *request.mutable_node() = LocalNodeDescriptor();
+  request.mutable_node()->set_incarnation_id("inc-a");
+  request.mutable_node()->set_pid(1);
+  absl::StatusOr<v1::Assignment> a = Client(port_)->Join(request);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto client = Client(port_);
+  HealthReporter reporter(client.get(), FastOptions());
+  reporter.Start(*a, "inc-a");
+  reporter.Update(Step(2));
+  ASSERT_TRUE(Eventually([&] {
+    const v1::JobStatus job = Job();
+    return job.members(0).metrics().step() == 2 &&
+           job.members(0).node().pid() == getpid();
+  }));
+  // A node agent heartbeating for a process it started names it.
+  v1::WorkerMetrics child = Step(3);
+  child.set_pid(4242);
+  reporter.Update(child);
+  ASSERT_TRUE(
+      Eventually([&] { return Job().members(0).node().pid() == 4242; }));
   reporter.Stop();
 }
 
