@@ -138,6 +138,11 @@ std::string TextOf(const py::error_already_set& e) {
 // (gradsync.elastic.ReformAtStepBoundary).
 PyObject* reform_exception = nullptr;
 
+// Its subclass for a rank that was asked and whose agreement to stop
+// failed (gradsync.elastic.should_reform): a peer that agreed may have
+// rejoined first, or died (reform.h's ReformVoteFailed).
+PyObject* vote_failed_exception = nullptr;
+
 // A gradsync.elastic.Trainer: C++ calls its Python methods.
 class PyTrainer : public Trainer {
  public:
@@ -146,7 +151,9 @@ class PyTrainer : public Trainer {
   // Calls the Python train(round) over a torch process group of the round's
   // backend. A Python exception becomes: for ReformAtStepBoundary, the
   // planned re-form after the committed step (rejoined at once, no
-  // recovery counted); otherwise the status of the collective that failed
+  // recovery counted); for ReformVoteFailed, the same unless the next
+  // round says the old one did not end as planned (a recovery then);
+  // otherwise the status of the collective that failed
   // first (a recoverable one re-forms the round) or, when none did,
   // INTERNAL with the exception's text (the job fails).
   //
@@ -252,6 +259,11 @@ class PyTrainer : public Trainer {
         return absl::InternalError(absl::StrCat("the training loop raised ",
                                                 TextOf(e), "; then ",
                                                 progress.message()));
+      }
+      if (e.matches(vote_failed_exception)) {
+        return ReformVoteFailed(
+            committed_step(),
+            collective.ok() ? absl::AbortedError(TextOf(e)) : collective);
       }
       if (reform) return ReformAtStepBoundary(committed_step());
       if (!collective.ok()) return collective;
@@ -417,6 +429,9 @@ void RegisterRound(py::module_& m) {
       .def_property_readonly("may_reform", &PyRound::MayReform);
   static py::exception<std::runtime_error> reform(m, "ReformAtStepBoundary");
   reform_exception = reform.ptr();
+  static py::exception<std::runtime_error> vote_failed(m, "ReformVoteFailed",
+                                                       reform.ptr());
+  vote_failed_exception = vote_failed.ptr();
 }
 
 }  // namespace

@@ -62,6 +62,11 @@ ReformAtStepBoundary.__doc__ = """Raised by train() to end its round at a
 step boundary because should_reform() said so (every rank after the same
 committed step): the runtime re-forms the round at once, with the node
 that waited to join, without counting a recovery."""
+ReformVoteFailed = _C.ReformVoteFailed
+ReformVoteFailed.__doc__ = """A ReformAtStepBoundary that should_reform()
+raises when this rank was asked to re-form and the ranks' agreement failed:
+a peer that agreed may have rejoined first (the re-form is as planned, no
+recovery counted) or may have died (a recovery): the next round tells."""
 
 
 class Trainer(_C.Trainer):
@@ -296,12 +301,22 @@ def should_reform(round):
     a straggler's micro-batches move), agreed among the ranks so that every
     rank stops after the same step (one all-reduce of a flag; nothing when
     the round may not re-form). Then raise ReformAtStepBoundary. Collective:
-    every rank calls it after every step."""
+    every rank calls it after every step. When this rank was asked and the
+    all-reduce fails (a rank that saw the agreement first may have rejoined
+    already), it raises ReformVoteFailed; otherwise the all-reduce's
+    error."""
     if not round.may_reform:
         return False
-    flag = torch.tensor([1 if round.reform_requested() else 0],
+    asked = round.reform_requested()
+    flag = torch.tensor([1 if asked else 0],
                         dtype=torch.int32, device=tensor_device(round))
-    round.process_group.allreduce([flag]).wait()
+    try:
+        round.process_group.allreduce([flag]).wait()
+    except RuntimeError as error:
+        if asked:
+            raise ReformVoteFailed(
+                f"the ranks' agreement to re-form failed: {error}") from error
+        raise
     return bool(flag.item())
 
 

@@ -407,6 +407,65 @@ def test_a_global_batch_plan_places_each_rank_and_refuses_what_is_not_in_it():
             call()
 
 
+class _VotingRound:
+    """What should_reform() uses of a round, with an all-reduce that
+    fails."""
+    may_reform = True
+    device = "cpu"
+
+    def __init__(self, asked):
+        self.asked = asked
+        self.process_group = self
+
+    def reform_requested(self):
+        return self.asked
+
+    def allreduce(self, tensors):
+        raise RuntimeError("gradsync process group: allreduce #9 (shm, rank "
+                           "1 of 2): CANCELLED: the backend was aborted")
+
+
+def test_a_failed_vote_of_an_asked_rank_is_a_reform_vote_failure():
+    """should_reform() on a rank the coordinator asked, whose all-reduce of
+    the agreement fails (a peer that agreed first may have rejoined):
+    ReformVoteFailed, a ReformAtStepBoundary; on a rank not asked, the
+    all-reduce's own error."""
+    with pytest.raises(gradsync.elastic.ReformVoteFailed) as failed:
+        gradsync.elastic.should_reform(_VotingRound(asked=True))
+    assert isinstance(failed.value, gradsync.elastic.ReformAtStepBoundary)
+    assert "allreduce #9" in str(failed.value)
+    with pytest.raises(RuntimeError) as raised:
+        gradsync.elastic.should_reform(_VotingRound(asked=False))
+    assert not isinstance(raised.value, gradsync.elastic.ReformAtStepBoundary)
+
+
+def test_a_failed_vote_rejoins_and_counts_unless_the_reform_was_planned(
+        coordinator):
+    """train() raising ReformVoteFailed re-forms the round, as a failed
+    vote does in gradsync-worker: the next round was not a planned re-form
+    (no node waited), so it counts as a recovery, and the job goes on."""
+    lines = [
+        "import gradsync.elastic as elastic",
+        "class Loop(elastic.Trainer):",
+        "    rounds = 0",
+        "    def committed_step(self):",
+        "        return self.rounds",
+        "    def train(self, round):",
+        "        self.rounds += 1",
+        "        if round.number == 1:",
+        "            raise elastic.ReformVoteFailed('agreement failed')",
+        "elastic.run(Loop(), coordinator=" + repr(coordinator) + ", "
+        "job='elastic-vote', max_recoveries=1)",
+        "print('done')"]
+    done = _run_python("\n".join(lines))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "done" in done.stdout, done.stdout + done.stderr
+    job = gradsync.Client(coordinator).get_job("elastic-vote")
+    assert gradsync.Client.state_name(job.state) == "succeeded", job
+    assert job.round == 2, job
+    assert job.recovery_count == 1, job
+
+
 def test_fingerprint_every_must_be_a_count_of_steps():
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="fingerprint_every"):
