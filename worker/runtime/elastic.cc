@@ -171,9 +171,6 @@ absl::StatusOr<v1::Assignment> NextAssignment(
   if (options.keep_local_rank && previous == 0) {
     request->set_local_slot(assignment.local_rank());
   }
-  if (options.on_assignment) {
-    GS_RETURN_IF_ERROR(options.on_assignment(assignment));
-  }
   return assignment;
 }
 
@@ -262,12 +259,18 @@ absl::Status RunElastic(CoordinatorClient* client, v1::JoinRequest request,
     auto round = std::make_shared<RoundInTraining>();
     reporter->Start(assignment, request.node().incarnation_id(),
                     [round](const absl::Status& why) { round->Abort(why); });
-    absl::Status counted =
-        CountFailedVote(std::exchange(vote_failed, absl::OkStatus()),
-                        assignment, previous, &budget);
-    if (!counted.ok()) {
+    // After Start: a refusal ends RunElastic as a member of this round, so
+    // that its report (RunJob's) reaches the round the job is in.
+    absl::Status taken = options.on_assignment
+                             ? options.on_assignment(assignment)
+                             : absl::OkStatus();
+    if (taken.ok()) {
+      taken = CountFailedVote(std::exchange(vote_failed, absl::OkStatus()),
+                              assignment, previous, &budget);
+    }
+    if (!taken.ok()) {
       round->Close();
-      return counted;
+      return taken;
     }
     absl::Status trained =
         TrainInRound(client, assignment, options, trainer, round.get());

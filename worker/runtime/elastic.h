@@ -52,7 +52,8 @@ struct ElasticOptions {
   // gives up.
   int max_recoveries = 3;
   // Called after every join with the new assignment (e.g. to print it, or
-  // to check it fits the process); an error ends RunElastic with it.
+  // to check it fits the process), once the reporter heartbeats for its
+  // round; an error ends RunElastic with it (reported for that round).
   std::function<absl::Status(const v1::Assignment&)> on_assignment;
   // The process keeps its first round's local rank (JoinRequest.local_slot
   // in every rejoin): set for a process on a GPU, whose device follows it.

@@ -99,11 +99,15 @@ class ElasticTest : public ::testing::Test {
     options.process_group.timeout = absl::Seconds(30);
     options.on_assignment = [this](const v1::Assignment& a) {
       announced_.push_back(a.round());
-      return absl::OkStatus();
+      return check_ ? check_(a) : absl::OkStatus();
     };
     HealthReporter reporter(client_.get());
     absl::Status status =
         RunElastic(client_.get(), request, options, &reporter, trainer);
+    if (!status.ok() && report_failure_) {
+      // As RunJob does with what RunElastic returns.
+      reported_ = reporter.Finish(false, 1, std::string(status.message()));
+    }
     reporter.Stop();
     return status;
   }
@@ -111,6 +115,11 @@ class ElasticTest : public ::testing::Test {
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<CoordinatorClient> client_;
   std::vector<int64_t> announced_;
+  // Checks each assignment (ElasticOptions::on_assignment); unset: none.
+  std::function<absl::Status(const v1::Assignment&)> check_;
+  // Whether Run reports a failure as RunJob does, and how that went.
+  bool report_failure_ = false;
+  absl::Status reported_ = absl::UnknownError("not reported");
 };
 
 TEST_F(ElasticTest, RecoverableFailuresRejoinAndResumeFromTheCommittedStep) {
@@ -160,6 +169,26 @@ TEST_F(ElasticTest, RoundSupersededAsTrainingFinishesIsFinishedInTheNextOne) {
   absl::StatusOr<v1::JobStatus> job = client_->GetJob("superseded");
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state(), v1::JOB_STATE_SUCCEEDED) << job->reason();
+}
+
+// An assignment the process cannot take (e.g. a local rank past its GPUs)
+// ends it, and its report fails the job in the round it was given: not
+// in the round before, which the rejoin superseded.
+TEST_F(ElasticTest, ARefusedAssignmentIsReportedInItsOwnRound) {
+  ScriptedTrainer trainer({absl::UnavailableError("peer left")});
+  check_ = [](const v1::Assignment& a) {
+    return a.round() == 2 ? absl::FailedPreconditionError("no GPU for it")
+                          : absl::OkStatus();
+  };
+  report_failure_ = true;
+  absl::Status status = Run("refused", &trainer, 3);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_THAT(announced_, ElementsAre(1, 2));
+  EXPECT_TRUE(reported_.ok()) << reported_;
+  absl::StatusOr<v1::JobStatus> job = client_->GetJob("refused");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(job->reason(), HasSubstr("no GPU for it"));
 }
 
 TEST_F(ElasticTest, GivesUpAfterMaxRecoveries) {
