@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -126,6 +127,9 @@ int NodeAgent::Run() {
 
 NodeOutcome NodeAgent::RunProcesses(int restart) {
   absl::StatusOr<AgentContext> context = ExchangeMaster(restart);
+  if (processes_.StopCode() != 0) {  // stopped before any process started
+    return NodeOutcome{NodeOutcome::kStopped, -1, processes_.StopCode(), {}};
+  }
   absl::Status started =
       context.ok() ? StartProcesses(*context) : context.status();
   // ABORTED: the round was superseded before this node's processes started
@@ -240,8 +244,7 @@ absl::StatusOr<AgentContext> NodeAgent::ExchangeMaster(int restart) {
     if (!set.ok()) return set;
     return context;
   }
-  absl::StatusOr<std::string> master =
-      store.Get(kMasterKey, options_.join_timeout);
+  absl::StatusOr<std::string> master = AwaitMaster(&store);
   if (!master.ok()) return master.status();
   std::pair<std::string, std::string> parts = absl::StrSplit(*master, ' ');
   context.master_addr = parts.first;
@@ -250,6 +253,27 @@ absl::StatusOr<AgentContext> NodeAgent::ExchangeMaster(int restart) {
         absl::StrCat("node rank 0 published a bad master '", *master, "'"));
   }
   return context;
+}
+
+absl::StatusOr<std::string> NodeAgent::AwaitMaster(Store* store) {
+  // In slices, so that a stop (SIGTERM while node rank 0 is still coming)
+  // ends the wait within one.
+  constexpr absl::Duration kSlice = absl::Seconds(1);
+  const absl::Time deadline = absl::Now() + options_.join_timeout;
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    absl::StatusOr<std::string> master =
+        store->Get(kMasterKey, std::min(kSlice, left));
+    if (!absl::IsDeadlineExceeded(master.status())) return master;
+    if (processes_.StopCode() != 0) {
+      return absl::CancelledError("stopped while waiting for node rank 0");
+    }
+    if (left <= kSlice) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "node rank 0 did not publish the master address within ",
+          absl::FormatDuration(options_.join_timeout), " (--join_timeout)"));
+    }
+  }
 }
 
 absl::Status NodeAgent::StartProcesses(const AgentContext& context) {

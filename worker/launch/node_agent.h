@@ -36,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/gradsync/v1/job.pb.h"
 #include "proto/gradsync/v1/rendezvous.pb.h"
+#include "worker/backend/store.h"
 #include "worker/client/coordinator_client.h"
 #include "worker/launch/launch_options.h"
 #include "worker/launch/metrics_inbox.h"
@@ -86,6 +87,9 @@ class NodeAgent {
   std::optional<int> GiveUp(const NodeOutcome& outcome, int restart,
                             int64_t round);
   absl::StatusOr<AgentContext> ExchangeMaster(int restart);
+  // Node rank 0's "ADDR PORT" from the round's `store`, waited for up to
+  // --join_timeout; CANCELLED once a stop was requested.
+  absl::StatusOr<std::string> AwaitMaster(Store* store);
   absl::Status StartProcesses(const AgentContext& context);
   NodeOutcome Supervise();
   // Stops the processes still running and forgets their reports.

@@ -260,6 +260,30 @@ absl::StatusOr<std::vector<v1::Assignment>> SecondNode(
   return assignments;
 }
 
+// Node rank 1 waits for node rank 0's master address (up to the join
+// timeout); a stop meanwhile ends the wait at once, and no process starts.
+TEST_F(NodeAgentTest, AStopWhileWaitingForNodeRankZeroStartsNothing) {
+  fake_.SetNodeAssigner(SecondNode);  // no master in the store
+  options_.join_timeout = absl::Minutes(5);
+  options_.command = {"/bin/sh", "-c", kRecord};
+  NodeAgent agent(options_, &fake_, Environment());
+  std::thread stopper([&] {
+    if (fake_.AwaitCondition(
+            [](const FakeCoordinatorClient& f) {
+              return f.node_joins().size() == 1;
+            },
+            absl::Seconds(30))) {
+      agent.RequestStop(SIGTERM);
+    }
+  });
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(agent.Run(), 128 + SIGTERM);
+  stopper.join();
+  EXPECT_LT(absl::Now() - start, absl::Minutes(1)) << "waited for the master";
+  EXPECT_EQ(Record(2, 0), "") << "a process started";
+  EXPECT_EQ(Record(3, 0), "") << "a process started";
+}
+
 // This agent as node rank 1 of two, with node rank 0's address in the
 // store; once this node's processes reported, `other_node` changes the job
 // as node rank 0's would (on a thread of its own, joined by the destructor).
