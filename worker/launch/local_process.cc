@@ -149,6 +149,10 @@ int LocalProcess::Wait() {
   while (waitid(P_PID, pid_, &info, WEXITED | WNOWAIT) < 0 && errno == EINTR) {
   }
   absl::MutexLock lock(&mu_);
+  // What it left running in its group (a shell's background job, a pool
+  // of workers it never stopped) dies with it, so that a restart does not
+  // find them holding its GPU, ports or output pipes.
+  kill(-pid_, SIGKILL);
   int status = 0;
   while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }

@@ -51,7 +51,8 @@ class LocalProcess {
   int TakeStdout();
   int TakeStderr();
 
-  // Blocks until the process exits; its exit code (ExitCodeOf). Call once.
+  // Blocks until the process exits; its exit code (ExitCodeOf). What is
+  // left of its group then gets SIGKILL. Call once.
   int Wait();
   // Sends `signal` to the process's group unless it was already reaped.
   void Signal(int signal);

@@ -7,11 +7,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/eventually.h"
 
 namespace gradsync {
 namespace {
@@ -50,6 +53,33 @@ TEST(LocalProcessTest, SignalStopsTheProcessGroup) {
   const int out = (*process)->TakeStdout();
   EXPECT_EQ(ReadAll(out), "");  // end of file: nothing holds the pipe
   (*process)->Signal(SIGKILL);   // reaped: a no-op
+}
+
+// Whether process `pid` is gone: no longer there, or a zombie.
+bool Gone(pid_t pid) {
+  FILE* stat =
+      std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (stat == nullptr) return true;
+  char line[512] = {};
+  const bool read = std::fgets(line, sizeof(line), stat) != nullptr;
+  std::fclose(stat);
+  const char* state = read ? std::strrchr(line, ')') : nullptr;
+  return state == nullptr || state[1] == '\0' || state[2] == 'Z' ||
+         state[2] == 'X';
+}
+
+TEST(LocalProcessTest, WhatTheProcessLeftInItsGroupDiesWithIt) {
+  auto process = LocalProcess::Start(
+      {"/bin/sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!; exit 3"},
+      {"PATH=/usr/bin:/bin"});
+  ASSERT_TRUE(process.ok()) << process.status();
+  const std::string printed = ReadAll((*process)->TakeStdout());
+  const pid_t left = static_cast<pid_t>(std::atoi(printed.c_str()));
+  ASSERT_GT(left, 0) << printed;
+  EXPECT_EQ((*process)->Wait(), 3);
+  EXPECT_TRUE(Eventually([left] { return Gone(left); }))
+      << "pid " << left << " outlived its group's leader";
+  if (!Gone(left)) kill(left, SIGKILL);
 }
 
 TEST(LocalProcessTest, ExitTextNamesTheSignal) {
