@@ -2,13 +2,21 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
-#include <stdio.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
 
+#include <memory>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "worker/launch/local_process.h"
+
+extern char** environ;
 
 namespace gradsync {
 
@@ -46,18 +54,49 @@ std::map<pid_t, int64_t> ParseComputeApps(const std::string& csv) {
   return bytes;
 }
 
-std::map<pid_t, int64_t> GpuMemoryByPid() {
-  FILE* smi = popen(
-      "nvidia-smi --query-compute-apps=pid,used_memory "
-      "--format=csv,noheader,nounits 2>/dev/null",
-      "r");
-  if (smi == nullptr) return {};
-  std::string csv;
-  char buffer[4096];
-  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), smi)) > 0;) {
-    csv.append(buffer, n);
+std::vector<std::string> ComputeAppsCommand() {
+  return {"nvidia-smi", "--query-compute-apps=pid,used_memory",
+          "--format=csv,noheader,nounits"};
+}
+
+absl::StatusOr<std::map<pid_t, int64_t>> GpuMemoryByPid(
+    const std::vector<std::string>& command, absl::Duration timeout) {
+  std::vector<std::string> env;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    env.emplace_back(*entry);
   }
-  pclose(smi);
+  absl::StatusOr<std::unique_ptr<LocalProcess>> smi =
+      LocalProcess::Start(command, env);
+  if (!smi.ok()) return std::map<pid_t, int64_t>();  // no nvidia-smi
+  close((*smi)->TakeStderr());
+  const int out = (*smi)->TakeStdout();
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string csv;
+  bool ended = false;
+  while (!ended) {
+    const absl::Duration left = deadline - absl::Now();
+    pollfd readable{out, POLLIN, 0};
+    if (left <= absl::ZeroDuration() ||
+        poll(&readable, 1,
+             static_cast<int>(absl::ToInt64Milliseconds(left) + 1)) == 0) {
+      break;
+    }
+    char buffer[4096];
+    const ssize_t n = read(out, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ended = true;
+    } else {
+      csv.append(buffer, static_cast<size_t>(n));
+    }
+  }
+  close(out);
+  if (!ended) (*smi)->Signal(SIGKILL);
+  (*smi)->Wait();
+  if (!ended) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        command[0], " did not answer within ", absl::FormatDuration(timeout)));
+  }
   return ParseComputeApps(csv);
 }
 

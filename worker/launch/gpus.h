@@ -9,6 +9,10 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace gradsync {
 
@@ -24,9 +28,15 @@ bool NcclLoadable();
 // parse (e.g. "[N/A]") are skipped. A process on several GPUs is summed.
 std::map<pid_t, int64_t> ParseComputeApps(const std::string& csv);
 
-// ParseComputeApps of a run of nvidia-smi; empty when it cannot run.
-// Blocks for the run (tens of milliseconds): call it outside locks.
-std::map<pid_t, int64_t> GpuMemoryByPid();
+// nvidia-smi's query of the memory each process uses on the GPUs.
+std::vector<std::string> ComputeAppsCommand();
+
+// ParseComputeApps of what `command` (ComputeAppsCommand) prints; empty
+// when it cannot run. Blocks for the run (tens of milliseconds), at most
+// `timeout`: nvidia-smi can hang for minutes on a GPU that fell off the bus,
+// and is then killed (DEADLINE_EXCEEDED). Call it outside locks.
+absl::StatusOr<std::map<pid_t, int64_t>> GpuMemoryByPid(
+    const std::vector<std::string>& command, absl::Duration timeout);
 
 }  // namespace gradsync
 

@@ -303,9 +303,24 @@ absl::Status NodeAgent::StartProcesses(const AgentContext& context) {
   return absl::OkStatus();
 }
 
+std::map<pid_t, int64_t> NodeAgent::GpuMemory() {
+  // nvidia-smi hung once (a GPU off the bus): the agent's supervision does
+  // not wait for it again for a while.
+  constexpr absl::Duration kQueryTimeout = absl::Seconds(2);
+  constexpr absl::Duration kPauseAfterTimeout = absl::Minutes(1);
+  if (gpus_ == 0 || absl::Now() < gpu_query_paused_until_) return {};
+  absl::StatusOr<std::map<pid_t, int64_t>> memory =
+      GpuMemoryByPid(ComputeAppsCommand(), kQueryTimeout);
+  if (memory.ok()) return *std::move(memory);
+  GS_LOG(WARNING) << "gradsync launch: " << memory.status().message()
+                  << "; GPU memory is not reported for "
+                  << absl::FormatDuration(kPauseAfterTimeout);
+  gpu_query_paused_until_ = absl::Now() + kPauseAfterTimeout;
+  return {};
+}
+
 void NodeAgent::ReportMetrics() {
-  const std::map<pid_t, int64_t> gpu_memory =
-      gpus_ > 0 ? GpuMemoryByPid() : std::map<pid_t, int64_t>();
+  const std::map<pid_t, int64_t> gpu_memory = GpuMemory();
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < processes_.size(); ++i) {
     const LocalProcess* process = processes_.process(i);

@@ -34,6 +34,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proto/gradsync/v1/job.pb.h"
 #include "proto/gradsync/v1/rendezvous.pb.h"
 #include "worker/backend/store.h"
@@ -94,6 +95,9 @@ class NodeAgent {
   NodeOutcome Supervise();
   // Stops the processes still running and forgets their reports.
   void StopProcesses();
+  // GPU memory by pid (nvidia-smi, at most 2 s); empty without GPUs, or
+  // for a minute after a query timed out.
+  std::map<pid_t, int64_t> GpuMemory();
   void ReportMetrics();
   // A process's own metrics (MetricsInbox): kept as its snapshot and passed
   // on to its member's reporter at once.
@@ -102,6 +106,8 @@ class NodeAgent {
   const LaunchOptions options_;
   CoordinatorClient* const client_;
   const int gpus_;  // NVIDIA GPUs on this machine (CountGpus)
+  // No nvidia-smi query before then (it timed out). Run's thread only.
+  absl::Time gpu_query_paused_until_ = absl::InfinitePast();
   // The node's one heartbeat stream, which its ranks' reporters share.
   NodeHeartbeats heartbeats_;
   NodeProcesses processes_;
