@@ -111,8 +111,11 @@ class Membership {
   // Joins the job's next round as a member of the one it is in (a process
   // group made again): the round is superseded, as by a survivor's rejoin,
   // and the heartbeats move to the new one. With the first join's settings
-  // (a job's config is fixed). Called from one thread.
-  void Rejoin() {
+  // (a job's config is fixed); `timeout_seconds` > 0 bounds the wait for
+  // the new round (the join is then withdrawn and RuntimeError names the
+  // timeout), 0 leaves it to the job's join timeout. Called from one
+  // thread.
+  void Rejoin(double timeout_seconds) {
     if (getpid() != state_->pid) {
       throw std::runtime_error(
           "gradsync join: a process forked from a member is not that member");
@@ -125,7 +128,8 @@ class Membership {
       }
     }
     request_.set_last_round(assignment_.round());
-    assignment_ = JoinNow();
+    assignment_ = JoinNow(timeout_seconds > 0 ? absl::Seconds(timeout_seconds)
+                                              : absl::ZeroDuration());
     StartReporting();
   }
 
@@ -163,12 +167,23 @@ class Membership {
     state_->reporter->Update(training);
   }
 
-  // Sends request_ (the GIL released while it waits for the round).
-  v1::Assignment JoinNow() {
+  // Sends request_ (the GIL released while it waits for the round), waiting
+  // at most `max_wait` (zero: the join timeout of request_'s config); a
+  // join that ran out of it is withdrawn.
+  v1::Assignment JoinNow(absl::Duration max_wait = absl::ZeroDuration()) {
     absl::StatusOr<v1::Assignment> assignment;
     {
       py::gil_scoped_release unlocked;
-      assignment = state_->client->Join(request_);
+      assignment = state_->client->Join(request_, max_wait);
+      if (absl::IsDeadlineExceeded(assignment.status()) &&
+          max_wait > absl::ZeroDuration()) {
+        state_->client
+            ->Leave(request_.job_id(), request_.node().incarnation_id())
+            .IgnoreError();
+        assignment = absl::DeadlineExceededError(
+            absl::StrCat("timeout: no round formed within ",
+                         absl::FormatDuration(max_wait)));
+      }
     }
     if (!assignment.ok()) Raise(assignment.status(), "join");
     return *std::move(assignment);
@@ -193,7 +208,7 @@ void RegisterMembership(py::module_& m) {
            py::arg("tls_ca") = "", py::arg("tls_cert") = "",
            py::arg("tls_key") = "")
       .def_property_readonly("assignment", &Membership::assignment)
-      .def("rejoin", &Membership::Rejoin)
+      .def("rejoin", &Membership::Rejoin, py::arg("timeout_seconds") = 0.0)
       .def("report", &Membership::Report, py::arg("metrics"))
       .def("set_failure_message", &Membership::SetFailureMessage,
            py::arg("message"))

@@ -86,13 +86,15 @@ class Member:
             if callable(getattr(builtins, name, None)):
                 setattr(builtins, name, wrap(getattr(builtins, name)))
 
-    def rejoin(self):
+    def rejoin(self, timeout=None):
         """Joins the job's next round as a member of this one (a process
         group made again after destroy_process_group): the round is
         superseded, as by a survivor's rejoin, and self.assignment becomes
-        the new round's. RuntimeError when the join fails or this member
+        the new round's. `timeout` (seconds; None: the job's join timeout)
+        bounds the wait for the new round. RuntimeError when the join fails
+        (its message says "timeout" when it ran out of time) or this member
         finished."""
-        self._membership.rejoin()
+        self._membership.rejoin(float(timeout or 0))
         self.assignment = job_pb2.Assignment.FromString(
             self._membership.assignment)
 

@@ -300,7 +300,9 @@ def _rendezvous(url, timeout=datetime.timedelta(minutes=5), **kwargs):
                             node_id=first("node_id"),
                             join_timeout=timeout.total_seconds())
         elif (member.target, member.job) == (client.target, job):
-            member.rejoin()  # a process group made again: a new round
+            # A process group made again: a new round, within this init's
+            # timeout.
+            member.rejoin(timeout=timeout.total_seconds())
         else:
             raise ValueError(
                 f"this process is a member of job '{member.job}' at "

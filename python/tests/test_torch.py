@@ -1,6 +1,7 @@
 """gradsync.torch: init_process_group through gradsync:// (no MASTER_ADDR),
 under the launcher and without it."""
 import os
+import re
 import subprocess
 import sys
 
@@ -137,6 +138,44 @@ def test_a_process_group_made_again_joins_a_new_round(coordinator):
     job = gradsync.Client(coordinator).get_job("twice")
     assert gradsync.Client.state_name(job.state) == "succeeded", job
     assert job.round == 2 and len(job.members) == 2, job
+
+
+def test_a_process_group_made_again_waits_as_long_as_its_init_says(
+        coordinator):
+    """The second init_process_group's timeout bounds its rejoin: the other
+    member never makes its group again, and the rejoin gives up after 2 s
+    (RuntimeError saying "timeout"), not after the job's join timeout (the
+    first init's, 120 s), withdrawing its join."""
+    url = f"gradsync://{coordinator}/again-bounded?nnodes=2"
+    common = [
+        "import datetime, sys, time",
+        "import torch.distributed as dist",
+        "import gradsync.torch",
+        f"dist.init_process_group('gloo', init_method='{url}', "
+        "timeout=datetime.timedelta(seconds=120))",
+        "print('joined', flush=True)"]
+    silent = common + ["time.sleep(120)"]
+    again = common + [
+        "dist.destroy_process_group()",
+        "start = time.monotonic()",
+        "try:",
+        f"    dist.init_process_group('gloo', init_method='{url}', "
+        "timeout=datetime.timedelta(seconds=2))",
+        "except RuntimeError as error:",
+        "    print(f'gave up after {time.monotonic() - start:.1f} s: {error}')"]
+    env = standalone_env()
+    processes = [subprocess.Popen(
+        [sys.executable, "-c", "\n".join(code)], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env=env)
+        for code in (silent, again)]
+    try:
+        out, _ = processes[1].communicate(timeout=100)
+    finally:
+        processes[0].kill()
+        processes[0].communicate()
+    found = re.search(r"gave up after ([0-9.]+) s: .*timeout", out)
+    assert found, out
+    assert float(found.group(1)) < 60, out
 
 
 def test_a_process_joins_one_job(coordinator):
