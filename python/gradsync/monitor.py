@@ -48,7 +48,10 @@ class Monitor:
     def __init__(self, ddp, batch_size=None, process_group=None,
                  agent_socket=None):
         self._send, self._close_sender = _sender(agent_socket)
-        self._group = process_group
+        # The DDP's own group unless told another (None would all-reduce
+        # over the default group, whatever group the DDP was made on).
+        self._group = (process_group if process_group is not None
+                       else getattr(ddp, "process_group", None))
         self._batch_size = batch_size
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)

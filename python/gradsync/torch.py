@@ -25,6 +25,7 @@ gradsync/monitor.py).
 """
 import datetime
 import os
+import time
 import urllib.parse
 
 import torch.distributed as dist
@@ -46,6 +47,9 @@ except ImportError as e:  # a build without the extension
 
 # Keys of the process group live under this prefix in the round's store.
 _PREFIX = "torch/"
+# The longest one wait call asks the coordinator for (it takes up to an
+# hour); Store.wait makes a longer or unlimited wait of several.
+_WAIT_SLICE = 600.0
 
 # The stores handed to torch.distributed. C++ keeps only the pybind
 # trampoline of a Python store, which calls back into the Python object: the
@@ -145,18 +149,31 @@ class Store(dist.Store):
         return value if value is not None else expected
 
     def wait(self, keys, timeout=None):
+        """Blocks until every key exists, up to `timeout` (default: the
+        store's; zero: no limit, as TCPStore's). No keys: returns at once."""
+        if not keys:
+            return
         timeout = self.timeout if timeout is None else timeout
         seconds = timeout.total_seconds()
-        try:
-            self._kv.wait([_PREFIX + k for k in keys], seconds)
-        except Error as e:
-            if e.code != "DEADLINE_EXCEEDED":
-                raise StoreError(f"gradsync store: {e}", e.code) from None
-            missing = [k for k in keys if not self.check([k])]
-            raise StoreTimeout(
-                f"gradsync store: timeout after {seconds:g}s waiting for "
-                f"key(s) {', '.join(repr(k) for k in missing or keys)}",
-                e.code) from None
+        deadline = time.monotonic() + seconds if seconds > 0 else None
+        while True:
+            # The coordinator takes waits of up to an hour: a longer one is
+            # made of several.
+            left = (_WAIT_SLICE if deadline is None else
+                    min(_WAIT_SLICE, max(deadline - time.monotonic(), 0.001)))
+            try:
+                self._kv.wait([_PREFIX + k for k in keys], left)
+                return
+            except Error as e:
+                if e.code != "DEADLINE_EXCEEDED":
+                    raise StoreError(f"gradsync store: {e}", e.code) from None
+                if deadline is None or time.monotonic() < deadline - 0.001:
+                    continue
+                missing = [k for k in keys if not self.check([k])]
+                raise StoreTimeout(
+                    f"gradsync store: timeout after {seconds:g}s waiting for "
+                    f"key(s) {', '.join(repr(k) for k in missing or keys)}",
+                    e.code) from None
 
     def check(self, keys):
         try:

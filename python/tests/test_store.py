@@ -116,6 +116,37 @@ def test_set_get_check(store):
     assert store.num_keys() == before + 5
 
 
+def test_a_wait_for_no_keys_returns_at_once(store):
+    store.wait([])
+    store.wait([], SHORT)
+
+
+class _SlowKeys:
+    """A store's key-value calls whose waits run out `misses` times first."""
+
+    def __init__(self, misses):
+        self.misses = misses
+        self.waits = []
+
+    def wait(self, keys, seconds):
+        self.waits.append(seconds)
+        if len(self.waits) <= self.misses:
+            raise gtorch.Error("DEADLINE_EXCEEDED", "not yet")
+
+
+@pytest.mark.parametrize("hours", [2, 0])
+def test_a_wait_past_what_the_coordinator_takes_is_made_of_several(
+        coordinator_client, hours):
+    """The coordinator takes waits of up to an hour: a store whose timeout
+    is 2 h, or none (zero, as TCPStore's), waits in slices within that."""
+    store = _gradsync_store(coordinator_client, "gradsync",
+                            datetime.timedelta(hours=hours))
+    store._kv = _SlowKeys(misses=2)
+    store.wait(["late"])
+    assert len(store._kv.waits) == 3, store._kv.waits
+    assert all(0 < s <= 3600 for s in store._kv.waits), store._kv.waits
+
+
 def test_compare_set(store):
     assert store.compare_set("cs_key0", "wrong_old_value",
                              "new_value0") == b"wrong_old_value"

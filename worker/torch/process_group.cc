@@ -43,7 +43,11 @@ absl::StatusOr<DataType> ToDataType(at::ScalarType type) {
 // The buffer of a dense, contiguous tensor on the CPU or a CUDA device; a
 // CUDA tensor's collective runs after the work queued on its device's
 // current stream (the backend checks that it takes tensors there).
-Buffer BufferOf(const at::Tensor& tensor, const char* what) {
+// `copy_only`: for a collective that only moves bytes (broadcast,
+// allgather), which also takes the 1-byte types no reduction does (bool,
+// as DDP's buffer broadcast sends a model's masks, and int8) as uint8.
+Buffer BufferOf(const at::Tensor& tensor, const char* what,
+                bool copy_only = false) {
   if (!tensor.is_contiguous() || tensor.is_sparse() ||
       !(tensor.device().is_cpu() || tensor.device().is_cuda())) {
     ThrowIfError(absl::InvalidArgumentError(
@@ -51,7 +55,9 @@ Buffer BufferOf(const at::Tensor& tensor, const char* what) {
                      "CUDA device"),
                  what);
   }
-  absl::StatusOr<DataType> dtype = ToDataType(tensor.scalar_type());
+  at::ScalarType type = tensor.scalar_type();
+  if (copy_only && (type == at::kBool || type == at::kChar)) type = at::kByte;
+  absl::StatusOr<DataType> dtype = ToDataType(type);
   ThrowIfError(dtype.status(), what);
   Buffer buffer;
   buffer.data = tensor.data_ptr();
@@ -215,10 +221,21 @@ c10::intrusive_ptr<c10d::Work> TorchProcessGroup::Track(
       c10::ListType::create(c10::TensorType::get()), FutureDevices(outputs));
   auto tracked = c10::make_intrusive<FutureWork>(getRank(), type, work, future);
   const int cuda_device = CudaDeviceOf(outputs);
-  absl::MutexLock lock(&mu_);
-  pending_.push_back(std::make_unique<Pending>(
-      Pending{collective, std::move(work), std::move(future), std::move(outputs),
-              std::move(keep), std::move(finish), cuda_device}));
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      pending_.push_back(std::make_unique<Pending>(
+          Pending{collective, std::move(work), future, std::move(outputs),
+                  std::move(keep), std::move(finish), cuda_device}));
+      return tracked;
+    }
+  }
+  // End() came between CheckLive and here: its completing thread is gone
+  // (the backend, aborted, fails the collective anyway).
+  future->setError(std::make_exception_ptr(std::runtime_error(absl::StrCat(
+      "gradsync process group: ", collective,
+      ": the round of this process group is over: use the next round's "
+      "group"))));
   return tracked;
 }
 
@@ -254,8 +271,16 @@ void TorchProcessGroup::CompleteLoop() {
     // (a copy out, the future's events) is queued on its stream, and the
     // allocator keeps the tensors' memory until that ran.
     RunOnWorkStream(*next->work, next->cuda_device, [&] {
-      if (next->finish) next->finish();
-      for (const at::Tensor& tensor : next->keep) RecordStream(tensor, *next->work);
+      try {
+        if (next->finish) next->finish();
+      } catch (const std::exception& e) {  // e.g. a copy out torch refused
+        next->future->setError(std::make_exception_ptr(std::runtime_error(
+            absl::StrCat("gradsync process group: ", next->collective, ": ",
+                         e.what()))));
+        return;
+      }
+      for (const at::Tensor& tensor : next->keep)
+        RecordStream(tensor, *next->work);
       next->future->markCompleted(c10::IValue(next->outputs));
     });
   }
@@ -266,7 +291,7 @@ c10::intrusive_ptr<c10d::Work> TorchProcessGroup::broadcast(
   CheckLive("broadcast");
   const at::Tensor& tensor = OnlyTensor(tensors, "broadcast");
   return Track("broadcast", c10d::OpType::BROADCAST,
-               backend_->Broadcast(BufferOf(tensor, "broadcast"),
+               backend_->Broadcast(BufferOf(tensor, "broadcast", true),
                                    static_cast<int>(opts.rootRank)),
                tensors, {});
 }
@@ -312,13 +337,15 @@ c10::intrusive_ptr<c10d::Work> TorchProcessGroup::allgather(
   std::vector<at::Tensor> targets = outputs[0];
   std::function<void()> copy_out = [flat, targets]() mutable {
     for (size_t r = 0; r < targets.size(); ++r) {
-      targets[r].view({-1}).copy_(flat.narrow(0, r * targets[r].numel(),
-                                              targets[r].numel()));
+      // copy_ takes a strided target (a transposed view, unbind's parts).
+      targets[r].copy_(
+          flat.narrow(0, r * targets[r].numel(), targets[r].numel())
+              .view(targets[r].sizes()));
     }
   };
   return Track("allgather", c10d::OpType::ALLGATHER,
-               backend_->AllGather(BufferOf(input, "allgather"),
-                                   BufferOf(flat, "allgather")),
+               backend_->AllGather(BufferOf(input, "allgather", true),
+                                   BufferOf(flat, "allgather", true)),
                outputs[0], {input, flat}, std::move(copy_out));
 }
 
@@ -326,8 +353,8 @@ c10::intrusive_ptr<c10d::Work> TorchProcessGroup::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   CheckLive("allgather");
   return Track("allgather", c10d::OpType::_ALLGATHER_BASE,
-               backend_->AllGather(BufferOf(input, "allgather"),
-                                   BufferOf(output, "allgather")),
+               backend_->AllGather(BufferOf(input, "allgather", true),
+                                   BufferOf(output, "allgather", true)),
                {output}, {input});
 }
 
