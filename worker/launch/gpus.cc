@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -91,12 +92,15 @@ absl::StatusOr<std::map<pid_t, int64_t>> GpuMemoryByPid(
     }
   }
   close(out);
-  if (!ended) (*smi)->Signal(SIGKILL);
-  (*smi)->Wait();
   if (!ended) {
+    // Killed; one stuck in the driver (uninterruptible) dies only when the
+    // call returns: a thread of its own reaps it then.
+    (*smi)->Signal(SIGKILL);
+    std::thread([process = *std::move(smi)] { process->Wait(); }).detach();
     return absl::DeadlineExceededError(absl::StrCat(
         command[0], " did not answer within ", absl::FormatDuration(timeout)));
   }
+  (*smi)->Wait();
   return ParseComputeApps(csv);
 }
 

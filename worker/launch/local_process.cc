@@ -151,8 +151,9 @@ int LocalProcess::Wait() {
   absl::MutexLock lock(&mu_);
   // What it left running in its group (a shell's background job, a pool
   // of workers it never stopped) dies with it, so that a restart does not
-  // find them holding its GPU, ports or output pipes.
-  kill(-pid_, SIGKILL);
+  // find them holding its GPU, ports or output pipes; unless the agent
+  // signalled the group (a stop: its members keep their grace).
+  if (!signalled_) kill(-pid_, SIGKILL);
   int status = 0;
   while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }
@@ -162,7 +163,9 @@ int LocalProcess::Wait() {
 
 void LocalProcess::Signal(int signal) {
   absl::MutexLock lock(&mu_);
-  if (!reaped_) kill(-pid_, signal);
+  if (reaped_) return;
+  kill(-pid_, signal);
+  signalled_ = true;
 }
 
 }  // namespace gradsync

@@ -52,7 +52,9 @@ class LocalProcess {
   int TakeStderr();
 
   // Blocks until the process exits; its exit code (ExitCodeOf). What is
-  // left of its group then gets SIGKILL. Call once.
+  // left of its group then gets SIGKILL, unless Signal() was called (a
+  // stop, whose SIGTERM the group's members may still be handling). Call
+  // once.
   int Wait();
   // Sends `signal` to the process's group unless it was already reaped.
   void Signal(int signal);
@@ -64,6 +66,8 @@ class LocalProcess {
   int out_, err_;
   absl::Mutex mu_;
   bool reaped_ ABSL_GUARDED_BY(mu_) = false;
+  // Signal() sent a signal to the group before it was reaped.
+  bool signalled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace gradsync

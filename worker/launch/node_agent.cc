@@ -127,7 +127,13 @@ int NodeAgent::Run() {
 
 NodeOutcome NodeAgent::RunProcesses(int restart) {
   absl::StatusOr<AgentContext> context = ExchangeMaster(restart);
-  if (processes_.StopCode() != 0) {  // stopped before any process started
+  if (processes_.StopCode() != 0) {
+    // Stopped before any process started: the members report it (Run) in
+    // the round they joined.
+    for (size_t i = 0; i < processes_.size(); ++i) {
+      reporter(i).Start(processes_.assignment(i),
+                        processes_.request(i).node().incarnation_id());
+    }
     return NodeOutcome{NodeOutcome::kStopped, -1, processes_.StopCode(), {}};
   }
   absl::Status started =
@@ -262,16 +268,16 @@ absl::StatusOr<std::string> NodeAgent::AwaitMaster(Store* store) {
   const absl::Time deadline = absl::Now() + options_.join_timeout;
   while (true) {
     const absl::Duration left = deadline - absl::Now();
+    if (left < absl::Milliseconds(1)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "node rank 0 did not publish the master address within ",
+          absl::FormatDuration(options_.join_timeout), " (--join_timeout)"));
+    }
     absl::StatusOr<std::string> master =
         store->Get(kMasterKey, std::min(kSlice, left));
     if (!absl::IsDeadlineExceeded(master.status())) return master;
     if (processes_.StopCode() != 0) {
       return absl::CancelledError("stopped while waiting for node rank 0");
-    }
-    if (left <= kSlice) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "node rank 0 did not publish the master address within ",
-          absl::FormatDuration(options_.join_timeout), " (--join_timeout)"));
     }
   }
 }

@@ -230,8 +230,10 @@ c10::intrusive_ptr<c10d::Work> TorchProcessGroup::Track(
       return tracked;
     }
   }
-  // End() came between CheckLive and here: its completing thread is gone
-  // (the backend, aborted, fails the collective anyway).
+  // End() came between CheckLive and here: its completing thread is gone.
+  // The collective is aborted and waited for before its tensors go.
+  backend_->Abort();
+  work->Wait().IgnoreError();
   future->setError(std::make_exception_ptr(std::runtime_error(absl::StrCat(
       "gradsync process group: ", collective,
       ": the round of this process group is over: use the next round's "

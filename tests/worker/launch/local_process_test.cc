@@ -82,6 +82,34 @@ TEST(LocalProcessTest, WhatTheProcessLeftInItsGroupDiesWithIt) {
   if (!Gone(left)) kill(left, SIGKILL);
 }
 
+TEST(LocalProcessTest, AStoppedGroupKeepsItsGraceAfterTheLeaderExits) {
+  // A shell that dies at SIGTERM, its child ignoring SIGTERM (once it said
+  // its pid, the trap is set): the child is left to the stop's own SIGKILL,
+  // not killed with the leader.
+  auto process = LocalProcess::Start(
+      {"/bin/sh", "-c",
+       "sh -c 'trap \"\" TERM; echo $$; exec sleep 60 >/dev/null 2>&1' & "
+       "wait"},
+      {"PATH=/usr/bin:/bin"});
+  ASSERT_TRUE(process.ok()) << process.status();
+  const int out = (*process)->TakeStdout();
+  char line[32] = {};
+  ASSERT_GT(read(out, line, sizeof(line) - 1), 0);
+  close(out);
+  const pid_t child = static_cast<pid_t>(std::atoi(line));
+  ASSERT_GT(child, 0) << line;
+  (*process)->Signal(SIGTERM);
+  EXPECT_EQ((*process)->Wait(), 128 + SIGTERM);
+  // Still there a while later (a SIGKILL with the leader would have ended
+  // it within milliseconds).
+  EXPECT_FALSE(Eventually([child] { return Gone(child); }, absl::Seconds(1)))
+      << "killed with its leader";
+  // As the stop's SIGKILL after its timeout (the group outlives its
+  // leader, so its id is not reused meanwhile).
+  kill(-(*process)->pid(), SIGKILL);
+  EXPECT_TRUE(Eventually([child] { return Gone(child); }));
+}
+
 TEST(LocalProcessTest, ExitTextNamesTheSignal) {
   EXPECT_EQ(ExitText(0), "exited with code 0");
   EXPECT_EQ(ExitText(3), "exited with code 3");

@@ -282,6 +282,14 @@ TEST_F(NodeAgentTest, AStopWhileWaitingForNodeRankZeroStartsNothing) {
   EXPECT_LT(absl::Now() - start, absl::Minutes(1)) << "waited for the master";
   EXPECT_EQ(Record(2, 0), "") << "a process started";
   EXPECT_EQ(Record(3, 0), "") << "a process started";
+  // The members say so in the round they joined.
+  const std::vector<v1::ReportCompletionRequest> reports = fake_.completions();
+  ASSERT_EQ(reports.size(), 2u);
+  for (const v1::ReportCompletionRequest& report : reports) {
+    EXPECT_EQ(report.member().round(), 1);
+    EXPECT_FALSE(report.success());
+    EXPECT_EQ(report.exit_code(), 128 + SIGTERM);
+  }
 }
 
 // This agent as node rank 1 of two, with node rank 0's address in the
