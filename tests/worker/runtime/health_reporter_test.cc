@@ -62,14 +62,16 @@ class HealthReporterTest : public ::testing::Test {
     return *GrpcCoordinatorClient::Create(options);
   }
 
-  // Joins one worker with incarnation `incarnation`.
-  v1::Assignment JoinOne(const std::string& incarnation) {
+  // Joins one worker with incarnation `incarnation`, as process `pid`
+  // (0: this one).
+  v1::Assignment JoinOne(const std::string& incarnation, int64_t pid = 0) {
     v1::JoinRequest request;
     request.set_job_id("train");
     request.mutable_config()->set_job_id("train");
     request.mutable_config()->set_min_nodes(1);
     *request.mutable_node() = LocalNodeDescriptor();
     request.mutable_node()->set_incarnation_id(incarnation);
+    if (pid != 0) request.mutable_node()->set_pid(pid);
     absl::StatusOr<v1::Assignment> a = Client(port_)->Join(request);
     EXPECT_TRUE(a.ok()) << a.status();
     return a.ok() ? *a : v1::Assignment();
@@ -164,18 +166,10 @@ TEST_F(HealthReporterTest, HeartbeatsNameTheReportingProcessUnlessToldAnother) {
   StartCoordinator();
   // The member was joined by another process (a launcher for its
   // process), pid 1.
-  v1::JoinRequest request;
-  request.set_job_id("train");
-  request.mutable_config()->set_job_id("train");
-  request.mutable_config()->set_min_nodes(1);
-  *request.mutable_node() = LocalNodeDescriptor();
-  request.mutable_node()->set_incarnation_id("inc-a");
-  request.mutable_node()->set_pid(1);
-  absl::StatusOr<v1::Assignment> a = Client(port_)->Join(request);
-  ASSERT_TRUE(a.ok()) << a.status();
+  const v1::Assignment a = JoinOne("inc-a", /*pid=*/1);
   auto client = Client(port_);
   HealthReporter reporter(client.get(), FastOptions());
-  reporter.Start(*a, "inc-a");
+  reporter.Start(a, "inc-a");
   reporter.Update(Step(2));
   ASSERT_TRUE(Eventually([&] {
     const v1::JobStatus job = Job();
